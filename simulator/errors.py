@@ -1,0 +1,22 @@
+"""The one exception type for bad user input.
+
+Library code raises ``UserError`` with a single line that names the bad value and says how to
+fix it; the CLI prints that line to stderr and exits with status 2, without a traceback.
+Anything else that escapes is a bug in ClusterSim, and keeps its traceback.
+"""
+
+
+class UserError(Exception):
+    """Bad input from the user: a one-line message naming the value and the fix."""
+
+    def __init__(self, message: str):
+        if "\n" in message:
+            raise ValueError("UserError messages are one line")
+        super().__init__(message)
+
+
+class SimulationStalled(UserError):
+    """The event loop ran out of events before every rank finished (a deadlocked schedule).
+
+    The message lists which ranks wait on what; no partial result is returned.
+    """

@@ -1,0 +1,59 @@
+"""The interface between the engine and the network.
+
+The engine issues a collective as a ``CollectiveRequest``: one operation issued together by
+every group in ``groups`` (in reduced mode, all the replicas of the simulated group, so the
+fabric sees the traffic of every rank). The network answers with the isolated time, and with a
+SimPy event that fires when the collective completes under contention.
+
+Message sizes follow nccl-tests' ``size`` convention (FORMATS.md §5.2), so the numbers line up
+with a real nccl-tests log:
+  all_reduce, broadcast, send_recv: the buffer of one rank;
+  all_gather: the gathered output buffer (count x nranks);
+  reduce_scatter: the input buffer before scattering (count x nranks);
+  all_to_all: the whole send buffer of one rank (count per peer x nranks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+import simpy
+
+CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"]
+COLLECTIVE_OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
+Dim = Literal["tp", "cp", "ep", "pp", "dp"]
+
+
+@dataclass(frozen=True, eq=False)
+class CollectiveRequest:
+    op: CollectiveOp
+    dim: Dim
+    # shape (n_groups, group_size): global GPU ids of each group issuing the collective together.
+    # For send_recv a group is [src, dst].
+    groups: np.ndarray
+    size_bytes: float
+
+    @property
+    def group_size(self) -> int:
+        return int(self.groups.shape[1])
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw = algbw x factor (FORMATS.md §5.2)."""
+    if n <= 1:
+        return 0.0
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+class Network(Protocol):
+    def collective_time_s(self, req: CollectiveRequest) -> float:
+        """Time of the collective when nothing else uses the network."""
+
+    def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
+        """An event that fires when the collective completes, with contention if modelled."""

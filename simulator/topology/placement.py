@@ -1,0 +1,100 @@
+"""Rank <-> parallel coordinates, from one reshaped array (as picotron does).
+
+The mesh order lists dimensions innermost first. Megatron's default ``tp-cp-ep-dp-pp`` keeps a
+TP group on consecutive GPU ids, i.e. inside one node. Expert parallelism is carved out of the
+data-parallel dimension (dp = ep x edp), as in Megatron: the dense DP group spans ep and edp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from simulator.errors import UserError
+
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+_DIMS = ("tp", "cp", "ep", "dp", "pp")
+
+
+@dataclass(frozen=True)
+class Mesh:
+    tp: int
+    cp: int
+    ep: int
+    dp: int  # the whole data-parallel degree, ep included
+    pp: int
+    order: str = DEFAULT_ORDER
+
+    def __post_init__(self) -> None:
+        dims = self.order.split("-")
+        if sorted(dims) != sorted(_DIMS):
+            raise UserError(
+                f"mesh order {self.order!r} must name each of tp, cp, ep, dp, pp once, innermost first "
+                f"(default {DEFAULT_ORDER})"
+            )
+        if self.dp % self.ep:
+            raise UserError(f"ep={self.ep} must divide dp={self.dp}: experts are sharded over data-parallel ranks")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def edp(self) -> int:
+        return self.dp // self.ep
+
+    @cached_property
+    def _sizes(self) -> dict[str, int]:
+        # "dp" in the order string is the expert-data-parallel part (dp / ep).
+        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.edp, "pp": self.pp}
+
+    @cached_property
+    def grid(self) -> np.ndarray:
+        """grid[pp, edp, ep, cp, tp] = global rank."""
+        dims = self.order.split("-")
+        shape = [self._sizes[d] for d in reversed(dims)]  # outermost first
+        arr = np.arange(self.world_size).reshape(shape)
+        axes = [list(reversed(dims)).index(d) for d in ("pp", "dp", "ep", "cp", "tp")]
+        return np.ascontiguousarray(arr.transpose(axes))
+
+    def rank(self, *, pp: int = 0, dp: int = 0, cp: int = 0, tp: int = 0) -> int:
+        """Global rank of the data-parallel index dp (0..dp-1, ep included) and the rest."""
+        ep, edp = dp % self.ep, dp // self.ep
+        return int(self.grid[pp, edp, ep, cp, tp])
+
+    @cached_property
+    def coords(self) -> np.ndarray:
+        """coords[rank] = (pp, dp, cp, tp, ep) with dp the full data-parallel index."""
+        out = np.empty((self.world_size, 5), dtype=np.int64)
+        g = self.grid
+        idx = np.indices(g.shape).reshape(5, -1).T  # pp, edp, ep, cp, tp
+        ranks = g.reshape(-1)
+        out[ranks, 0] = idx[:, 0]
+        out[ranks, 1] = idx[:, 1] * self.ep + idx[:, 2]
+        out[ranks, 2] = idx[:, 3]
+        out[ranks, 3] = idx[:, 4]
+        out[ranks, 4] = idx[:, 2]
+        return out
+
+    def groups(self, dim: str) -> np.ndarray:
+        """All groups of a dimension, shape (n_groups, group_size), ranks in group order.
+
+        dim: tp, cp, ep, dp (dense data parallel: ep x edp), edp (expert data parallel), pp.
+        """
+        g = self.grid  # pp, edp, ep, cp, tp
+        if dim == "tp":
+            return g.reshape(-1, self.tp)
+        if dim == "cp":
+            return g.transpose(0, 1, 2, 4, 3).reshape(-1, self.cp)
+        if dim == "ep":
+            return g.transpose(0, 1, 3, 4, 2).reshape(-1, self.ep)
+        if dim == "edp":
+            return g.transpose(0, 2, 3, 4, 1).reshape(-1, self.edp)
+        if dim == "dp":
+            # dp index = edp * ep + ep_index: ep varies fastest inside a DP group
+            return g.transpose(0, 3, 4, 1, 2).reshape(-1, self.dp)
+        if dim == "pp":
+            return g.transpose(1, 2, 3, 4, 0).reshape(-1, self.pp)
+        raise ValueError(f"unknown mesh dimension {dim!r}")
