@@ -1,0 +1,201 @@
+"""`clustersim`: capture, calibrate, simulate, validate, trace, collective.
+
+Only this module writes files. Bad input prints one line (``error: ...``) and exits with 2.
+Results go to stdout (a rich summary, or exactly one JSON object with --json); progress and
+logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from simulator.errors import UserError
+
+app = typer.Typer(
+    name="clustersim",
+    help="Trace-driven simulator of GPU clusters for LLM training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Capture traces, calibrate profiles, simulate training steps at scale, validate predictions."""
+
+
+class SimMode(str, Enum):
+    reduced = "reduced"
+    full = "full"
+
+
+class Recompute(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder, then rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a dashboard is meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _parse_set(values: list[str]) -> dict:
+    """--set section.key=value, value parsed as YAML (numbers, booleans, lists)."""
+    import yaml
+
+    out = {}
+    for item in values:
+        if "=" not in item:
+            raise UserError(f"--set {item!r} is not KEY=VALUE: write e.g. --set parallelism.zero=3")
+        key, raw = item.split("=", 1)
+        try:
+            out[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise UserError(f"--set {item!r}: the value is not valid YAML: quote it") from None
+    return out
+
+
+@app.command()
+def simulate(
+    scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML; the built-in Llama-3-70B / 1,024 H100 default when omitted."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model preset or HuggingFace config.json."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile name (calibration/) or path."),
+    topology: Optional[str] = typer.Option(None, "--topology", help="Topology name (topologies/) or path."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="Number of GPUs."),
+    tp: Optional[int] = typer.Option(None, "--tp"),
+    pp: Optional[int] = typer.Option(None, "--pp"),
+    vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages (model chunks) per rank."),
+    cp: Optional[int] = typer.Option(None, "--cp"),
+    ep: Optional[int] = typer.Option(None, "--ep"),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Derived from --gpus when omitted."),
+    zero: Optional[int] = typer.Option(None, "--zero", help="ZeRO stage 0-3."),
+    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel"),
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size"),
+    global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size"),
+    seq_length: Optional[int] = typer.Option(None, "--seq-length"),
+    recompute: Optional[Recompute] = typer.Option(None, "--recompute"),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help="1f1b, gpipe, interleaved-1f1b, zb-h1, zbv, dualpipe, dualpipev."),
+    schedule_file: Optional[Path] = typer.Option(None, "--schedule-file", help="torchtitan-style schedule CSV."),
+    mode: SimMode = typer.Option(SimMode.reduced, "--mode", help="reduced: one rank per symmetry class; full: every rank."),
+    set_: list[str] = typer.Option([], "--set", help="Override any scenario field: --set parallelism.grad_bucket_params=1e8."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object with the report."),
+    dashboard: Optional[Path] = typer.Option(None, "--dashboard", help="Dashboard HTML path (default dashboards/<name>.html)."),
+    no_dashboard: bool = typer.Option(False, "--no-dashboard", help="Write no dashboard."),
+    cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
+    perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write a Perfetto / Chrome trace JSON here."),
+    report_json: Optional[Path] = typer.Option(None, "--report", help="Also write the full report JSON here."),
+) -> None:
+    """Simulate one training step and print the prediction."""
+    from simulator.scenario import load_scenario
+    from simulator.simulate import simulate as run_simulation
+
+    overrides = {
+        "model": model, "cluster.gpu": gpu, "cluster.topology": topology, "cluster.gpus": gpus,
+        "parallelism.tp": tp, "parallelism.pp": pp, "parallelism.vpp": vpp, "parallelism.cp": cp,
+        "parallelism.ep": ep, "parallelism.dp": dp, "parallelism.zero": zero,
+        "parallelism.sequence_parallel": sequence_parallel, "batch.micro_batch_size": micro_batch_size,
+        "batch.global_batch_size": global_batch_size, "batch.seq_length": seq_length,
+        "recompute": recompute.value if recompute else None, "schedule": schedule,
+        "schedule_file": str(schedule_file) if schedule_file else None,
+    }
+    overrides.update(_parse_set(set_))
+    if scenario is not None and not scenario.exists():
+        raise UserError(f"scenario file {str(scenario)!r} does not exist: check the path, or omit it to run the default")
+    sc = load_scenario(scenario, overrides)
+    _stderr(f"simulating {sc.name}: {sc.model.name} on {sc.cluster.gpus} x {sc.cluster.gpu} ({mode.value} mode)")
+    result = run_simulation(sc, mode=mode.value)
+    report = result.report
+
+    if not no_dashboard:
+        from simulator.report.dashboard import build_dashboard_html
+
+        path = dashboard or Path("dashboards") / f"{sc.name}.html"
+        write_atomic(path, build_dashboard_html(result, cdn=cdn))
+        _stderr(f"dashboard: {path}")
+    if perfetto is not None:
+        from simulator.report.perfetto import perfetto_trace
+
+        write_atomic(perfetto, json.dumps(perfetto_trace(result.timeline)))
+        _stderr(f"perfetto trace: {perfetto}")
+    if report_json is not None:
+        write_atomic(report_json, report.model_dump_json(indent=2))
+    if as_json:
+        print(json.dumps(report.model_dump(mode="json")))
+    else:
+        print_summary(report)
+
+
+def print_summary(report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"{report.name}: {report.gpus} GPUs, {report.num_microbatches} microbatches", show_header=False)
+    t.add_column("metric", style="bold")
+    t.add_column("value", justify="right")
+    t.add_row("step time", f"{report.step_time_s:.3f} s")
+    t.add_row("throughput", f"{report.tokens_per_s:,.0f} tokens/s ({report.tokens_per_s_per_gpu:,.0f} per GPU)")
+    t.add_row("model TFLOP/s per GPU", f"{report.model_tflops_per_gpu:.1f}")
+    t.add_row("MFU", f"{report.mfu:.1%}")
+    t.add_row("pipeline bubble", f"{report.bubble_fraction:.1%} (worst stage {report.bubble_fraction_worst:.1%})")
+    for dim, v in report.exposed_comm_s.items():
+        if v > 0:
+            t.add_row(f"exposed {dim} comm", f"{v:.3f} s ({v / report.step_time_s:.1%})")
+    fit = "fits" if report.fits_in_memory else "[red]DOES NOT FIT[/red]"
+    t.add_row("peak memory", f"{report.peak_memory_gib:.1f} GiB of {report.memory_capacity_gib:.1f} ({fit})")
+    t.add_row("simulated in", f"{report.sim_wall_s:.2f} s, {report.events:,} events ({report.mode})")
+    con.print(t)
+    for note in report.notes:
+        con.print(f"note: {note}")
+
+
+def main() -> None:
+    """Console entry point: one-line errors with exit status 2, never a traceback for bad input."""
+    import click
+
+    try:
+        rv = app(standalone_mode=False)
+    except UserError as exc:
+        _stderr(f"error: {exc}")
+        sys.exit(2)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.ctx.get_help() if exc.ctx else None
+        print(exc.ctx.get_help() if exc.ctx else "", file=sys.stderr)
+        sys.exit(2)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        _stderr("aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        _stderr("interrupted")
+        sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,411 @@
+"""The SimPy model: rank streams, collectives as rendezvous, the network behind an interface.
+
+One long-lived process per (rank, stream) walks its work (DESIGN rule 3):
+  compute      the schedule's actions, segment by segment; blocks on tp / cp / ep collectives
+  tp, cp, ep   blocking collectives the compute stream hands over
+  pp-send-f    activations to the next stage; pp-send-b: gradients to the previous stage
+  dp           gradient buckets (all-reduce or reduce-scatter) and ZeRO parameter all-gathers
+
+A collective is a rendezvous: it starts when every *simulated* member of its group has issued
+it, and its duration comes from the network. In reduced mode one representative per pipeline
+rank is simulated (tp, cp, dp peers run the same program on the same hardware); the request
+still names every replica group, so the network sees all the traffic. In full mode every rank is
+simulated and every group rendezvous for real.
+
+Point-to-point transfers are eager: the receiver's buffer is always posted, so a transfer starts
+as soon as its sender's stream is free. Only true dependency cycles can then stall the loop, and
+a stall is reported (which ranks wait on what), never returned as a result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from simulator.errors import SimulationStalled
+from simulator.network.base import CollectiveRequest, Network
+from simulator.schedules.base import Action, required_inputs
+from simulator.workload.ops import Comm
+from simulator.workload.program import Program
+
+Mode = Literal["reduced", "full"]
+DIMS = ("tp", "cp", "ep", "pp", "dp")
+TIMELINE_COLUMNS = ["rank", "stream", "kind", "name", "start_s", "end_s", "microbatch", "stage", "layer", "bytes"]
+
+
+@dataclass
+class Timeline:
+    """What happened: one row per compute segment or communication on a (rank, stream)."""
+
+    events: pd.DataFrame
+    step_time_s: float
+    ranks: list[int]  # simulated ranks
+    pp_rank_of: dict[int, int]
+    busy_compute_s: dict[int, float]
+    exposed_s: dict[int, dict[str, float]]  # rank -> dim -> seconds the compute stream waited
+    sim_wall_s: float
+    num_events: int
+    mode: str
+    network_report: list[dict] = field(default_factory=list)
+
+
+class _Rendezvous:
+    """Collects the simulated members of a group; the last arrival starts the collective."""
+
+    __slots__ = ("needed", "arrived", "done")
+
+    def __init__(self, needed: int, done: simpy.Event):
+        self.needed = needed
+        self.arrived = 0
+        self.done = done
+
+
+class Engine:
+    def __init__(self, program: Program, network: Network, mode: Mode = "reduced"):
+        self.prog = program
+        self.net = network
+        self.mode = mode
+        self.mesh = program.mesh
+        self.sched = program.schedule
+        coords = self.mesh.coords  # rank -> (pp, dp, cp, tp, ep)
+        if mode == "reduced":
+            self.ranks = [self.mesh.rank(pp=i) for i in range(self.mesh.pp)]
+        elif mode == "full":
+            self.ranks = list(range(self.mesh.world_size))
+        else:
+            raise ValueError(f"mode must be 'reduced' or 'full', got {mode!r}")
+        self.simulated = np.zeros(self.mesh.world_size, dtype=bool)
+        self.simulated[self.ranks] = True
+        self.coords = coords
+        self._group_index: dict[str, np.ndarray] = {}
+        self._groups: dict[str, np.ndarray] = {}
+        for dim in ("tp", "cp", "ep", "dp", "pp"):
+            groups = self.mesh.groups(dim)
+            idx = np.empty(self.mesh.world_size, dtype=np.int64)
+            for gi, g in enumerate(groups):
+                idx[g] = gi
+            self._groups[dim] = groups
+            self._group_index[dim] = idx
+        self._request_cache: dict[tuple, CollectiveRequest] = {}
+
+    # ------------------------------------------------------------------ helpers
+
+    def _request(self, dim: str, op: str, size_bytes: float, rank: int) -> tuple[CollectiveRequest, tuple]:
+        """The request a rank's group issues, and the rendezvous key prefix of that group."""
+        gi = int(self._group_index[dim][rank])
+        if self.mode == "reduced":
+            # Every replica group with the same pipeline rank issues this collective together.
+            pp = int(self.coords[rank, 0])
+            ckey = (dim, op, size_bytes, pp)
+            req = self._request_cache.get(ckey)
+            if req is None:
+                groups = self._groups[dim]
+                sel = self.coords[groups[:, 0], 0] == pp
+                req = CollectiveRequest(op, dim, groups[sel], size_bytes)
+                self._request_cache[ckey] = req
+        else:
+            ckey = (dim, op, size_bytes, gi)
+            req = self._request_cache.get(ckey)
+            if req is None:
+                req = CollectiveRequest(op, dim, self._groups[dim][gi : gi + 1], size_bytes)
+                self._request_cache[ckey] = req
+        return req, (dim, gi)
+
+    def _p2p_request(self, src: int, dst: int, size_bytes: float) -> CollectiveRequest:
+        key = ("pp", src, dst, size_bytes)
+        req = self._request_cache.get(key)
+        if req is None:
+            if self.mode == "reduced":
+                # All replicas send together: same (dp, cp, tp) offsets, the two pipeline ranks.
+                g = self._groups["pp"]
+                ps, pd_ = int(self.coords[src, 0]), int(self.coords[dst, 0])
+                pairs = np.stack([g[:, ps], g[:, pd_]], axis=1)
+            else:
+                pairs = np.array([[src, dst]])
+            req = CollectiveRequest("send_recv", "pp", pairs, size_bytes)
+            self._request_cache[key] = req
+        return req
+
+    def _peer(self, rank: int, pp_rank: int) -> int:
+        _, dp, cp, tp, _ = self.coords[rank]
+        if self.mode == "reduced":
+            return self.mesh.rank(pp=pp_rank)
+        return self.mesh.rank(pp=pp_rank, dp=int(dp), cp=int(cp), tp=int(tp))
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> Timeline:
+        t_wall = time.perf_counter()
+        env = simpy.Environment()
+        self.env = env
+        self.rows: list[tuple] = []
+        self.n_events = 0
+        self.rdv: dict[tuple, _Rendezvous] = {}
+        self.seq: dict[tuple, int] = defaultdict(int)
+        self.events: dict[tuple, simpy.Event] = {}
+        self.transfer_start: dict[tuple, float] = {}
+        self.busy = {r: 0.0 for r in self.ranks}
+        self.exposed = {r: dict.fromkeys(DIMS, 0.0) for r in self.ranks}
+        self.waiting_on: dict[int, str] = {}
+        self.finished: set[int] = set()
+        self.end_time: dict[int, float] = {}
+
+        self.stores: dict[tuple[int, str], simpy.Store] = {}
+        for r in self.ranks:
+            for stream in ("tp", "cp", "ep", "pp-send-f", "pp-send-b", "dp"):
+                st = simpy.Store(env)
+                self.stores[(r, stream)] = st
+                if stream in ("tp", "cp", "ep"):
+                    env.process(self._collective_stream(r, stream, st))
+                elif stream == "dp":
+                    env.process(self._dp_stream(r, st))
+                else:
+                    env.process(self._send_stream(r, stream, st))
+            env.process(self._compute_stream(r))
+        env.run()
+        if len(self.finished) < len(self.ranks):
+            stuck = [r for r in self.ranks if r not in self.finished]
+            detail = "; ".join(f"rank {r} (pp {int(self.coords[r, 0])}) waits on {self.waiting_on.get(r, '?')}" for r in stuck[:6])
+            more = f" and {len(stuck) - 6} more" if len(stuck) > 6 else ""
+            raise SimulationStalled(
+                f"simulation stalled at t={env.now:.6f}s: {detail}{more}: the schedule has a dependency cycle; fix the schedule"
+            )
+        step = max(self.end_time.values())
+        events = pd.DataFrame.from_records(self.rows, columns=TIMELINE_COLUMNS)
+        report = []
+        if hasattr(self.net, "link_report"):
+            report = self.net.link_report(duration_s=step)  # type: ignore[attr-defined]
+        return Timeline(
+            events=events, step_time_s=step, ranks=list(self.ranks),
+            pp_rank_of={r: int(self.coords[r, 0]) for r in self.ranks},
+            busy_compute_s=self.busy, exposed_s=self.exposed,
+            sim_wall_s=time.perf_counter() - t_wall, num_events=self.n_events, mode=self.mode,
+            network_report=report,
+        )
+
+    # ------------------------------------------------------------------ streams
+
+    def _event(self, key: tuple) -> simpy.Event:
+        ev = self.events.get(key)
+        if ev is None:
+            ev = self.env.event()
+            self.events[key] = ev
+        return ev
+
+    def _collective(self, rank: int, dim: str, op: str, size_bytes: float):
+        """Rendezvous with the group's simulated members, then run the collective."""
+        req, gkey = self._request(dim, op, size_bytes, rank)
+        sk = (rank, dim)
+        seq = self.seq[sk]
+        self.seq[sk] = seq + 1
+        key = (gkey, seq)
+        rv = self.rdv.get(key)
+        if rv is None:
+            members = self._groups[dim][gkey[1]]
+            needed = int(self.simulated[members].sum())
+            rv = _Rendezvous(needed, self.env.event())
+            self.rdv[key] = rv
+        rv.arrived += 1
+        if rv.arrived == rv.needed:
+            del self.rdv[key]
+            start = self.env.now
+            net_ev = self.net.start(self.env, req)
+            net_ev.callbacks.append(lambda _e, done=rv.done, s=start: done.succeed(s))
+        return rv.done
+
+    def _collective_stream(self, rank: int, stream: str, store: simpy.Store):
+        env = self.env
+        while True:
+            comm, done, meta = yield store.get()
+            t0 = env.now
+            ev = self._collective(rank, comm.dim, comm.op, comm.size_bytes)
+            yield ev
+            self.n_events += 2
+            mb, stage, layer, name = meta
+            self.rows.append((rank, stream, comm.dim, f"{comm.op} {name}", t0, env.now, mb, stage, layer, comm.size_bytes))
+            done.succeed()
+
+    def _send_stream(self, rank: int, stream: str, store: simpy.Store):
+        env = self.env
+        while True:
+            dst, key, mb, stage, kind = yield store.get()
+            t0 = env.now
+            self.transfer_start[(dst, key)] = t0
+            req = self._p2p_request(rank, dst, self.prog.pp_bytes)
+            yield self.net.start(env, req)
+            self.n_events += 2
+            name = f"send {kind} mb{mb}"
+            self.rows.append((rank, stream, "pp", name, t0, env.now, mb, stage, -1, self.prog.pp_bytes))
+            self.rows.append((dst, "pp-recv-f" if stream == "pp-send-f" else "pp-recv-b", "pp",
+                              f"recv {kind} mb{mb}", t0, env.now, mb, stage, -1, self.prog.pp_bytes))
+            self._event((dst, key)).succeed()
+
+    def _dp_stream(self, rank: int, store: simpy.Store):
+        env = self.env
+        while True:
+            item = yield store.get()
+            op, size_bytes, done, label = item
+            t0 = env.now
+            yield self._collective(rank, "dp", op, size_bytes)
+            self.n_events += 2
+            self.rows.append((rank, "dp", "dp", f"{op} {label}", t0, env.now, -1, -1, -1, size_bytes))
+            if done is not None:
+                done.succeed()
+
+    def _compute_stream(self, rank: int):
+        env = self.env
+        prog, sched = self.prog, self.sched
+        pp_rank = int(self.coords[rank, 0])
+        actions = sched.actions[pp_rank]
+        stores = self.stores
+        exposed = self.exposed[rank]
+
+        # Which action is the last backward (B or W) of each stage: gradient buckets fill there.
+        last_grad_action: dict[int, int] = {}
+        for idx, a in enumerate(actions):
+            for sub in (a.sub if a.kind == "FB" else (a,)):
+                if sub.kind in ("B", "W"):
+                    last_grad_action[sub.stage] = idx
+        zb = any(a.kind == "W" for a in actions)
+        grad_op = "all_reduce" if prog.zero == 0 else "reduce_scatter"
+        pending_dp: list[simpy.Event] = []
+        bucket = [0.0]
+
+        use_dp = self.mesh.dp > 1
+
+        def flush(label: str):
+            if bucket[0] > 0 and use_dp:
+                ev = env.event()
+                pending_dp.append(ev)
+                stores[(rank, "dp")].put((grad_op, bucket[0], ev, label))
+                bucket[0] = 0.0
+
+        # ZeRO >= 1: the updated parameters are all-gathered; Megatron overlaps that with the
+        # next step's forward, so a stage's first forward waits for its own gather.
+        param_ready: dict[int, simpy.Event] = {}
+        if prog.zero >= 1 and use_dp:
+            for st in sched.stages_of_rank(pp_rank):
+                ev = env.event()
+                param_ready[st] = ev
+                pbytes = prog.stage_params[sched.stage_position[st]] * prog.param_bytes
+                stores[(rank, "dp")].put(("all_gather", pbytes, ev, f"params stage {st}"))
+
+        def run_segments(a: Action, grads_here: bool, blocking: bool):
+            pos = sched.stage_position[a.stage]
+            seg = prog.segments[(pos, a.kind)]
+            comm_waits = []
+            for j in range(len(seg.compute_s)):
+                c = seg.compute_s[j]
+                if c > 0:
+                    t0 = env.now
+                    yield env.timeout(c)
+                    self.n_events += 1
+                    self.busy[rank] += c
+                    self.rows.append((rank, "compute", a.kind, seg.label[j], t0, env.now, a.microbatch, a.stage,
+                                      int(seg.layer[j]), 0.0))
+                if grads_here and seg.grad_bytes[j] > 0 and prog.overlap_grad_reduce:
+                    bucket[0] += seg.grad_bytes[j]
+                    if bucket[0] >= prog.grad_bucket_bytes:
+                        flush(f"grads stage {a.stage}")
+                comm: Comm | None = seg.comm[j]
+                if comm is not None:
+                    done = env.event()
+                    stores[(rank, comm.dim)].put((comm, done, (a.microbatch, a.stage, int(seg.layer[j]), seg.label[j])))
+                    if blocking:
+                        t0 = env.now
+                        self.waiting_on[rank] = f"{comm.dim} {comm.op} in {a}"
+                        yield done
+                        exposed[comm.dim] += env.now - t0
+                    else:
+                        comm_waits.append((comm.dim, done))
+            # Non-blocking (overlapped F&B): wait at the end for what compute could not hide.
+            for dim, done in comm_waits:
+                if not done.triggered:
+                    t0 = env.now
+                    yield done
+                    exposed[dim] += env.now - t0
+
+        def wait_inputs(a: Action):
+            for (st, kind, mb) in required_inputs(sched, a):
+                src_pp = sched.stage_rank[st]
+                if src_pp == pp_rank:
+                    ev = self._event((rank, (st, kind, mb)))
+                    if not ev.triggered:
+                        self.waiting_on[rank] = f"{st}{kind}{mb} (same rank) before {a}"
+                        yield ev
+                    continue
+                key = (st, kind, mb)
+                ev = self._event((rank, key))
+                if ev.triggered:
+                    continue
+                t0 = env.now
+                self.waiting_on[rank] = f"{'activation' if kind == 'F' else 'gradient'} of {st}{kind}{mb} from pp rank {src_pp} before {a}"
+                yield ev
+                self.n_events += 1
+                # Waiting while the transfer was in flight is exposed pp communication; waiting
+                # for the producer to finish computing is pipeline bubble.
+                ts = self.transfer_start.get((rank, key), env.now)
+                exposed["pp"] += env.now - max(t0, ts)
+
+        def complete(a: Action):
+            kinds = []
+            if a.kind == "F":
+                kinds.append("F")
+            elif a.kind in ("B", "I"):
+                kinds.append("BI")
+            for kind in kinds:
+                key = (a.stage, kind, a.microbatch)
+                self._event((rank, key)).succeed()
+                consumer = sched.stage_next[a.stage] if kind == "F" else sched.stage_prev[a.stage]
+                if consumer >= 0:
+                    dst_pp = sched.stage_rank[consumer]
+                    if dst_pp != pp_rank:
+                        dst = self._peer(rank, dst_pp)
+                        stream = "pp-send-f" if kind == "F" else "pp-send-b"
+                        stores[(rank, stream)].put((dst, key, a.microbatch, a.stage, kind))
+
+        for idx, a in enumerate(actions):
+            subs = a.sub if a.kind == "FB" else (a,)
+            for sub in subs:
+                yield from wait_inputs(sub)
+                if sub.kind == "F" and sub.stage in param_ready and not param_ready[sub.stage].triggered:
+                    t0 = env.now
+                    self.waiting_on[rank] = f"dp all_gather of stage {sub.stage} parameters"
+                    yield param_ready[sub.stage]
+                    exposed["dp"] += env.now - t0
+            for sub in subs:
+                g = last_grad_action.get(sub.stage) == idx and sub.kind in (("W",) if zb else ("B", "W"))
+                yield from run_segments(sub, g, blocking=a.kind != "FB")
+                complete(sub)
+                if g and prog.overlap_grad_reduce:
+                    flush(f"grads stage {sub.stage}")
+
+        # Gradient reduction not overlapped with backward: all buckets after the last backward.
+        if not prog.overlap_grad_reduce and use_dp:
+            for st in sched.stages_of_rank(pp_rank):
+                seg_bytes = sum(prog.segments[(sched.stage_position[st], "W")].grad_bytes)
+                n_buckets = max(1, int(np.ceil(seg_bytes / prog.grad_bucket_bytes)))
+                for _ in range(n_buckets):
+                    bucket[0] = seg_bytes / n_buckets
+                    flush(f"grads stage {st}")
+        for ev in pending_dp:
+            if not ev.triggered:
+                t0 = env.now
+                self.waiting_on[rank] = "dp gradient reduction"
+                yield ev
+                exposed["dp"] += env.now - t0
+        # Optimizer step on this rank's (ZeRO-sharded) parameters.
+        if prog.optimizer_s > 0:
+            t0 = env.now
+            yield env.timeout(prog.optimizer_s)
+            self.busy[rank] += prog.optimizer_s
+            self.rows.append((rank, "compute", "opt", "optimizer step", t0, env.now, -1, -1, -1, 0.0))
+        self.finished.add(rank)
+        self.end_time[rank] = env.now
+        self.waiting_on.pop(rank, None)

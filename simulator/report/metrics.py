@@ -1,0 +1,103 @@
+"""Report: the numbers a user asks for, computed from the Timeline (definitions in DESIGN.md).
+
+- step time: wall time of one optimizer step, the latest rank's end.
+- MFU = model FLOPs / (step time x GPUs x peak dense FLOP/s), model FLOPs without recomputation.
+- bubble fraction: idle time of a pipeline rank's compute stream that is neither compute nor
+  a wait on communication, over the step time; mean over pipeline ranks, and the worst rank.
+- exposed communication: time a rank's compute stream waits on communication, per dimension
+  (mean over pipeline ranks; the per-rank values are in ``per_pp_rank``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from simulator.engine.core import DIMS, Timeline
+from simulator.workload.memory import MemoryReport
+from simulator.workload.program import Program
+
+
+class Report(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    step_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+    bubble_fraction: float
+    bubble_fraction_worst: float
+    exposed_comm_s: dict[str, float]
+    peak_memory_gib: float
+    fits_in_memory: bool
+    memory_capacity_gib: float
+    gpus: int
+    num_microbatches: int
+    sim_wall_s: float
+    events: int
+    mode: str
+    per_pp_rank: list[dict[str, Any]] = Field(default_factory=list)
+    busiest_links: list[dict[str, Any]] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+    # The keys `--json` promises; everything else is detail.
+    SUMMARY_KEYS: ClassVar[tuple[str, ...]] = (
+        "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "bubble_fraction",
+        "exposed_comm_s", "peak_memory_gib", "fits_in_memory", "gpus", "sim_wall_s", "events",
+    )
+
+
+def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak_tflops: float, gpus: int) -> Report:
+    step = tl.step_time_s
+    per_pp: dict[int, dict[str, Any]] = {}
+    for r in tl.ranks:
+        pp = tl.pp_rank_of[r]
+        exposed = {d: float(tl.exposed_s[r][d]) for d in DIMS}
+        busy = float(tl.busy_compute_s[r])
+        bubble = max(0.0, step - busy - sum(exposed.values())) / step if step > 0 else 0.0
+        row = per_pp.setdefault(pp, {"pp_rank": pp, "ranks": 0, "compute_s": 0.0, "bubble_fraction": 0.0,
+                                     "exposed_comm_s": dict.fromkeys(DIMS, 0.0)})
+        row["ranks"] += 1
+        row["compute_s"] += busy
+        row["bubble_fraction"] += bubble
+        for d in DIMS:
+            row["exposed_comm_s"][d] += exposed[d]
+    rows = []
+    for pp in sorted(per_pp):
+        row = per_pp[pp]
+        n = row.pop("ranks")
+        row["compute_s"] /= n
+        row["bubble_fraction"] /= n
+        row["exposed_comm_s"] = {d: v / n for d, v in row["exposed_comm_s"].items()}
+        row["memory_gib"] = mem.per_rank_gib[pp]
+        row["activations_in_flight"] = mem.in_flight[pp]
+        rows.append(row)
+    bubbles = [r["bubble_fraction"] for r in rows]
+    exposed_mean = {d: sum(r["exposed_comm_s"][d] for r in rows) / len(rows) for d in DIMS}
+    tokens_per_s = prog.tokens_per_step / step
+    model_tflops_per_gpu = prog.model_flops_per_step / step / gpus / 1e12
+    return Report(
+        name=name,
+        step_time_s=step,
+        tokens_per_s=tokens_per_s,
+        tokens_per_s_per_gpu=tokens_per_s / gpus,
+        model_tflops_per_gpu=model_tflops_per_gpu,
+        mfu=model_tflops_per_gpu / peak_tflops,
+        bubble_fraction=sum(bubbles) / len(bubbles),
+        bubble_fraction_worst=max(bubbles),
+        exposed_comm_s=exposed_mean,
+        peak_memory_gib=mem.peak_gib,
+        fits_in_memory=mem.fits,
+        memory_capacity_gib=mem.capacity_gib,
+        gpus=gpus,
+        num_microbatches=prog.schedule.num_microbatches,
+        sim_wall_s=tl.sim_wall_s,
+        events=tl.num_events,
+        mode=tl.mode,
+        per_pp_rank=rows,
+        busiest_links=tl.network_report[:10],
+        notes=list(prog.notes),
+    )

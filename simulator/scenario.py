@@ -1,0 +1,381 @@
+"""What is simulated: model, parallel layout, batch, schedule and cluster (pydantic v2).
+
+A Scenario loads from YAML, and every field can be overridden from the CLI. Consistency checks
+(tp divides heads, gpus = tp*cp*pp*dp, ...) raise ``UserError`` with one line naming the value
+and the fix. Presets and HuggingFace ``config.json`` files resolve to a ``ModelConfig``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from simulator.errors import UserError
+
+_STRICT = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+class ModelConfig(BaseModel):
+    """A decoder-only transformer, dense or mixture-of-experts."""
+
+    model_config = _STRICT
+
+    name: str = Field("custom", description="Preset or model name, shown in reports.")
+    num_layers: int = Field(ge=1, description="Transformer layers.")
+    hidden_size: int = Field(ge=1, description="Model width h.")
+    ffn_hidden_size: int = Field(ge=1, description="Dense MLP inner width (4h for GPT, ~3.5h for Llama).")
+    num_attention_heads: int = Field(ge=1, description="Query heads a.")
+    num_kv_heads: int | None = Field(None, ge=1, description="Key/value heads (GQA); defaults to num_attention_heads.")
+    head_dim: int | None = Field(None, ge=1, description="Per-head width; defaults to hidden_size / num_attention_heads.")
+    vocab_size: int = Field(ge=1, description="Vocabulary size V (padded as the framework pads it).")
+    mlp: Literal["gelu", "swiglu"] = Field("swiglu", description="MLP kind: GELU (2 matrices) or SwiGLU (3 matrices).")
+    tied_embeddings: bool = Field(False, description="Input embedding and LM head share one matrix.")
+    learned_position_embeddings: bool = Field(False, description="GPT-style learned positions (adds seq x h parameters).")
+    max_position_embeddings: int = Field(2048, ge=1, description="Rows of the learned position table.")
+    # Mixture of experts (simulated by the MoE work; carried here so scenarios can name them).
+    num_experts: int = Field(0, ge=0, description="Routed experts per MoE layer; 0 = dense model.")
+    top_k: int = Field(0, ge=0, description="Experts each token is routed to.")
+    moe_ffn_hidden_size: int | None = Field(None, ge=1, description="Inner width of one expert; defaults to ffn_hidden_size.")
+    num_shared_experts: int = Field(0, ge=0, description="Always-active shared experts per MoE layer.")
+    num_dense_layers: int = Field(0, ge=0, description="First layers that use a dense MLP instead of experts.")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}: set head_dim"
+            )
+        if self.num_attention_heads % self.kv_heads:
+            raise ValueError(f"num_kv_heads={self.kv_heads} must divide num_attention_heads={self.num_attention_heads}")
+        if self.is_moe and not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"top_k={self.top_k} must be between 1 and num_experts={self.num_experts}")
+        if self.num_dense_layers > self.num_layers:
+            raise ValueError(f"num_dense_layers={self.num_dense_layers} exceeds num_layers={self.num_layers}")
+        return self
+
+
+class ParallelConfig(BaseModel):
+    model_config = _STRICT
+
+    tp: int = Field(1, ge=1, description="Tensor-parallel size (Megatron column/row parallel linears).")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel ranks.")
+    vpp: int = Field(1, ge=1, description="Model chunks per pipeline rank (interleaved schedules).")
+    cp: int = Field(1, ge=1, description="Context-parallel size: the sequence split across ranks.")
+    ep: int = Field(1, ge=1, description="Expert-parallel size, carved out of dp.")
+    dp: int | None = Field(None, ge=1, description="Data-parallel size; derived as gpus / (tp*cp*pp) when omitted.")
+    zero: int = Field(1, ge=0, le=3, description="ZeRO stage: 0 DDP, 1 sharded optimizer, 2 + gradients, 3 + parameters (FSDP).")
+    sequence_parallel: bool = Field(True, description="Megatron sequence parallelism: all-gather / reduce-scatter instead of all-reduce.")
+    mesh_order: str = Field("tp-cp-ep-dp-pp", description="Placement order of the mesh on GPU ids, innermost first.")
+    pp_layer_split: list[int] | None = Field(
+        None, description="Layers per pipeline position (pp*vpp entries); default spreads them, first/last fewer."
+    )
+    overlap_grad_reduce: bool = Field(True, description="Overlap the DP gradient reduction with backward (DDP/Megatron buckets).")
+    grad_bucket_params: int = Field(40_000_000, ge=1, description="Parameters per DP gradient bucket (Megatron default 40M).")
+
+
+class BatchConfig(BaseModel):
+    model_config = _STRICT
+
+    micro_batch_size: int = Field(1, ge=1, description="Sequences per microbatch per data-parallel rank.")
+    global_batch_size: int = Field(ge=1, description="Sequences per optimizer step, all data-parallel ranks together.")
+    seq_length: int = Field(ge=1, description="Tokens per sequence.")
+
+
+class ClusterConfig(BaseModel):
+    model_config = _STRICT
+
+    gpus: int = Field(ge=1, description="GPUs in the job.")
+    gpu: str = Field("h100-sxm-80gb", description="GPU profile: a name in calibration/ or a path to a profile JSON.")
+    topology: str = Field("dgx-h100-fattree", description="Topology: a name in topologies/ or a path to a YAML file.")
+
+
+class Scenario(BaseModel):
+    """One training step to simulate."""
+
+    model_config = _STRICT
+
+    name: str = Field("scenario", description="Shown in reports; names the dashboard file.")
+    model: ModelConfig
+    parallelism: ParallelConfig = Field(default_factory=ParallelConfig)
+    batch: BatchConfig
+    recompute: Literal["none", "selective", "full"] = Field("none", description="Activation recomputation.")
+    schedule: str = Field("1f1b", description="Pipeline schedule name (see simulator.schedules).")
+    schedule_file: str | None = Field(None, description="A torchtitan-style schedule CSV; overrides `schedule`.")
+    cluster: ClusterConfig
+    dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Compute and activation precision.")
+    flash_attention: bool = Field(
+        True, description="Fused attention that skips masked causal blocks and stores no s x s scores."
+    )
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _resolve_model(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return resolve_model(v)
+        return v
+
+    @property
+    def dp(self) -> int:
+        p = self.parallelism
+        return p.dp if p.dp is not None else self.cluster.gpus // (p.tp * p.cp * p.pp)
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.batch.global_batch_size // (self.batch.micro_batch_size * self.dp)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 4 if self.dtype == "fp32" else 2
+
+    def check(self) -> "Scenario":
+        """Consistency across sections; raises UserError naming the value and the fix."""
+        m, p, b, c = self.model, self.parallelism, self.batch, self.cluster
+        if m.num_attention_heads % p.tp:
+            raise UserError(
+                f"tp={p.tp} does not divide num_attention_heads={m.num_attention_heads}: choose tp among {_divisors(m.num_attention_heads, 64)}"
+            )
+        if m.kv_heads % p.tp and p.tp % m.kv_heads:
+            raise UserError(f"tp={p.tp} and num_kv_heads={m.kv_heads} must divide one another: choose another tp")
+        model_ranks = p.tp * p.cp * p.pp
+        if c.gpus % model_ranks:
+            raise UserError(
+                f"gpus={c.gpus} is not divisible by tp*cp*pp={model_ranks}: use a multiple of {model_ranks} GPUs"
+            )
+        if p.dp is not None and p.tp * p.cp * p.pp * p.dp != c.gpus:
+            raise UserError(
+                f"gpus={c.gpus} != tp*cp*pp*dp={p.tp}*{p.cp}*{p.pp}*{p.dp}={model_ranks * p.dp}: "
+                f"set --gpus {model_ranks * p.dp} or omit --dp to derive it"
+            )
+        dp = self.dp
+        if dp % p.ep:
+            raise UserError(f"ep={p.ep} does not divide dp={dp}: expert parallelism is carved out of data parallelism")
+        if p.ep > 1 and not m.is_moe:
+            raise UserError(f"ep={p.ep} needs a mixture-of-experts model, but {m.name!r} is dense: set ep=1")
+        if m.is_moe and m.num_experts % p.ep:
+            raise UserError(f"ep={p.ep} does not divide num_experts={m.num_experts}: choose ep among {_divisors(m.num_experts, 1024)}")
+        if b.global_batch_size % (b.micro_batch_size * dp):
+            raise UserError(
+                f"global_batch_size={b.global_batch_size} is not divisible by micro_batch_size*dp={b.micro_batch_size}*{dp}: "
+                f"use a multiple of {b.micro_batch_size * dp}"
+            )
+        positions = p.pp * p.vpp
+        if positions > m.num_layers:
+            raise UserError(
+                f"pp*vpp={positions} exceeds num_layers={m.num_layers}: every pipeline stage needs at least one layer"
+            )
+        if p.pp_layer_split is not None:
+            if len(p.pp_layer_split) != positions or sum(p.pp_layer_split) != m.num_layers or min(p.pp_layer_split) < 1:
+                raise UserError(
+                    f"pp_layer_split={p.pp_layer_split} must have pp*vpp={positions} positive entries summing to num_layers={m.num_layers}"
+                )
+        if b.seq_length % p.cp:
+            raise UserError(f"cp={p.cp} does not divide seq_length={b.seq_length}: use a seq_length multiple of {p.cp}")
+        if p.sequence_parallel and p.tp > 1 and (b.seq_length // p.cp) % p.tp:
+            raise UserError(
+                f"sequence_parallel needs tp={p.tp} to divide seq_length/cp={b.seq_length // p.cp}: change seq_length or use --no-sequence-parallel"
+            )
+        return self
+
+
+def _divisors(n: int, limit: int) -> str:
+    return ", ".join(str(d) for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model presets. Numbers from the models' papers and released configs.
+# ---------------------------------------------------------------------------------------------
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    # Brown et al. 2020, Table 2.1; Megatron pads the GPT-2 vocabulary to 51,200 for TP.
+    "gpt3-175b": dict(num_layers=96, hidden_size=12288, ffn_hidden_size=49152, num_attention_heads=96,
+                      vocab_size=51200, mlp="gelu", tied_embeddings=True, learned_position_embeddings=True,
+                      max_position_embeddings=2048),
+    # Meta Llama 3 / 3.1 configs (config.json of the released checkpoints).
+    "llama3-8b": dict(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                      num_kv_heads=8, vocab_size=128256, mlp="swiglu"),
+    "llama3-70b": dict(num_layers=80, hidden_size=8192, ffn_hidden_size=28672, num_attention_heads=64,
+                       num_kv_heads=8, vocab_size=128256, mlp="swiglu"),
+    "llama3-405b": dict(num_layers=126, hidden_size=16384, ffn_hidden_size=53248, num_attention_heads=128,
+                        num_kv_heads=8, vocab_size=128256, mlp="swiglu"),
+    # Mixtral configs (mistralai/Mixtral-8x7B-v0.1, 8x22B-v0.1).
+    "mixtral-8x7b": dict(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                         num_kv_heads=8, vocab_size=32000, mlp="swiglu", num_experts=8, top_k=2),
+    "mixtral-8x22b": dict(num_layers=56, hidden_size=6144, ffn_hidden_size=16384, num_attention_heads=48,
+                          num_kv_heads=8, vocab_size=32768, mlp="swiglu", num_experts=8, top_k=2),
+    # DeepSeek-V3 (config.json): 3 dense layers then 58 MoE layers of 256 routed + 1 shared expert,
+    # top-8. Multi-head latent attention is approximated as 128 heads of width 128 (its
+    # q/k/v projections are low-rank; their FLOPs differ by a few percent); multi-token
+    # prediction is left out.
+    "deepseek-v3": dict(num_layers=61, hidden_size=7168, ffn_hidden_size=18432, num_attention_heads=128,
+                        head_dim=128, vocab_size=129280, mlp="swiglu", num_experts=256, top_k=8,
+                        moe_ffn_hidden_size=2048, num_shared_experts=1, num_dense_layers=3),
+    # Qwen3-235B-A22B (config.json): head_dim 128 with 64 query heads on a 4096-wide model.
+    "qwen3-235b-a22b": dict(num_layers=94, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=64,
+                            num_kv_heads=4, head_dim=128, vocab_size=151936, mlp="swiglu", num_experts=128,
+                            top_k=8, moe_ffn_hidden_size=1536),
+}
+
+
+def resolve_model(name_or_path: str) -> ModelConfig:
+    """A preset name, or a path to a HuggingFace config.json."""
+    if name_or_path in MODEL_PRESETS:
+        return ModelConfig(name=name_or_path, **MODEL_PRESETS[name_or_path])
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        return model_from_hf_config(path)
+    raise UserError(
+        f"unknown model {name_or_path!r}: use a preset ({', '.join(MODEL_PRESETS)}) or a path to a HuggingFace config.json"
+    )
+
+
+HF_MODEL_TYPES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3")
+
+
+def model_from_hf_config(path: Path) -> ModelConfig:
+    if not path.exists():
+        raise UserError(f"model config {str(path)!r} does not exist: check the path or use a preset")
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"model config {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno}): fix the file") from None
+    if not isinstance(cfg, dict):
+        raise UserError(f"model config {str(path)!r} is not a JSON object: give a HuggingFace config.json")
+    mt = cfg.get("model_type")
+    if mt not in HF_MODEL_TYPES:
+        raise UserError(
+            f"model_type {mt!r} in {str(path)!r} is not supported: supported are {', '.join(HF_MODEL_TYPES)}"
+        )
+    name = cfg.get("_name_or_path") or path.parent.name or path.stem
+
+    def need(key: str) -> Any:
+        if key not in cfg:
+            raise UserError(f"model config {str(path)!r} (model_type {mt}) lacks {key!r}: add it or use a preset")
+        return cfg[key]
+
+    try:
+        if mt == "gpt2":
+            h = need("n_embd")
+            return ModelConfig(
+                name=str(name), num_layers=need("n_layer"), hidden_size=h, ffn_hidden_size=cfg.get("n_inner") or 4 * h,
+                num_attention_heads=need("n_head"), vocab_size=need("vocab_size"), mlp="gelu", tied_embeddings=True,
+                learned_position_embeddings=True, max_position_embeddings=cfg.get("n_positions", 1024),
+            )
+        common = dict(
+            name=str(name), num_layers=need("num_hidden_layers"), hidden_size=need("hidden_size"),
+            ffn_hidden_size=need("intermediate_size"), num_attention_heads=need("num_attention_heads"),
+            num_kv_heads=cfg.get("num_key_value_heads"), head_dim=cfg.get("head_dim"), vocab_size=need("vocab_size"),
+            mlp="swiglu", tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+        if mt == "mixtral":
+            common.update(num_experts=need("num_local_experts"), top_k=need("num_experts_per_tok"))
+        elif mt in ("qwen2_moe", "qwen3_moe"):
+            common.update(num_experts=need("num_experts"), top_k=need("num_experts_per_tok"),
+                          moe_ffn_hidden_size=need("moe_intermediate_size"))
+            if cfg.get("shared_expert_intermediate_size"):
+                common["num_shared_experts"] = max(1, cfg["shared_expert_intermediate_size"] // cfg["moe_intermediate_size"])
+        elif mt == "deepseek_v3":
+            common.update(num_experts=need("n_routed_experts"), top_k=need("num_experts_per_tok"),
+                          moe_ffn_hidden_size=need("moe_intermediate_size"),
+                          num_shared_experts=cfg.get("n_shared_experts", 0),
+                          num_dense_layers=cfg.get("first_k_dense_replace", 0),
+                          head_dim=cfg.get("v_head_dim") or cfg.get("head_dim"))
+        return ModelConfig(**common)
+    except ValidationError as exc:
+        raise UserError(f"model config {str(path)!r}: {validation_message(exc)}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and overriding
+# ---------------------------------------------------------------------------------------------
+
+def validation_message(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"unknown key {loc!r}: remove it or check its spelling"
+    if err["type"] == "missing":
+        return f"missing key {loc!r}: add it"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg
+
+
+def default_scenario_dict() -> dict[str, Any]:
+    """Llama-3-70B-class on 1,024 H100: TP8, PP8, DP16, sequence 8192, 16M tokens per step."""
+    return {
+        "name": "llama3-70b-1024xh100",
+        "model": "llama3-70b",
+        "parallelism": {"tp": 8, "pp": 8, "sequence_parallel": True, "zero": 1},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 2048, "seq_length": 8192},
+        "recompute": "none",
+        "schedule": "1f1b",
+        "cluster": {"gpus": 1024, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"},
+    }
+
+
+def load_scenario_dict(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"scenario file {str(path)!r} does not exist: check the path")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise UserError(f"scenario file {str(path)!r} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"scenario file {str(path)!r} must hold a mapping of sections (model, parallelism, batch, cluster)")
+    # Paths inside a scenario file are relative to that file.
+    base = path.parent
+    slots = [(data, "model"), (data, "schedule_file")]
+    if isinstance(data.get("cluster"), dict):
+        slots += [(data["cluster"], "topology"), (data["cluster"], "gpu")]
+    for holder, key in slots:
+        value = holder.get(key)
+        if isinstance(value, str) and _looks_like_path(value) and not Path(value).is_absolute():
+            holder[key] = str(base / value)
+    return data
+
+
+def _looks_like_path(value: str) -> bool:
+    return "/" in value or value.endswith((".json", ".yaml", ".yml", ".csv"))
+
+
+def build_scenario(data: dict[str, Any], overrides: dict[str, Any] | None = None) -> Scenario:
+    """Validate a scenario dict after applying dotted overrides ({"parallelism.tp": 4})."""
+    data = json.loads(json.dumps(data))  # deep copy
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(f"scenario: {validation_message(exc)}") from None
+    return scenario.check()
+
+
+def load_scenario(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Scenario:
+    data = default_scenario_dict() if path is None else load_scenario_dict(path)
+    return build_scenario(data, overrides)

@@ -1,0 +1,65 @@
+"""The library entry point: scenario -> workload -> engine -> report (nothing written)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from simulator.calibrate.profile import Profile, load_profile
+from simulator.engine.core import Engine, Mode, Timeline
+from simulator.errors import UserError
+from simulator.network.alpha_beta import TierNetwork
+from simulator.report.metrics import Report, build_report
+from simulator.scenario import Scenario
+from simulator.schedules import build_schedule, load_schedule_csv, validate_schedule
+from simulator.schedules.base import PipelineSchedule
+from simulator.topology import TopologySpec, load_topology
+from simulator.workload.memory import MemoryReport, memory_report
+from simulator.workload.program import Program, build_program
+
+
+@dataclass
+class SimulationResult:
+    scenario: Scenario
+    profile: Profile
+    topology: TopologySpec
+    program: Program
+    timeline: Timeline
+    memory: MemoryReport
+    report: Report
+
+
+def resolve_schedule(sc: Scenario) -> PipelineSchedule:
+    p = sc.parallelism
+    if sc.schedule_file:
+        path = Path(sc.schedule_file)
+        if not path.exists():
+            raise UserError(f"schedule file {str(path)!r} does not exist: check the path")
+        sched = load_schedule_csv(path)
+        if sched.num_ranks != p.pp:
+            raise UserError(f"schedule file {str(path)!r} has {sched.num_ranks} ranks but pp={p.pp}: set --pp {sched.num_ranks}")
+        if sched.num_microbatches != sc.num_microbatches:
+            raise UserError(
+                f"schedule file {str(path)!r} has {sched.num_microbatches} microbatches but the batch gives "
+                f"{sc.num_microbatches} (global_batch_size / (micro_batch_size * dp)): adjust --global-batch-size"
+            )
+    else:
+        sched = build_schedule(sc.schedule, p.pp, sc.num_microbatches, p.vpp)
+    validate_schedule(sched)
+    return sched
+
+
+def make_network(sc: Scenario, topo: TopologySpec, profile: Profile):
+    return TierNetwork(topo.node, profile.comm)
+
+
+def simulate(sc: Scenario, mode: Mode = "reduced") -> SimulationResult:
+    profile = load_profile(sc.cluster.gpu)
+    topo = load_topology(sc.cluster.topology)
+    sched = resolve_schedule(sc)
+    prog = build_program(sc, profile, sched)
+    net = make_network(sc, topo, profile)
+    tl = Engine(prog, net, mode=mode).run()
+    mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
+    report = build_report(sc.name, prog, tl, mem, profile.compute.peak_tflops, sc.cluster.gpus)
+    return SimulationResult(sc, profile, topo, prog, tl, mem, report)

@@ -1,0 +1,144 @@
+"""Memory per GPU and per pipeline rank: parameters, gradients, optimizer state, activations,
+communication buffers.
+
+Activations per layer follow Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models" (2022), Sec. 4: for one microbatch of s tokens, b sequences, width h,
+
+    no parallelism          s·b·h·(34 + 5·a·s/h)
+    tensor parallel t       s·b·h·(10 + 24/t + 5·a·s/(h·t))
+    + sequence parallel     s·b·h·(34 + 5·a·s/h) / t
+    + selective recompute   s·b·h·34 / t
+    full recompute          2·s·b·h (the layer input only; / t with sequence parallelism)
+
+The constant 34 is 11 (attention) + 19 (GELU MLP with 4h) + 4 (two LayerNorms); it is rebuilt
+here from the model's own widths so GQA and SwiGLU models get their own value (for GPT-3 it is
+exactly 34). FlashAttention stores no s x s scores, which removes the 5·a·s/h term, as
+selective recomputation does. Each stage holds as many microbatches as its schedule keeps in
+flight (1F1B: p on the first rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.scenario import Scenario
+from simulator.schedules.base import PipelineSchedule
+from simulator.workload.program import Program
+
+GIB = 1024**3
+# cuBLAS / NCCL workspaces, CUDA context and allocator fragmentation held aside on every GPU.
+RUNTIME_RESERVE_BYTES = 1.0 * GIB
+
+
+def layer_activation_sbh(sc: Scenario) -> tuple[float, float]:
+    """(per-layer constant c, scores coefficient k): activations = s·b·h·(c + k·a·s/h)
+    before any tensor-parallel division; returns the parts as Korthikanti splits them."""
+    m = sc.model
+    h = m.hidden_size
+    r = m.kv_heads / m.num_attention_heads * (m.dim_head * m.num_attention_heads / h)
+    attn = 7 + 4 * r  # QKV input 2, Q 2, K 2r, V 2r, out-proj input 2, dropout mask 1
+    f = m.ffn_hidden_size / h
+    mlp = 3 + (4 * f if m.mlp == "gelu" else 6 * f)  # fc1 input 2, dropout mask 1, fc1 / act outputs
+    norms = 4
+    return attn + mlp + norms, 5.0
+
+
+def activation_bytes_per_layer(sc: Scenario) -> float:
+    """Bytes one layer keeps for one microbatch on one GPU."""
+    m, p = sc.model, sc.parallelism
+    t = p.tp
+    sp = p.sequence_parallel and t > 1
+    s = sc.batch.seq_length / p.cp
+    b = sc.batch.micro_batch_size
+    h, a = m.hidden_size, m.num_attention_heads
+    sbh = s * b * h
+    if sc.recompute == "full":
+        return 2 * sbh / (t if sp else 1)
+    c, k = layer_activation_sbh(sc)
+    scores = 0.0 if (sc.flash_attention or sc.recompute == "selective") else k * a * s / h
+    if t == 1:
+        return sbh * (c + scores)
+    if sp:
+        return sbh * (c + scores) / t
+    replicated = 10.0  # norm inputs, dropout masks, QKV and fc1 inputs (Korthikanti Sec. 4.2.1)
+    return sbh * (replicated + (c - replicated) / t + scores / t)
+
+
+@dataclass
+class MemoryReport:
+    per_rank_gib: list[dict[str, float]]  # per pipeline rank: breakdown and total
+    peak_gib: float
+    capacity_gib: float
+    fits: bool
+    in_flight: list[float]  # peak microbatches in flight per pipeline rank (per-stage weighted)
+
+
+def in_flight_activation_bytes(schedule: PipelineSchedule, stage_bytes: list[float]) -> tuple[list[float], list[float]]:
+    """Per rank: peak activation bytes over the action order, and peak microbatches in flight.
+
+    A forward holds its stage's activations until the backward that frees them: B, or W for
+    schedules that split the backward (the weight gradient still needs the layer inputs).
+    """
+    peaks, counts = [], []
+    splits = any(a.kind == "W" for row in schedule.actions for a in row)
+    for r, row in enumerate(schedule.actions):
+        live = 0.0
+        live_mb = 0.0
+        peak = peak_mb = 0.0
+        n_stages = max(1, len(schedule.stages_of_rank(r)))
+        for a in row:
+            for sub in (a.sub if a.kind == "FB" else (a,)):
+                sb = stage_bytes[schedule.stage_position[sub.stage]]
+                if sub.kind == "F":
+                    live += sb
+                    live_mb += 1.0 / n_stages
+                elif sub.kind == "B" or (sub.kind == "W" and splits):
+                    live -= sb
+                    live_mb -= 1.0 / n_stages
+                peak = max(peak, live)
+                peak_mb = max(peak_mb, live_mb)
+        peaks.append(peak)
+        counts.append(peak_mb)
+    return peaks, counts
+
+
+def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: float) -> MemoryReport:
+    p, m = sc.parallelism, sc.model
+    sched = prog.schedule
+    dp = sc.dp
+    per_layer = activation_bytes_per_layer(sc)
+    t = p.tp
+    sp = p.sequence_parallel and t > 1
+    s = sc.batch.seq_length / p.cp
+    b = sc.batch.micro_batch_size
+    stage_bytes = []
+    for pos, layers in enumerate(prog.position_layers):
+        act = len(layers) * per_layer
+        if pos == 0:
+            act += 2 * s * b * m.hidden_size / (t if sp else 1)  # embedding output
+        if pos == len(prog.position_layers) - 1:
+            act += 4 * s * b * m.vocab_size / t  # fp32 logits kept for the cross-entropy backward
+        stage_bytes.append(act)
+    act_peaks, in_flight = in_flight_activation_bytes(sched, stage_bytes)
+
+    # Mixed-precision Adam (bytes/param): bf16 weights 2, fp32 gradients 4, fp32 master 4 + m 4 + v 4.
+    z = p.zero
+    w_b = 2 / (dp if z >= 3 else 1)
+    g_b = 4 / (dp if z >= 2 else 1)
+    o_b = 12 / (dp if z >= 1 else 1)
+    buffers = 2 * prog.grad_bucket_bytes
+    rows = []
+    for r in range(sched.num_ranks):
+        params = sum(prog.stage_params[sched.stage_position[st]] for st in sched.stages_of_rank(r))
+        row = {
+            "parameters_gib": params * w_b / GIB,
+            "gradients_gib": params * g_b / GIB,
+            "optimizer_gib": params * o_b / GIB,
+            "activations_gib": act_peaks[r] / GIB,
+            "buffers_gib": (buffers + RUNTIME_RESERVE_BYTES) / GIB,
+        }
+        row["total_gib"] = sum(row.values())
+        rows.append(row)
+    peak = max(r["total_gib"] for r in rows)
+    capacity = hbm_gib * usable_fraction
+    return MemoryReport(rows, peak, capacity, peak <= capacity, in_flight)

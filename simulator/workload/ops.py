@@ -1,0 +1,226 @@
+"""The transformer as ops: per layer the forward ops, and the backward split into input-grad (I)
+and weight-grad (W), each with FLOPs and bytes, sharded as Megatron shards them.
+
+Tensor parallelism (Megatron-LM): QKV and MLP-in are column-parallel, attention-out and
+MLP-out are row-parallel. Without sequence parallelism the row-parallel outputs are all-reduced
+in forward and the column-parallel inputs all-reduced in backward; with sequence parallelism
+norms, dropout and residuals run on s/tp tokens and the collectives become all-gather before a
+column-parallel block and reduce-scatter after a row-parallel one (their conjugates in backward).
+
+FLOPs: ``model_flops`` counts matmuls and attention as model FLOPs do (no recomputation, full
+s x s attention scores); ``exec_flops`` is what the kernels execute (FlashAttention skips the
+masked half of causal attention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from simulator.scenario import Scenario
+
+Phase = Literal["F", "I", "W"]
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A blocking collective on the compute path (tp, cp or ep)."""
+
+    dim: str
+    op: str
+    size_bytes: float
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    op_class: str  # gemm | attention | elementwise | norm | optimizer | other
+    phase: Phase
+    exec_flops: float = 0.0
+    model_flops: float = 0.0
+    bytes: float = 0.0
+    comm: Comm | None = None  # a collective instead of a kernel
+    params: float = 0.0  # parameters whose gradient this op produces (W phase) or owns (F)
+
+
+@dataclass
+class LayerOps:
+    """Forward ops of one layer kind, and the rules to derive its backward."""
+
+    kind: str  # "dense", "moe", "embedding", "head"
+    forward: list[Op] = field(default_factory=list)
+    params: float = 0.0  # parameters of this layer on one rank (after TP/EP sharding)
+
+    def backward(self) -> tuple[list[Op], list[Op]]:
+        """(input-grad ops, weight-grad ops) in execution order (reverse of forward)."""
+        i_ops: list[Op] = []
+        w_ops: list[Op] = []
+        for op in reversed(self.forward):
+            if op.comm is not None:
+                conj = CONJUGATE.get(op.comm.op)
+                if conj is not None:
+                    i_ops.append(replace(op, name=op.name + ".bwd", phase="I", comm=replace(op.comm, op=conj)))
+                continue
+            if op.op_class == "gemm":
+                i_ops.append(replace(op, name=op.name + ".dgrad", phase="I"))
+                if op.params > 0:
+                    w_ops.append(replace(op, name=op.name + ".wgrad", phase="W"))
+            elif op.op_class == "attention":
+                # dQ, dK, dV: twice the forward matmul work.
+                i_ops.append(replace(op, name=op.name + ".bwd", phase="I", exec_flops=2 * op.exec_flops,
+                                     model_flops=2 * op.model_flops, bytes=2 * op.bytes))
+            else:
+                i_ops.append(replace(op, name=op.name + ".bwd", phase="I", bytes=2 * op.bytes,
+                                     exec_flops=2 * op.exec_flops, model_flops=0.0))
+        return i_ops, w_ops
+
+
+# Forward collective -> its backward counterpart (None: no backward communication).
+# "identity_ar" marks a column-parallel input without SP: nothing forward, all-reduce backward.
+CONJUGATE: dict[str, str | None] = {
+    "all_gather": "reduce_scatter",
+    "reduce_scatter": "all_gather",
+    "all_reduce": None,
+    "identity_ar": "all_reduce",
+    "all_to_all": "all_to_all",
+}
+
+
+def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
+    m, p = sc.model, sc.parallelism
+    t, cp = p.tp, p.cp
+    sp = p.sequence_parallel and t > 1
+    b = sc.batch.micro_batch_size
+    s_full = sc.batch.seq_length
+    s = s_full // cp  # tokens of one sequence on this rank
+    T = b * s  # tokens per microbatch on this rank (before the SP split)
+    Tn = T // t if sp else T  # tokens seen by norms / residuals / dropout
+    h, a, g, d = m.hidden_size, m.num_attention_heads, m.kv_heads, m.dim_head
+    dt = sc.dtype_bytes
+    qkv_out = (a + 2 * g) * d // t if g >= t else (a // t + 2) * d  # GQA: kv heads replicated when tp > kv heads
+    attn_width = a * d // t
+    act_bytes = T * h * dt  # one hidden-state tensor of the whole microbatch
+
+    def gemm(name: str, tokens: int, k: int, n: int) -> Op:
+        flops = 2.0 * tokens * k * n
+        return Op(name, "gemm", "F", flops, flops, (tokens * k + k * n + tokens * n) * dt, params=k * n)
+
+    def tp_in(name: str) -> list[Op]:
+        """Entering a column-parallel block."""
+        if t == 1:
+            return []
+        if sp:
+            return [Op(name, "other", "F", comm=Comm("tp", "all_gather", act_bytes))]
+        return [Op(name, "other", "F", comm=Comm("tp", "identity_ar", act_bytes))]
+
+    def tp_out(name: str) -> list[Op]:
+        """Leaving a row-parallel block."""
+        if t == 1:
+            return []
+        return [Op(name, "other", "F", comm=Comm("tp", "reduce_scatter" if sp else "all_reduce", act_bytes))]
+
+    def norm(name: str) -> Op:
+        return Op(name, "norm", "F", 5.0 * Tn * h, 0.0, 2 * Tn * h * dt, params=0.0)
+
+    def residual(name: str) -> Op:
+        return Op(name, "elementwise", "F", Tn * h, 0.0, 3 * Tn * h * dt)
+
+    # --- attention block ---
+    attn: list[Op] = [norm("attn_norm"), *tp_in("attn_in")]
+    attn.append(gemm("qkv_proj", T, h, qkv_out))
+    if cp > 1:
+        # Llama-3-style CP: all-gather K and V of the whole sequence before attention.
+        kv_bytes = 2 * b * s_full * max(g // t, 1) * d * dt
+        attn.append(Op("cp_kv_all_gather", "other", "F", comm=Comm("cp", "all_gather", kv_bytes)))
+    core_model = 4.0 * b * s * s_full * a * d / t  # QK^T and AV over the full key length
+    causal = 0.5 if sc.flash_attention else 1.0
+    io_bytes = 4.0 * T * attn_width * dt
+    attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes))
+    if not sc.flash_attention:
+        # Materialised scores: baddbmm write, fused scale-mask-softmax read+write, dropout, bmm read.
+        score_elems = b * (a / t) * s * s_full
+        attn.append(Op("softmax_dropout", "elementwise", "F", 5.0 * score_elems, 0.0, 11.0 * score_elems))
+    attn.append(gemm("attn_out_proj", T, attn_width, h))
+    attn += tp_out("attn_out")
+    attn.append(residual("attn_residual"))
+
+    # --- MLP block ---
+    def dense_mlp(prefix: str, ffn: int, tokens: int) -> list[Op]:
+        f = ffn // t
+        if m.mlp == "swiglu":
+            return [gemm(f"{prefix}fc1_gate_up", tokens, h, 2 * f),
+                    Op(f"{prefix}swiglu", "elementwise", "F", 3.0 * tokens * f, 0.0, 3 * tokens * f * dt),
+                    gemm(f"{prefix}fc2", tokens, f, h)]
+        return [gemm(f"{prefix}fc1", tokens, h, f),
+                Op(f"{prefix}gelu", "elementwise", "F", 8.0 * tokens * f, 0.0, 2 * tokens * f * dt),
+                gemm(f"{prefix}fc2", tokens, f, h)]
+
+    mlp = [norm("mlp_norm"), *tp_in("mlp_in"), *dense_mlp("", m.ffn_hidden_size, T), *tp_out("mlp_out"),
+           residual("mlp_residual")]
+
+    layers: dict[str, LayerOps] = {}
+    dense = LayerOps("dense", attn + mlp)
+    dense.params = sum(o.params for o in dense.forward) + 2 * h  # + two norm weights
+    layers["dense"] = dense
+
+    if m.is_moe:
+        layers["moe"] = _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt)
+
+    # --- embedding (first position) and LM head + loss (last position) ---
+    V = m.vocab_size
+    emb_bytes = Tn * h * dt * (2 if m.learned_position_embeddings else 1)
+    emb = [Op("embedding_lookup", "elementwise", "F", 0.0, 0.0, emb_bytes + T * 8)]
+    if t > 1:
+        # Vocab-parallel embedding: partial lookups are summed (reduce-scattered with SP).
+        emb.append(Op("embedding_reduce", "other", "F", comm=Comm("tp", "reduce_scatter" if sp else "all_reduce", act_bytes)))
+    emb_params = V * h / t + (m.max_position_embeddings * h if m.learned_position_embeddings else 0)
+    layers["embedding"] = LayerOps("embedding", emb, emb_params)
+    # The embedding table's gradient is a scatter-add; give the lookup's backward the table's
+    # parameters so the DP gradient bucket sees them.
+    head_ops = [norm("final_norm"), *tp_in("head_in"), gemm("lm_head", T, h, V // t)]
+    # Vocab-parallel cross-entropy over fp32 logits: max, exp-sum, loss, softmax grad.
+    head_ops.append(Op("cross_entropy", "elementwise", "F", 6.0 * T * V / t, 0.0, 3 * T * (V / t) * 4))
+    if t > 1:
+        head_ops.append(Op("cross_entropy_allreduce", "other", "F", comm=Comm("tp", "all_reduce", 3 * T * 4)))
+    head_params = 0.0 if m.tied_embeddings and sc.parallelism.pp == 1 else V * h / t
+    head = LayerOps("head", head_ops, head_params + h)
+    if head_params == 0.0:
+        head.forward = [replace(o, params=0.0) if o.name == "lm_head" else o for o in head.forward]
+    layers["head"] = head
+    return layers
+
+
+def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps:
+    """Attention, then a router, all-to-all dispatch over ep, grouped expert GEMMs, combine."""
+    m, p = sc.model, sc.parallelism
+    ep = p.ep
+    # Tokens routed from this rank: each token goes to top_k experts. Dispatch and combine move
+    # tokens * top_k * hidden * dtype bytes; the share (ep-1)/ep leaves the rank.
+    routed_tokens = Tn * m.top_k
+    a2a_bytes = routed_tokens * h * dt
+    experts_local = m.num_experts // ep
+    # With uniform routing every rank's experts receive the same tokens; imbalance scales it.
+    expert_tokens = routed_tokens  # per rank: ep ranks send T*k/ep each to this rank's experts
+    ffn = m.expert_ffn
+    ops = [norm("mlp_norm")]
+    ops.append(gemm("router", Tn, h, m.num_experts))
+    ops.append(Op("moe_dispatch", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes)))
+    if m.mlp == "swiglu":
+        ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * 2 * ffn, 2.0 * expert_tokens * h * 2 * ffn,
+                      (expert_tokens * (h + 2 * ffn) + experts_local * h * 2 * ffn) * dt, params=experts_local * h * 2 * ffn))
+        ops.append(Op("experts_swiglu", "elementwise", "F", 3.0 * expert_tokens * ffn, 0.0, 3 * expert_tokens * ffn * dt))
+    else:
+        ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * ffn, 2.0 * expert_tokens * h * ffn,
+                      (expert_tokens * (h + ffn) + experts_local * h * ffn) * dt, params=experts_local * h * ffn))
+        ops.append(Op("experts_gelu", "elementwise", "F", 8.0 * expert_tokens * ffn, 0.0, 2 * expert_tokens * ffn * dt))
+    ops.append(Op("experts_fc2", "gemm", "F", 2.0 * expert_tokens * ffn * h, 2.0 * expert_tokens * ffn * h,
+                  (expert_tokens * (ffn + h) + experts_local * ffn * h) * dt, params=experts_local * ffn * h))
+    ops.append(Op("moe_combine", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes)))
+    if m.num_shared_experts:
+        # Shared experts: a dense MLP num_shared_experts x the expert width, on this rank's tokens.
+        # (dense_mlp divides the width by tp; the shared experts here are not tensor-parallel.)
+        ops += dense_mlp("shared_", m.num_shared_experts * ffn * t, Tn)
+    ops.append(residual("mlp_residual"))
+    layer = LayerOps("moe", attn + ops)
+    layer.params = sum(o.params for o in layer.forward) + 2 * h
+    return layer

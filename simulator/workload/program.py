@@ -1,0 +1,223 @@
+"""Program: everything the engine replays, with every duration computed up front (DESIGN rule 2).
+
+For each pipeline *position* (a slice of layers) and each action kind (F, B, I, W) the program
+holds a short array of *segments*: a stretch of compute followed, optionally, by a blocking
+collective (tp, cp or ep). Consecutive kernels are merged into one segment, so the event loop
+sees one event per collective, not one per kernel. Ranks that hold the same positions run the
+same program, which is what lets the engine simulate one representative per class.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulator.calibrate.profile import Profile
+from simulator.scenario import Scenario
+from simulator.schedules.base import PipelineSchedule
+from simulator.topology.placement import Mesh
+from simulator.workload.ops import Comm, LayerOps, Op, build_layer_ops
+
+# Megatron keeps fp32 main gradients and reduces them in fp32 when training in bf16.
+GRAD_REDUCE_BYTES = 4
+# Adam step per parameter: read fp32 master, grad, m, v; write master, m, v; write bf16 copy.
+ADAM_BYTES_PER_PARAM = 30
+
+
+@dataclass
+class Segments:
+    """One (position, kind): compute_s[i] runs, then comm[i] (if any) blocks the compute stream."""
+
+    compute_s: np.ndarray
+    comm: list[Comm | None]
+    layer: np.ndarray  # layer id per segment (-1 embedding, num_layers = head)
+    label: list[str]
+    grad_bytes: np.ndarray  # gradient bytes ready at the end of the segment's compute
+    flops: np.ndarray  # executed FLOPs per segment (for utilisation views)
+
+    @property
+    def total_compute_s(self) -> float:
+        return float(self.compute_s.sum())
+
+    @staticmethod
+    def constant(compute_s: float, grad_bytes: float = 0.0) -> "Segments":
+        """One segment of pure compute (used by tests and synthetic programs)."""
+        return Segments(np.array([compute_s]), [None], np.array([0]), ["compute"], np.array([grad_bytes]), np.array([0.0]))
+
+
+@dataclass
+class Program:
+    scenario: Scenario | None
+    mesh: Mesh
+    schedule: PipelineSchedule
+    # segments[(position, kind)] for kind in F, B, I, W
+    segments: dict[tuple[int, str], Segments]
+    position_layers: list[list[int]]
+    pp_bytes: float  # bytes of one activation (or its gradient) sent between stages
+    optimizer_s: float  # optimizer step of one rank (per stage it holds: scaled by params)
+    stage_params: list[float]  # parameters of each stage on one rank (after TP/EP sharding)
+    model_flops_per_step: float
+    tokens_per_step: int
+    zero: int = 1
+    overlap_grad_reduce: bool = True
+    grad_bucket_bytes: float = 40e6 * GRAD_REDUCE_BYTES
+    param_bytes: int = 2
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_ranks_pp(self) -> int:
+        return self.schedule.num_ranks
+
+
+def split_layers(num_layers: int, positions: int, override: list[int] | None = None) -> list[list[int]]:
+    """Layers per pipeline position. Uneven splits give the first and last positions fewer
+    layers (they also hold the embedding and the LM head), as Llama 3 and the zero-bubble
+    paper do."""
+    if override is not None:
+        counts = list(override)
+    else:
+        q = math.ceil(num_layers / positions)
+        counts = [q] * positions
+        deficit = q * positions - num_layers
+        # Take one layer at a time from the ends inwards: first, last, second, second-to-last...
+        order = []
+        for i in range(positions // 2 + 1):
+            for j in (i, positions - 1 - i):
+                if j not in order and 0 <= j < positions:
+                    order.append(j)
+        k = 0
+        while deficit > 0:
+            j = order[k % len(order)]
+            if counts[j] > 1:
+                counts[j] -= 1
+                deficit -= 1
+            k += 1
+    out, start = [], 0
+    for c in counts:
+        out.append(list(range(start, start + c)))
+        start += c
+    return out
+
+
+def _segments(ops: list[tuple[Op, int]], times: dict[int, float]) -> Segments:
+    """Merge consecutive kernels into segments; a collective closes a segment."""
+    compute, comms, layers, labels, grads, flops = [], [], [], [], [], []
+    acc_t = acc_g = acc_f = 0.0
+    first = None
+    last_layer = 0
+    for op, layer in ops:
+        last_layer = layer
+        if op.comm is not None:
+            if op.comm.op == "identity_ar":
+                continue
+            compute.append(acc_t); comms.append(op.comm); layers.append(layer)
+            labels.append(first or op.name); grads.append(acc_g); flops.append(acc_f)
+            acc_t = acc_g = acc_f = 0.0
+            first = None
+            continue
+        acc_t += times[id(op)]
+        acc_f += op.exec_flops
+        if op.phase == "W":
+            acc_g += op.params * GRAD_REDUCE_BYTES
+        first = first or op.name
+    if acc_t > 0 or not compute:
+        compute.append(acc_t); comms.append(None); layers.append(last_layer)
+        labels.append(first or "compute"); grads.append(acc_g); flops.append(acc_f)
+    return Segments(np.array(compute), comms, np.array(layers), labels, np.array(grads), np.array(flops))
+
+
+def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) -> Program:
+    p = sc.parallelism
+    mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=sc.dp, pp=p.pp, order=p.mesh_order)
+    layer_kinds = build_layer_ops(sc)
+    m = sc.model
+    P = schedule.num_positions
+    positions = split_layers(m.num_layers, P, p.pp_layer_split)
+
+    # Backward op lists per layer kind, and the weight-grad-carrying embedding.
+    bwd: dict[str, tuple[list[Op], list[Op]]] = {k: lo.backward() for k, lo in layer_kinds.items()}
+    emb = layer_kinds["embedding"]
+    emb_w = [Op("embedding_wgrad", "elementwise", "W", 0.0, 0.0, emb.forward[0].bytes, params=emb.params)]
+    bwd["embedding"] = (bwd["embedding"][0], emb_w)
+
+    # Every op's duration in one vectorised call (DESIGN rule 2).
+    all_ops: list[Op] = []
+    for kind, lo in layer_kinds.items():
+        all_ops += lo.forward + bwd[kind][0] + bwd[kind][1]
+    kernels = [o for o in all_ops if o.comm is None]
+    dur = profile.compute_time_s(np.array([o.op_class for o in kernels]), np.array([o.exec_flops for o in kernels]),
+                                 np.array([o.bytes for o in kernels]))
+    times = {id(o): float(t) for o, t in zip(kernels, dur)}
+
+    def kind_of(layer: int) -> str:
+        if m.is_moe and layer >= m.num_dense_layers:
+            return "moe"
+        return "dense"
+
+    def recompute_ops(kind: str) -> list[Op]:
+        if sc.recompute == "full":
+            return list(layer_kinds[kind].forward)
+        if sc.recompute == "selective":
+            return [o for o in layer_kinds[kind].forward if o.op_class == "attention" or o.name == "softmax_dropout"]
+        return []
+
+    segments: dict[tuple[int, str], Segments] = {}
+    stage_params: list[float] = []
+    for pos, layers in enumerate(positions):
+        chain: list[tuple[str, int]] = []
+        if pos == 0:
+            chain.append(("embedding", -1))
+        chain += [(kind_of(L), L) for L in layers]
+        if pos == P - 1:
+            chain.append(("head", m.num_layers))
+        f_ops = [(o, L) for k, L in chain for o in layer_kinds[k].forward]
+        i_ops, w_ops, b_ops = [], [], []
+        for k, L in reversed(chain):
+            rec = [(o, L) for o in recompute_ops(k)] if k not in ("embedding", "head") else []
+            li = [(o, L) for o in bwd[k][0]]
+            lw = [(o, L) for o in bwd[k][1]]
+            i_ops += rec + li
+            w_ops += lw
+            b_ops += rec + li + lw
+        segments[(pos, "F")] = _segments(f_ops, times)
+        segments[(pos, "I")] = _segments(i_ops, times)
+        segments[(pos, "W")] = _segments(w_ops, times)
+        segments[(pos, "B")] = _segments(b_ops, times)
+        stage_params.append(sum(layer_kinds[k].params for k, _ in chain))
+
+    # Model FLOPs per step: forward + backward of every op on every rank, no recomputation.
+    per_pos_model = []
+    for pos, layers in enumerate(positions):
+        tot = 0.0
+        for L in layers:
+            k = kind_of(L)
+            tot += sum(o.model_flops for o in layer_kinds[k].forward + bwd[k][0] + bwd[k][1])
+        if pos == P - 1:
+            tot += sum(o.model_flops for o in layer_kinds["head"].forward + bwd["head"][0] + bwd["head"][1])
+        per_pos_model.append(tot)
+    # Each position's FLOPs are per TP/CP/EP rank per microbatch; scale to the whole job.
+    ranks_per_replica = p.tp * p.cp
+    model_flops = sum(per_pos_model) * ranks_per_replica * sc.num_microbatches * sc.dp
+
+    sp = p.sequence_parallel and p.tp > 1
+    b, s = sc.batch.micro_batch_size, sc.batch.seq_length // p.cp
+    pp_bytes = b * s * m.hidden_size * sc.dtype_bytes / (p.tp if sp else 1)
+
+    # The optimizer updates this rank's parameters; ZeRO>=1 shards the update over dp.
+    shard = sc.dp if p.zero >= 1 else 1
+    params_rank_max = 0.0
+    for r in range(schedule.num_ranks):
+        params_rank_max = max(params_rank_max, sum(stage_params[schedule.stage_position[st]] for st in schedule.stages_of_rank(r)))
+    opt_bytes = params_rank_max / shard * ADAM_BYTES_PER_PARAM
+    optimizer_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]), np.array([opt_bytes]))[0])
+
+    return Program(
+        scenario=sc, mesh=mesh, schedule=schedule, segments=segments, position_layers=positions,
+        pp_bytes=pp_bytes, optimizer_s=optimizer_s, stage_params=stage_params,
+        model_flops_per_step=model_flops, tokens_per_step=sc.batch.global_batch_size * sc.batch.seq_length,
+        zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
+        grad_bucket_bytes=p.grad_bucket_params * GRAD_REDUCE_BYTES,
+        param_bytes=sc.dtype_bytes,
+    )
