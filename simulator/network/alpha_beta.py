@@ -75,3 +75,13 @@ class TierNetwork:
 
     def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
         return env.timeout(self.collective_time_s(req))
+
+
+class IdealNetwork:
+    """Communication that takes no time: for checking schedules against closed-form bubbles."""
+
+    def collective_time_s(self, req: CollectiveRequest) -> float:
+        return 0.0
+
+    def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
+        return env.timeout(0.0)

@@ -50,6 +50,15 @@ class Report(BaseModel):
     )
 
 
+def rank_bubble_fraction(tl: Timeline, rank: int) -> float:
+    """Idle share of a rank's compute stream that is neither compute nor a wait on communication."""
+    step = tl.step_time_s
+    if step <= 0:
+        return 0.0
+    waits = sum(float(v) for v in tl.exposed_s[rank].values())
+    return max(0.0, step - float(tl.busy_compute_s[rank]) - waits) / step
+
+
 def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak_tflops: float, gpus: int) -> Report:
     step = tl.step_time_s
     per_pp: dict[int, dict[str, Any]] = {}
@@ -57,7 +66,7 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
         pp = tl.pp_rank_of[r]
         exposed = {d: float(tl.exposed_s[r][d]) for d in DIMS}
         busy = float(tl.busy_compute_s[r])
-        bubble = max(0.0, step - busy - sum(exposed.values())) / step if step > 0 else 0.0
+        bubble = rank_bubble_fraction(tl, r)
         row = per_pp.setdefault(pp, {"pp_rank": pp, "ranks": 0, "compute_s": 0.0, "bubble_fraction": 0.0,
                                      "exposed_comm_s": dict.fromkeys(DIMS, 0.0)})
         row["ranks"] += 1

@@ -221,3 +221,25 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         grad_bucket_bytes=p.grad_bucket_params * GRAD_REDUCE_BYTES,
         param_bytes=sc.dtype_bytes,
     )
+
+
+def synthetic_program(schedule: PipelineSchedule, F_s: float, B_s: float, W_s: float = 0.0, FB_s: float | None = None,
+                      optimizer_s: float = 0.0) -> Program:
+    """A program with uniform per-position costs and no communication inside actions.
+
+    B_s is the full backward; I costs B_s - W_s. For checking schedules against closed-form
+    bubble formulas and for benchmarks of the engine itself.
+    """
+    P = schedule.num_positions
+    seg: dict[tuple[int, str], Segments] = {}
+    for pos in range(P):
+        seg[(pos, "F")] = Segments.constant(F_s)
+        seg[(pos, "B")] = Segments.constant(B_s)
+        seg[(pos, "I")] = Segments.constant(B_s - W_s)
+        seg[(pos, "W")] = Segments.constant(W_s)
+    mesh = Mesh(tp=1, cp=1, ep=1, dp=1, pp=schedule.num_ranks)
+    return Program(
+        scenario=None, mesh=mesh, schedule=schedule, segments=seg, position_layers=[[pos] for pos in range(P)],
+        pp_bytes=0.0, optimizer_s=optimizer_s, stage_params=[0.0] * P, model_flops_per_step=0.0, tokens_per_step=0,
+        zero=0,
+    )
