@@ -125,8 +125,7 @@ def simulate(
     if scenario is not None and not scenario.exists():
         raise UserError(f"scenario file {str(scenario)!r} does not exist: check the path, or omit it to run the default")
     sc = load_scenario(scenario, overrides)
-    _stderr(f"simulating {sc.name}: {sc.model.name} on {sc.cluster.gpus} x {sc.cluster.gpu} ({mode.value} mode)")
-    result = run_simulation(sc, mode=mode.value)
+    result = run_simulation(sc, mode=mode.value, progress=_stderr)
     report = result.report
 
     if not no_dashboard:

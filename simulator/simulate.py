@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 from simulator.calibrate.profile import Profile, load_profile
@@ -53,12 +54,16 @@ def make_network(sc: Scenario, topo: TopologySpec, profile: Profile):
     return TierNetwork(topo.node, profile.comm)
 
 
-def simulate(sc: Scenario, mode: Mode = "reduced") -> SimulationResult:
+def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None) -> SimulationResult:
+    """Simulate one step. ``progress`` hears about the work once all input has been checked."""
     profile = load_profile(sc.cluster.gpu)
     topo = load_topology(sc.cluster.topology)
     sched = resolve_schedule(sc)
     prog = build_program(sc, profile, sched)
     net = make_network(sc, topo, profile)
+    if progress is not None:
+        progress(f"simulating {sc.name}: {sc.model.name} on {sc.cluster.gpus} x {sc.cluster.gpu}, "
+                 f"{sched.name} with {sched.num_microbatches} microbatches ({mode} mode)")
     tl = Engine(prog, net, mode=mode).run()
     mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
     report = build_report(sc.name, prog, tl, mem, profile.compute.peak_tflops, sc.cluster.gpus)

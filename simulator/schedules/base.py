@@ -33,7 +33,8 @@ class Action:
     stage: int
     kind: ActionKind
     microbatch: int
-    # For kind == "FB" only: (forward action, backward action) run overlapped as one unit.
+    # For kind == "FB" only: (forward action, backward action) run overlapped as one unit; the
+    # pair's own stage and microbatch repeat its forward's (torch leaves them unset).
     sub: tuple["Action", "Action"] | None = None
 
     def __str__(self) -> str:
@@ -97,6 +98,24 @@ class PipelineSchedule:
 
     def stages_of_rank(self, rank: int) -> tuple[int, ...]:
         return tuple(s for s, r in enumerate(self.stage_rank) if r == rank)
+
+    @property
+    def model_copies(self) -> int:
+        """Full model replicas the pipeline holds: 2 for DualPipe (one per chain), else 1.
+
+        Every chain runs the whole model, so parameters, gradients and optimizer state per rank
+        scale with the number of chains.
+        """
+        return len(self.chains)
+
+    @property
+    def stages_per_rank(self) -> int:
+        """Stages (model chunks) each rank holds: vpp for interleaved, 2 for V shapes and DualPipe."""
+        return self.num_stages // self.num_ranks
+
+    @property
+    def num_actions(self) -> int:
+        return sum(len(a) for a in self.actions)
 
 
 # The dependency rule, stated once. Every cross-stage dependency is also a point-to-point

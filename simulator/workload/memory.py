@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.scenario import Scenario
-from simulator.schedules.base import PipelineSchedule
+from simulator.schedules.analysis import peak_activations
 from simulator.workload.program import Program
 
 GIB = 1024**3
@@ -73,35 +73,6 @@ class MemoryReport:
     in_flight: list[float]  # peak microbatches in flight per pipeline rank (per-stage weighted)
 
 
-def in_flight_activation_bytes(schedule: PipelineSchedule, stage_bytes: list[float]) -> tuple[list[float], list[float]]:
-    """Per rank: peak activation bytes over the action order, and peak microbatches in flight.
-
-    A forward holds its stage's activations until the backward that frees them: B, or W for
-    schedules that split the backward (the weight gradient still needs the layer inputs).
-    """
-    peaks, counts = [], []
-    splits = any(a.kind == "W" for row in schedule.actions for a in row)
-    for r, row in enumerate(schedule.actions):
-        live = 0.0
-        live_mb = 0.0
-        peak = peak_mb = 0.0
-        n_stages = max(1, len(schedule.stages_of_rank(r)))
-        for a in row:
-            for sub in (a.sub if a.kind == "FB" else (a,)):
-                sb = stage_bytes[schedule.stage_position[sub.stage]]
-                if sub.kind == "F":
-                    live += sb
-                    live_mb += 1.0 / n_stages
-                elif sub.kind == "B" or (sub.kind == "W" and splits):
-                    live -= sb
-                    live_mb -= 1.0 / n_stages
-                peak = max(peak, live)
-                peak_mb = max(peak_mb, live_mb)
-        peaks.append(peak)
-        counts.append(peak_mb)
-    return peaks, counts
-
-
 def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: float) -> MemoryReport:
     p, m = sc.parallelism, sc.model
     sched = prog.schedule
@@ -119,7 +90,10 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
         if pos == len(prog.position_layers) - 1:
             act += 4 * s * b * m.vocab_size / t  # fp32 logits kept for the cross-entropy backward
         stage_bytes.append(act)
-    act_peaks, in_flight = in_flight_activation_bytes(sched, stage_bytes)
+    by_stage = [stage_bytes[sched.stage_position[st]] for st in range(sched.num_stages)]
+    act_peaks = peak_activations(sched, by_stage)
+    # In-flight microbatches in units of the rank's whole model share.
+    in_flight = peak_activations(sched, [1.0 / len(sched.stages_of_rank(sched.stage_rank[st])) for st in range(sched.num_stages)])
 
     # Mixed-precision Adam (bytes/param): bf16 weights 2, fp32 gradients 4, fp32 master 4 + m 4 + v 4.
     z = p.zero
