@@ -46,6 +46,10 @@ class Manifest(BaseModel):
     step_times: list[StepTiming] = Field(default_factory=list)
     trace_files: list[str] = Field(default_factory=list, description="rank<k>.trace.json.gz, by rank.")
     tables: list[str] = Field(default_factory=list, description="Derived parquet tables.")
+    notes: list[str] = Field(
+        default_factory=list,
+        description="How the capture mapped the request onto torch (e.g. which FSDP2 mode stands for a ZeRO stage).",
+    )
 
 
 def load_manifest(bundle_dir: str | Path) -> Manifest:

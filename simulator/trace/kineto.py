@@ -1,0 +1,928 @@
+"""Kineto (torch.profiler) Chrome-trace importer -> OpTable.
+
+GPU traces give one row per kernel / memcpy / memset, each linked to the CPU op that launched
+it in both ways Kineto has used (FORMATS.md §2.2):
+  new: kernel 'External id' == the launching cpu_op's 'External id';
+  old: kernel 'correlation' -> cuda_runtime launch -> innermost cpu_op enclosing the launch on
+       the launching thread.
+CPU-only traces (gloo) give one row per outermost aten op / optimizer step on each thread and
+one per collective span (gloo:* / nccl:* record_function spans, else c10d::* ops).
+
+The file is streamed (jsonstream) and kept as compact arrays, never as a list of event dicts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simulator.errors import UserError
+from simulator.trace import kineto_fields as K
+from simulator.trace.jsonstream import stream_trace
+from simulator.trace.optable import make_optable
+
+
+class TraceImportWarning(UserWarning):
+    """Something in a trace was skipped or could not be interpreted; the message says what."""
+
+
+@dataclass
+class KinetoTrace:
+    path: Path
+    ops: pd.DataFrame
+    rank: int | None
+    world_size: int | None
+    backend: str | None
+    devices: list[str]                 # name of each device this rank's rows ran on
+    device_properties: list[dict]
+    distributed_info: dict
+    n_events: int
+    origin_ns: int                     # start_abs_ns of the earliest event in the file
+    warnings: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+_CLASS_CODES = {c: i for i, c in enumerate(K.OP_CLASSES)}
+_OTHER = _CLASS_CODES["other"]
+_COMM = _CLASS_CODES["communication"]
+_OPT = _CLASS_CODES["optimizer"]
+_GPU_CAT_KERNEL, _GPU_CAT_MEMCPY, _GPU_CAT_MEMSET = 0, 1, 2
+_GPU_CAT_NAMES = ("kernel", "gpu_memcpy", "gpu_memset")
+_KIND_CPU_OP, _KIND_ANNOTATION = 0, 1
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+# ---------------------------------------------------------------------------------------------
+# per-op FLOPs and bytes from Input Dims / Input type
+# ---------------------------------------------------------------------------------------------
+
+def _prod(dims) -> int:
+    p = 1
+    for d in dims:
+        p *= int(d)
+    return p
+
+
+def _is_shape(x) -> bool:
+    return isinstance(x, list) and all(isinstance(d, int) for d in x)
+
+
+def _numel_nested(x) -> int:
+    """Elements in one Input Dims entry: a shape, or a TensorList's list of shapes."""
+    if _is_shape(x):
+        return _prod(x) if x else 0
+    if isinstance(x, list):
+        return sum(_numel_nested(y) for y in x)
+    return 0
+
+
+def _first_dtype(types) -> str | None:
+    for t in types or ():
+        dt = K.canonical_dtype(t) if isinstance(t, str) else None
+        if dt is not None:
+            return dt
+    return None
+
+
+def _matmul_flops(a: list[int], b: list[int]) -> tuple[int, int, int, int] | None:
+    """(batch, m, k, n) of torch.matmul(a, b) with broadcasting, or None."""
+    if not a or not b:
+        return None
+    a2 = [1] + a if len(a) == 1 else a
+    b2 = b + [1] if len(b) == 1 else b
+    m, k = a2[-2], a2[-1]
+    k2, n = b2[-2], b2[-1]
+    if k != k2:
+        return None
+    ba, bb = a2[:-2], b2[:-2]
+    width = max(len(ba), len(bb))
+    ba = [1] * (width - len(ba)) + ba
+    bb = [1] * (width - len(bb)) + bb
+    batch = _prod(max(x, y) for x, y in zip(ba, bb))
+    return batch, m, k, n
+
+
+def op_flops_bytes(name: str, cls: str, args: dict) -> tuple[float, float, str | None]:
+    """(FLOPs, bytes read+written, dtype) of one CPU op from its recorded shapes; NaN if unknown."""
+    dims = args.get(K.ARG_INPUT_DIMS)
+    types = args.get(K.ARG_INPUT_TYPE)
+    dtype = _first_dtype(types)
+    itemsize = K.DTYPE_BYTES.get(dtype or "", 0)
+    flops = math.nan
+    nbytes = math.nan
+    if not isinstance(dims, list):
+        f = args.get(K.ARG_FLOPS)
+        return (float(f) if isinstance(f, (int, float)) else math.nan), nbytes, dtype
+    short = name.split("::", 1)[-1]
+    shapes = [d if _is_shape(d) else None for d in dims]
+    try:
+        if cls == "gemm":
+            mkn = None
+            if short in ("mm", "bmm", "matmul", "_scaled_mm") and len(shapes) >= 2 and shapes[0] and shapes[1]:
+                mkn = _matmul_flops(shapes[0], shapes[1])
+            elif short in ("addmm", "baddbmm") and len(shapes) >= 3 and shapes[1] and shapes[2]:
+                mkn = _matmul_flops(shapes[1], shapes[2])
+            elif short == "linear" and len(shapes) >= 2 and shapes[0] and shapes[1] and len(shapes[1]) == 2:
+                x, w = shapes[0], shapes[1]
+                if x[-1] == w[1]:
+                    mkn = (1, _prod(x[:-1]), w[1], w[0])
+            if mkn is not None:
+                batch, m, k, n = mkn
+                flops = 2.0 * batch * m * k * n
+                if itemsize:
+                    nbytes = float(itemsize * batch * (m * k + k * n + m * n))
+        elif cls == "attention":
+            # Forward inputs are (q, k, v, ...); backward ops put grad_out first.
+            qkv = shapes[1:4] if short.endswith("backward") else shapes[0:3]
+            if len(qkv) == 3 and all(s and len(s) == 4 for s in qkv):
+                q, k, v = qkv
+                b, h, sq, d = q
+                sk, dv = k[2], v[3]
+                fwd = 2.0 * b * h * sq * sk * (d + dv)
+                flops = 2.0 * fwd if short.endswith("backward") else fwd
+                if itemsize:
+                    nbytes = float(itemsize * (_prod(q) + _prod(k) + _prod(v) + b * h * sq * dv))
+        elif cls in ("elementwise", "norm", "optimizer"):
+            numel = sum(_numel_nested(d) for d in dims)
+            first = _numel_nested(dims[0]) if dims else 0
+            if itemsize and numel:
+                # inputs read plus an output the size of the first input
+                nbytes = float(itemsize * (numel + first))
+    except (TypeError, ValueError, IndexError):
+        pass
+    f = args.get(K.ARG_FLOPS)
+    if isinstance(f, (int, float)) and f > 0 and math.isnan(flops):
+        flops = float(f)
+    return flops, nbytes, dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# streaming collector
+# ---------------------------------------------------------------------------------------------
+
+class _Collector:
+    """Keeps what the OpTable needs from each event in typed arrays (8 bytes a field)."""
+
+    def __init__(self) -> None:
+        self.name_codes: dict[str, int] = {}
+        self.names: list[str] = []
+        self.thread_codes: dict[tuple, int] = {}
+        self.threads: list[tuple] = []
+        # per name code, decided once
+        self.name_cls: list[int] = []
+        self.name_flags: list[int] = []
+        # GPU activity
+        self.g_cat = array("b")
+        self.g_name = array("l")
+        self.g_dev = array("l")
+        self.g_stream = array("q")
+        self.g_ts = array("d")
+        self.g_dur = array("d")
+        self.g_ext = array("q")
+        self.g_corr = array("q")
+        self.g_coll_args: dict[int, dict] = {}
+        # launches (cuda_runtime / cuda_driver)
+        self.r_corr = array("q")
+        self.r_thread = array("l")
+        self.r_ts = array("d")
+        # host ops: cpu_op and user_annotation
+        self.h_kind = array("b")
+        self.h_name = array("l")
+        self.h_thread = array("l")
+        self.h_ts = array("d")
+        self.h_dur = array("d")
+        self.h_ext = array("q")
+        self.h_flops = array("d")
+        self.h_bytes = array("d")
+        self.h_dtype = array("l")
+        self.h_coll_args: dict[int, dict] = {}
+        self.dtype_codes: dict[str | None, int] = {None: -1}
+        self.dtype_names: list[str] = []
+        self.gpu_labels: dict[Any, str] = {}
+        self.malformed = 0
+
+    # flags per name
+    F_COMM_SPAN = 1      # nccl:* / gloo:* record_function span
+    F_C10D = 2
+    F_RPC = 4
+    F_STEP = 8
+    F_WANT_SHAPES = 16
+
+    def _name(self, name: str) -> int:
+        code = self.name_codes.get(name)
+        if code is None:
+            code = len(self.names)
+            self.name_codes[name] = code
+            self.names.append(name)
+            cls = K.classify_cpu_op(name)
+            flags = 0
+            if name.startswith(K.COMM_ANNOTATION_PREFIXES):
+                flags |= self.F_COMM_SPAN
+            elif name.startswith(K.C10D_PREFIX):
+                flags |= self.F_C10D
+            elif name == K.RECORD_PARAM_COMMS:
+                flags |= self.F_RPC
+            if name.startswith(K.PROFILER_STEP_PREFIX):
+                flags |= self.F_STEP
+            if cls in ("gemm", "attention", "norm", "elementwise", "optimizer"):
+                flags |= self.F_WANT_SHAPES
+            self.name_cls.append(_CLASS_CODES[cls])
+            self.name_flags.append(flags)
+        return code
+
+    def _thread(self, pid, tid) -> int:
+        key = (pid, tid)
+        code = self.thread_codes.get(key)
+        if code is None:
+            code = len(self.threads)
+            self.thread_codes[key] = code
+            self.threads.append(key)
+        return code
+
+    def _dtype(self, dt: str | None) -> int:
+        code = self.dtype_codes.get(dt)
+        if code is None:
+            code = len(self.dtype_names)
+            self.dtype_codes[dt] = code
+            self.dtype_names.append(dt)
+        return code
+
+    def on_event(self, e: dict) -> None:
+        ph = e.get("ph")
+        if ph != "X":
+            if ph == "M" and e.get("name") == "process_labels":
+                label = (e.get("args") or {}).get("labels")
+                if isinstance(label, str):
+                    self.gpu_labels[e.get("pid")] = label
+            return
+        cat = e.get("cat")
+        try:
+            if cat in K.CAT_CPU_OP or cat in K.CAT_USER_ANNOTATION:
+                self._host(e, _KIND_CPU_OP if cat in K.CAT_CPU_OP else _KIND_ANNOTATION)
+            elif cat in K.CAT_RUNTIME:
+                args = e.get("args") or {}
+                corr = args.get(K.ARG_CORRELATION)
+                if corr is None:
+                    return
+                ts = float(e["ts"])
+                self.r_corr.append(int(corr))
+                self.r_thread.append(self._thread(e.get("pid"), e.get("tid")))
+                self.r_ts.append(ts)
+            elif cat in K.CAT_GPU:
+                self._gpu(e, cat)
+        except (KeyError, TypeError, ValueError, OverflowError):
+            self.malformed += 1
+
+    def _host(self, e: dict, kind: int) -> None:
+        name = e.get("name")
+        if not isinstance(name, str):
+            raise TypeError
+        ts = float(e["ts"])
+        dur = float(e.get("dur", 0.0))
+        code = self._name(name)
+        args = e.get("args") or {}
+        i = len(self.h_ts)
+        self.h_kind.append(kind)
+        self.h_name.append(code)
+        self.h_thread.append(self._thread(e.get("pid"), e.get("tid")))
+        self.h_ts.append(ts)
+        self.h_dur.append(dur)
+        self.h_ext.append(int(args.get(K.ARG_EXTERNAL_ID, -1)))
+        flags = self.name_flags[code]
+        flops = nbytes = math.nan
+        dt = None
+        if flags & self.F_WANT_SHAPES:
+            flops, nbytes, dt = op_flops_bytes(name, K.OP_CLASSES[self.name_cls[code]], args)
+        elif flags & (self.F_COMM_SPAN | self.F_C10D | self.F_RPC):
+            # Collective ops are few; keep the args that carry their metadata.
+            keep = {k: args[k] for k in _COLL_ARG_KEYS if k in args}
+            if keep:
+                self.h_coll_args[i] = keep
+        self.h_flops.append(flops)
+        self.h_bytes.append(nbytes)
+        self.h_dtype.append(self._dtype(dt))
+
+    def _gpu(self, e: dict, cat: str) -> None:
+        name = e.get("name")
+        if not isinstance(name, str):
+            raise TypeError
+        args = e.get("args") or {}
+        ts = float(e["ts"])
+        dur = float(e.get("dur", 0.0))
+        i = len(self.g_ts)
+        gcat = _GPU_CAT_KERNEL if cat in K.CAT_KERNEL else _GPU_CAT_MEMCPY if cat in K.CAT_MEMCPY else _GPU_CAT_MEMSET
+        self.g_cat.append(gcat)
+        self.g_name.append(self._name(name))
+        dev = args.get(K.ARG_DEVICE, e.get("pid"))
+        self.g_dev.append(int(dev) if isinstance(dev, (int, float)) else -1)
+        stream = args.get(K.ARG_STREAM, e.get("tid"))
+        self.g_stream.append(int(stream) if isinstance(stream, (int, float)) else -1)
+        self.g_ts.append(ts)
+        self.g_dur.append(dur)
+        self.g_ext.append(int(args.get(K.ARG_EXTERNAL_ID, -1)))
+        self.g_corr.append(int(args.get(K.ARG_CORRELATION, -1)))
+        if K.ARG_COLL_NAME in args:
+            self.g_coll_args[i] = {k: args[k] for k in _COLL_ARG_KEYS if k in args}
+
+
+_COLL_ARG_KEYS = (
+    K.ARG_COLL_NAME, K.ARG_COLL_DTYPE, K.ARG_IN_NELEMS, K.ARG_OUT_NELEMS, K.ARG_GROUP_SIZE,
+    K.ARG_PG_NAME, K.ARG_PG_RANKS, K.ARG_SEQ, K.ARG_INPUT_DIMS, K.ARG_INPUT_TYPE,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# collective metadata
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class _Coll:
+    collective: str | None = None
+    dtype: str | None = None
+    in_bytes: int | None = None
+    out_bytes: int | None = None
+    msg_bytes: int | None = None
+    group_size: int | None = None
+    group_ranks: str | None = None
+    pg_name: str | None = None
+    seq: int | None = None
+    source: str | None = None
+    raw_name: str | None = None
+
+
+def _coll_from_args(args: dict, source: str) -> _Coll | None:
+    """From record_param_comms args (or the copy Kineto puts on NCCL kernels)."""
+    raw = args.get(K.ARG_COLL_NAME)
+    if not isinstance(raw, str) or raw == K.COLL_NAME_WAIT:
+        return None
+    c = _Coll(collective=K.normalise_collective(raw), raw_name=raw, source=source)
+    c.dtype = K.canonical_dtype(args.get(K.ARG_COLL_DTYPE)) if isinstance(args.get(K.ARG_COLL_DTYPE), str) else None
+    size = K.DTYPE_BYTES.get(c.dtype or "")
+    n_in, n_out = args.get(K.ARG_IN_NELEMS), args.get(K.ARG_OUT_NELEMS)
+    if size and isinstance(n_in, int):
+        c.in_bytes = n_in * size
+    if size and isinstance(n_out, int):
+        c.out_bytes = n_out * size
+    if c.in_bytes is not None or c.out_bytes is not None:
+        c.msg_bytes = max(b for b in (c.in_bytes, c.out_bytes) if b is not None)
+    gs = args.get(K.ARG_GROUP_SIZE)
+    c.group_size = int(gs) if isinstance(gs, int) and gs > 0 else None
+    ranks = args.get(K.ARG_PG_RANKS)
+    c.group_ranks = ranks if isinstance(ranks, str) else (str(ranks) if isinstance(ranks, list) else None)
+    pg = args.get(K.ARG_PG_NAME)
+    c.pg_name = str(pg) if pg is not None else None
+    seq = args.get(K.ARG_SEQ)
+    c.seq = int(seq) if isinstance(seq, int) else None
+    return c
+
+
+def _coll_from_dims(name: str, args: dict, source: str, default_group: int | None, input_index: int | None) -> _Coll:
+    """From a nccl:/gloo: span's (or c10d op's) Input Dims: the input tensors of the call."""
+    c = _Coll(collective=K.normalise_collective(name), raw_name=name, source=source)
+    dims = args.get(K.ARG_INPUT_DIMS)
+    types = args.get(K.ARG_INPUT_TYPE) or []
+    if isinstance(dims, list) and dims:
+        if input_index is not None and input_index < len(dims):
+            numel = _numel_nested(dims[input_index])
+            dt = K.canonical_dtype(types[input_index]) if input_index < len(types) and isinstance(types[input_index], str) else None
+            c.dtype = dt or _first_dtype(types)
+        else:
+            numel = sum(_numel_nested(d) for d in dims)
+            c.dtype = _first_dtype(types)
+        size = K.DTYPE_BYTES.get(c.dtype or "")
+        if size and numel:
+            c.in_bytes = numel * size
+    c.group_size = default_group
+    # The *_base_ c10d ops record both buffers, whose ratio is the group size.
+    if name in _C10D_OUT_IN and isinstance(dims, list) and len(dims) >= 2:
+        n_out, n_in = _numel_nested(dims[0]), _numel_nested(dims[1])
+        if n_out and n_in:
+            big, small = max(n_out, n_in), min(n_out, n_in)
+            if big % small == 0:
+                c.group_size = big // small
+    if c.in_bytes is not None:
+        if c.collective == "all_gather":
+            if c.group_size:
+                c.out_bytes = c.in_bytes * c.group_size
+                c.msg_bytes = c.out_bytes
+        else:
+            c.msg_bytes = c.in_bytes
+            if c.collective == "reduce_scatter" and c.group_size:
+                c.out_bytes = c.in_bytes // c.group_size
+            elif c.collective in ("all_reduce", "all_to_all", "broadcast"):
+                c.out_bytes = c.in_bytes
+    return c
+
+
+# c10d ops take (output, input, ...) for these; the rest take the input tensor list first.
+_C10D_INPUT_INDEX = {
+    "c10d::_allgather_base_": 1, "c10d::_reduce_scatter_base_": 1, "c10d::alltoall_base_": 1,
+    "c10d::allgather_": 1, "c10d::reduce_scatter_": 1, "c10d::alltoall_": 1,
+}
+
+
+_C10D_OUT_IN = ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_")
+
+
+def _coll_from_kernel_name(name: str) -> _Coll | None:
+    m = K.NCCL_KERNEL_RE.match(name)
+    if not m:
+        return None
+    c = _Coll(collective=K.normalise_collective(m.group("coll")), raw_name=name, source="kernel_name")
+    rest = m.group("rest") or ""
+    # Only reducing kernels name the real dtype; the others say int8_t for "bytes".
+    if c.collective in ("all_reduce", "reduce_scatter", "reduce"):
+        for tok in reversed(rest.split("_")):
+            dt = K.canonical_dtype(tok)
+            if dt:
+                c.dtype = dt
+                break
+    return c
+
+
+def _merge(primary: _Coll | None, fallback: _Coll | None) -> _Coll | None:
+    if primary is None:
+        return fallback
+    if fallback is None:
+        return primary
+    for f in ("collective", "dtype", "in_bytes", "out_bytes", "msg_bytes", "group_size", "group_ranks", "pg_name", "seq"):
+        if getattr(primary, f) is None and getattr(fallback, f) is not None:
+            setattr(primary, f, getattr(fallback, f))
+    return primary
+
+
+# ---------------------------------------------------------------------------------------------
+# import
+# ---------------------------------------------------------------------------------------------
+
+def import_kineto(path: str | Path, rank: int | None = None) -> KinetoTrace:
+    """Read one Kineto trace (.json or .json.gz). Raises UserError on input that is not one."""
+    path = Path(path)
+    col = _Collector()
+    top, n_events = stream_trace(path, col.on_event)
+    if K.TRACE_EVENTS not in top:
+        keys = ", ".join(list(top)[:5]) or "none"
+        raise UserError(f"{str(path)!r} has no traceEvents (top-level keys: {keys}): it is not a Kineto/Chrome trace")
+    if n_events == 0:
+        raise UserError(f"{str(path)!r} is an empty trace (traceEvents has no events): re-run the profiler over at least one step")
+    warn: list[str] = []
+    di = top.get(K.DISTRIBUTED_INFO) if isinstance(top.get(K.DISTRIBUTED_INFO), dict) else {}
+    if rank is None and isinstance(di.get(K.DI_RANK), int):
+        rank = di[K.DI_RANK]
+    world = di.get(K.DI_WORLD_SIZE) if isinstance(di.get(K.DI_WORLD_SIZE), int) else None
+    props = top.get(K.DEVICE_PROPERTIES) if isinstance(top.get(K.DEVICE_PROPERTIES), list) else []
+    base_ns = top.get(K.BASE_TIME_NS)
+    base_ns = int(base_ns) if isinstance(base_ns, (int, float)) else 0
+    if col.malformed:
+        warn.append(f"{path.name}: skipped {col.malformed} events without a usable ts/dur/name")
+    default_group = _default_group_size(di)
+
+    if len(col.g_ts):
+        ops = _gpu_rows(col, default_group, warn, path)
+    elif len(col.h_ts):
+        ops = _cpu_rows(col, default_group, warn, path)
+    else:
+        raise UserError(
+            f"{str(path)!r} has {n_events} events but no GPU kernels and no CPU ops: "
+            "profile with activities=[CPU] (and CUDA) so that ops are recorded"
+        )
+    if not len(ops["ts"]):
+        raise UserError(f"{str(path)!r} has no ops this importer understands: expected kernel or cpu_op events")
+
+    # Unknown collectives keep their rows (class communication, collective 'other') and are named.
+    unknown = ops.pop("_unknown_colls")
+    if unknown:
+        listed = ", ".join(f"{n!r} x{c}" for n, c in sorted(unknown.items()))
+        warn.append(f"{path.name}: unknown collective names kept as collective 'other': {listed}")
+
+    ts = np.asarray(ops.pop("ts"), dtype=np.float64)
+    whole = np.floor(ts)
+    abs_ns = whole.astype(np.int64) * 1000 + np.round((ts - whole) * 1000).astype(np.int64) + base_ns
+    origin = int(abs_ns.min())
+    n = len(ts)
+    ops["start_abs_ns"] = abs_ns
+    ops["start_us"] = (abs_ns - origin) / 1000.0
+    ops["rank"] = np.full(n, -1 if rank is None else rank, dtype=np.int32)
+    table = make_optable(ops, n)
+    table = table.sort_values(["start_abs_ns", "stream"], kind="stable").reset_index(drop=True)
+
+    devices = _device_names(table, props, col.gpu_labels)
+    for w in warn:
+        warnings.warn(w, TraceImportWarning, stacklevel=2)
+    meta = {k: v for k, v in top.items() if k not in (K.TRACE_EVENTS, K.DEVICE_PROPERTIES)}
+    return KinetoTrace(
+        path=path, ops=table, rank=rank, world_size=world,
+        backend=di.get(K.DI_BACKEND) if isinstance(di.get(K.DI_BACKEND), str) else None,
+        devices=devices, device_properties=props, distributed_info=di, n_events=n_events,
+        origin_ns=origin, warnings=warn, metadata=meta,
+    )
+
+
+def _default_group_size(di: dict) -> int | None:
+    """Group size to assume for a collective whose own record does not say: known only when every
+    process group of the job has the same size."""
+    pgs = di.get(K.DI_PG_CONFIG)
+    if isinstance(pgs, list) and pgs:
+        sizes = {p.get(K.PG_SIZE) for p in pgs if isinstance(p, dict)}
+        if len(sizes) == 1:
+            (s,) = sizes
+            return s if isinstance(s, int) else None
+    return None
+
+
+def _device_names(table: pd.DataFrame, props: list, labels: dict) -> list[str]:
+    devs = sorted(int(d) for d in table["device"].unique() if d >= 0)
+    if not devs:
+        return ["cpu"] if len(table) else []
+    by_id = {p.get(K.DEV_ID): p.get(K.DEV_NAME) for p in props if isinstance(p, dict)}
+    return [str(by_id.get(d) or f"GPU {d} (unnamed)") for d in devs]
+
+
+def _np(a: array, dtype) -> np.ndarray:
+    if not len(a):
+        return np.zeros(0, dtype=dtype)
+    return np.frombuffer(a, dtype={"b": np.int8, "l": np.dtype(f"i{a.itemsize}"), "q": np.int64, "d": np.float64}[a.typecode]).astype(dtype, copy=False)
+
+
+def _step_of(name: str) -> int:
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else -1
+
+
+def _enclosing(col: _Collector, q_thread: np.ndarray, q_ts: np.ndarray):
+    """For each query (thread, ts): innermost enclosing cpu_op, comm span, collective op, and
+    context class (optimizer wins; else the innermost classified op).
+
+    Host ops are walked per thread in start order with a stack whose entries carry what their
+    ancestors established, so a query costs O(1) after popping the entries that have ended.
+    """
+    nq = len(q_ts)
+    out_op = np.full(nq, -1, dtype=np.int64)
+    out_span = np.full(nq, -1, dtype=np.int64)
+    out_coll = np.full(nq, -1, dtype=np.int64)
+    out_cls = np.full(nq, _OTHER, dtype=np.int64)
+    if not nq or not len(col.h_ts):
+        return out_op, out_span, out_coll, out_cls
+    h_ts, h_dur = _np(col.h_ts, np.float64), _np(col.h_dur, np.float64)
+    h_thread, h_name, h_kind = _np(col.h_thread, np.int64), _np(col.h_name, np.int64), _np(col.h_kind, np.int64)
+    name_cls = col.name_cls
+    name_flags = col.name_flags
+    coll_args = col.h_coll_args
+    F_SPAN, F_C10D, F_RPC = col.F_COMM_SPAN, col.F_C10D, col.F_RPC
+    # ops sorted by (thread, ts, -dur) so parents precede children
+    h_order = np.lexsort((-h_dur, h_ts, h_thread))
+    q_order = np.lexsort((q_ts, q_thread))
+    h_end = h_ts + h_dur
+    hb = np.searchsorted(h_thread[h_order], np.arange(len(col.threads) + 1))
+    qb = np.searchsorted(q_thread[q_order], np.arange(len(col.threads) + 1))
+    for t in range(len(col.threads)):
+        qs = q_order[qb[t]:qb[t + 1]]
+        if not len(qs):
+            continue
+        hs = h_order[hb[t]:hb[t + 1]].tolist()
+        hts = h_ts[hs].tolist() if hs else []
+        hend = h_end[hs].tolist() if hs else []
+        root = (math.inf, -1, -1, -1, _OTHER, False)
+        stack = [root]
+        j = 0
+        nh = len(hs)
+        for qi, qt in zip(qs.tolist(), q_ts[qs].tolist()):
+            while j < nh and hts[j] <= qt:
+                i = hs[j]
+                st = hts[j]
+                while stack[-1][0] < st:
+                    stack.pop()
+                p = stack[-1]
+                code = int(h_name[i])
+                flags = name_flags[code]
+                cls = name_cls[code]
+                op = i if h_kind[i] == _KIND_CPU_OP and not flags & F_SPAN else p[1]
+                span = i if flags & F_SPAN else p[2]
+                coll = p[3]
+                if flags & F_RPC:
+                    a = coll_args.get(i)
+                    if a and a.get(K.ARG_COLL_NAME) not in (None, K.COLL_NAME_WAIT):
+                        coll = i
+                elif flags & F_C10D and coll < 0:
+                    coll = i
+                ccls = cls if cls not in (_OTHER, _COMM) else p[4]
+                opt = p[5] or cls == _OPT
+                stack.append((hend[j], op, span, coll, ccls, opt))
+                j += 1
+            while stack[-1][0] < qt:
+                stack.pop()
+            top = stack[-1]
+            out_op[qi], out_span[qi], out_coll[qi] = top[1], top[2], top[3]
+            out_cls[qi] = _OPT if top[5] else top[4]
+    return out_op, out_span, out_coll, out_cls
+
+
+def _steps(col: _Collector, t: np.ndarray) -> np.ndarray:
+    """ProfilerStep#N (on any thread) that contains each CPU time t; -1 outside every step."""
+    step = np.full(len(t), -1, dtype=np.int32)
+    if not len(col.h_ts) or not len(t):
+        return step
+    h_name = _np(col.h_name, np.int64)
+    flags = np.asarray(col.name_flags, dtype=np.int64)[h_name]
+    idx = np.flatnonzero((flags & col.F_STEP) != 0)
+    if not len(idx):
+        return step
+    h_ts, h_dur = _np(col.h_ts, np.float64), _np(col.h_dur, np.float64)
+    idx = idx[np.argsort(h_ts[idx], kind="stable")]
+    s_start, s_end = h_ts[idx], h_ts[idx] + h_dur[idx]
+    s_num = np.array([_step_of(col.names[h_name[i]]) for i in idx.tolist()], dtype=np.int32)
+    pos = np.searchsorted(s_start, t, side="right") - 1
+    ok = (pos >= 0) & (t <= s_end[np.maximum(pos, 0)])
+    return np.where(ok, s_num[np.maximum(pos, 0)], -1).astype(np.int32)
+
+
+def _gpu_rows(col: _Collector, default_group: int | None, warn: list[str], path: Path) -> dict:
+    n = len(col.g_ts)
+    g_cat = _np(col.g_cat, np.int64)
+    g_name = _np(col.g_name, np.int64)
+    g_ext = _np(col.g_ext, np.int64)
+    g_corr = _np(col.g_corr, np.int64)
+    g_ts = _np(col.g_ts, np.float64)
+
+    # kernel -> launch (cuda_runtime with the same correlation id)
+    r_corr = _np(col.r_corr, np.int64)
+    launch_thread = np.full(n, -1, dtype=np.int64)
+    launch_ts = np.full(n, np.nan)
+    has_launch = np.zeros(n, dtype=bool)
+    if len(r_corr):
+        order = np.argsort(r_corr, kind="stable")
+        sc = r_corr[order]
+        pos = np.clip(np.searchsorted(sc, g_corr), 0, len(sc) - 1)
+        has_launch = (sc[pos] == g_corr) & (g_corr >= 0)
+        ridx = order[pos]
+        launch_thread = np.where(has_launch, _np(col.r_thread, np.int64)[ridx], -1)
+        launch_ts = np.where(has_launch, _np(col.r_ts, np.float64)[ridx], np.nan)
+    q = np.flatnonzero(has_launch)
+    e_op, e_span, e_coll, e_cls = _enclosing(col, launch_thread[q], launch_ts[q])
+    op = np.full(n, -1, dtype=np.int64)
+    span = np.full(n, -1, dtype=np.int64)
+    collop = np.full(n, -1, dtype=np.int64)
+    ctx_cls = np.full(n, _OTHER, dtype=np.int64)
+    op[q], span[q], collop[q], ctx_cls[q] = e_op, e_span, e_coll, e_cls
+    # A kernel belongs to the step its launch happened in (the GPU may run it later).
+    step = _steps(col, np.where(has_launch, launch_ts, g_ts))
+
+    # New-style link: kernel External id names the launching cpu_op (it differs from correlation).
+    h_ext = _np(col.h_ext, np.int64)
+    h_kind = _np(col.h_kind, np.int64)
+    n_ext_linked = 0
+    if len(h_ext):
+        cpu_idx = np.flatnonzero((h_kind == _KIND_CPU_OP) & (h_ext >= 0))
+        order = cpu_idx[np.argsort(h_ext[cpu_idx], kind="stable")]
+        se = h_ext[order]
+        if len(se):
+            pos = np.clip(np.searchsorted(se, g_ext), 0, len(se) - 1)
+            hit = (se[pos] == g_ext) & (g_ext >= 0) & (g_ext != g_corr)
+            op = np.where(hit, order[pos], op)
+            n_ext_linked = int(hit.sum())
+    no_link = int((op < 0).sum())
+    if no_link:
+        warn.append(
+            f"{path.name}: {no_link} of {n} GPU events have no launching CPU op in the trace "
+            "(CUDA graphs, or launches outside the profiled window); classified by name only"
+        )
+
+    h_name = _np(col.h_name, np.int64)
+    name_cls = np.asarray(col.name_cls, dtype=np.int64)
+    kname_cls = np.array(
+        [_CLASS_CODES.get(K.classify_kernel_name(nm) or "", -1) for nm in col.names], dtype=np.int64
+    )
+    k_cls = kname_cls[g_name]
+    op_cls = np.where(op >= 0, name_cls[h_name[np.maximum(op, 0)]], _OTHER)
+    # An op of class communication (c10d/record_param_comms) says nothing about a compute kernel.
+    op_cls = np.where(op_cls == _COMM, _OTHER, op_cls)
+    definitive = np.isin(k_cls, [_CLASS_CODES["communication"], _CLASS_CODES["gemm"], _CLASS_CODES["attention"]])
+    cls = np.where(ctx_cls == _OPT, _OPT, np.where(op_cls != _OTHER, op_cls, ctx_cls))
+    cls = np.where(cls == _OTHER, np.where(k_cls >= 0, k_cls, _OTHER), cls)
+    cls = np.where(definitive, k_cls, cls)
+    cls = np.where(g_cat != _GPU_CAT_KERNEL, _CLASS_CODES["memcpy"], cls)
+
+    # FLOPs / bytes / dtype of an op go to the first GPU event it launched, so sums stay right.
+    flops = np.full(n, np.nan)
+    nbytes = np.full(n, np.nan)
+    dtype_code = np.full(n, -1, dtype=np.int64)
+    linked = np.flatnonzero(op >= 0)
+    if len(linked):
+        by_time = linked[np.argsort(g_ts[linked], kind="stable")]
+        _, first = np.unique(op[by_time], return_index=True)
+        first_rows = by_time[first]
+        src = op[first_rows]
+        flops[first_rows] = _np(col.h_flops, np.float64)[src]
+        nbytes[first_rows] = _np(col.h_bytes, np.float64)[src]
+        dtype_code[linked] = _np(col.h_dtype, np.int64)[op[linked]]
+    dtypes = [None if c < 0 else col.dtype_names[c] for c in dtype_code.tolist()]
+
+    # collective metadata for communication kernels
+    colls: dict[int, _Coll] = {}
+    unknown: dict[str, int] = {}
+    comm_rows = np.flatnonzero(cls == _COMM)
+    for r in comm_rows.tolist():
+        c = None
+        a = col.g_coll_args.get(r)
+        if a:
+            c = _coll_from_args(a, "kernel_args")
+        o = int(op[r])
+        if o >= 0 and col.name_flags[h_name[o]] & col.F_RPC:
+            c = _merge(c, _coll_from_args(col.h_coll_args.get(o, {}), "record_param_comms"))
+        co = int(collop[r])
+        if co >= 0 and col.name_flags[h_name[co]] & col.F_RPC:
+            c = _merge(c, _coll_from_args(col.h_coll_args.get(co, {}), "record_param_comms"))
+        s = int(span[r])
+        if s >= 0:
+            c = _merge(c, _coll_from_dims(col.names[h_name[s]], col.h_coll_args.get(s, {}), "annotation", default_group, None))
+        if co >= 0 and col.name_flags[h_name[co]] & col.F_C10D:
+            nm = col.names[h_name[co]]
+            c = _merge(c, _coll_from_dims(nm, col.h_coll_args.get(co, {}), "c10d_op", default_group, _C10D_INPUT_INDEX.get(nm, 0)))
+        c = _merge(c, _coll_from_kernel_name(col.names[g_name[r]]))
+        if c is None:
+            c = _Coll(raw_name=col.names[g_name[r]], source="kernel_name")
+        if c.collective is None:
+            unknown[c.raw_name] = unknown.get(c.raw_name, 0) + 1
+            c.collective = "other"
+        colls[r] = c
+        if c.dtype and dtypes[r] is None:
+            dtypes[r] = c.dtype
+        elif c.dtype:
+            dtypes[r] = c.dtype
+
+    cpu_op_names = [None if o < 0 else col.names[h_name[o]] for o in op.tolist()]
+    out = {
+        "ts": g_ts,
+        "device": _np(col.g_dev, np.int16),
+        "stream": _np(col.g_stream, np.int64),
+        "category": pd.Categorical.from_codes(g_cat, categories=list(_GPU_CAT_NAMES)),
+        "name": pd.Categorical.from_codes(g_name, categories=col.names),
+        "cpu_op": cpu_op_names,
+        "op_class": pd.Categorical.from_codes(cls, categories=list(K.OP_CLASSES)),
+        "dur_us": _np(col.g_dur, np.float64),
+        "step": step.astype(np.int32),
+        "flops": flops,
+        "bytes": nbytes,
+        "dtype": dtypes,
+        "external_id": g_ext,
+        "correlation": g_corr,
+    }
+    out.update(_coll_columns(colls, n, g_ts, out["stream"]))
+    out["_unknown_colls"] = unknown
+    return out
+
+
+def _coll_columns(colls: dict[int, _Coll], n: int, ts: np.ndarray, stream: np.ndarray) -> dict:
+    collective = [None] * n
+    msg = [pd.NA] * n
+    inb = [pd.NA] * n
+    outb = [pd.NA] * n
+    gsize = [pd.NA] * n
+    granks = [None] * n
+    pg = [None] * n
+    seq = [pd.NA] * n
+    src = [None] * n
+    for r, c in colls.items():
+        collective[r] = c.collective
+        msg[r] = c.msg_bytes if c.msg_bytes is not None else pd.NA
+        inb[r] = c.in_bytes if c.in_bytes is not None else pd.NA
+        outb[r] = c.out_bytes if c.out_bytes is not None else pd.NA
+        gsize[r] = c.group_size if c.group_size is not None else pd.NA
+        granks[r] = c.group_ranks
+        pg[r] = c.pg_name
+        seq[r] = c.seq if c.seq is not None else pd.NA
+        src[r] = c.source
+    # Without a recorded Seq, number each stream's collectives in start order.
+    missing = [r for r in colls if colls[r].seq is None]
+    if missing:
+        rows = np.array(missing, dtype=np.int64)
+        rows = rows[np.lexsort((ts[rows], stream[rows]))]
+        last, k = None, 0
+        for r in rows.tolist():
+            s = int(stream[r])
+            k = k + 1 if s == last else 0
+            last = s
+            seq[r] = k
+    return {
+        "collective": collective, "msg_bytes": pd.array(msg, dtype="Int64"),
+        "in_msg_bytes": pd.array(inb, dtype="Int64"), "out_msg_bytes": pd.array(outb, dtype="Int64"),
+        "group_size": pd.array(gsize, dtype="Int32"), "group_ranks": granks, "pg_name": pg,
+        "seq": pd.array(seq, dtype="Int64"), "coll_source": src,
+    }
+
+
+def _cpu_rows(col: _Collector, default_group: int | None, warn: list[str], path: Path) -> dict:
+    """CPU-only trace: the outermost aten op / optimizer step on each thread, and collective spans."""
+    h_ts, h_dur = _np(col.h_ts, np.float64), _np(col.h_dur, np.float64)
+    h_thread, h_name, h_kind = _np(col.h_thread, np.int64), _np(col.h_name, np.int64), _np(col.h_kind, np.int64)
+    flags = np.asarray(col.name_flags, dtype=np.int64)[h_name]
+    name_cls = np.asarray(col.name_cls, dtype=np.int64)
+    cls = name_cls[h_name]
+    is_span = (flags & col.F_COMM_SPAN) != 0
+    is_c10d = (flags & col.F_C10D) != 0
+    is_rpc = (flags & col.F_RPC) != 0
+    rpc_coll = np.array(
+        [bool(is_rpc[i]) and (col.h_coll_args.get(i, {}).get(K.ARG_COLL_NAME) not in (None, K.COLL_NAME_WAIT)) for i in range(len(h_ts))]
+    ) if is_rpc.any() else np.zeros(len(h_ts), dtype=bool)
+    # The span a process group opens around its work is the collective's real duration; the
+    # c10d op on the calling thread only enqueues it. Fall back to c10d ops, then to rpc.
+    if is_span.any():
+        comm = is_span
+        coll_source = "annotation"
+    elif is_c10d.any():
+        comm = is_c10d
+        coll_source = "c10d_op"
+    else:
+        comm = rpc_coll
+        coll_source = "record_param_comms"
+    aten = np.array([col.names[c].startswith("aten::") for c in range(len(col.names))], dtype=bool)[h_name]
+    compute = ~comm & ~is_c10d & ~is_rpc & ~is_span & (
+        (aten & (h_kind == _KIND_CPU_OP)) | np.isin(cls, [_CLASS_CODES[c] for c in ("gemm", "attention", "norm", "optimizer", "elementwise")])
+    )
+    candidate = comm | compute
+    blocker = candidate | is_c10d | is_rpc | is_span
+    emit = np.zeros(len(h_ts), dtype=bool)
+    order = np.lexsort((-h_dur, h_ts, h_thread))
+    end = h_ts + h_dur
+    last_thread = None
+    stack: list[float] = []
+    o_thread, o_ts, o_end = h_thread[order].tolist(), h_ts[order].tolist(), end[order].tolist()
+    o_block, o_cand = blocker[order].tolist(), candidate[order].tolist()
+    o_span = (comm & is_span)[order].tolist()
+    for k, i in enumerate(order.tolist()):
+        th = o_thread[k]
+        if th != last_thread:
+            stack = []
+            last_thread = th
+        st = o_ts[k]
+        while stack and stack[-1] < st:
+            stack.pop()
+        if o_span[k]:
+            # A collective span is the collective's own record even when it starts inside
+            # the c10d op that issued it (gloo:send does), so it is never folded away.
+            emit[i] = True
+            continue
+        if stack:
+            continue  # inside an emitted op or a collective: counted there
+        if o_block[k]:
+            if o_cand[k]:
+                emit[i] = True
+            stack.append(o_end[k])
+    rows = np.flatnonzero(emit)
+    rows = rows[np.argsort(h_ts[rows], kind="stable")]
+    n = len(rows)
+    row_cls = cls[rows]
+    row_comm = comm[rows]
+    row_cls = np.where(row_comm, _COMM, row_cls)
+
+    step = _steps(col, h_ts[rows])
+
+    colls: dict[int, _Coll] = {}
+    unknown: dict[str, int] = {}
+    dtypes = [None if c < 0 else col.dtype_names[c] for c in _np(col.h_dtype, np.int64)[rows].tolist()]
+    for k, i in enumerate(rows.tolist()):
+        if not comm[i]:
+            continue
+        nm = col.names[h_name[i]]
+        a = col.h_coll_args.get(i, {})
+        if is_rpc[i]:
+            c = _coll_from_args(a, "record_param_comms")
+        else:
+            c = _coll_from_dims(nm, a, coll_source, default_group, _C10D_INPUT_INDEX.get(nm, 0) if is_c10d[i] else None)
+        if c is None:
+            c = _Coll(raw_name=nm, source=coll_source)
+        if c.collective is None:
+            unknown[c.raw_name or nm] = unknown.get(c.raw_name or nm, 0) + 1
+            c.collective = "other"
+        colls[k] = c
+        dtypes[k] = c.dtype or dtypes[k]
+    stream = np.array([col.threads[t][1] if isinstance(col.threads[t][1], int) else -1 for t in h_thread[rows].tolist()], dtype=np.int64)
+    ts = h_ts[rows]
+    cat_names = ["cpu_op", "user_annotation"]
+    out = {
+        "ts": ts,
+        "device": np.full(n, -1, dtype=np.int16),
+        "stream": stream,
+        "category": pd.Categorical.from_codes(h_kind[rows], categories=cat_names),
+        "name": [col.names[c] for c in h_name[rows].tolist()],
+        "cpu_op": [col.names[c] for c in h_name[rows].tolist()],
+        "op_class": pd.Categorical.from_codes(row_cls, categories=list(K.OP_CLASSES)),
+        "dur_us": h_dur[rows],
+        "step": step,
+        "flops": _np(col.h_flops, np.float64)[rows],
+        "bytes": _np(col.h_bytes, np.float64)[rows],
+        "dtype": dtypes,
+        "external_id": _np(col.h_ext, np.int64)[rows],
+        "correlation": np.full(n, -1, dtype=np.int64),
+    }
+    out.update(_coll_columns(colls, n, ts, stream))
+    out["_unknown_colls"] = unknown
+    return out

@@ -1,0 +1,203 @@
+"""nccl-tests stdout importer -> the collective table (FORMATS.md §5).
+
+The same table is what the capture harness's `collectives` sweep writes as collectives.parquet,
+so COLLECTIVE_TABLE_COLUMNS and busbw_factor are the shared definition of both.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from simulator.errors import UserError
+from simulator.trace.kineto_fields import canonical_dtype, normalise_collective
+
+# One row per (collective, size, in_place). size_bytes follows nccl-tests: max(send, recv) bytes
+# of one rank's call; time_us is the per-iteration time; algbw = size / time; busbw = algbw x
+# busbw_factor(collective, nranks).
+COLLECTIVE_TABLE_COLUMNS: dict[str, str] = {
+    "collective": "string",
+    "size_bytes": "int64",
+    "count": "int64",
+    "dtype": "string",
+    "redop": "string",
+    "in_place": "bool",
+    "time_us": "float64",
+    "algbw_GBps": "float64",
+    "busbw_GBps": "float64",
+    "nranks": "Int64",
+}
+
+
+def busbw_factor(collective: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor (src/*.cu *GetBw, doc/PERFORMANCE.md) for n ranks."""
+    coll = normalise_collective(collective) or collective
+    if n < 1:
+        raise UserError(f"nranks {n} must be >= 1")
+    if coll == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if coll in ("reduce_scatter", "all_gather", "all_to_all", "gather", "scatter"):
+        return (n - 1) / n
+    if coll in ("broadcast", "reduce", "send", "recv", "send_recv", "hypercube"):
+        return 1.0
+    raise UserError(f"no bus-bandwidth factor for collective {collective!r}: use one of all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, reduce, send_recv, gather, scatter")
+
+
+@dataclass
+class NcclTestsResult:
+    table: pd.DataFrame
+    nranks: int | None
+    devices: list[str] = field(default_factory=list)   # GPU name of each rank, by rank
+    hosts: list[str] = field(default_factory=list)     # distinct hosts in rank order
+    version: str | None = None
+    avg_busbw_GBps: float | None = None                # the log's own figure; a mean, not a peak
+    warnings: list[str] = field(default_factory=list)
+
+
+_PREFIX = re.compile(r"^\s*(?:\d+:\s?|\[\d+,\d+\]<std(?:out|err)>:\s?)")
+_START = re.compile(r"#\s*Collective test starting:\s*(\S+)")
+_VERSION = re.compile(r"#\s*nccl-tests version (\S+)")
+_RANK = re.compile(r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.*?)\s*$")
+_AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+)")
+_PROG = re.compile(r"(all_reduce|all_gather|reduce_scatter|alltoall|sendrecv|broadcast|reduce|gather|scatter|hypercube)_perf")
+_NUM = re.compile(r"^[0-9.]+(?:[eE][+-]?\d+)?$")
+
+# Programs whose name is not a collective name.
+_PROG_COLLECTIVE = {"alltoall": "all_to_all", "sendrecv": "send_recv", "hypercube": "hypercube"}
+
+
+def _prog_collective(prog: str) -> str | None:
+    base = prog.removesuffix("_perf").removesuffix("_mpi")
+    return _PROG_COLLECTIVE.get(base.replace("_", "")) or normalise_collective(base)
+
+
+def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: int | None = None) -> NcclTestsResult:
+    """Parse an nccl-tests log. The collective comes from the log's 'Collective test starting'
+    line, else from a *_perf file name, else from the argument."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{str(path)!r} does not exist: give an nccl-tests output file")
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise UserError(f"{str(path)!r} cannot be read ({exc.strerror})") from None
+    coll = None
+    if collective is not None:
+        coll = _prog_collective(collective)
+        if coll is None:
+            raise UserError(f"unknown collective {collective!r}: use all_reduce, all_gather, reduce_scatter, alltoall, broadcast, reduce, sendrecv, gather, scatter or hypercube")
+    if coll is None:
+        m = _PROG.search(path.name)
+        coll = _prog_collective(m.group(0)) if m else None
+    result = NcclTestsResult(table=pd.DataFrame(), nranks=nranks)
+    rows: list[dict] = []
+    rank_lines: dict[int, tuple[str, str]] = {}
+    has_root: bool | None = None
+    bad_rows = 0
+    for raw in text.splitlines():
+        line = _PREFIX.sub("", raw, count=1).rstrip()
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("#"):
+            if m := _START.search(line):
+                coll = _prog_collective(m.group(1)) or coll
+            elif m := _VERSION.search(line):
+                result.version = m.group(1)
+            elif m := _RANK.search(line):
+                rank_lines[int(m.group(1))] = (m.group(2), m.group(3))
+            elif m := _AVG.search(line):
+                result.avg_busbw_GBps = float(m.group(1))
+            elif re.search(r"\bsize\b.*\bcount\b.*\btype\b", line):
+                has_root = re.search(r"\broot\b", line) is not None
+            continue
+        tok = line.split()
+        if not tok or not tok[0].isdigit():
+            continue
+        parsed = _parse_row(tok, has_root)
+        if parsed is None:
+            bad_rows += 1
+            continue
+        size, count, dtype, redop, halves = parsed
+        for in_place, (time_us, algbw, busbw) in zip((False, True), halves):
+            rows.append({
+                "collective": coll, "size_bytes": size, "count": count, "dtype": dtype, "redop": redop,
+                "in_place": in_place, "time_us": time_us, "algbw_GBps": algbw, "busbw_GBps": busbw,
+            })
+    if not rows:
+        raise UserError(f"{str(path)!r} has no nccl-tests result rows: expected lines 'size count type redop [root] time algbw busbw ...'")
+    if bad_rows:
+        result.warnings.append(f"{path.name}: skipped {bad_rows} lines that look like rows but do not parse")
+    if coll is None:
+        raise UserError(f"{str(path)!r}: cannot tell which collective this log measured: pass collective= (e.g. 'all_reduce')")
+    if rank_lines:
+        result.devices = [rank_lines[r][1] for r in sorted(rank_lines)]
+        hosts: list[str] = []
+        for r in sorted(rank_lines):
+            if rank_lines[r][0] not in hosts:
+                hosts.append(rank_lines[r][0])
+        result.hosts = hosts
+        if result.nranks is None:
+            result.nranks = len(rank_lines)
+    df = pd.DataFrame(rows)
+    if result.nranks is None:
+        result.nranks = _infer_nranks(df, coll)
+        if result.nranks is None:
+            result.warnings.append(f"{path.name}: no '# Rank' lines and busbw/algbw does not fix the rank count; nranks left empty")
+    df["nranks"] = result.nranks if result.nranks is not None else pd.NA
+    result.table = df.astype(COLLECTIVE_TABLE_COLUMNS)[list(COLLECTIVE_TABLE_COLUMNS)]
+    return result
+
+
+def _num(s: str) -> float | None:
+    return float(s) if _NUM.match(s) else None
+
+
+def _parse_row(tok: list[str], has_root: bool | None):
+    """(size, count, dtype, redop, [(time, algbw, busbw) out-of-place, in-place]) or None.
+
+    New layout: size count type redop root | time algbw busbw #wrong | x2 (13 tokens).
+    Old layout: size count type redop | time algbw busbw error | x2 (12), redop empty for
+    alltoall (11).
+    """
+    n = len(tok)
+    if n == 13 or (has_root and n == 13):
+        head, rest = tok[:5], tok[5:]
+    elif n == 12:
+        head, rest = tok[:4], tok[4:]
+    elif n == 11:
+        head, rest = tok[:3] + ["none"], tok[3:]
+    else:
+        return None
+    try:
+        size, count = int(head[0]), int(head[1])
+    except ValueError:
+        return None
+    halves = []
+    for k in (0, 4):
+        vals = [_num(x) for x in rest[k:k + 3]]
+        if any(v is None for v in vals):
+            return None
+        halves.append(tuple(vals))
+    dtype = canonical_dtype(head[2]) or head[2]
+    return size, count, dtype, head[3], halves
+
+
+def _infer_nranks(df: pd.DataFrame, coll: str) -> int | None:
+    """Solve busbw/algbw = factor(n) for n on rows large enough for 2-decimal figures to be exact."""
+    big = df[df["algbw_GBps"] >= 10]
+    if big.empty:
+        return None
+    ratio = float((big["busbw_GBps"] / big["algbw_GBps"]).median())
+    if coll == "all_reduce":
+        n = 2.0 / (2.0 - ratio) if ratio < 2 else None
+    elif coll in ("reduce_scatter", "all_gather", "all_to_all", "gather", "scatter"):
+        n = 1.0 / (1.0 - ratio) if ratio < 1 else None
+    else:
+        return None
+    if n is None or n < 1:
+        return None
+    k = round(n)
+    return k if abs(busbw_factor(coll, k) - ratio) < 0.01 else None

@@ -1,0 +1,79 @@
+"""Bad input gives a one-line UserError naming the file and the problem, never an empty table."""
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from simulator.errors import UserError
+from simulator.trace.jsonstream import stream_trace
+from simulator.trace.kineto import import_kineto
+from simulator.trace.loader import load_trace
+
+DATA = Path(__file__).parent / "data" / "trace"
+
+
+@pytest.mark.parametrize("name, match", [
+    ("truncated.json.gz", r"truncated\.json\.gz' is a truncated gzip file"),
+    ("truncated.json", r"is not valid JSON: file ends in the middle of a value \(truncated\?\) at character"),
+    ("invalid.json", r"is not valid JSON: expected ',' or '\]' after event 1 at character 131"),
+    ("not_kineto.json", r"has no traceEvents \(top-level keys: name, values\): it is not a Kineto/Chrome trace"),
+    ("empty_trace.json", r"is an empty trace \(traceEvents has no events\)"),
+    ("no_ops.json", r"has 1 events but no GPU kernels and no CPU ops"),
+    ("empty.json", r"empty\.json' is empty: expected a Kineto JSON trace"),
+])
+def test_bad_kineto_files(name, match):
+    with pytest.raises(UserError, match=match) as info:
+        import_kineto(DATA / name)
+    assert "\n" not in str(info.value)
+
+
+def test_bundle_without_manifest():
+    with pytest.raises(UserError, match=r"bundle_no_manifest' has no manifest\.json: it is not a trace bundle"):
+        load_trace(DATA / "bundle_no_manifest")
+
+
+def test_bundle_newer_schema():
+    with pytest.raises(UserError, match=r"has schema_version 99, newer than this ClusterSim reads \(1\): upgrade clustersim"):
+        load_trace(DATA / "bundle_newer_schema")
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(UserError, match=r"does not exist"):
+        load_trace(tmp_path / "nope")
+
+
+def test_folder_without_traces(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(UserError, match=r"holds no \.json or \.json\.gz trace files"):
+        load_trace(tmp_path)
+
+
+def test_two_files_same_rank(tmp_path):
+    src = (DATA / "unknown_collective.json").read_text()
+    (tmp_path / "a.json").write_text(src)
+    (tmp_path / "b.json").write_text(src)
+    with pytest.raises(UserError, match=r"both hold rank 3: a folder must hold one trace per rank of one job"):
+        load_trace(tmp_path)
+
+
+def test_not_json_object(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('"just a string"')
+    with pytest.raises(UserError, match=r"is not a JSON object or array"):
+        import_kineto(p)
+
+
+def test_stream_across_chunks(tmp_path, monkeypatch):
+    """Events split across read chunks (and a number cut at a chunk edge) parse the same."""
+    import simulator.trace.jsonstream as js
+
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::add{i}", "ts": 1000000 + i, "dur": 12345} for i in range(200)]
+    import json
+    p = tmp_path / "t.json.gz"
+    with gzip.open(p, "wt") as f:
+        json.dump({"schemaVersion": 1, "traceEvents": events, "traceName": "x"}, f)
+    monkeypatch.setattr(js, "CHUNK_CHARS", 7)
+    got = []
+    top, n = stream_trace(p, got.append)
+    assert n == 200 and got == events and top["traceName"] == "x"
