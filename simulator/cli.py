@@ -33,6 +33,15 @@ def _root() -> None:
     """Capture traces, calibrate profiles, simulate training steps at scale, validate predictions."""
 
 
+def _register_subcommands() -> None:
+    from simulator.trace.cli import trace_app
+
+    app.add_typer(trace_app, name="trace", help="Inspect traces: a bundle, a Kineto file, a folder of them, or an nccl-tests log.")
+
+
+_register_subcommands()
+
+
 class SimMode(str, Enum):
     reduced = "reduced"
     full = "full"

@@ -89,6 +89,9 @@ class ParallelConfig(BaseModel):
     pp_layer_split: list[int] | None = Field(
         None, description="Layers per pipeline position (pp*vpp entries); default spreads them, first/last fewer."
     )
+    pp_scatter_gather: bool = Field(
+        False, description="Megatron's scatter/gather for pipeline sends without SP: each TP rank sends 1/tp, then an NVLink all-gather."
+    )
     overlap_grad_reduce: bool = Field(True, description="Overlap the DP gradient reduction with backward (DDP/Megatron buckets).")
     grad_bucket_params: int = Field(40_000_000, ge=1, description="Parameters per DP gradient bucket (Megatron default 40M).")
 

@@ -240,6 +240,11 @@ class Engine:
             req = self._p2p_request(rank, dst, self.prog.pp_bytes)
             yield self.net.start(env, req)
             self.n_events += 2
+            if self.prog.pp_gather_bytes > 0:
+                # Megatron's scatter/gather: the slices arrive, then an all-gather over NVLink.
+                gather, _ = self._request("tp", "all_gather", self.prog.pp_gather_bytes, dst)
+                yield self.net.start(env, gather)
+                self.n_events += 1
             name = f"send {kind} mb{mb}"
             self.rows.append((rank, stream, "pp", name, t0, env.now, mb, stage, -1, self.prog.pp_bytes))
             self.rows.append((dst, "pp-recv-f" if stream == "pp-send-f" else "pp-recv-b", "pp",

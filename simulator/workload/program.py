@@ -61,6 +61,7 @@ class Program:
     model_flops_per_step: float
     tokens_per_step: int
     zero: int = 1
+    pp_gather_bytes: float = 0.0  # > 0: after a p2p receive, a tp all-gather of this size (scatter/gather)
     overlap_grad_reduce: bool = True
     grad_bucket_bytes: float = 40e6 * GRAD_REDUCE_BYTES
     param_bytes: int = 2
@@ -204,6 +205,11 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     sp = p.sequence_parallel and p.tp > 1
     b, s = sc.batch.micro_batch_size, sc.batch.seq_length // p.cp
     pp_bytes = b * s * m.hidden_size * sc.dtype_bytes / (p.tp if sp else 1)
+    pp_gather_bytes = 0.0
+    if p.pp_scatter_gather and p.tp > 1 and not sp:
+        # Each TP rank sends its 1/tp slice; the receiver rebuilds the tensor over NVLink.
+        pp_gather_bytes = pp_bytes
+        pp_bytes /= p.tp
 
     # The optimizer updates this rank's parameters; ZeRO>=1 shards the update over dp.
     shard = sc.dp if p.zero >= 1 else 1
@@ -215,7 +221,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
 
     return Program(
         scenario=sc, mesh=mesh, schedule=schedule, segments=segments, position_layers=positions,
-        pp_bytes=pp_bytes, optimizer_s=optimizer_s, stage_params=stage_params,
+        pp_bytes=pp_bytes, pp_gather_bytes=pp_gather_bytes, optimizer_s=optimizer_s, stage_params=stage_params,
         model_flops_per_step=model_flops, tokens_per_step=sc.batch.global_batch_size * sc.batch.seq_length,
         zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
         grad_bucket_bytes=p.grad_bucket_params * GRAD_REDUCE_BYTES,
