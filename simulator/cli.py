@@ -34,8 +34,12 @@ def _root() -> None:
 
 
 def _register_subcommands() -> None:
+    from simulator.network.cli import collective_command
     from simulator.trace.cli import trace_app
 
+    app.command("collective", help="Simulated nccl-tests: time, algbw and busbw of one collective over message sizes.")(
+        collective_command
+    )
     app.add_typer(trace_app, name="trace", help="Inspect traces: a bundle, a Kineto file, a folder of them, or an nccl-tests log.")
 
 
@@ -108,6 +112,7 @@ def simulate(
     recompute: Optional[Recompute] = typer.Option(None, "--recompute"),
     schedule: Optional[str] = typer.Option(None, "--schedule", help="1f1b, gpipe, interleaved-1f1b, zb-h1, zbv, dualpipe, dualpipev."),
     schedule_file: Optional[Path] = typer.Option(None, "--schedule-file", help="torchtitan-style schedule CSV."),
+    network: Optional[str] = typer.Option(None, "--network", help="flow (default: flows sharing links max-min fairly) or alpha-beta."),
     mode: SimMode = typer.Option(SimMode.reduced, "--mode", help="reduced: one rank per symmetry class; full: every rank."),
     set_: list[str] = typer.Option([], "--set", help="Override any scenario field: --set parallelism.grad_bucket_params=1e8."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object with the report."),
@@ -128,7 +133,7 @@ def simulate(
         "parallelism.sequence_parallel": sequence_parallel, "batch.micro_batch_size": micro_batch_size,
         "batch.global_batch_size": global_batch_size, "batch.seq_length": seq_length,
         "recompute": recompute.value if recompute else None, "schedule": schedule,
-        "schedule_file": str(schedule_file) if schedule_file else None,
+        "schedule_file": str(schedule_file) if schedule_file else None, "network": network,
     }
     overrides.update(_parse_set(set_))
     if scenario is not None and not scenario.exists():

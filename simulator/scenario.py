@@ -125,6 +125,9 @@ class Scenario(BaseModel):
     schedule: str = Field("1f1b", description="Pipeline schedule name (see simulator.schedules).")
     schedule_file: str | None = Field(None, description="A torchtitan-style schedule CSV; overrides `schedule`.")
     cluster: ClusterConfig
+    network: Literal["flow", "alpha-beta"] = Field(
+        "flow", description="flow: flows on the topology graph sharing links max-min fairly; alpha-beta: per-tier formulas."
+    )
     dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Compute and activation precision.")
     flash_attention: bool = Field(
         True, description="Fused attention that skips masked causal blocks and stores no s x s scores."

@@ -51,7 +51,11 @@ def resolve_schedule(sc: Scenario) -> PipelineSchedule:
 
 
 def make_network(sc: Scenario, topo: TopologySpec, profile: Profile):
-    return TierNetwork(topo.node, profile.comm)
+    if sc.network == "alpha-beta":
+        return TierNetwork(topo.node, profile.comm)
+    from simulator.network.fabric import FlowNetwork
+
+    return FlowNetwork.from_profile(topo, sc.cluster.gpus, profile)
 
 
 def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None) -> SimulationResult:

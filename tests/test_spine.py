@@ -66,7 +66,7 @@ def test_dp_only_without_overlap_is_compute_plus_ring_allreduce():
     sc = build_scenario(small(
         parallelism={"tp": 1, "pp": 1, "zero": 0, "overlap_grad_reduce": False, "grad_bucket_params": 10**12},
         model="llama3-8b", batch={"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024},
-        cluster={"gpus": 8, "gpu": "h100-sxm-80gb", "topology": str(topo_path)},
+        cluster={"gpus": 8, "gpu": "h100-sxm-80gb", "topology": str(topo_path)}, network="alpha-beta",
     ))
     res = simulate(sc)
     prog, prof = res.program, res.profile

@@ -98,3 +98,43 @@ class Mesh:
         if dim == "pp":
             return g.transpose(1, 2, 3, 4, 0).reshape(-1, self.pp)
         raise ValueError(f"unknown mesh dimension {dim!r}")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Mesh ranks -> GPU ids: GPUs are numbered node by node, and ranks are laid on them in
+    ``order`` (innermost first; default the mesh's own, Megatron's tp-cp-ep-dp-pp, so a TP
+    group fills consecutive GPUs of one node)."""
+
+    mesh: Mesh
+    order: str | None = None
+
+    @cached_property
+    def gpu_of_rank(self) -> np.ndarray:
+        order = self.order or self.mesh.order
+        if order == self.mesh.order:
+            return np.arange(self.mesh.world_size)
+        other = Mesh(self.mesh.tp, self.mesh.cp, self.mesh.ep, self.mesh.dp, self.mesh.pp, order)
+        c = self.mesh.coords  # pp, dp, cp, tp, ep
+        ep, edp = c[:, 1] % self.mesh.ep, c[:, 1] // self.mesh.ep
+        return other.grid[c[:, 0], edp, ep, c[:, 2], c[:, 3]]
+
+    def groups(self, dim: str) -> np.ndarray:
+        """The mesh's groups of a dimension as GPU ids, shape (n_groups, group_size)."""
+        return self.gpu_of_rank[self.mesh.groups(dim)]
+
+    def check_fits(self, n_gpus: int, gpus_per_node: int | None = None, dims_in_node: tuple[str, ...] = ()) -> None:
+        """UserError if the mesh needs more GPUs than there are, or a dimension that must stay
+        inside a node (e.g. tp) does not."""
+        if self.mesh.world_size > n_gpus:
+            raise UserError(
+                f"the mesh needs {self.mesh.world_size} GPUs (tp x cp x dp x pp) but the cluster has {n_gpus}: "
+                "add GPUs or shrink the parallel degrees"
+            )
+        for dim in dims_in_node:
+            g = self.groups(dim)
+            if gpus_per_node and (g // gpus_per_node != (g[:, :1] // gpus_per_node)).any():
+                raise UserError(
+                    f"{dim} groups of size {g.shape[1]} leave the {gpus_per_node}-GPU node under placement order "
+                    f"{self.order or self.mesh.order!r}: use {dim} <= {gpus_per_node} and put {dim} first in the order"
+                )

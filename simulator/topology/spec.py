@@ -1,5 +1,9 @@
 """Cluster topology descriptions (topologies/*.yaml), validated by pydantic.
 
+A topology is a node description (GPUs on an NVLink/NVSwitch domain, NICs) and a scale-out
+fabric, a discriminated union by ``kind``. Every kind is parametric in the number of GPUs: the
+graph (simulator.topology.graph.build_graph) is built for the GPU count a scenario asks for.
+
 The spine reads only the node description (GPUs per node, NVLink and NIC bandwidth and
 latency); the flow-level fabric reads the whole graph.
 """
@@ -7,44 +11,125 @@ latency); the flow-level fabric reads the whole graph.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from simulator.errors import UserError
 
 TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topologies"
 
+_STRICT = ConfigDict(extra="forbid")
+
 
 class NodeSpec(BaseModel):
     """One server: GPUs on an NVLink/NVSwitch domain, NICs to the scale-out fabric."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     kind: str = Field(description="Node model, e.g. dgx-h100, dgx-a100, p4de, cpu-host.")
     gpus_per_node: int = Field(ge=1, description="GPUs sharing one NVLink/NVSwitch domain.")
     nvlink_GBps: float = Field(gt=0, description="NVLink bandwidth per GPU, one direction, GB/s.")
-    nvlink_latency_us: float = Field(ge=0, description="Per-hop latency inside the node, µs.")
+    nvlink_latency_us: float = Field(ge=0, description="GPU-to-GPU latency through the NVSwitch, µs.")
     nics_per_node: int = Field(ge=1, description="Scale-out NICs per node.")
     nic_gbps: float = Field(gt=0, description="Bandwidth of one NIC, one direction, Gbit/s.")
-    nic_latency_us: float = Field(ge=0, description="Per-hop latency across the fabric, µs.")
+    nic_latency_us: float = Field(
+        ge=0, description="NIC-to-NIC latency through one (leaf) switch, µs; each higher switch hop adds fabric.switch_latency_us."
+    )
 
     @property
     def nic_GBps_per_gpu(self) -> float:
         """Scale-out bandwidth available to one GPU, GB/s (NICs shared evenly by the GPUs)."""
         return self.nic_gbps / 8.0 * self.nics_per_node / self.gpus_per_node
 
+    @property
+    def nic_GBps(self) -> float:
+        return self.nic_gbps / 8.0
+
+
+class SingleNodeFabric(BaseModel):
+    """One host and nothing else: every GPU (or CPU rank) hangs off one switch (NVSwitch or
+    loopback). A GPU count above gpus_per_node is an error."""
+
+    model_config = _STRICT
+    kind: Literal["single-node"]
+
+
+class _ClosBase(BaseModel):
+    model_config = _STRICT
+
+    radix: int = Field(64, ge=2, description="Ports per switch.")
+    leaf_oversubscription: float = Field(
+        1.0, ge=1.0, description="Leaf downlink : uplink bandwidth (1 = full bisection, 7 = 1:7)."
+    )
+    spine_oversubscription: float = Field(
+        1.0, ge=1.0, description="Pod (spine layer) down : up bandwidth towards the core."
+    )
+    pod_gpus: int | None = Field(
+        None,
+        ge=1,
+        description="GPUs under one spine layer (a pod). Default: as many leaves as one spine's "
+        "radix reaches (a two-level leaf-spine); more GPUs add a core level between pods.",
+    )
+    switch_latency_us: float = Field(0.3, ge=0, description="Latency added by each switch-to-switch hop, µs.")
+
+
+class FatTreeFabric(_ClosBase):
+    """Leaf-spine(-core) Clos: every NIC of a node on the same leaf switch (top of rack)."""
+
+    kind: Literal["fat-tree", "leaf-spine"]
+
+
+class RailOptimizedFabric(_ClosBase):
+    """NIC i of every node of a rail group on rail (leaf) switch i; rails meet at the spines."""
+
+    kind: Literal["rail-optimized"]
+
+
+class TorusFabric(BaseModel):
+    """2D/3D torus of GPUs (TPU-like): each GPU routes, links to its neighbours in every
+    dimension, wrap-around links closing each ring. Routing is dimension-ordered."""
+
+    model_config = _STRICT
+
+    kind: Literal["torus"]
+    ndim: Literal[2, 3] = Field(3, description="Used when dims is not given: factor the GPU count into ndim sides.")
+    dims: list[int] | None = Field(None, description="Sides of the torus; their product must equal the GPU count.")
+    link_GBps: float | list[float] = Field(
+        description="Bandwidth of one link, one direction, GB/s; one value or one per dimension."
+    )
+    hop_latency_us: float = Field(1.0, ge=0, description="Latency per link hop, µs.")
+    wraparound: bool = Field(True, description="Wrap-around links (torus); false gives a mesh.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TorusFabric":
+        if self.dims is not None and not (2 <= len(self.dims) <= 3 and all(d >= 1 for d in self.dims)):
+            raise ValueError(f"dims {self.dims} must list 2 or 3 positive sides")
+        n = len(self.dims) if self.dims is not None else self.ndim
+        if isinstance(self.link_GBps, list) and len(self.link_GBps) != n:
+            raise ValueError(f"link_GBps has {len(self.link_GBps)} values for {n} dimensions: give one or {n}")
+        values = self.link_GBps if isinstance(self.link_GBps, list) else [self.link_GBps]
+        if min(values) <= 0:
+            raise ValueError(f"link_GBps {self.link_GBps} must be positive")
+        return self
+
+
+Fabric = Annotated[
+    Union[SingleNodeFabric, FatTreeFabric, RailOptimizedFabric, TorusFabric],
+    Field(discriminator="kind"),
+]
+FABRIC_KINDS = ("single-node", "fat-tree", "leaf-spine", "rail-optimized", "torus")
+
 
 class TopologySpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     name: str
     description: str = ""
     node: NodeSpec
-    # The scale-out fabric (fat-tree, rail-optimized, torus ...); its schema belongs to
-    # simulator.topology and the flow-level fabric.
-    fabric: dict[str, Any] = Field(default_factory=dict)
+    # A spec written without a fabric (the spine's tests) gets a non-blocking fat-tree.
+    fabric: Fabric = Field(default_factory=lambda: FatTreeFabric(kind="fat-tree"))
 
 
 def available_topologies() -> list[str]:
@@ -80,9 +165,23 @@ def _one_line(exc: Exception) -> str:
 def first_validation_error(exc: ValidationError) -> str:
     """One line from a pydantic error: where, what, and (for unknown keys) how to fix it."""
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
+    # The discriminated union puts the tag into the location (fabric.fat-tree.radix); a user
+    # wrote fabric.radix.
+    loc_parts = [str(p) for p in err["loc"] if str(p) not in FABRIC_KINDS]
+    loc = ".".join(loc_parts)
     if err["type"] == "extra_forbidden":
         return f"unknown key {loc!r}: remove it or check its spelling"
     if err["type"] == "missing":
         return f"missing key {loc!r}: add it"
-    return f"{loc}: {err['msg']} (got {err.get('input')!r})"
+    if err["type"] == "union_tag_invalid":
+        tag = (err.get("ctx") or {}).get("tag")
+        return f"unknown {loc}.kind {tag!r}: use one of {', '.join(FABRIC_KINDS)}"
+    if err["type"] == "union_tag_not_found":
+        return f"missing key '{loc}.kind': add one of {', '.join(FABRIC_KINDS)}"
+    msg = " ".join(str(err["msg"]).split())
+    return f"{loc}: {msg} (got {_short(err.get('input'))})"
+
+
+def _short(value: Any) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 80 else text[:77] + "..."

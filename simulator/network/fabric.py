@@ -1,0 +1,518 @@
+"""The flow-level network (DESIGN.md rule 5): collectives become flows on the topology graph,
+and concurrent flows share every link max-min fairly.
+
+How a collective runs: its plan (simulator.network.collectives) is a list of phases; a phase
+waits its latency term (algorithm steps x per-step latency; the launch overhead is added
+before the first phase) and then its flows start; when the last flow of a phase ends, the next
+phase begins; when the last phase ends, the collective's event fires.
+
+Inside SimPy there is no process per flow or per collective: the fabric keeps one pending
+"next flow completion" timeout (stale ones are ignored by a generation counter) and re-solves
+the max-min rates whenever flows start or end.
+
+Fast path: a collective whose links are all idle runs *virtually*: its isolated time (cached
+per op, group structure and algorithm, linear in the size) decides when it ends, and only one
+timeout is scheduled. If a later collective touches its links while it runs, it is converted
+to real flows at the point its isolated schedule has reached, and from then on shares
+bandwidth exactly. Collectives on disjoint links (TP inside nodes, DP across nodes) thus never
+pay for a solve.
+
+Per-link efficiency: link capacity x ``nvlink_efficiency`` on intra-node links and x
+``nic_efficiency`` on network links (both from the GPU profile). Per-step latency: the profile's
+``intra_node_latency_us`` / ``inter_node_latency_us`` if given, else the path latency from the
+topology (sum of link latencies, worst flow of the phase).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import simpy
+
+from simulator.errors import UserError
+from simulator.network.base import COLLECTIVE_OPS, CollectiveRequest
+from simulator.network.collectives import Plan, candidates
+from simulator.network.maxmin import maxmin_rates
+from simulator.topology.graph import LINK_INTRA, LINK_KINDS, TopologyGraph, build_graph
+from simulator.topology.spec import TopologySpec, load_topology
+
+_DONE_REL = 1e-9
+
+
+@dataclass
+class _RPhase:
+    inc: sp.csc_matrix  # links x flows
+    coef: np.ndarray  # bytes per byte of size
+    lat_s: float
+    tau_s: float  # isolated bandwidth time per byte of size
+    fin_s: np.ndarray  # isolated finish time of each flow per byte of size
+    link_ids: np.ndarray
+    link_coef: np.ndarray  # bytes per byte of size on link_ids
+
+    @property
+    def n_flows(self) -> int:
+        return int(self.coef.size)
+
+
+@dataclass
+class _RPlan:
+    op: str
+    algorithm: str
+    phases: list[_RPhase]
+    overhead_s: float
+    links: np.ndarray  # every link the plan uses
+    lat_s: float = 0.0
+    tau_s: float = 0.0
+
+    def time_s(self, size_bytes: float) -> float:
+        return self.overhead_s + self.lat_s + size_bytes * self.tau_s
+
+
+@dataclass(eq=False)
+class _Coll:
+    plan: _RPlan
+    size: float
+    event: simpy.Event
+    t0: float
+    virtual: bool = False
+    real: bool = False  # holds its links in _real_busy until it finishes
+
+
+@dataclass(eq=False)
+class _Batch:
+    coll: _Coll
+    phase: int
+    inc: sp.csc_matrix
+    rem: np.ndarray
+    bytes0: np.ndarray
+    alive: np.ndarray
+
+
+@dataclass
+class FabricStats:
+    collectives: int = 0
+    fast_path: int = 0
+    materialized: int = 0
+    solves: int = 0
+    solve_s: float = 0.0
+    plans_built: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class FlowNetwork:
+    """Flow-level fabric implementing simulator.network.base.Network."""
+
+    def __init__(
+        self,
+        graph: TopologyGraph,
+        *,
+        nvlink_efficiency: float = 1.0,
+        nic_efficiency: float = 1.0,
+        intra_node_latency_us: float | None = None,
+        inter_node_latency_us: float | None = None,
+        launch_overhead_us: float = 0.0,
+        algorithms: dict[str, str] | None = None,
+        fast_path: bool = True,
+    ):
+        for name, eff in (("nvlink_efficiency", nvlink_efficiency), ("nic_efficiency", nic_efficiency)):
+            if not 0 < eff <= 1:
+                raise UserError(f"{name}={eff} must be in (0, 1]: it scales link bandwidth")
+        self.graph = graph
+        self.nvlink_efficiency = float(nvlink_efficiency)
+        self.nic_efficiency = float(nic_efficiency)
+        self.intra_node_latency_us = intra_node_latency_us
+        self.inter_node_latency_us = inter_node_latency_us
+        self.launch_overhead_us = float(launch_overhead_us)
+        self.algorithms = dict(algorithms or {})
+        for op in self.algorithms:
+            if op not in COLLECTIVE_OPS:
+                raise UserError(f"algorithm override for unknown collective {op!r}: use one of {', '.join(COLLECTIVE_OPS)}")
+        self.fast_path = fast_path
+        eff = np.where(graph.link_class == LINK_INTRA, self.nvlink_efficiency, self.nic_efficiency)
+        self.capacity_Bps = graph.link_capacity_GBps * 1e9 * eff
+        self._plans: dict[tuple, list[_RPlan]] = {}
+        self._gkeys: dict[int, tuple[np.ndarray, bytes]] = {}
+        self.stats = FabricStats()
+        self._env: simpy.Environment | None = None
+        self._reset_dynamic(None)
+
+    # --- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_topology(cls, topology: TopologySpec | str | Path, n_gpus: int, **kwargs: Any) -> "FlowNetwork":
+        spec = topology if isinstance(topology, TopologySpec) else load_topology(topology)
+        return cls(build_graph(spec, n_gpus), **kwargs)
+
+    @classmethod
+    def from_profile(cls, topology: TopologySpec | str | Path, n_gpus: int, profile: Any, **kwargs: Any) -> "FlowNetwork":
+        """With the link efficiencies and step latencies of a GPU profile (its ``comm`` part)."""
+        return cls.from_topology(topology, n_gpus, **comm_kwargs(profile), **kwargs)
+
+    # --- plans ----------------------------------------------------------------------------
+
+    def _groups_key(self, groups: np.ndarray) -> bytes:
+        hit = self._gkeys.get(id(groups))
+        if hit is not None and hit[0] is groups:
+            return hit[1]
+        arr = np.ascontiguousarray(groups, dtype=np.int64)
+        key = hashlib.blake2b(arr.tobytes(), digest_size=16).digest() + repr(arr.shape).encode()
+        if len(self._gkeys) > 4096:
+            self._gkeys.clear()
+        self._gkeys[id(groups)] = (groups, key)
+        return key
+
+    def _candidates(self, req: CollectiveRequest) -> list[_RPlan]:
+        groups = req.groups
+        if not isinstance(groups, np.ndarray):
+            groups = np.asarray(groups, dtype=np.int64)
+        key = (req.op, self._groups_key(groups))
+        plans = self._plans.get(key)
+        if plans is None:
+            if groups.size and (groups.min() < 0 or groups.max() >= self.graph.n_gpus):
+                raise UserError(
+                    f"collective {req.op} uses GPU ids {int(groups.min())}..{int(groups.max())} but the fabric has "
+                    f"{self.graph.n_gpus} GPUs: build it with more GPUs"
+                )
+            plans = [self._route_plan(p) for p in candidates(self.graph, req.op, groups, self.algorithms.get(req.op))]
+            self._plans[key] = plans
+        return plans
+
+    def plan_for(self, req: CollectiveRequest) -> _RPlan:
+        plans = self._candidates(req)
+        if len(plans) == 1:
+            return plans[0]
+        return min(plans, key=lambda p: p.time_s(req.size_bytes))
+
+    def algorithm(self, req: CollectiveRequest) -> str:
+        """The algorithm the fabric runs this collective with (at this size)."""
+        return self.plan_for(req).algorithm
+
+    def _route_plan(self, plan: Plan) -> _RPlan:
+        self.stats.plans_built += 1
+        g = self.graph
+        phases = []
+        for i, ph in enumerate(plan.phases):
+            routes = g.route(ph.src, ph.dst, ph.src_nic, ph.dst_nic)
+            inc = routes.incidence(g.n_links)
+            lat_us = g.path_latency_us(routes)
+            net = g.crosses_network(routes)
+            a_intra = self.intra_node_latency_us
+            if a_intra is None:
+                a_intra = float(lat_us[~net].max(initial=0.0))
+            a_inter = self.inter_node_latency_us
+            if a_inter is None:
+                a_inter = float(lat_us[net].max(initial=0.0))
+            if not (~net).any() and self.intra_node_latency_us is None:
+                a_intra = a_inter
+            if not net.any() and self.inter_node_latency_us is None:
+                a_inter = a_intra
+            lat_s = (ph.steps_intra * a_intra + ph.steps_inter * a_inter) * 1e-6
+            tau, fin = self._isolated(inc, ph.coef)
+            per_link = inc @ ph.coef
+            ids = np.nonzero(per_link)[0]
+            phases.append(_RPhase(inc, ph.coef, lat_s, tau, fin, ids, per_link[ids]))
+        links = np.unique(np.concatenate([p.link_ids for p in phases])) if phases else np.zeros(0, np.int64)
+        rp = _RPlan(plan.op, plan.algorithm, phases, self.launch_overhead_us * 1e-6, links)
+        rp.lat_s = sum(p.lat_s for p in phases)
+        rp.tau_s = sum(p.tau_s for p in phases)
+        return rp
+
+    def _isolated(self, inc: sp.csc_matrix, coef: np.ndarray) -> tuple[float, np.ndarray]:
+        """Bandwidth time of a phase alone, per byte of size, and each flow's finish time."""
+        n = coef.size
+        fin = np.zeros(n)
+        if n == 0:
+            return 0.0, fin
+        A = inc.tocsr()
+        AT = inc.T.tocsr()
+        alive = coef > 0
+        rem = coef.astype(np.float64).copy()
+        t = 0.0
+        while alive.any():
+            rate = maxmin_rates(A, self.capacity_Bps, alive, AT)
+            self.stats.solves += 1
+            dt = float(np.min(rem[alive] / rate[alive]))
+            t += dt
+            rem[alive] -= rate[alive] * dt
+            done = alive & (rem <= _DONE_REL * coef)
+            fin[done] = t
+            alive &= ~done
+        return t, fin
+
+    # --- the Network protocol -------------------------------------------------------------
+
+    def collective_time_s(self, req: CollectiveRequest) -> float:
+        return self.plan_for(req).time_s(float(req.size_bytes))
+
+    def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
+        if env is not self._env:
+            self._reset_dynamic(env)
+        plan = self.plan_for(req)
+        coll = _Coll(plan, float(req.size_bytes), simpy.Event(env), env.now)
+        self.stats.collectives += 1
+        if self._t_first is None:
+            self._t_first = env.now
+        links = plan.links
+        busy = bool(links.size) and (self._virt_busy[links].any() or self._real_busy[links].any())
+        if self.fast_path and not busy:
+            self.stats.fast_path += 1
+            coll.virtual = True
+            self._virt_busy[links] += 1
+            self._virtuals.add(coll)
+            env.timeout(plan.time_s(coll.size)).callbacks.append(partial(self._virtual_done, coll))
+            return coll.event
+        self._advance()
+        if self._virtuals and links.size:
+            mask = np.zeros(self.graph.n_links, dtype=bool)
+            mask[links] = True
+            for vc in [vc for vc in self._virtuals if mask[vc.plan.links].any()]:
+                self._materialize(vc)
+        coll.real = True
+        self._real_busy[links] += 1
+        self._enter_phase(coll, 0)
+        self._settle()
+        return coll.event
+
+    # --- dynamic state --------------------------------------------------------------------
+
+    def _reset_dynamic(self, env: simpy.Environment | None) -> None:
+        self._env = env
+        n = self.graph.n_links
+        self._virt_busy = np.zeros(n, dtype=np.int32)
+        self._real_busy = np.zeros(n, dtype=np.int32)
+        self._virtuals: set[_Coll] = set()
+        self._batches: list[_Batch] = []
+        self._dirty = True
+        self._A: sp.csr_matrix | None = None
+        self._AT: sp.csr_matrix | None = None
+        self._rate = np.zeros(0)
+        self._t_last = 0.0 if env is None else env.now
+        self._gen = 0
+        self.link_bytes = np.zeros(n)
+        self._t_first: float | None = None
+        self._t_end = 0.0
+
+    def reset(self) -> None:
+        """Forget flows and link statistics (the plan cache is kept)."""
+        self._reset_dynamic(None)
+
+    def _virtual_done(self, coll: _Coll, _event: Any = None) -> None:
+        if not coll.virtual:
+            return  # it was turned into real flows
+        coll.virtual = False
+        self._virtuals.discard(coll)
+        plan = coll.plan
+        self._virt_busy[plan.links] -= 1
+        for ph in plan.phases:
+            self.link_bytes[ph.link_ids] += coll.size * ph.link_coef
+        self._finish(coll)
+
+    def _materialize(self, coll: _Coll) -> None:
+        """Turn a virtual collective into real flows where its isolated schedule is now."""
+        self.stats.materialized += 1
+        env = self._env
+        coll.virtual = False
+        self._virtuals.discard(coll)
+        plan = coll.plan
+        self._virt_busy[plan.links] -= 1
+        coll.real = True
+        self._real_busy[plan.links] += 1
+        tau = env.now - coll.t0
+        t = plan.overhead_s
+        for p, ph in enumerate(plan.phases):
+            lat = ph.lat_s
+            if tau < t + lat:
+                env.timeout(t + lat - tau).callbacks.append(partial(self._event, partial(self._add_phase_now, coll, p, None)))
+                return
+            t += lat
+            bw = coll.size * ph.tau_s
+            if tau < t + bw:
+                u = tau - t
+                frac = np.clip(u / np.maximum(coll.size * ph.fin_s, 1e-300), 0.0, 1.0)
+                full = coll.size * ph.coef
+                carried = full * frac
+                self.link_bytes += ph.inc @ carried
+                self._add_phase_now(coll, p, full - carried)
+                return
+            t += bw
+            self.link_bytes[ph.link_ids] += coll.size * ph.link_coef
+        # its isolated end is exactly now; the completion timeout has not fired yet
+        self._finish(coll)
+
+    def _event(self, fn, _event: Any = None) -> None:
+        self._advance()
+        fn()
+        self._settle()
+
+    def _enter_phase(self, coll: _Coll, p: int) -> None:
+        plan = coll.plan
+        if p >= len(plan.phases):
+            if p == 0 and plan.overhead_s > 0:
+                self._env.timeout(plan.overhead_s).callbacks.append(partial(self._event, partial(self._finish, coll)))
+            else:
+                self._finish(coll)
+            return
+        delay = plan.phases[p].lat_s + (plan.overhead_s if p == 0 else 0.0)
+        if delay > 0:
+            self._env.timeout(delay).callbacks.append(partial(self._event, partial(self._add_phase_now, coll, p, None)))
+        else:
+            self._add_phase_now(coll, p, None)
+
+    def _add_phase_now(self, coll: _Coll, p: int, rem: np.ndarray | None) -> None:
+        ph = coll.plan.phases[p]
+        bytes0 = coll.size * ph.coef
+        rem = bytes0.copy() if rem is None else rem
+        alive = rem > _DONE_REL * bytes0 + 1e-9
+        if not alive.any():
+            self._phase_done(coll, p)
+            return
+        self._batches.append(_Batch(coll, p, ph.inc, rem, bytes0, alive))
+        self._dirty = True
+
+    def _phase_done(self, coll: _Coll, p: int) -> None:
+        self._enter_phase(coll, p + 1)
+
+    def _finish(self, coll: _Coll) -> None:
+        if coll.real:
+            coll.real = False
+            self._real_busy[coll.plan.links] -= 1
+        self._t_end = max(self._t_end, self._env.now)
+        coll.event.succeed()
+
+    def _advance(self) -> None:
+        now = self._env.now if self._env is not None else 0.0
+        dt = now - self._t_last
+        if dt > 0 and self._rate.size:
+            moved = self._rate * dt
+            off = 0
+            for b in self._batches:
+                n = b.rem.size
+                b.rem -= moved[off:off + n]
+                off += n
+            self.link_bytes += self._A @ moved
+        self._t_last = now
+
+    def _collect_done(self) -> bool:
+        changed = False
+        keep = []
+        finished = []
+        for b in self._batches:
+            done = b.alive & (b.rem <= _DONE_REL * b.bytes0 + 1e-9)
+            if done.any():
+                changed = True
+                b.alive &= ~done
+                b.rem[done] = 0.0
+            if b.alive.any():
+                keep.append(b)
+            else:
+                finished.append(b)
+        if finished:
+            self._batches = keep
+            self._dirty = True
+            for b in finished:
+                self._phase_done(b.coll, b.phase)
+        return changed
+
+    def _settle(self) -> None:
+        while self._collect_done():
+            pass
+        if not self._batches:
+            self._rate = np.zeros(0)
+            self._A = None
+            self._gen += 1
+            return
+        if self._dirty:
+            A = sp.hstack([b.inc for b in self._batches], format="csc")
+            self._A = A.tocsr()
+            self._AT = A.T.tocsr()
+            self._dirty = False
+        alive = np.concatenate([b.alive for b in self._batches])
+        rem = np.concatenate([b.rem for b in self._batches])
+        t0 = time.perf_counter()
+        rate = maxmin_rates(self._A, self.capacity_Bps, alive, self._AT)
+        self.stats.solves += 1
+        self.stats.solve_s += time.perf_counter() - t0
+        self._rate = rate
+        dt = float(np.min(rem[alive] / rate[alive]))
+        self._gen += 1
+        self._env.timeout(max(dt, 0.0)).callbacks.append(partial(self._on_timer, self._gen))
+
+    def _on_timer(self, gen: int, _event: Any = None) -> None:
+        if gen != self._gen:
+            return
+        self._advance()
+        self._settle()
+
+    # --- reports ----------------------------------------------------------------------------
+
+    @property
+    def span_s(self) -> float:
+        if self._t_first is None:
+            return 0.0
+        return max(self._t_end - self._t_first, 0.0)
+
+    def link_utilization(self, duration_s: float | None = None) -> np.ndarray:
+        """Bytes carried / (raw capacity x duration); the duration defaults to the time from
+        the first collective's start to the last one's end."""
+        span = self.span_s if duration_s is None else float(duration_s)
+        cap = self.graph.link_capacity_GBps * 1e9
+        with np.errstate(divide="ignore", invalid="ignore"):
+            u = np.where((cap > 0) & (span > 0), self.link_bytes / (cap * max(span, 1e-300)), 0.0)
+        return u
+
+    def link_report(self, top: int = 10, duration_s: float | None = None) -> list[dict]:
+        """The busiest links: name, kind, capacity, bytes carried and utilization over
+        duration_s (the engine passes the step time)."""
+        util = self.link_utilization(duration_s)
+        used = np.nonzero(self.link_bytes > 0)[0]
+        order = used[np.argsort(-util[used], kind="stable")][:top]
+        g = self.graph
+        return [
+            {
+                "link": int(l),
+                "name": g.link_name(int(l)),
+                "kind": LINK_KINDS[int(g.link_kind[l])],
+                "capacity_GBps": float(g.link_capacity_GBps[l]),
+                "bytes": float(self.link_bytes[l]),
+                "utilization": float(util[l]),
+            }
+            for l in order
+        ]
+
+    def link_summary(self, duration_s: float | None = None) -> list[dict]:
+        """Per link kind: links used, total bytes, mean and max utilization."""
+        util = self.link_utilization(duration_s)
+        g = self.graph
+        out = []
+        for k, name in enumerate(LINK_KINDS):
+            sel = (g.link_kind == k) & (g.link_capacity_GBps > 0)
+            if not sel.any():
+                continue
+            out.append({
+                "kind": name,
+                "links": int(sel.sum()),
+                "bytes": float(self.link_bytes[sel].sum()),
+                "mean_utilization": float(util[sel].mean()),
+                "max_utilization": float(util[sel].max()),
+            })
+        return out
+
+
+def comm_kwargs(profile: Any) -> dict[str, Any]:
+    """FlowNetwork keyword arguments from a GPU profile (simulator.calibrate.profile.Profile):
+    its ``comm`` model has exactly these fields."""
+    comm = getattr(profile, "comm", profile)
+    return {
+        "nvlink_efficiency": comm.nvlink_efficiency,
+        "nic_efficiency": comm.nic_efficiency,
+        "intra_node_latency_us": comm.intra_node_latency_us,
+        "inter_node_latency_us": comm.inter_node_latency_us,
+        "launch_overhead_us": comm.launch_overhead_us,
+    }

@@ -1,0 +1,56 @@
+"""`clustersim collective`: nccl-tests layout and definitions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from simulator.errors import UserError
+from simulator.network.cli import collective_app, parse_size, simulate_sweep
+
+
+def test_parse_size():
+    assert parse_size("8") == 8 and parse_size("128K") == 128 << 10 and parse_size("8G") == 8 << 30
+    with pytest.raises(UserError, match=r"size '8X' is not a byte count"):
+        parse_size("8X")
+
+
+def test_json_rows_follow_nccl_tests_definitions():
+    res = CliRunner().invoke(collective_app, ["all_gather", "--gpus", "16", "--topology", "p4de-efa", "-b", "1M", "-e", "64M", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [set(r) for r in rows] == [{"size_bytes", "time_us", "algbw_GBps", "busbw_GBps"}] * len(rows)
+    assert len(rows) == 7
+    for r in rows:
+        assert r["size_bytes"] % (16 * 4) == 0  # all_gather: count per rank x nranks x 4 bytes
+        assert r["algbw_GBps"] == pytest.approx(r["size_bytes"] / 1e9 / (r["time_us"] * 1e-6))
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 15 / 16)
+
+
+def test_table_layout_and_profile_note():
+    res = CliRunner().invoke(collective_app, ["all_reduce", "--gpus", "8", "--topology", "dgx-h100-fattree",
+                                              "--gpu", "h100-sxm-80gb", "-b", "8", "-e", "1G"])
+    assert res.exit_code == 0, res.output
+    lines = [l for l in res.stdout.splitlines() if l and not l.startswith("#")]
+    assert len(lines) == 28
+    tok = lines[-1].split()
+    assert tok[:5] == ["1073741824", "268435456", "float", "sum", "-1"]
+    assert tok[5] == tok[9] and float(tok[7]) == pytest.approx(450 * 0.82, rel=0.05)
+    assert "#       size         count      type   redop    root     time   algbw   busbw #wrong" in res.stdout
+    assert "Avg bus bandwidth" in res.stdout
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "alltoall", "sendrecv", "broadcast"])
+def test_every_op_runs(op):
+    rows, net, _ = simulate_sweep(op, 16, "dgx-h100-fattree", None, 1 << 20, 1 << 24, 4.0)
+    assert len(rows) == 3 and all(r["time_us"] > 0 and r["busbw_GBps"] > 0 for r in rows)
+    # bigger messages never get lower bus bandwidth
+    assert [r["busbw_GBps"] for r in rows] == sorted(r["busbw_GBps"] for r in rows)
+
+
+def test_bad_op_exits_2_with_one_line():
+    res = CliRunner().invoke(collective_app, ["allreduce", "--gpus", "8"])
+    assert res.exit_code == 2
+    assert "unknown collective 'allreduce'" in res.output and res.output.strip().count("\n") == 0
