@@ -34,8 +34,18 @@ def _root() -> None:
 
 
 def _register_subcommands() -> None:
+    # Each command module imports its heavy dependencies (torch for capture) inside the command.
+    from simulator.calibrate.cli import calibrate_command
+    from simulator.calibrate.validate import validate_command
+    from simulator.capture.cli import capture_command
     from simulator.network.cli import collective_command
+    from simulator.report.compare import compare_command
     from simulator.trace.cli import trace_app
+
+    app.command("capture", help="Capture a trace bundle from a real torch run (gloo on CPU, NCCL on GPUs).")(capture_command)
+    app.command("calibrate", help="Fit a GPU profile (compute and communication cost models) from traces.")(calibrate_command)
+    app.command("validate", help="Compare the simulator with a captured bundle, or with a published table (--published).")(validate_command)
+    app.command("compare", help="Two scenarios or reports side by side: the what-if dashboard.")(compare_command)
 
     app.command("collective", help="Simulated nccl-tests: time, algbw and busbw of one collective over message sizes.")(
         collective_command

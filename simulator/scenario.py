@@ -92,8 +92,36 @@ class ParallelConfig(BaseModel):
     pp_scatter_gather: bool = Field(
         False, description="Megatron's scatter/gather for pipeline sends without SP: each TP rank sends 1/tp, then an NVLink all-gather."
     )
+    fsdp_reshard_after_forward: bool = Field(
+        True, description="ZeRO-3/FSDP: free gathered parameters after forward and gather again for backward."
+    )
+    fsdp_prefetch: int = Field(1, ge=0, description="ZeRO-3/FSDP: parameter all-gathers issued ahead of the unit that needs them.")
+    fsdp_shard_size: int | None = Field(
+        None, ge=1, description="HSDP: shard parameters within groups of this many DP ranks and replicate across groups."
+    )
+    cp_attention: Literal["allgather", "ring"] = Field(
+        "allgather", description="Context parallelism: all-gather K/V (Llama 3) or ring attention (K/V blocks passed around)."
+    )
     overlap_grad_reduce: bool = Field(True, description="Overlap the DP gradient reduction with backward (DDP/Megatron buckets).")
     grad_bucket_params: int = Field(40_000_000, ge=1, description="Parameters per DP gradient bucket (Megatron default 40M).")
+
+
+class MoEConfig(BaseModel):
+    """How tokens are routed to experts (mixture-of-experts models only)."""
+
+    model_config = _STRICT
+
+    routing: Literal["uniform", "skewed"] = Field(
+        "uniform", description="uniform: every expert gets the same tokens; skewed: a seeded Zipf-like skew over experts."
+    )
+    skew: float = Field(1.0, ge=0, description="Zipf exponent of expert popularity for skewed routing (0 = uniform).")
+    seed: int = Field(0, description="Seed of the skewed routing draw (determinism).")
+    capacity_factor: float | None = Field(
+        None, gt=0, description="Tokens an expert accepts, as a multiple of its uniform share; overflow is dropped. None: no dropping."
+    )
+    overlap_dispatch: bool = Field(
+        False, description="Overlap dispatch/combine all-to-all with compute (DualPipe's F&B pairing does this regardless)."
+    )
 
 
 class BatchConfig(BaseModel):
@@ -121,6 +149,7 @@ class Scenario(BaseModel):
     model: ModelConfig
     parallelism: ParallelConfig = Field(default_factory=ParallelConfig)
     batch: BatchConfig
+    moe: MoEConfig = Field(default_factory=MoEConfig)
     recompute: Literal["none", "selective", "full"] = Field("none", description="Activation recomputation.")
     schedule: str = Field("1f1b", description="Pipeline schedule name (see simulator.schedules).")
     schedule_file: str | None = Field(None, description="A torchtitan-style schedule CSV; overrides `schedule`.")
@@ -194,6 +223,12 @@ class Scenario(BaseModel):
                 raise UserError(
                     f"pp_layer_split={p.pp_layer_split} must have pp*vpp={positions} positive entries summing to num_layers={m.num_layers}"
                 )
+        if p.fsdp_shard_size is not None and (p.zero < 3 or dp % p.fsdp_shard_size):
+            raise UserError(
+                f"fsdp_shard_size={p.fsdp_shard_size} needs zero=3 and must divide dp={dp}: set --zero 3 and a divisor of {dp}"
+            )
+        if p.cp_attention == "ring" and p.cp > 1 and (b.seq_length // p.cp) % 2:
+            raise UserError(f"ring attention splits each rank's {b.seq_length // p.cp} tokens in two chunks: use an even seq_length/cp")
         if b.seq_length % p.cp:
             raise UserError(f"cp={p.cp} does not divide seq_length={b.seq_length}: use a seq_length multiple of {p.cp}")
         if p.sequence_parallel and p.tp > 1 and (b.seq_length // p.cp) % p.tp:
@@ -384,4 +419,9 @@ def build_scenario(data: dict[str, Any], overrides: dict[str, Any] | None = None
 
 def load_scenario(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Scenario:
     data = default_scenario_dict() if path is None else load_scenario_dict(path)
-    return build_scenario(data, overrides)
+    sc = build_scenario(data, overrides)
+    if path is None and "name" not in (overrides or {}):
+        # The default's name describes the default; flags that change the job rename it.
+        gpu = Path(sc.cluster.gpu).stem.split("-")[0]
+        sc = sc.model_copy(update={"name": f"{Path(sc.model.name).stem}-{sc.cluster.gpus}x{gpu}"})
+    return sc

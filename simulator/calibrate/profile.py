@@ -16,11 +16,12 @@ against FLOPs, interpolated in log space.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from simulator.errors import UserError
 
@@ -43,6 +44,16 @@ class OpClassModel(BaseModel):
     table_tflops: list[float] | None = Field(None, description="Achieved TFLOP/s at table_flops.")
     fit_error: float | None = Field(None, description="Median |relative error| on held-out captured ops.")
     fit_range_flops: tuple[float, float] | None = Field(None, description="FLOPs range the fit saw.")
+    # Added by calibration (all optional; absent = the spec-based behaviour above).
+    # A fitted lookup for memory-bound classes: achieved GB/s at given bytes, log-space interpolated;
+    # used instead of hbm_GBps x bandwidth_efficiency.
+    table_bytes: list[float] | None = Field(None, description="Bytes of the measured points, ascending.")
+    table_GBps: list[float] | None = Field(None, description="Achieved GB/s at table_bytes.")
+    fit_range_bytes: tuple[float, float] | None = Field(None, description="Bytes range the fit saw.")
+    # Which cost the time follows: "max" of the FLOP and byte costs (spec profiles), or only one of
+    # them when the fit measured only one (a byte-fitted class must not be bounded by a FLOP guess).
+    basis: Literal["max", "flops", "bytes"] = Field("max", description="Which cost sets the time: max, flops or bytes.")
+    fit_samples: int | None = Field(None, description="Captured ops the fit used.")
 
 
 class ComputeModel(BaseModel):
@@ -53,6 +64,15 @@ class ComputeModel(BaseModel):
     classes: dict[str, OpClassModel]
     # Compute kernels slow down while communication kernels share the SMs and HBM.
     overlap_slowdown: float = Field(1.0, ge=1.0, description="Factor on compute time while communication overlaps it.")
+    # Added by calibration: time per modelled kernel that the device's host spends outside the
+    # measured ops (framework dispatch, Python, autograd and hook bookkeeping). On a GPU the host
+    # runs ahead of the device and this stays 0; when the "device" is a CPU rank, that time is on
+    # the critical path. Fitted from the step times of train bundles (simulator.calibrate.fit).
+    host_overhead_us: float = Field(0.0, ge=0, description="Host time per modelled kernel outside measured ops, µs.")
+    # Added by calibration: when the "devices" are CPU ranks sharing one host's cores (a gloo
+    # capture), a rank that idles lends its core to the others, so a step takes at least the
+    # ranks' total compute divided by the cores. None: every rank has a device of its own.
+    host_cores: int | None = Field(None, ge=1, description="Cores shared by the ranks of one host (CPU profiles), else None.")
 
 
 class CommModel(BaseModel):
@@ -63,6 +83,50 @@ class CommModel(BaseModel):
     intra_node_latency_us: float = Field(ge=0, description="Latency per algorithm step inside a node, µs.")
     inter_node_latency_us: float = Field(ge=0, description="Latency per algorithm step across nodes, µs.")
     launch_overhead_us: float = Field(0.0, ge=0, description="Fixed cost per collective call, µs.")
+    # Added by calibration: measured curves per collective x group size x tier. A network may use
+    # them directly (simulator.calibrate.network.FittedNetwork); the efficiencies above are what
+    # the flow-level fabric derives its link capacities from.
+    collectives: list["CollectiveFit"] = Field(default_factory=list, description="Fitted per-collective time curves.")
+
+    def collective_fit(self, op: str, group_size: int, tier: str) -> "CollectiveFit | None":
+        """The fitted curve for (op, group size, tier); the nearest fitted group size of the same
+        op and tier when that exact size was not measured (None when nothing fits)."""
+        same = [c for c in self.collectives if c.collective == op and c.tier == tier]
+        if not same:
+            return None
+        exact = [c for c in same if c.group_size == group_size]
+        if exact:
+            return exact[0]
+        return min(same, key=lambda c: (abs(np.log(c.group_size / max(group_size, 1))), c.group_size))
+
+
+class CollectiveFit(BaseModel):
+    """time_us(S) = alpha_us + S x bus_factor(collective, n) / busbw(S); busbw log-interpolated
+    over the measured sizes (constant beyond them). Sizes follow nccl-tests' ``size``."""
+
+    model_config = _STRICT
+
+    collective: str
+    group_size: int = Field(ge=1)
+    tier: Literal["intra", "inter"] = Field(description="intra: all ranks on one node; inter: across nodes.")
+    alpha_us: float = Field(ge=0, description="Latency of the call: the time of a vanishing message, µs.")
+    table_bytes: list[float] = Field(description="Message sizes (nccl-tests size), ascending.")
+    table_busbw_GBps: list[float] = Field(description="Bus bandwidth of the size-dependent part at table_bytes, GB/s.")
+    fit_error: float | None = Field(None, description="Median |relative time error| on held-out sizes.")
+    fit_range_bytes: tuple[float, float] | None = None
+    source: str = ""
+
+    def time_us(self, size_bytes: np.ndarray | float) -> np.ndarray:
+        s = np.asarray(size_bytes, dtype=float)
+        n = self.group_size
+        if self.collective == "all_reduce":
+            factor = 2.0 * (n - 1) / n if n > 1 else 0.0
+        elif self.collective in ("all_gather", "reduce_scatter", "all_to_all"):
+            factor = (n - 1) / n if n > 1 else 0.0
+        else:
+            factor = 1.0
+        bw = np.exp(np.interp(np.log(np.maximum(s, 1.0)), np.log(self.table_bytes), np.log(self.table_busbw_GBps)))
+        return self.alpha_us + factor * s / (bw * 1e3)
 
 
 class ProvenanceItem(BaseModel):
@@ -94,6 +158,24 @@ class Profile(BaseModel):
     compute: ComputeModel
     comm: CommModel
     provenance: Provenance
+    _warned: set = PrivateAttr(default_factory=set)
+
+    def _warn_outside(self, name: str, what: str, values: np.ndarray, lo_hi: tuple[float, float] | None) -> None:
+        """Fitted profiles warn (once per class and quantity) when asked outside what they saw."""
+        if lo_hi is None or (name, what) in self._warned:
+            return
+        v = values[values > 0]
+        if v.size == 0:
+            return
+        lo, hi = lo_hi
+        if v.min() < lo * 0.999 or v.max() > hi * 1.001:
+            self._warned.add((name, what))
+            warnings.warn(
+                f"profile {self.name!r}, op class {name!r}: {what} {v.min():.3g}..{v.max():.3g} outside the fitted range "
+                f"{lo:.3g}..{hi:.3g}; extrapolating (capture larger/smaller ops to cover it)",
+                ExtrapolationWarning,
+                stacklevel=3,
+            )
 
     # --- vectorised cost functions (called before the event loop, never inside it) ---
 
@@ -109,14 +191,37 @@ class Profile(BaseModel):
             model = self.compute.classes.get(str(name)) or self.compute.classes["other"]
             sel = op_class == name
             f = flops[sel]
+            b = bytes_[sel]
             if model.table_flops and model.table_tflops:
                 achieved = 1e12 * np.exp(np.interp(np.log(np.maximum(f, 1.0)), np.log(model.table_flops), np.log(model.table_tflops)))
             else:
                 achieved = peak * model.peak_efficiency * f / (f + model.half_efficiency_flops + 1e-30)
             t_flops = np.where(f > 0, f / np.maximum(achieved, 1.0), 0.0)
-            t_bytes = bytes_[sel] / (hbm * model.bandwidth_efficiency)
-            out[sel] = np.maximum(t_flops, t_bytes) + model.overhead_us * 1e-6 * (f + bytes_[sel] > 0)
+            if model.table_bytes and model.table_GBps:
+                bw = 1e9 * np.exp(np.interp(np.log(np.maximum(b, 1.0)), np.log(model.table_bytes), np.log(model.table_GBps)))
+                t_bytes = np.where(b > 0, b / bw, 0.0)
+            else:
+                t_bytes = b / (hbm * model.bandwidth_efficiency)
+            if model.basis == "flops":
+                # Ops without FLOPs (a byte-only op of a FLOP-fitted class) still cost their bytes.
+                t = np.where(f > 0, t_flops, t_bytes)
+                self._warn_outside(str(name), "FLOPs", f, model.fit_range_flops)
+            elif model.basis == "bytes":
+                t = np.where(b > 0, t_bytes, t_flops)
+                self._warn_outside(str(name), "bytes", b, model.fit_range_bytes)
+            else:
+                t = np.maximum(t_flops, t_bytes)
+                self._warn_outside(str(name), "FLOPs", f, model.fit_range_flops)
+                self._warn_outside(str(name), "bytes", b, model.fit_range_bytes)
+            out[sel] = t + (model.overhead_us + self.compute.host_overhead_us) * 1e-6 * (f + b > 0)
         return out
+
+
+class ExtrapolationWarning(UserWarning):
+    """A fitted cost model was asked about sizes outside the range it was fitted on."""
+
+
+CommModel.model_rebuild()
 
 
 def available_profiles() -> list[str]:

@@ -29,13 +29,15 @@ import pandas as pd
 import simpy
 
 from simulator.errors import SimulationStalled
-from simulator.network.base import CollectiveRequest, Network
+from simulator.network.base import CollectiveRequest, Network, bus_factor
 from simulator.schedules.base import Action, required_inputs
 from simulator.workload.ops import Comm
 from simulator.workload.program import Program
 
 Mode = Literal["reduced", "full"]
 DIMS = ("tp", "cp", "ep", "pp", "dp")
+# Sub-groups report under their parallel dimension.
+BASE_DIM = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp", "edp": "dp", "dp_shard": "dp", "dp_rep": "dp"}
 TIMELINE_COLUMNS = ["rank", "stream", "kind", "name", "start_s", "end_s", "microbatch", "stage", "layer", "bytes"]
 
 
@@ -49,6 +51,7 @@ class Timeline:
     pp_rank_of: dict[int, int]
     busy_compute_s: dict[int, float]
     exposed_s: dict[int, dict[str, float]]  # rank -> dim -> seconds the compute stream waited
+    comm_bytes: dict[int, dict[str, float]]  # rank -> dim -> bytes the rank put on the wire (bus convention)
     sim_wall_s: float
     num_events: int
     mode: str
@@ -85,8 +88,13 @@ class Engine:
         self.coords = coords
         self._group_index: dict[str, np.ndarray] = {}
         self._groups: dict[str, np.ndarray] = {}
-        for dim in ("tp", "cp", "ep", "dp", "pp"):
-            groups = self.mesh.groups(dim)
+        all_groups = {dim: self.mesh.groups(dim) for dim in ("tp", "cp", "ep", "dp", "edp", "pp")}
+        shard = program.fsdp_shard_size or self.mesh.dp
+        dp_groups = all_groups["dp"]
+        # HSDP: shard inside consecutive blocks of the DP group, replicate across blocks.
+        all_groups["dp_shard"] = dp_groups.reshape(-1, shard)
+        all_groups["dp_rep"] = dp_groups.reshape(len(dp_groups), -1, shard).transpose(0, 2, 1).reshape(-1, self.mesh.dp // shard)
+        for dim, groups in all_groups.items():
             idx = np.empty(self.mesh.world_size, dtype=np.int64)
             for gi, g in enumerate(groups):
                 idx[g] = gi
@@ -99,6 +107,8 @@ class Engine:
     def _request(self, dim: str, op: str, size_bytes: float, rank: int) -> tuple[CollectiveRequest, tuple]:
         """The request a rank's group issues, and the rendezvous key prefix of that group."""
         gi = int(self._group_index[dim][rank])
+        if op == "ring_step":
+            return self._ring_step_request(dim, size_bytes, rank, gi), (dim, gi)
         if self.mode == "reduced":
             # Every replica group with the same pipeline rank issues this collective together.
             pp = int(self.coords[rank, 0])
@@ -116,6 +126,22 @@ class Engine:
                 req = CollectiveRequest(op, dim, self._groups[dim][gi : gi + 1], size_bytes)
                 self._request_cache[ckey] = req
         return req, (dim, gi)
+
+    def _ring_step_request(self, dim: str, size_bytes: float, rank: int, gi: int) -> CollectiveRequest:
+        """One step of a ring exchange: every member sends a block to the next one, at once."""
+        pp = int(self.coords[rank, 0])
+        key = ("ring_step", dim, size_bytes, pp if self.mode == "reduced" else gi)
+        req = self._request_cache.get(key)
+        if req is None:
+            groups = self._groups[dim]
+            if self.mode == "reduced":
+                groups = groups[self.coords[groups[:, 0], 0] == pp]
+            else:
+                groups = groups[gi : gi + 1]
+            pairs = np.stack([groups, np.roll(groups, -1, axis=1)], axis=-1).reshape(-1, 2)
+            req = CollectiveRequest("send_recv", dim, pairs, size_bytes)
+            self._request_cache[key] = req
+        return req
 
     def _p2p_request(self, src: int, dst: int, size_bytes: float) -> CollectiveRequest:
         key = ("pp", src, dst, size_bytes)
@@ -152,19 +178,20 @@ class Engine:
         self.transfer_start: dict[tuple, float] = {}
         self.busy = {r: 0.0 for r in self.ranks}
         self.exposed = {r: dict.fromkeys(DIMS, 0.0) for r in self.ranks}
+        self.comm_bytes = {r: dict.fromkeys(DIMS, 0.0) for r in self.ranks}
         self.waiting_on: dict[int, str] = {}
         self.finished: set[int] = set()
         self.end_time: dict[int, float] = {}
 
         self.stores: dict[tuple[int, str], simpy.Store] = {}
         for r in self.ranks:
-            for stream in ("tp", "cp", "ep", "pp-send-f", "pp-send-b", "dp"):
+            for stream in ("tp", "cp", "ep", "pp-send-f", "pp-send-b", "dp", "dp-ag"):
                 st = simpy.Store(env)
                 self.stores[(r, stream)] = st
                 if stream in ("tp", "cp", "ep"):
                     env.process(self._collective_stream(r, stream, st))
-                elif stream == "dp":
-                    env.process(self._dp_stream(r, st))
+                elif stream in ("dp", "dp-ag"):
+                    env.process(self._dp_stream(r, stream, st))
                 else:
                     env.process(self._send_stream(r, stream, st))
             env.process(self._compute_stream(r))
@@ -184,7 +211,7 @@ class Engine:
         return Timeline(
             events=events, step_time_s=step, ranks=list(self.ranks),
             pp_rank_of={r: int(self.coords[r, 0]) for r in self.ranks},
-            busy_compute_s=self.busy, exposed_s=self.exposed,
+            busy_compute_s=self.busy, exposed_s=self.exposed, comm_bytes=self.comm_bytes,
             sim_wall_s=time.perf_counter() - t_wall, num_events=self.n_events, mode=self.mode,
             network_report=report,
         )
@@ -201,6 +228,9 @@ class Engine:
     def _collective(self, rank: int, dim: str, op: str, size_bytes: float):
         """Rendezvous with the group's simulated members, then run the collective."""
         req, gkey = self._request(dim, op, size_bytes, rank)
+        n = len(self._groups[dim][gkey[1]])
+        wire = size_bytes if op == "ring_step" else bus_factor(op, n) * size_bytes
+        self.comm_bytes[rank][BASE_DIM[dim]] += wire
         sk = (rank, dim)
         seq = self.seq[sk]
         self.seq[sk] = seq + 1
@@ -238,6 +268,7 @@ class Engine:
             t0 = env.now
             self.transfer_start[(dst, key)] = t0
             req = self._p2p_request(rank, dst, self.prog.pp_bytes)
+            self.comm_bytes[rank]["pp"] += self.prog.pp_bytes
             yield self.net.start(env, req)
             self.n_events += 2
             if self.prog.pp_gather_bytes > 0:
@@ -251,15 +282,17 @@ class Engine:
                               f"recv {kind} mb{mb}", t0, env.now, mb, stage, -1, self.prog.pp_bytes))
             self._event((dst, key)).succeed()
 
-    def _dp_stream(self, rank: int, store: simpy.Store):
+    def _dp_stream(self, rank: int, stream: str, store: simpy.Store):
         env = self.env
         while True:
-            item = yield store.get()
-            op, size_bytes, done, label = item
+            steps, done, label = yield store.get()
             t0 = env.now
-            yield self._collective(rank, "dp", op, size_bytes)
-            self.n_events += 2
-            self.rows.append((rank, "dp", "dp", f"{op} {label}", t0, env.now, -1, -1, -1, size_bytes))
+            # A request may chain collectives (HSDP: reduce-scatter in the shard group, then
+            # all-reduce of the shard across replicas).
+            for dim, op, size_bytes in steps:
+                yield self._collective(rank, dim, op, size_bytes)
+                self.n_events += 2
+            self.rows.append((rank, stream, "dp", f"{steps[0][1]} {label}", t0, env.now, -1, -1, -1, steps[0][2]))
             if done is not None:
                 done.succeed()
 
@@ -278,34 +311,101 @@ class Engine:
                 if sub.kind in ("B", "W"):
                     last_grad_action[sub.stage] = idx
         zb = any(a.kind == "W" for a in actions)
-        grad_op = "all_reduce" if prog.zero == 0 else "reduce_scatter"
-        pending_dp: list[simpy.Event] = []
-        bucket = [0.0]
-
         use_dp = self.mesh.dp > 1
+        zero3 = prog.zero >= 3
+        hsdp = zero3 and prog.fsdp_shard_size is not None and prog.fsdp_shard_size < self.mesh.dp
+        use_edp = self.mesh.edp > 1
+        pending_dp: list[simpy.Event] = []
+        bucket = [0.0, 0.0]  # dense, expert gradient bytes waiting to be reduced
+
+        def grad_steps(size: float, expert: bool) -> list[tuple[str, str, float]]:
+            if expert:
+                return [("edp", "all_reduce" if prog.zero == 0 else "reduce_scatter", size)]
+            if prog.zero == 0:
+                return [("dp", "all_reduce", size)]
+            if hsdp:
+                shard = prog.fsdp_shard_size
+                return [("dp_shard", "reduce_scatter", size), ("dp_rep", "all_reduce", size / shard)]
+            return [("dp", "reduce_scatter", size)]
 
         def flush(label: str):
-            if bucket[0] > 0 and use_dp:
-                ev = env.event()
-                pending_dp.append(ev)
-                stores[(rank, "dp")].put((grad_op, bucket[0], ev, label))
-                bucket[0] = 0.0
+            for i, expert, on in ((0, False, use_dp), (1, True, use_edp)):
+                if bucket[i] > 0 and on:
+                    ev = env.event()
+                    pending_dp.append(ev)
+                    stores[(rank, "dp")].put((grad_steps(bucket[i], expert), ev, label))
+                bucket[i] = 0.0
 
-        # ZeRO >= 1: the updated parameters are all-gathered; Megatron overlaps that with the
+        # ZeRO-1/2: the updated parameters are all-gathered; Megatron overlaps that with the
         # next step's forward, so a stage's first forward waits for its own gather.
         param_ready: dict[int, simpy.Event] = {}
-        if prog.zero >= 1 and use_dp:
+        if 1 <= prog.zero <= 2 and use_dp:
             for st in sched.stages_of_rank(pp_rank):
                 ev = env.event()
                 param_ready[st] = ev
                 pbytes = prog.stage_params[sched.stage_position[st]] * prog.param_bytes
-                stores[(rank, "dp")].put(("all_gather", pbytes, ev, f"params stage {st}"))
+                stores[(rank, "dp-ag")].put(([("dp", "all_gather", pbytes)], ev, f"params stage {st}"))
 
-        def run_segments(a: Action, grads_here: bool, blocking: bool):
+        # ZeRO-3 / FSDP: every unit (layer) is all-gathered before it runs, forward and (when
+        # resharded after forward) backward, `fsdp_prefetch` units ahead on its own stream.
+        gathers: list[tuple[int, int, float]] = []  # (action index, layer, bytes) in execution order
+        ag_dim = "dp_shard" if hsdp else "dp"
+        if zero3 and use_dp:
+            gathered: set[tuple[int, int]] = set()
+            for idx, a in enumerate(actions):
+                for sub in (a.sub if a.kind == "FB" else (a,)):
+                    if sub.kind == "W" or (sub.kind != "F" and not prog.fsdp_reshard_after_forward):
+                        continue
+                    seg = prog.segments[(sched.stage_position[sub.stage], sub.kind)]
+                    for L in dict.fromkeys(int(x) for x in seg.layer):
+                        if prog.fsdp_reshard_after_forward or (sub.stage, L) not in gathered:
+                            gathered.add((sub.stage, L))
+                            gathers.append((idx, L, prog.unit_params.get(L, 0.0) * prog.param_bytes))
+        gather_events: list[simpy.Event] = [env.event() for _ in gathers]
+        next_gather = [0, 0]  # [next to wait for, next to issue]
+
+        def issue_gathers(upto: int):
+            while next_gather[1] < min(upto, len(gathers)):
+                i = next_gather[1]
+                _, L, nbytes = gathers[i]
+                stores[(rank, "dp-ag")].put(([(ag_dim, "all_gather", nbytes)], gather_events[i], f"params layer {L}"))
+                next_gather[1] += 1
+
+        issue_gathers(1 + prog.fsdp_prefetch)
+
+        def wait_gather(idx: int, layer: int):
+            i = next_gather[0]
+            if i >= len(gathers) or gathers[i][0] != idx or gathers[i][1] != layer:
+                return
+            next_gather[0] += 1
+            issue_gathers(i + 1 + prog.fsdp_prefetch)
+            ev = gather_events[i]
+            if not ev.triggered:
+                t0 = env.now
+                self.waiting_on[rank] = f"dp all_gather of layer {layer} parameters"
+                yield ev
+                exposed["dp"] += env.now - t0
+
+        def wait_pending(pending: list):
+            for dim, done in pending:
+                if not done.triggered:
+                    t0 = env.now
+                    self.waiting_on[rank] = f"overlapped {dim} communication"
+                    yield done
+                    exposed[BASE_DIM[dim]] += env.now - t0
+            pending.clear()
+
+        def run_segments(a: Action, idx: int, grads_here: bool, blocking: bool):
             pos = sched.stage_position[a.stage]
             seg = prog.segments[(pos, a.kind)]
-            comm_waits = []
+            pending: list = []  # overlapped collectives in flight
+            deferred: list = []  # collectives of an overlapped F&B pair, waited for at its end
+            layer = None
+            expert_grads = seg.expert_grad_bytes
             for j in range(len(seg.compute_s)):
+                if gathers and int(seg.layer[j]) != layer:
+                    layer = int(seg.layer[j])
+                    yield from wait_gather(idx, layer)
                 c = seg.compute_s[j]
                 if c > 0:
                     t0 = env.now
@@ -314,27 +414,31 @@ class Engine:
                     self.busy[rank] += c
                     self.rows.append((rank, "compute", a.kind, seg.label[j], t0, env.now, a.microbatch, a.stage,
                                       int(seg.layer[j]), 0.0))
-                if grads_here and seg.grad_bytes[j] > 0 and prog.overlap_grad_reduce:
+                if grads_here and prog.overlap_grad_reduce:
                     bucket[0] += seg.grad_bytes[j]
-                    if bucket[0] >= prog.grad_bucket_bytes:
+                    if expert_grads is not None:
+                        bucket[1] += expert_grads[j]
+                    # FSDP reduces per unit; DDP/ZeRO-1/2 per bucket.
+                    unit_done = zero3 and (j + 1 == len(seg.compute_s) or int(seg.layer[j + 1]) != int(seg.layer[j]))
+                    if bucket[0] + bucket[1] >= prog.grad_bucket_bytes or (unit_done and bucket[0] + bucket[1] > 0):
                         flush(f"grads stage {a.stage}")
                 comm: Comm | None = seg.comm[j]
                 if comm is not None:
+                    yield from wait_pending(pending)
                     done = env.event()
                     stores[(rank, comm.dim)].put((comm, done, (a.microbatch, a.stage, int(seg.layer[j]), seg.label[j])))
-                    if blocking:
+                    if not blocking:
+                        deferred.append((comm.dim, done))
+                    elif comm.overlap:
+                        pending.append((comm.dim, done))
+                    else:
                         t0 = env.now
                         self.waiting_on[rank] = f"{comm.dim} {comm.op} in {a}"
                         yield done
                         exposed[comm.dim] += env.now - t0
-                    else:
-                        comm_waits.append((comm.dim, done))
-            # Non-blocking (overlapped F&B): wait at the end for what compute could not hide.
-            for dim, done in comm_waits:
-                if not done.triggered:
-                    t0 = env.now
-                    yield done
-                    exposed[dim] += env.now - t0
+            yield from wait_pending(pending)
+            # Overlapped F&B: what the pair's compute could not hide is exposed at its end.
+            yield from wait_pending(deferred)
 
         def wait_inputs(a: Action):
             for (st, kind, mb) in required_inputs(sched, a):
@@ -386,18 +490,20 @@ class Engine:
                     exposed["dp"] += env.now - t0
             for sub in subs:
                 g = last_grad_action.get(sub.stage) == idx and sub.kind in (("W",) if zb else ("B", "W"))
-                yield from run_segments(sub, g, blocking=a.kind != "FB")
+                yield from run_segments(sub, idx, g, blocking=a.kind != "FB")
                 complete(sub)
                 if g and prog.overlap_grad_reduce:
                     flush(f"grads stage {sub.stage}")
 
         # Gradient reduction not overlapped with backward: all buckets after the last backward.
-        if not prog.overlap_grad_reduce and use_dp:
+        if not prog.overlap_grad_reduce:
             for st in sched.stages_of_rank(pp_rank):
-                seg_bytes = sum(prog.segments[(sched.stage_position[st], "W")].grad_bytes)
-                n_buckets = max(1, int(np.ceil(seg_bytes / prog.grad_bucket_bytes)))
+                w = prog.segments[(sched.stage_position[st], "W")]
+                dense = float(w.grad_bytes.sum())
+                expert = float(w.expert_grad_bytes.sum()) if w.expert_grad_bytes is not None else 0.0
+                n_buckets = max(1, int(np.ceil((dense + expert) / prog.grad_bucket_bytes)))
                 for _ in range(n_buckets):
-                    bucket[0] = seg_bytes / n_buckets
+                    bucket[0], bucket[1] = dense / n_buckets, expert / n_buckets
                     flush(f"grads stage {st}")
         for ev in pending_dp:
             if not ev.triggered:

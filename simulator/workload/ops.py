@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+import numpy as np
+
 from simulator.scenario import Scenario
 
 Phase = Literal["F", "I", "W"]
@@ -24,11 +26,17 @@ Phase = Literal["F", "I", "W"]
 
 @dataclass(frozen=True)
 class Comm:
-    """A blocking collective on the compute path (tp, cp or ep)."""
+    """A collective on the compute path (tp, cp or ep).
+
+    Blocking by default. An ``overlap`` collective runs while the next compute segment does;
+    the compute stream waits for it before it issues its next collective or ends the action
+    (ring attention's K/V passing, overlapped MoE dispatch).
+    """
 
     dim: str
     op: str
     size_bytes: float
+    overlap: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,12 @@ class LayerOps:
                                      model_flops=2 * op.model_flops, bytes=2 * op.bytes))
             else:
                 i_ops.append(replace(op, name=op.name + ".bwd", phase="I", bytes=2 * op.bytes,
-                                     exec_flops=2 * op.exec_flops, model_flops=0.0))
+                                     exec_flops=2 * op.exec_flops, model_flops=0.0, params=0.0))
+                if op.params > 0:
+                    # Norm weights: their gradient is a by-product of the input-grad kernel;
+                    # a zero-cost W entry carries it to the gradient reduction.
+                    w_ops.append(replace(op, name=op.name + ".wgrad", phase="W", exec_flops=0.0, model_flops=0.0,
+                                         bytes=0.0))
         return i_ops, w_ops
 
 
@@ -83,6 +96,7 @@ CONJUGATE: dict[str, str | None] = {
     "all_reduce": None,
     "identity_ar": "all_reduce",
     "all_to_all": "all_to_all",
+    "ring_step": "ring_step",
 }
 
 
@@ -119,8 +133,10 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
             return []
         return [Op(name, "other", "F", comm=Comm("tp", "reduce_scatter" if sp else "all_reduce", act_bytes))]
 
+    norm_params = 2 * h if m.mlp == "gelu" else h  # LayerNorm (GPT) has a bias, RMSNorm (Llama) not
+
     def norm(name: str) -> Op:
-        return Op(name, "norm", "F", 5.0 * Tn * h, 0.0, 2 * Tn * h * dt, params=0.0)
+        return Op(name, "norm", "F", 5.0 * Tn * h, 0.0, 2 * Tn * h * dt, params=norm_params)
 
     def residual(name: str) -> Op:
         return Op(name, "elementwise", "F", Tn * h, 0.0, 3 * Tn * h * dt)
@@ -128,14 +144,24 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     # --- attention block ---
     attn: list[Op] = [norm("attn_norm"), *tp_in("attn_in")]
     attn.append(gemm("qkv_proj", T, h, qkv_out))
-    if cp > 1:
-        # Llama-3-style CP: all-gather K and V of the whole sequence before attention.
-        kv_bytes = 2 * b * s_full * max(g // t, 1) * d * dt
-        attn.append(Op("cp_kv_all_gather", "other", "F", comm=Comm("cp", "all_gather", kv_bytes)))
+    # Causal load balancing (2*cp chunks, each rank a mirrored pair) gives every CP rank the
+    # same attention work: 1/cp of the full causal attention.
     core_model = 4.0 * b * s * s_full * a * d / t  # QK^T and AV over the full key length
     causal = 0.5 if sc.flash_attention else 1.0
     io_bytes = 4.0 * T * attn_width * dt
-    attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes))
+    if cp > 1 and p.cp_attention == "ring":
+        # Ring attention: cp steps; K/V blocks travel around the ring while a block computes.
+        kv_block_bytes = 2 * b * s * max(g // t, 1) * d * dt
+        for i in range(cp):
+            if i < cp - 1:
+                attn.append(Op(f"cp_kv_ring_step{i}", "other", "F", comm=Comm("cp", "ring_step", kv_block_bytes, overlap=True)))
+            attn.append(Op(f"attention_block{i}", "attention", "F", core_model * causal / cp, core_model / cp, io_bytes / cp))
+    else:
+        if cp > 1:
+            # Llama-3-style CP: all-gather K and V of the whole sequence before attention.
+            kv_bytes = 2 * b * s_full * max(g // t, 1) * d * dt
+            attn.append(Op("cp_kv_all_gather", "other", "F", comm=Comm("cp", "all_gather", kv_bytes)))
+        attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes))
     if not sc.flash_attention:
         # Materialised scores: baddbmm write, fused scale-mask-softmax read+write, dropout, bmm read.
         score_elems = b * (a / t) * s * s_full
@@ -160,7 +186,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
 
     layers: dict[str, LayerOps] = {}
     dense = LayerOps("dense", attn + mlp)
-    dense.params = sum(o.params for o in dense.forward) + 2 * h  # + two norm weights
+    dense.params = sum(o.params for o in dense.forward)
     layers["dense"] = dense
 
     if m.is_moe:
@@ -183,7 +209,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     if t > 1:
         head_ops.append(Op("cross_entropy_allreduce", "other", "F", comm=Comm("tp", "all_reduce", 3 * T * 4)))
     head_params = 0.0 if m.tied_embeddings and sc.parallelism.pp == 1 else V * h / t
-    head = LayerOps("head", head_ops, head_params + h)
+    head = LayerOps("head", head_ops, head_params + norm_params)
     if head_params == 0.0:
         head.forward = [replace(o, params=0.0) if o.name == "lm_head" else o for o in head.forward]
     layers["head"] = head
@@ -197,14 +223,16 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
     # Tokens routed from this rank: each token goes to top_k experts. Dispatch and combine move
     # tokens * top_k * hidden * dtype bytes; the share (ep-1)/ep leaves the rank.
     routed_tokens = Tn * m.top_k
-    a2a_bytes = routed_tokens * h * dt
+    load = moe_load_factor(sc)
+    # The busiest EP rank sets the pace: it receives `load` times the mean share of tokens.
+    a2a_bytes = routed_tokens * h * dt * load
     experts_local = m.num_experts // ep
-    # With uniform routing every rank's experts receive the same tokens; imbalance scales it.
-    expert_tokens = routed_tokens  # per rank: ep ranks send T*k/ep each to this rank's experts
+    expert_tokens = routed_tokens * load  # tokens this (busiest) rank's experts process
     ffn = m.expert_ffn
+    overlap = sc.moe.overlap_dispatch
     ops = [norm("mlp_norm")]
     ops.append(gemm("router", Tn, h, m.num_experts))
-    ops.append(Op("moe_dispatch", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes)))
+    ops.append(Op("moe_dispatch", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes, overlap=overlap)))
     if m.mlp == "swiglu":
         ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * 2 * ffn, 2.0 * expert_tokens * h * 2 * ffn,
                       (expert_tokens * (h + 2 * ffn) + experts_local * h * 2 * ffn) * dt, params=experts_local * h * 2 * ffn))
@@ -215,12 +243,43 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
         ops.append(Op("experts_gelu", "elementwise", "F", 8.0 * expert_tokens * ffn, 0.0, 2 * expert_tokens * ffn * dt))
     ops.append(Op("experts_fc2", "gemm", "F", 2.0 * expert_tokens * ffn * h, 2.0 * expert_tokens * ffn * h,
                   (expert_tokens * (ffn + h) + experts_local * ffn * h) * dt, params=experts_local * ffn * h))
-    ops.append(Op("moe_combine", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes)))
+    ops.append(Op("moe_combine", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes, overlap=overlap)))
     if m.num_shared_experts:
         # Shared experts: a dense MLP num_shared_experts x the expert width, on this rank's tokens.
         # (dense_mlp divides the width by tp; the shared experts here are not tensor-parallel.)
-        ops += dense_mlp("shared_", m.num_shared_experts * ffn * t, Tn)
+        ops += dense_mlp("shared_", m.num_shared_experts * ffn * p.tp, Tn)
     ops.append(residual("mlp_residual"))
     layer = LayerOps("moe", attn + ops)
-    layer.params = sum(o.params for o in layer.forward) + 2 * h
+    layer.params = sum(o.params for o in layer.forward)
     return layer
+
+
+def expert_shares(sc: Scenario) -> np.ndarray:
+    """Fraction of routed tokens each expert receives (sums to 1)."""
+    m, moe = sc.model, sc.moe
+    E = m.num_experts
+    if moe.routing == "uniform" or moe.skew == 0:
+        return np.full(E, 1.0 / E)
+    rng = np.random.default_rng(moe.seed)
+    popularity = 1.0 / np.arange(1, E + 1) ** moe.skew
+    shares = popularity[rng.permutation(E)]  # which expert is popular is random, seeded
+    return shares / shares.sum()
+
+
+def moe_load_factor(sc: Scenario) -> float:
+    """Tokens the busiest EP rank processes, relative to the uniform share; with a capacity
+    factor, experts drop what exceeds capacity x their uniform share."""
+    m, ep = sc.model, sc.parallelism.ep
+    shares = expert_shares(sc)
+    cap = sc.moe.capacity_factor
+    kept = shares if cap is None else np.minimum(shares, cap / m.num_experts)
+    per_rank = kept.reshape(ep, -1).sum(axis=1)
+    return float(per_rank.max() * ep)
+
+
+def moe_dropped_fraction(sc: Scenario) -> float:
+    cap = sc.moe.capacity_factor
+    if cap is None or not sc.model.is_moe:
+        return 0.0
+    shares = expert_shares(sc)
+    return float(np.maximum(shares - cap / sc.model.num_experts, 0.0).sum())

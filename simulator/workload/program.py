@@ -18,7 +18,7 @@ from simulator.calibrate.profile import Profile
 from simulator.scenario import Scenario
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
-from simulator.workload.ops import Comm, LayerOps, Op, build_layer_ops
+from simulator.workload.ops import Comm, LayerOps, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor
 
 # Megatron keeps fp32 main gradients and reduces them in fp32 when training in bf16.
 GRAD_REDUCE_BYTES = 4
@@ -34,8 +34,9 @@ class Segments:
     comm: list[Comm | None]
     layer: np.ndarray  # layer id per segment (-1 embedding, num_layers = head)
     label: list[str]
-    grad_bytes: np.ndarray  # gradient bytes ready at the end of the segment's compute
+    grad_bytes: np.ndarray  # dense gradient bytes ready at the end of the segment's compute (reduced over dp)
     flops: np.ndarray  # executed FLOPs per segment (for utilisation views)
+    expert_grad_bytes: np.ndarray | None = None  # expert gradients (reduced over the expert-data-parallel group)
 
     @property
     def total_compute_s(self) -> float:
@@ -44,7 +45,8 @@ class Segments:
     @staticmethod
     def constant(compute_s: float, grad_bytes: float = 0.0) -> "Segments":
         """One segment of pure compute (used by tests and synthetic programs)."""
-        return Segments(np.array([compute_s]), [None], np.array([0]), ["compute"], np.array([grad_bytes]), np.array([0.0]))
+        return Segments(np.array([compute_s]), [None], np.array([0]), ["compute"], np.array([grad_bytes]), np.array([0.0]),
+                        np.array([0.0]))
 
 
 @dataclass
@@ -62,6 +64,10 @@ class Program:
     tokens_per_step: int
     zero: int = 1
     pp_gather_bytes: float = 0.0  # > 0: after a p2p receive, a tp all-gather of this size (scatter/gather)
+    unit_params: dict[int, float] = field(default_factory=dict)  # FSDP units: layer id -> parameters on one rank
+    fsdp_reshard_after_forward: bool = True
+    fsdp_prefetch: int = 1
+    fsdp_shard_size: int | None = None  # HSDP shard group size (None: the whole dp group)
     overlap_grad_reduce: bool = True
     grad_bucket_bytes: float = 40e6 * GRAD_REDUCE_BYTES
     param_bytes: int = 2
@@ -104,29 +110,39 @@ def split_layers(num_layers: int, positions: int, override: list[int] | None = N
 
 def _segments(ops: list[tuple[Op, int]], times: dict[int, float]) -> Segments:
     """Merge consecutive kernels into segments; a collective closes a segment."""
-    compute, comms, layers, labels, grads, flops = [], [], [], [], [], []
-    acc_t = acc_g = acc_f = 0.0
+    compute, comms, layers, labels, grads, flops, egrads = [], [], [], [], [], [], []
+    acc_t = acc_g = acc_f = acc_e = 0.0
     first = None
-    last_layer = 0
+    last_layer = ops[0][1] if ops else 0
     for op, layer in ops:
+        if layer != last_layer and (acc_t > 0 or acc_g > 0 or acc_e > 0) and first is not None:
+            # A layer boundary closes a segment: FSDP units, gradient buckets and the timeline
+            # all work per layer.
+            compute.append(acc_t); comms.append(None); layers.append(last_layer)
+            labels.append(first); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
+            acc_t = acc_g = acc_f = acc_e = 0.0
+            first = None
         last_layer = layer
         if op.comm is not None:
             if op.comm.op == "identity_ar":
                 continue
             compute.append(acc_t); comms.append(op.comm); layers.append(layer)
-            labels.append(first or op.name); grads.append(acc_g); flops.append(acc_f)
-            acc_t = acc_g = acc_f = 0.0
+            labels.append(first or op.name); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
+            acc_t = acc_g = acc_f = acc_e = 0.0
             first = None
             continue
         acc_t += times[id(op)]
         acc_f += op.exec_flops
         if op.phase == "W":
-            acc_g += op.params * GRAD_REDUCE_BYTES
+            if op.name.startswith("experts_"):
+                acc_e += op.params * GRAD_REDUCE_BYTES
+            else:
+                acc_g += op.params * GRAD_REDUCE_BYTES
         first = first or op.name
     if acc_t > 0 or not compute:
         compute.append(acc_t); comms.append(None); layers.append(last_layer)
-        labels.append(first or "compute"); grads.append(acc_g); flops.append(acc_f)
-    return Segments(np.array(compute), comms, np.array(layers), labels, np.array(grads), np.array(flops))
+        labels.append(first or "compute"); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
+    return Segments(np.array(compute), comms, np.array(layers), labels, np.array(grads), np.array(flops), np.array(egrads))
 
 
 def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) -> Program:
@@ -211,8 +227,18 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         pp_gather_bytes = pp_bytes
         pp_bytes /= p.tp
 
+    unit_params = {L: layer_kinds[kind_of(L)].params for L in range(m.num_layers)}
+    unit_params[-1] = layer_kinds["embedding"].params
+    unit_params[m.num_layers] = layer_kinds["head"].params
+    notes: list[str] = []
+    dropped = moe_dropped_fraction(sc)
+    if dropped > 0:
+        notes.append(f"MoE capacity factor {sc.moe.capacity_factor} drops {dropped:.1%} of routed tokens")
+    if m.is_moe and moe_load_factor(sc) > 1.0:
+        notes.append(f"MoE routing: the busiest EP rank processes {moe_load_factor(sc):.2f}x the mean tokens and sets the pace")
+
     # The optimizer updates this rank's parameters; ZeRO>=1 shards the update over dp.
-    shard = sc.dp if p.zero >= 1 else 1
+    shard = (p.fsdp_shard_size or sc.dp) if p.zero >= 1 else 1
     params_rank_max = 0.0
     for r in range(schedule.num_ranks):
         params_rank_max = max(params_rank_max, sum(stage_params[schedule.stage_position[st]] for st in schedule.stages_of_rank(r)))
@@ -226,6 +252,11 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
         grad_bucket_bytes=p.grad_bucket_params * GRAD_REDUCE_BYTES,
         param_bytes=sc.dtype_bytes,
+        unit_params=unit_params,
+        fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
+        fsdp_prefetch=p.fsdp_prefetch,
+        fsdp_shard_size=p.fsdp_shard_size,
+        notes=notes,
     )
 
 

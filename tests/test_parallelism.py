@@ -1,0 +1,215 @@
+"""ZeRO / FSDP, context parallelism, MoE expert parallelism and the memory model (issue 7)."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.calibrate.profile import load_profile
+from simulator.errors import UserError
+from simulator.scenario import build_scenario
+from simulator.schedules import build_schedule
+from simulator.simulate import simulate
+from simulator.workload.memory import activation_bytes_per_layer
+from simulator.workload.ops import moe_dropped_fraction, moe_load_factor
+from simulator.workload.program import GRAD_REDUCE_BYTES, build_program
+
+
+def scenario(**over) -> dict:
+    d = {
+        "name": "t",
+        "model": "llama3-8b",
+        "parallelism": {"tp": 1, "pp": 1, "zero": 0},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048},
+        "cluster": {"gpus": 16, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"},
+        "network": "alpha-beta",
+    }
+    d.update(over)
+    return d
+
+
+def dp_bytes(res) -> float:
+    r = res.timeline.ranks[0]
+    return res.timeline.comm_bytes[r]["dp"]
+
+
+def rank_params(res) -> float:
+    sched = res.program.schedule
+    return sum(res.program.stage_params[sched.stage_position[s]] for s in sched.stages_of_rank(0))
+
+
+def test_ddp_allreduce_volume_is_2P_dp_minus_1_over_dp():
+    res = simulate(build_scenario(scenario()))
+    dp = 16
+    grad_bytes = rank_params(res) * GRAD_REDUCE_BYTES
+    assert dp_bytes(res) == pytest.approx(2 * grad_bytes * (dp - 1) / dp, rel=1e-6)
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_zero3_volume_is_about_1_5x_ddp(microbatches):
+    # fp32 everywhere so parameters and gradients have the same size, as the 1.5x rule assumes.
+    common = dict(dtype="fp32", batch={"micro_batch_size": 1, "global_batch_size": 16 * microbatches, "seq_length": 1024})
+    ddp = simulate(build_scenario(scenario(**common)))
+    fsdp = simulate(build_scenario(scenario(parallelism={"tp": 1, "pp": 1, "zero": 3}, **common)))
+    # ZeRO-3 with resharding: every microbatch all-gathers each unit for forward and again for
+    # backward; gradients are reduce-scattered once: (2m + 1) x P(dp-1)/dp against DDP's 2 x.
+    ratio = dp_bytes(fsdp) / dp_bytes(ddp)
+    assert ratio == pytest.approx((2 * microbatches + 1) / 2, rel=1e-3), f"{microbatches=}, {ratio=}"
+
+
+def test_zero1_reduce_scatters_grads_and_gathers_params():
+    res = simulate(build_scenario(scenario(parallelism={"tp": 1, "pp": 1, "zero": 1}, dtype="fp32")))
+    dp = 16
+    P = rank_params(res)
+    # reduce-scatter of fp32 gradients + all-gather of fp32 parameters, each (dp-1)/dp.
+    assert dp_bytes(res) == pytest.approx(2 * P * 4 * (dp - 1) / dp, rel=1e-6)
+
+
+def test_ep_all_to_all_volume():
+    sc = build_scenario(scenario(model="mixtral-8x7b", parallelism={"tp": 1, "pp": 1, "ep": 8, "zero": 1},
+                                 batch={"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024}))
+    res = simulate(sc)
+    m = sc.model
+    ep = 8
+    tokens = 1024 * 1  # per microbatch per rank
+    per_layer = tokens * m.top_k * m.hidden_size * 2 * (ep - 1) / ep
+    # dispatch + combine, forward and backward, per MoE layer and microbatch
+    expected = 4 * per_layer * m.num_layers * sc.num_microbatches
+    r = res.timeline.ranks[0]
+    assert res.timeline.comm_bytes[r]["ep"] == pytest.approx(expected, rel=1e-6)
+
+
+def _fsdp_exposed_share(seq_length: int, mbs: int, hidden: int) -> float:
+    model = {"name": "m", "num_layers": 8, "hidden_size": hidden, "ffn_hidden_size": 4 * hidden,
+             "num_attention_heads": 16, "vocab_size": 32000, "mlp": "gelu"}
+    sc = build_scenario(scenario(model=model, parallelism={"tp": 1, "pp": 1, "zero": 3, "fsdp_prefetch": 1},
+                                 batch={"micro_batch_size": mbs, "global_batch_size": 16 * mbs, "seq_length": seq_length}))
+    rep = simulate(sc).report
+    return rep.exposed_comm_s["dp"] / rep.step_time_s
+
+
+def test_fsdp_prefetch_hides_allgathers_only_with_enough_compute():
+    ample = _fsdp_exposed_share(seq_length=8192, mbs=4, hidden=4096)
+    tiny = _fsdp_exposed_share(seq_length=128, mbs=1, hidden=4096)
+    assert ample < 0.05, ample
+    assert tiny > 0.30, tiny
+
+
+def test_fsdp_prefetch_depth_matters_when_gathers_are_slow():
+    base = dict(model="llama3-8b", batch={"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 512})
+    exposed = []
+    for depth in (0, 2):
+        sc = build_scenario(scenario(parallelism={"tp": 1, "pp": 1, "zero": 3, "fsdp_prefetch": depth}, **base))
+        exposed.append(simulate(sc).report.exposed_comm_s["dp"])
+    assert exposed[1] < exposed[0]
+
+
+def test_hsdp_shards_inside_groups_and_replicates_across():
+    sc = build_scenario(scenario(parallelism={"tp": 1, "pp": 1, "zero": 3, "fsdp_shard_size": 8}, dtype="fp32"))
+    res = simulate(sc)
+    ev = res.timeline.events
+    assert ev["name"].str.startswith("reduce_scatter").any()
+    # Parameters are sharded over 8, not 16: the optimizer works on P/8.
+    full = simulate(build_scenario(scenario(parallelism={"tp": 1, "pp": 1, "zero": 3}, dtype="fp32")))
+    assert res.program.optimizer_s == pytest.approx(2 * full.program.optimizer_s, rel=0.05)
+    with pytest.raises(UserError, match=r"fsdp_shard_size=5 needs zero=3 and must divide dp=16"):
+        build_scenario(scenario(parallelism={"tp": 1, "pp": 1, "zero": 3, "fsdp_shard_size": 5}))
+
+
+@pytest.mark.parametrize("recompute,formula", [
+    ("none", lambda s, b, h, a, t: s * b * h * (34 + 5 * a * s / h) / t),
+    ("selective", lambda s, b, h, a, t: s * b * h * 34 / t),
+])
+def test_gpt3_175b_activation_memory_matches_korthikanti(recompute, formula):
+    sc = build_scenario({
+        "model": "gpt3-175b", "parallelism": {"tp": 8, "pp": 8, "sequence_parallel": True},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 2048}, "recompute": recompute,
+        "flash_attention": False, "cluster": {"gpus": 64, "gpu": "a100-sxm-80gb", "topology": "dgx-a100-fattree"},
+    })
+    s, b, h, a, t = 2048, 1, 12288, 96, 8
+    per_layer = activation_bytes_per_layer(sc)
+    assert per_layer == pytest.approx(formula(s, b, h, a, t), rel=0.05)
+    # The first stage holds p microbatches of its 12 layers under 1F1B.
+    res = simulate(sc)
+    first = res.memory.per_rank_gib[0]["activations_gib"] * 1024**3
+    assert first == pytest.approx(8 * 12 * formula(s, b, h, a, t), rel=0.05)
+
+
+def test_tp_without_sp_keeps_the_replicated_10sbh():
+    sc = build_scenario({
+        "model": "gpt3-175b", "parallelism": {"tp": 8, "pp": 8, "sequence_parallel": False},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 2048}, "flash_attention": False,
+        "cluster": {"gpus": 64, "gpu": "a100-sxm-80gb", "topology": "dgx-a100-fattree"},
+    })
+    s, b, h, a, t = 2048, 1, 12288, 96, 8
+    assert activation_bytes_per_layer(sc) == pytest.approx(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)), rel=0.05)
+
+
+def test_zero_stages_shard_model_state_memory():
+    gib = []
+    for z in (0, 1, 2, 3):
+        res = simulate(build_scenario(scenario(parallelism={"tp": 1, "pp": 1, "zero": z})))
+        row = res.memory.per_rank_gib[0]
+        gib.append(row["parameters_gib"] + row["gradients_gib"] + row["optimizer_gib"])
+    assert gib[0] > gib[1] > gib[2] > gib[3]
+    P = rank_params(res) / 1024**3
+    assert gib[0] == pytest.approx(18 * P, rel=1e-6)  # 2 + 4 + 12 bytes per parameter
+    assert gib[3] == pytest.approx(18 * P / 16, rel=1e-6)
+
+
+def test_moe_skewed_routing_slows_the_step_and_capacity_drops_tokens():
+    base = dict(model="mixtral-8x7b", parallelism={"tp": 1, "pp": 1, "ep": 8, "zero": 1},
+                batch={"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024})
+    uniform = build_scenario(scenario(**base))
+    skewed = build_scenario(scenario(moe={"routing": "skewed", "skew": 1.2, "seed": 3}, **base))
+    capped = build_scenario(scenario(moe={"routing": "skewed", "skew": 1.2, "seed": 3, "capacity_factor": 1.25}, **base))
+    assert moe_load_factor(uniform) == 1.0
+    assert moe_load_factor(skewed) > 1.5
+    assert moe_load_factor(capped) == pytest.approx(1.25)
+    assert moe_dropped_fraction(capped) > 0
+    t = [simulate(sc).report.step_time_s for sc in (uniform, capped, skewed)]
+    assert t[0] < t[1] < t[2]
+    # The same seed gives the same draw; another seed another one.
+    again = build_scenario(scenario(moe={"routing": "skewed", "skew": 1.2, "seed": 3}, **base))
+    assert moe_load_factor(again) == moe_load_factor(skewed)
+
+
+def test_context_parallel_allgather_and_ring_attention():
+    base = dict(model="llama3-8b", batch={"micro_batch_size": 1, "global_batch_size": 4, "seq_length": 32768},
+                cluster={"gpus": 32, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"})
+    reports = {}
+    for mode in ("allgather", "ring"):
+        sc = build_scenario(scenario(parallelism={"tp": 1, "pp": 1, "cp": 8, "zero": 1, "cp_attention": mode}, **base))
+        res = simulate(sc)
+        ops = {c.op for seg in res.program.segments.values() for c in seg.comm if c is not None and c.dim == "cp"}
+        reports[mode] = (res.report, ops)
+    assert reports["allgather"][1] == {"all_gather", "reduce_scatter"}
+    assert reports["ring"][1] == {"ring_step"}
+    # Ring attention overlaps K/V passing with attention blocks: little cp is exposed.
+    ring = reports["ring"][0]
+    assert ring.exposed_comm_s["cp"] < 0.02 * ring.step_time_s
+
+
+def test_deepseek_v3_like_scenario_simulates_end_to_end():
+    sc = build_scenario({
+        "name": "deepseek-v3-like", "model": "deepseek-v3",
+        "parallelism": {"tp": 1, "pp": 16, "ep": 64, "zero": 1, "sequence_parallel": False},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 4096, "seq_length": 4096}, "schedule": "dualpipe",
+        "cluster": {"gpus": 2048, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}, "network": "alpha-beta",
+    })
+    res = simulate(sc)
+    rep = res.report
+    assert rep.gpus == 2048 and rep.step_time_s > 0 and 0 < rep.mfu < 1
+    assert rep.exposed_comm_s["ep"] > 0
+    # DualPipe keeps two model copies: every rank holds two stages.
+    assert all(len(res.program.schedule.stages_of_rank(r)) == 2 for r in range(16))
+
+
+def test_llama3_405b_like_with_cp16_and_fsdp_simulates_end_to_end():
+    sc = build_scenario({
+        "name": "llama3-405b-cp16-fsdp", "model": "llama3-405b",
+        "parallelism": {"tp": 8, "pp": 16, "cp": 16, "zero": 3, "fsdp_reshard_after_forward": False},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 131072},
+        "cluster": {"gpus": 16384, "gpu": "h100-sxm-80gb", "topology": "llama3-24k"}, "network": "alpha-beta",
+    })
+    rep = simulate(sc).report
+    assert rep.gpus == 16384 and rep.exposed_comm_s["cp"] > 0 and rep.fits_in_memory
