@@ -12,7 +12,8 @@ Prints medians over repeats of:
   solve   one max-min solve over all flows of the ring
   simpy   start() of the collective plus 127 others (one per pipeline stage and TP rank is
           already in it) run to completion under SimPy with the fast path off, i.e. flows
-          re-solved at every arrival and departure
+          re-solved at every arrival and departure: with the coflow model (the default) and
+          with per-flow max-min (coflow=False)
 Run: python bench/bench_fabric.py [--repeats 5]
 """
 
@@ -64,8 +65,8 @@ def run(order: str, repeats: int) -> None:
     A, AT = inc.tocsr(), inc.T.tocsr()
     t_solve, _ = _median(lambda: maxmin_rates(A, net.capacity_Bps, None, AT), repeats)
 
-    def dynamic():
-        n2 = FlowNetwork(graph, nic_efficiency=0.9, nvlink_efficiency=0.8, fast_path=False)
+    def dynamic(coflow=True):
+        n2 = FlowNetwork(graph, nic_efficiency=0.9, nvlink_efficiency=0.8, fast_path=False, coflow=coflow)
         n2._plans = net._plans  # reuse the cached plans: this measures the event loop
         n2._gkeys = net._gkeys
         env = simpy.Environment()
@@ -75,6 +76,7 @@ def run(order: str, repeats: int) -> None:
         return n2, env.now
 
     t_dyn, (n2, t_end) = _median(dynamic, repeats)
+    t_pf, (n3, t_end_pf) = _median(lambda: dynamic(False), repeats)
     busbw = SIZE_BYTES / t_coll / 1e9 * bus_factor("all_reduce", 128)
     print(f"order {order}: {groups.shape[0]} groups x {groups.shape[1]} ranks, graph {graph.n_links} links built in {t_graph*1e3:.0f} ms")
     print(f"  chosen {plan.algorithm}; ring flows {ring.phases[0].n_flows}, incidence nnz {inc.nnz}")
@@ -82,7 +84,9 @@ def run(order: str, repeats: int) -> None:
     print(f"  median cold (plans + routing + isolated timing): {t_cold*1e3:.0f} ms")
     print(f"  median warm collective_time_s: {t_warm*1e6:.1f} us")
     print(f"  median one max-min solve ({ring.phases[0].n_flows} flows): {t_solve*1e3:.1f} ms")
-    print(f"  median SimPy run, fast path off: {t_dyn*1e3:.0f} ms ({n2.stats.solves} solves)")
+    print(f"  median SimPy run, fast path off, coflow: {t_dyn*1e3:.0f} ms ({n2.stats.solves} solves)")
+    print(f"  median SimPy run, fast path off, per flow: {t_pf*1e3:.0f} ms ({n3.stats.solves} solves, "
+          f"ends at {t_end_pf*1e3:.2f} ms)")
     top = net.link_report(3) if net.link_bytes.any() else n2.link_report(3)
     print("  busiest links:", ", ".join(f"{r['name']} ({r['kind']}) {r['utilization']:.2f}" for r in top))
 

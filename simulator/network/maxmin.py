@@ -122,3 +122,47 @@ def _fill_by_heap(A: sp.csr_matrix, AT: sp.csr_matrix, rem: np.ndarray, act: np.
     if out:
         idx = np.fromiter(out.keys(), dtype=np.int64, count=len(out))
         rate[flows[idx]] = np.fromiter(out.values(), dtype=np.float64, count=len(out))
+
+
+def maxmin_dense(counts: np.ndarray, capacity: np.ndarray, ceiling: np.ndarray | None = None) -> np.ndarray:
+    """Weighted max-min levels of a few coflows over the links they touch, dense and numpy-only.
+
+    counts: (links, coflows); coflow c at level x puts x * counts[l, c] on link l (counts are
+    "equivalent flows": a coflow's bytes on the link over its per-flow bytes, so the level is
+    the bandwidth each of its flows gets, as in the per-flow model). capacity: (links,).
+    ceiling: (coflows,), the highest level each coflow can use (its isolated speed), inf for
+    none. Every coflow must touch a link of positive capacity or have a finite ceiling.
+    Rounds are at most the number of coflows, each a (links x coflows) mat-vec: the fabric
+    re-solves this at every event, so it must stay far below the per-flow solve.
+    """
+    K = np.asarray(counts, dtype=np.float64)
+    n_links, n_c = K.shape
+    out = np.zeros(n_c)
+    if n_c == 0:
+        return out
+    ceil = np.full(n_c, np.inf) if ceiling is None else np.asarray(ceiling, dtype=np.float64)
+    rem = np.asarray(capacity, dtype=np.float64).copy()
+    tol = _REL_TOL * np.maximum(rem, 1e-300)
+    act = np.ones(n_c, dtype=bool)
+    level = 0.0
+    for _ in range(n_c + 1):
+        cnt = K @ act.astype(np.float64)
+        used = cnt > 0
+        inc = np.inf
+        if used.any():
+            inc = float(np.min(rem[used] / cnt[used]))
+        inc = min(inc, float(ceil[act].min()) - level)
+        if not np.isfinite(inc):
+            raise ValueError("a coflow touches no link of positive capacity and has no ceiling")
+        inc = max(inc, 0.0)
+        level += inc
+        rem[used] -= inc * cnt[used]
+        sat = used & (rem <= tol + _REL_TOL * inc * cnt)
+        frozen = act & (ceil <= level * (1 + _REL_TOL))
+        if sat.any():
+            frozen |= act & (K[sat].sum(axis=0) > 0)
+        out[frozen] = level
+        act &= ~frozen
+        if not act.any():
+            break
+    return out
