@@ -32,6 +32,11 @@ class ModelConfig(BaseModel):
     num_kv_heads: int | None = Field(None, ge=1, description="Key/value heads (GQA); defaults to num_attention_heads.")
     head_dim: int | None = Field(None, ge=1, description="Per-head width; defaults to hidden_size / num_attention_heads.")
     vocab_size: int = Field(ge=1, description="Vocabulary size V (padded as the framework pads it).")
+    # Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank set means MLA.
+    q_lora_rank: int | None = Field(None, ge=1, description="MLA: rank of the query down-projection (None: full-rank queries).")
+    kv_lora_rank: int | None = Field(None, ge=1, description="MLA: rank of the compressed key/value latent.")
+    qk_rope_head_dim: int = Field(0, ge=0, description="MLA: rotary part of each query/key head, added to head_dim.")
+    v_head_dim: int | None = Field(None, ge=1, description="MLA: value head width; defaults to head_dim.")
     mlp: Literal["gelu", "swiglu"] = Field("swiglu", description="MLP kind: GELU (2 matrices) or SwiGLU (3 matrices).")
     tied_embeddings: bool = Field(False, description="Input embedding and LM head share one matrix.")
     learned_position_embeddings: bool = Field(False, description="GPT-style learned positions (adds seq x h parameters).")
@@ -50,6 +55,14 @@ class ModelConfig(BaseModel):
     @property
     def dim_head(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def v_dim(self) -> int:
+        return self.v_head_dim or self.dim_head
 
     @property
     def is_moe(self) -> bool:
@@ -264,11 +277,11 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "mixtral-8x22b": dict(num_layers=56, hidden_size=6144, ffn_hidden_size=16384, num_attention_heads=48,
                           num_kv_heads=8, vocab_size=32768, mlp="swiglu", num_experts=8, top_k=2),
     # DeepSeek-V3 (config.json): 3 dense layers then 58 MoE layers of 256 routed + 1 shared expert,
-    # top-8. Multi-head latent attention is approximated as 128 heads of width 128 (its
-    # q/k/v projections are low-rank; their FLOPs differ by a few percent); multi-token
-    # prediction is left out.
+    # top-8; multi-head latent attention with 128 heads (nope 128 + rope 64, value 128, q rank
+    # 1536, kv rank 512). Multi-token prediction is left out.
     "deepseek-v3": dict(num_layers=61, hidden_size=7168, ffn_hidden_size=18432, num_attention_heads=128,
-                        head_dim=128, vocab_size=129280, mlp="swiglu", num_experts=256, top_k=8,
+                        head_dim=128, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
+                        vocab_size=129280, mlp="swiglu", num_experts=256, top_k=8,
                         moe_ffn_hidden_size=2048, num_shared_experts=1, num_dense_layers=3),
     # Qwen3-235B-A22B (config.json): head_dim 128 with 64 query heads on a 4096-wide model.
     "qwen3-235b-a22b": dict(num_layers=94, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=64,
@@ -339,7 +352,9 @@ def model_from_hf_config(path: Path) -> ModelConfig:
                           moe_ffn_hidden_size=need("moe_intermediate_size"),
                           num_shared_experts=cfg.get("n_shared_experts", 0),
                           num_dense_layers=cfg.get("first_k_dense_replace", 0),
-                          head_dim=cfg.get("v_head_dim") or cfg.get("head_dim"))
+                          head_dim=cfg.get("qk_nope_head_dim") or cfg.get("head_dim"),
+                          qk_rope_head_dim=cfg.get("qk_rope_head_dim", 0), v_head_dim=cfg.get("v_head_dim"),
+                          q_lora_rank=cfg.get("q_lora_rank"), kv_lora_rank=cfg.get("kv_lora_rank"))
         return ModelConfig(**common)
     except ValidationError as exc:
         raise UserError(f"model config {str(path)!r}: {validation_message(exc)}") from None

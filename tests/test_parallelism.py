@@ -213,3 +213,13 @@ def test_llama3_405b_like_with_cp16_and_fsdp_simulates_end_to_end():
     })
     rep = simulate(sc).report
     assert rep.gpus == 16384 and rep.exposed_comm_s["cp"] > 0 and rep.fits_in_memory
+
+
+@pytest.mark.parametrize("preset,billions", [("llama3-8b", 8.03), ("llama3-70b", 70.6), ("llama3-405b", 405.9),
+                                             ("mixtral-8x7b", 46.7), ("mixtral-8x22b", 140.6), ("deepseek-v3", 671.0),
+                                             ("qwen3-235b-a22b", 235.1), ("gpt3-175b", 174.6)])
+def test_presets_have_their_published_parameter_counts(preset, billions):
+    from simulator.workload.ops import total_parameters
+
+    sc = build_scenario({"model": preset, "batch": {"global_batch_size": 8, "seq_length": 2048}, "cluster": {"gpus": 8}})
+    assert total_parameters(sc) / 1e9 == pytest.approx(billions, rel=0.01), preset

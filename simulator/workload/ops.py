@@ -143,10 +143,25 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
 
     # --- attention block ---
     attn: list[Op] = [norm("attn_norm"), *tp_in("attn_in")]
-    attn.append(gemm("qkv_proj", T, h, qkv_out))
+    if m.is_mla:
+        # Multi-head latent attention (DeepSeek-V2/V3): low-rank query and key/value paths. The
+        # down-projections are small and replicated across TP; the up-projections are
+        # column-parallel by heads. Queries and keys carry a rotary part of qk_rope_head_dim.
+        dqk, dv = d + m.qk_rope_head_dim, m.v_dim
+        if m.q_lora_rank:
+            attn.append(gemm("q_down_proj", T, h, m.q_lora_rank))
+            attn.append(gemm("q_up_proj", T, m.q_lora_rank, a * dqk // t))
+        else:
+            attn.append(gemm("q_proj", T, h, a * dqk // t))
+        attn.append(gemm("kv_down_proj", T, h, m.kv_lora_rank + m.qk_rope_head_dim))
+        attn.append(gemm("kv_up_proj", T, m.kv_lora_rank, a * (d + dv) // t))
+        attn_width = a * dv // t
+        core_model = 2.0 * b * s * s_full * a * (dqk + dv) / t
+    else:
+        attn.append(gemm("qkv_proj", T, h, qkv_out))
+        core_model = 4.0 * b * s * s_full * a * d / t  # QK^T and AV over the full key length
     # Causal load balancing (2*cp chunks, each rank a mirrored pair) gives every CP rank the
     # same attention work: 1/cp of the full causal attention.
-    core_model = 4.0 * b * s * s_full * a * d / t  # QK^T and AV over the full key length
     causal = 0.5 if sc.flash_attention else 1.0
     io_bytes = 4.0 * T * attn_width * dt
     if cp > 1 and p.cp_attention == "ring":
@@ -283,3 +298,13 @@ def moe_dropped_fraction(sc: Scenario) -> float:
         return 0.0
     shares = expert_shares(sc)
     return float(np.maximum(shares - cap / sc.model.num_experts, 0.0).sum())
+
+
+def total_parameters(sc: Scenario) -> float:
+    """Parameters of the whole model (no sharding): embedding, every layer, LM head."""
+    flat = sc.model_copy(update={"parallelism": sc.parallelism.model_copy(update={"tp": 1, "cp": 1, "ep": 1, "pp": 1})})
+    kinds = build_layer_ops(flat)
+    m = sc.model
+    per_layer = [kinds["moe" if m.is_moe and L >= m.num_dense_layers else "dense"].params for L in range(m.num_layers)]
+    # With pp=1 a tied LM head shares the embedding's matrix, so the head counts its norm only.
+    return kinds["embedding"].params + sum(per_layer) + kinds["head"].params
