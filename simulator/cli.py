@@ -189,6 +189,8 @@ def print_summary(report) -> None:
             t.add_row(f"exposed {dim} comm", f"{v:.3f} s ({v / report.step_time_s:.1%})")
     fit = "fits" if report.fits_in_memory else "[red]DOES NOT FIT[/red]"
     t.add_row("peak memory", f"{report.peak_memory_gib:.1f} GiB of {report.memory_capacity_gib:.1f} ({fit})")
+    for link in report.busiest_links[:3]:
+        t.add_row("busy link", f"{link.get('name', link.get('link'))}: {link.get('utilization', 0):.0%}")
     t.add_row("simulated in", f"{report.sim_wall_s:.2f} s, {report.events:,} events ({report.mode})")
     con.print(t)
     for note in report.notes:

@@ -31,6 +31,8 @@ class Report(BaseModel):
     bubble_fraction: float
     bubble_fraction_worst: float
     exposed_comm_s: dict[str, float]
+    comm_bytes_per_gpu: dict[str, float] = Field(
+        default_factory=dict, description="Bytes one GPU puts on the wire per step, per dimension (nccl-tests bus convention), mean over pipeline ranks.")
     peak_memory_gib: float
     fits_in_memory: bool
     memory_capacity_gib: float
@@ -86,6 +88,7 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
         rows.append(row)
     bubbles = [r["bubble_fraction"] for r in rows]
     exposed_mean = {d: sum(r["exposed_comm_s"][d] for r in rows) / len(rows) for d in DIMS}
+    comm_bytes = {d: sum(float(tl.comm_bytes[r][d]) for r in tl.ranks) / len(tl.ranks) for d in DIMS}
     tokens_per_s = prog.tokens_per_step / step
     model_tflops_per_gpu = prog.model_flops_per_step / step / gpus / 1e12
     return Report(
@@ -98,6 +101,7 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
         bubble_fraction=sum(bubbles) / len(bubbles),
         bubble_fraction_worst=max(bubbles),
         exposed_comm_s=exposed_mean,
+        comm_bytes_per_gpu=comm_bytes,
         peak_memory_gib=mem.peak_gib,
         fits_in_memory=mem.fits,
         memory_capacity_gib=mem.capacity_gib,
