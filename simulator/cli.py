@@ -198,28 +198,19 @@ def print_summary(report) -> None:
 
 
 def main() -> None:
-    """Console entry point: one-line errors with exit status 2, never a traceback for bad input."""
-    import click
+    """Console entry point: one-line errors with exit status 2, never a traceback for bad input.
 
+    Typer's standalone mode handles usage errors itself (exit 2); our UserError comes out of
+    the command and is printed here as one line.
+    """
     try:
-        rv = app(standalone_mode=False)
+        app()
     except UserError as exc:
         _stderr(f"error: {exc}")
         sys.exit(2)
-    except click.exceptions.NoArgsIsHelpError as exc:
-        exc.ctx.get_help() if exc.ctx else None
-        print(exc.ctx.get_help() if exc.ctx else "", file=sys.stderr)
-        sys.exit(2)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        _stderr("aborted")
-        sys.exit(130)
     except KeyboardInterrupt:
         _stderr("interrupted")
         sys.exit(130)
-    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":
