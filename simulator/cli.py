@@ -40,11 +40,13 @@ def _register_subcommands() -> None:
     from simulator.capture.cli import capture_command
     from simulator.network.cli import collective_command
     from simulator.report.compare import compare_command
+    from simulator.sweep.cli import sweep_command
     from simulator.trace.cli import trace_app
 
     app.command("capture", help="Capture a trace bundle from a real torch run (gloo on CPU, NCCL on GPUs).")(capture_command)
     app.command("calibrate", help="Fit a GPU profile (compute and communication cost models) from traces.")(calibrate_command)
     app.command("validate", help="Compare the simulator with a captured bundle, or with a published table (--published).")(validate_command)
+    app.command("sweep", help="Search parallel layouts: estimate the whole space, simulate the best, Pareto dashboard.")(sweep_command)
     app.command("compare", help="Two scenarios or reports side by side: the what-if dashboard.")(compare_command)
 
     app.command("collective", help="Simulated nccl-tests: time, algbw and busbw of one collective over message sizes.")(

@@ -226,10 +226,13 @@ class Scenario(BaseModel):
                 f"global_batch_size={b.global_batch_size} is not divisible by micro_batch_size*dp={b.micro_batch_size}*{dp}: "
                 f"use a multiple of {b.micro_batch_size * dp}"
             )
-        positions = p.pp * p.vpp
+        # V-shaped schedules hold two stages per rank; interleaved ones vpp.
+        v_shape = self.schedule in ("zbv", "dualpipev") and not self.schedule_file
+        positions = 2 * p.pp if v_shape else p.pp * p.vpp
         if positions > m.num_layers:
+            what = f"2*pp={positions} ({self.schedule} holds two stages per rank)" if v_shape else f"pp*vpp={positions}"
             raise UserError(
-                f"pp*vpp={positions} exceeds num_layers={m.num_layers}: every pipeline stage needs at least one layer"
+                f"{what} exceeds num_layers={m.num_layers}: every pipeline stage needs at least one layer"
             )
         if p.pp_layer_split is not None:
             if len(p.pp_layer_split) != positions or sum(p.pp_layer_split) != m.num_layers or min(p.pp_layer_split) < 1:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simulator.calibrate.profile import Profile
+from simulator.errors import UserError
 from simulator.scenario import Scenario
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
@@ -82,6 +83,8 @@ def split_layers(num_layers: int, positions: int, override: list[int] | None = N
     """Layers per pipeline position. Uneven splits give the first and last positions fewer
     layers (they also hold the embedding and the LM head), as Llama 3 and the zero-bubble
     paper do."""
+    if positions > num_layers:
+        raise UserError(f"{positions} pipeline positions exceed num_layers={num_layers}: use fewer pipeline stages")
     if override is not None:
         counts = list(override)
     else:

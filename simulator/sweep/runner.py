@@ -1,0 +1,443 @@
+"""Running a sweep: prune and estimate every point, then simulate the best on a process pool or
+a Dask cluster, storing each result as it arrives.
+
+Pass 1 (driver process, no event loop): every point of the space is built as a Scenario;
+points that fail the scenario's own checks, the schedule's constraints, the GPU-count or the
+memory constraints are pruned with their reason counted; the rest are estimated
+(``estimate.Estimator``) and ranked by the objective.
+
+Pass 2: the top-k candidates (all with ``exhaustive``) not already in the store are cut into
+coarse tasks (a batch of scenarios each) and simulated by workers; results stream back as
+tasks finish and the driver appends each to the store at once. Workers return plain dicts and
+never write the store, so a killed worker can only lose its unfinished batch, which a re-run
+(or Dask's own retry) redoes; ``INSERT OR IGNORE`` by hash keeps re-runs from duplicating.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from simulator.errors import UserError
+from simulator.scenario import Scenario, build_scenario
+from simulator.sweep.estimate import Estimate, Estimator, rank_agreement
+from simulator.sweep.space import SHORT, SweepSpec, expand
+from simulator.sweep.store import ResultStore
+
+# Bump when the simulator's results for the same scenario change meaning (keys the store).
+RESULTS_VERSION = "1"
+_FIX_VERBS = {"choose", "use", "set", "add", "change", "remove", "raise", "leave", "put", "adjust", "check", "omit",
+              "fix", "give", "pass", "shrink", "lower", "increase", "reduce", "quote", "write"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Points
+# ---------------------------------------------------------------------------------------------
+
+def scenario_hash(sc: Scenario | dict[str, Any], mode: str) -> str:
+    """What is simulated, not what it is called: the name is left out."""
+    d = sc.model_dump(mode="json") if isinstance(sc, Scenario) else json.loads(json.dumps(sc))
+    d.pop("name", None)
+    blob = json.dumps({"v": RESULTS_VERSION, "mode": mode, "scenario": d}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def prune_reason(message: str) -> str:
+    """A UserError message as a countable reason: numbers masked, the fix dropped."""
+    # Numbers that are values ("tp=16", "of 8 GPUs") are masked; names like 1f1b are kept.
+    msg = re.sub(r"(?<![A-Za-z0-9_.])\d+(\.\d+)?(e[+-]?\d+)?(?![A-Za-z0-9_])", "N", message)
+    parts = msg.split(": ")
+    while len(parts) > 1 and parts[-1].split(" ", 1)[0].lower().strip("(") in _FIX_VERBS:
+        parts.pop()
+    msg = ": ".join(parts)
+    parts = msg.split("; ")
+    while len(parts) > 1 and parts[-1].split(" ", 1)[0].lower() in _FIX_VERBS:
+        parts.pop()
+    msg = "; ".join(parts)
+    return msg if len(msg) <= 120 else msg[:117] + "..."
+
+
+def _absolute_paths(d: dict[str, Any]) -> dict[str, Any]:
+    """Paths in a scenario made absolute, so remote workers and later runs read the same files."""
+    cl = d.get("cluster", {})
+    for holder, key in ((cl, "gpu"), (cl, "topology"), (d, "schedule_file")):
+        v = holder.get(key)
+        if isinstance(v, str) and ("/" in v or v.endswith((".json", ".yaml", ".yml", ".csv"))) and Path(v).exists():
+            holder[key] = str(Path(v).resolve())
+    return d
+
+
+@dataclass
+class Candidate:
+    hash: str
+    point: dict[str, Any]  # short axis name -> value
+    scenario: dict[str, Any]  # the full scenario (json-able)
+    estimate: Estimate
+    score: float  # objective of the estimate
+
+
+@dataclass
+class Evaluation:
+    total: int
+    candidates: list[Candidate]  # feasible points, best estimate first
+    pruned: Counter
+    estimate_s: float
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.total / self.estimate_s if self.estimate_s > 0 else float("inf")
+
+
+def evaluate_space(
+    spec: SweepSpec,
+    estimator: Estimator | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Evaluation:
+    """Pass 1: prune every point (reasons counted) and estimate the rest, best first."""
+    est = estimator or Estimator()
+    pruned: Counter = Counter()
+    cands: list[Candidate] = []
+    seen: set[str] = set()
+    c = spec.constraints
+    t0 = time.perf_counter()
+    total = 0
+    base = _absolute_paths(json.loads(json.dumps(spec.base)))
+    for point in expand(spec):
+        total += 1
+        if progress is not None and total % 256 == 0:
+            progress(256)
+        try:
+            sc = build_scenario(base, point)
+        except UserError as exc:
+            pruned[prune_reason(str(exc))] += 1
+            continue
+        gpus = sc.cluster.gpus
+        if c.max_gpus is not None and gpus > c.max_gpus:
+            pruned[f"gpus above max_gpus={c.max_gpus}"] += 1
+            continue
+        if c.min_gpus is not None and gpus < c.min_gpus:
+            pruned[f"gpus below min_gpus={c.min_gpus}"] += 1
+            continue
+        if sc.schedule in ("zbv", "dualpipev") and sc.parallelism.vpp == 2 and not sc.schedule_file:
+            pruned[f"duplicate: {sc.schedule} always holds 2 chunks per rank (vpp=N is vpp=N)".replace("N", "2", 1).replace("N", "1")] += 1
+            continue
+        d = _absolute_paths(sc.model_dump(mode="json"))
+        h = scenario_hash(d, spec.mode)
+        if h in seen:
+            pruned["duplicate of an earlier point"] += 1
+            continue
+        seen.add(h)
+        try:
+            e = est.estimate(sc)
+        except UserError as exc:
+            pruned[prune_reason(str(exc))] += 1
+            continue
+        if not e.fits_in_memory:
+            pruned["does not fit in memory"] += 1
+            continue
+        if c.memory_headroom > 0 and e.peak_memory_gib > e.memory_capacity_gib * (1 - c.memory_headroom):
+            pruned[f"memory headroom below {c.memory_headroom:g}"] += 1
+            continue
+        d["name"] = f"{spec.name}-{h[:10]}"
+        short = {SHORT.get(k, k): v for k, v in point.items()}
+        cands.append(Candidate(h, short, d, e, getattr(e, spec.objective)))
+    if progress is not None:
+        progress(total % 256)
+    cands.sort(key=lambda x: (-x.score if spec.maximize else x.score, x.hash))
+    return Evaluation(total, cands, pruned, time.perf_counter() - t0, dict(est.stats))
+
+
+# ---------------------------------------------------------------------------------------------
+# Workers
+# ---------------------------------------------------------------------------------------------
+
+def run_batch(items: list[tuple[str, dict[str, Any], dict[str, Any], str]]) -> list[dict[str, Any]]:
+    """Simulate a batch of (hash, point, scenario dict, mode); runs on a worker.
+
+    Bad input (a UserError, e.g. a stalled schedule) is a result worth storing; any other
+    exception is a bug, returned as status 'crash' so it is reported and not stored.
+    """
+    from simulator.simulate import simulate
+
+    out = []
+    for h, point, scen, mode in items:
+        t0 = time.perf_counter()
+        rec: dict[str, Any] = {"hash": h, "point": point, "scenario": scen}
+        try:
+            res = simulate(build_scenario(scen), mode=mode)
+            rec.update(status="ok", report=res.report.model_dump(mode="json"))
+        except UserError as exc:
+            rec.update(status="error", error=str(exc))
+        except Exception as exc:  # noqa: BLE001 -- reported to the driver, never stored
+            rec.update(status="crash", error=f"{type(exc).__name__}: {exc}")
+        rec["wall_s"] = time.perf_counter() - t0
+        out.append(rec)
+    return out
+
+
+class LocalExecutor:
+    """A process pool on this machine (all cores by default)."""
+
+    def __init__(self, workers: int | None = None):
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.workers = workers or os.cpu_count() or 1
+        # fork, before the driver starts any thread (the progress bar's): a worker then starts in
+        # milliseconds with the simulator already imported, and inherits no held lock. (spawn and
+        # forkserver would re-run a caller's unguarded __main__.)
+        import simulator.simulate  # noqa: F401 -- imported once, inherited by every worker
+
+        ctx = mp.get_context("fork")
+        self.pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
+        # Start every worker now (fork launches them all on the first submit).
+        for f in [self.pool.submit(os.getpid) for _ in range(self.workers)]:
+            f.result()
+        self.futures: list = []
+
+    def run(self, fn, batches: list) -> Iterator[Any]:
+        from concurrent.futures import as_completed
+        from concurrent.futures.process import BrokenProcessPool
+
+        self.futures = [self.pool.submit(fn, b) for b in batches]
+        try:
+            for fut in as_completed(self.futures):
+                yield fut.result()
+        except BrokenProcessPool:
+            raise UserError(
+                "a worker process died (killed or out of memory): results that finished are stored; rerun the same command to resume"
+            ) from None
+
+    def close(self) -> None:
+        # No wait: after Ctrl-C the workers may be dead or busy; what finished is stored already.
+        for f in self.futures:
+            f.cancel()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class DaskExecutor:
+    """An existing Dask distributed cluster (``tcp://host:8786``), or a given Client."""
+
+    def __init__(self, scheduler: Any):
+        try:
+            from distributed import Client
+        except ImportError:
+            raise UserError("--executor dask needs dask.distributed: pip install 'clustersim[sweep]'") from None
+        if isinstance(scheduler, str) or scheduler is None:
+            if not scheduler:
+                raise UserError("--executor dask needs --scheduler tcp://HOST:8786 (the address of a running dask scheduler)")
+            try:
+                self.client = Client(scheduler, timeout="20s")
+            except OSError as exc:
+                raise UserError(f"cannot reach dask scheduler {scheduler!r} ({exc}): start one or fix --scheduler") from None
+            self._own = True
+        else:
+            self.client = scheduler
+            self._own = False
+        self.workers = max(1, sum(self.client.nthreads().values()))
+        self.futures: list = []
+
+    def run(self, fn, batches: list) -> Iterator[Any]:
+        from distributed import as_completed
+
+        # pure=False: equal batches are still distinct tasks; retries cover a lost worker.
+        self.futures = [self.client.submit(fn, b, pure=False, retries=2) for b in batches]
+        for fut in as_completed(self.futures):
+            yield fut.result()
+
+    def close(self) -> None:
+        if self.futures:
+            self.client.cancel([f for f in self.futures if not f.done()])
+        if self._own:
+            self.client.close()
+
+
+def make_executor(kind: str, workers: int | None = None, scheduler: Any = None):
+    if kind == "local":
+        return LocalExecutor(workers)
+    if kind == "dask":
+        return DaskExecutor(scheduler)
+    raise UserError(f"--executor {kind!r} is unknown: use local or dask")
+
+
+def make_batches(items: list, workers: int, batch_size: int | None = None) -> list[list]:
+    """Coarse tasks: a few per worker, so a slow batch does not leave the others idle."""
+    if not items:
+        return []
+    size = batch_size or max(1, min(32, math.ceil(len(items) / (workers * 4))))
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep
+# ---------------------------------------------------------------------------------------------
+
+class _NoBar:
+    def add_task(self, *a: Any, **k: Any) -> int:
+        return 0
+
+    def advance(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def update(self, *a: Any, **k: Any) -> None:
+        pass
+
+
+@contextmanager
+def progress_bar(enabled: bool = True):
+    """A rich progress bar with ETA on stderr (stdout stays for results)."""
+    if not enabled:
+        yield _NoBar()
+        return
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    with Progress(TextColumn("{task.description:<11}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("eta"), TimeRemainingColumn(), console=Console(stderr=True), transient=False) as bar:
+        yield bar
+
+
+@dataclass
+class SweepOutcome:
+    spec: SweepSpec
+    evaluation: Evaluation
+    simulated: list[dict[str, Any]]  # candidates simulated (now or before): estimate + report
+    errors: list[dict[str, Any]]
+    agreement: dict[str, Any]
+    newly_simulated: int
+    reused: int
+    simulate_s: float
+    store_path: str | None
+    crashes: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        return self.simulated[0] if self.simulated else None
+
+    def to_json(self, top: int | None = None) -> dict[str, Any]:
+        ev = self.evaluation
+        rows = self.simulated[: top or self.spec.top_k]
+        return {
+            "name": self.spec.name,
+            "objective": self.spec.objective,
+            "maximize": self.spec.maximize,
+            "points": ev.total,
+            "pruned": dict(ev.pruned.most_common()),
+            "pruned_total": sum(ev.pruned.values()),
+            "estimated": len(ev.candidates),
+            "estimate_s": ev.estimate_s,
+            "estimate_per_s": ev.rate,
+            "simulated": len(self.simulated),
+            "newly_simulated": self.newly_simulated,
+            "reused_from_store": self.reused,
+            "simulate_s": self.simulate_s,
+            "simulation_errors": len(self.errors),
+            "crashes": len(self.crashes),
+            "agreement": self.agreement,
+            "store": self.store_path,
+            "top": [
+                {"rank": i + 1, "hash": r["hash"], "point": r["point"], "estimate": r["estimate"],
+                 "report": {k: r["report"].get(k) for k in _SUMMARY}}
+                for i, r in enumerate(rows)
+            ],
+        }
+
+
+_SUMMARY = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "bubble_fraction",
+            "exposed_comm_s", "peak_memory_gib", "fits_in_memory", "gpus", "num_microbatches", "sim_wall_s")
+
+
+def run_sweep(
+    spec: SweepSpec,
+    *,
+    store: str | Path | None,
+    executor: str | Any = "local",
+    workers: int | None = None,
+    scheduler: Any = None,
+    exhaustive: bool = False,
+    top_k: int | None = None,
+    estimate_only: bool = False,
+    batch_size: int | None = None,
+    show_progress: bool = True,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+    evaluation: Evaluation | None = None,
+) -> SweepOutcome:
+    """Both passes; returns the simulated candidates best first (by the simulation).
+
+    ``evaluation``: the first pass of this spec, if already done (``evaluate_space``).
+    """
+    k = top_k or spec.top_k
+    own = isinstance(executor, str) and not estimate_only
+    # The pool forks before the progress bar starts its thread.
+    ex = make_executor(executor, workers, scheduler) if own else executor
+    db = None
+    results: dict[str, dict[str, Any]] = {}
+    crashes: list[dict[str, Any]] = []
+    reused = new = 0
+    try:
+        with progress_bar(show_progress) as bar:
+            task = bar.add_task("estimating", total=spec.size)
+            ev = evaluation or evaluate_space(spec, progress=lambda n: bar.advance(task, n))
+            bar.update(task, completed=spec.size)
+            chosen = [] if estimate_only else (ev.candidates if exhaustive else ev.candidates[:k])
+            t_sim = time.perf_counter()
+            if store is not None:
+                db = ResultStore(store)
+                prior = db.get([c.hash for c in chosen])
+                results.update(prior)
+                reused = len(prior)
+            todo = [c for c in chosen if c.hash not in results]
+            stask = bar.add_task("simulating", total=len(todo))
+            if todo:
+                items = [(c.hash, c.point, c.scenario, spec.mode) for c in todo]
+                for batch_out in ex.run(run_batch, make_batches(items, ex.workers, batch_size)):
+                    for rec in batch_out:
+                        if rec["status"] == "crash":
+                            crashes.append(rec)
+                        else:
+                            if db is not None:
+                                db.add(rec)
+                            results[rec["hash"]] = rec
+                            new += 1
+                            if on_result is not None:
+                                on_result(rec)
+                        bar.advance(stask, 1)
+    finally:
+        if db is not None:
+            db.close()
+        if own and ex is not None:
+            ex.close()
+    sim_s = time.perf_counter() - t_sim
+
+    by_hash = {c.hash: c for c in chosen}
+    simulated, errors = [], []
+    for h, rec in results.items():
+        c = by_hash[h]
+        row = {"hash": h, "point": c.point, "scenario": c.scenario, "estimate": c.estimate.to_dict(),
+               "estimate_score": c.score}
+        if rec.get("status") == "ok" and rec.get("report"):
+            row["report"] = rec["report"]
+            row["score"] = rec["report"][spec.objective]
+            simulated.append(row)
+        else:
+            row["error"] = rec.get("error")
+            errors.append(row)
+    simulated.sort(key=lambda r: (-r["score"] if spec.maximize else r["score"], r["hash"]))
+    agreement = rank_agreement([r["estimate_score"] for r in simulated], [r["score"] for r in simulated], spec.maximize)
+    if simulated and ev.candidates:
+        # The estimate's best of the whole space, and whether the simulation confirms it.
+        agreement["estimate_best_hash"] = ev.candidates[0].hash
+        agreement["simulation_best_hash"] = simulated[0]["hash"]
+    return SweepOutcome(spec, ev, simulated, errors, agreement, new, reused, sim_s,
+                        str(store) if store is not None else None, crashes)
