@@ -20,3 +20,18 @@ class SimulationStalled(UserError):
 
     The message lists which ranks wait on what; no partial result is returned.
     """
+
+
+def validation_error_line(exc, hide_loc: tuple[str, ...] = ()) -> str:
+    """One line from a pydantic ValidationError: where, what, and how to fix unknown or missing keys.
+
+    ``hide_loc`` drops location parts a user never wrote (a discriminated union's tag).
+    """
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if str(p) not in hide_loc)
+    if err["type"] == "extra_forbidden":
+        return f"unknown key {loc!r}: remove it or check its spelling"
+    if err["type"] == "missing":
+        return f"missing key {loc!r}: add it"
+    msg = " ".join(str(err["msg"]).split()).removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg

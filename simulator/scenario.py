@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from simulator.errors import UserError
+from simulator.errors import UserError, validation_error_line
 
 _STRICT = ConfigDict(extra="forbid", validate_assignment=False)
 
@@ -368,14 +368,7 @@ def model_from_hf_config(path: Path) -> ModelConfig:
 # ---------------------------------------------------------------------------------------------
 
 def validation_message(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    if err["type"] == "extra_forbidden":
-        return f"unknown key {loc!r}: remove it or check its spelling"
-    if err["type"] == "missing":
-        return f"missing key {loc!r}: add it"
-    msg = err["msg"].removeprefix("Value error, ")
-    return f"{loc}: {msg}" if loc else msg
+    return validation_error_line(exc)
 
 
 def default_scenario_dict() -> dict[str, Any]:

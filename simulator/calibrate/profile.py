@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from simulator.errors import UserError
+from simulator.errors import UserError, validation_error_line
 
 PROFILE_SCHEMA_VERSION = 1
 CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
@@ -248,6 +248,4 @@ def load_profile(name_or_path: str | Path) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise UserError(f"GPU profile {str(path)!r}: {loc}: {err['msg']}") from None
+        raise UserError(f"GPU profile {str(path)!r}: {validation_error_line(exc)}") from None

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from simulator.errors import UserError
+from simulator.errors import UserError, validation_error_line
 
 TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topologies"
 
@@ -167,12 +167,9 @@ def first_validation_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     # The discriminated union puts the tag into the location (fabric.fat-tree.radix); a user
     # wrote fabric.radix.
-    loc_parts = [str(p) for p in err["loc"] if str(p) not in FABRIC_KINDS]
-    loc = ".".join(loc_parts)
-    if err["type"] == "extra_forbidden":
-        return f"unknown key {loc!r}: remove it or check its spelling"
-    if err["type"] == "missing":
-        return f"missing key {loc!r}: add it"
+    loc = ".".join(str(p) for p in err["loc"] if str(p) not in FABRIC_KINDS)
+    if err["type"] in ("extra_forbidden", "missing"):
+        return validation_error_line(exc, hide_loc=FABRIC_KINDS)
     if err["type"] == "union_tag_invalid":
         tag = (err.get("ctx") or {}).get("tag")
         return f"unknown {loc}.kind {tag!r}: use one of {', '.join(FABRIC_KINDS)}"

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from simulator.errors import UserError
+from simulator.errors import UserError, validation_error_line
 
 BUNDLE_SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -70,6 +70,4 @@ def load_manifest(bundle_dir: str | Path) -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise UserError(f"{str(path)!r}: {loc}: {err['msg']}: re-capture the bundle") from None
+        raise UserError(f"{str(path)!r}: {validation_error_line(exc)}: re-capture the bundle") from None
