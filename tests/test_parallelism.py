@@ -223,3 +223,12 @@ def test_presets_have_their_published_parameter_counts(preset, billions):
 
     sc = build_scenario({"model": preset, "batch": {"global_batch_size": 8, "seq_length": 2048}, "cluster": {"gpus": 8}})
     assert total_parameters(sc) / 1e9 == pytest.approx(billions, rel=0.01), preset
+
+
+def test_routing_imbalance_changes_time_not_model_flops():
+    base = dict(model="mixtral-8x7b", parallelism={"tp": 1, "pp": 1, "ep": 8, "zero": 1},
+                batch={"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024})
+    uniform = simulate(build_scenario(scenario(**base)))
+    skewed = simulate(build_scenario(scenario(moe={"routing": "skewed", "skew": 1.2}, **base)))
+    assert skewed.program.model_flops_per_step == pytest.approx(uniform.program.model_flops_per_step)
+    assert skewed.report.mfu < uniform.report.mfu

@@ -242,6 +242,7 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
     # The busiest EP rank sets the pace: it receives `load` times the mean share of tokens.
     a2a_bytes = routed_tokens * h * dt * load
     experts_local = m.num_experts // ep
+    # Executed FLOPs follow the busiest rank's load; model FLOPs (MFU) count the nominal k tokens.
     expert_tokens = routed_tokens * load  # tokens this (busiest) rank's experts process
     ffn = m.expert_ffn
     overlap = sc.moe.overlap_dispatch
@@ -249,14 +250,14 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
     ops.append(gemm("router", Tn, h, m.num_experts))
     ops.append(Op("moe_dispatch", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes, overlap=overlap)))
     if m.mlp == "swiglu":
-        ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * 2 * ffn, 2.0 * expert_tokens * h * 2 * ffn,
+        ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * 2 * ffn, 2.0 * routed_tokens * h * 2 * ffn,
                       (expert_tokens * (h + 2 * ffn) + experts_local * h * 2 * ffn) * dt, params=experts_local * h * 2 * ffn))
         ops.append(Op("experts_swiglu", "elementwise", "F", 3.0 * expert_tokens * ffn, 0.0, 3 * expert_tokens * ffn * dt))
     else:
-        ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * ffn, 2.0 * expert_tokens * h * ffn,
+        ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * ffn, 2.0 * routed_tokens * h * ffn,
                       (expert_tokens * (h + ffn) + experts_local * h * ffn) * dt, params=experts_local * h * ffn))
         ops.append(Op("experts_gelu", "elementwise", "F", 8.0 * expert_tokens * ffn, 0.0, 2 * expert_tokens * ffn * dt))
-    ops.append(Op("experts_fc2", "gemm", "F", 2.0 * expert_tokens * ffn * h, 2.0 * expert_tokens * ffn * h,
+    ops.append(Op("experts_fc2", "gemm", "F", 2.0 * expert_tokens * ffn * h, 2.0 * routed_tokens * ffn * h,
                   (expert_tokens * (ffn + h) + experts_local * ffn * h) * dt, params=experts_local * ffn * h))
     ops.append(Op("moe_combine", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes, overlap=overlap)))
     if m.num_shared_experts:
