@@ -84,7 +84,7 @@ def test_published_json_reports_rows_and_mape(monkeypatch: pytest.MonkeyPatch) -
 
     # Simulating the whole table takes a minute; two rows show the command's shape.
     rows = published.PublishedRow("1.7B", 32, 3.5, 3.4, 137.0, 141.0), published.PublishedRow("3.6B", 64, 3.7, 3.9, 138.0, 131.0)
-    monkeypatch.setattr(published, "validate_published", lambda name: published.PublishedValidation(name, list(rows)))
+    monkeypatch.setattr(published, "validate_published", lambda name, progress=None: published.PublishedValidation(name, list(rows)))
     r = _run("--published", "megatron-2021", "--json")
     assert r.exit_code == 0, r.output
     obj = json.loads(r.stdout)

@@ -81,14 +81,18 @@ def megatron_2021_scenario(row: dict[str, str]) -> dict:
     }
 
 
-def validate_published(name: str) -> PublishedValidation:
+def validate_published(name: str, progress=None) -> PublishedValidation:
+    """Simulate every row; ``progress`` (a callable taking one line) hears about each row."""
     if name not in PUBLISHED:
         raise UserError(f"unknown published set {name!r}: use one of {', '.join(PUBLISHED)}")
     path = VALIDATION_DIR / PUBLISHED[name]
     rows = []
     with path.open() as f:
-        for row in csv.DictReader(f):
+        table = list(csv.DictReader(f))
+        for i, row in enumerate(table, 1):
             sc = build_scenario(megatron_2021_scenario(row))
+            if progress is not None:
+                progress(f"[{i}/{len(table)}] {sc.name}: {row['gpus']} GPUs, tp{row['tp']} pp{row['pp']} dp{row['dp']}")
             rep = simulate(sc).report
             flops = float(row["flops_per_step_eq3"])
             rows.append(PublishedRow(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import warnings
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -267,7 +268,7 @@ def validate_command(
             raise UserError(f"give either a bundle ({str(bundle)!r}) or --published {published!r}, not both")
         from simulator.calibrate.published import print_published, validate_published
 
-        result = validate_published(published)
+        result = validate_published(published, progress=lambda line: print(line, file=sys.stderr))
         if as_json:
             print(json.dumps(result.to_json()))
         else:
