@@ -35,3 +35,31 @@ def validation_error_line(exc, hide_loc: tuple[str, ...] = ()) -> str:
         return f"missing key {loc!r}: add it"
     msg = " ".join(str(err["msg"]).split()).removeprefix("Value error, ")
     return f"{loc}: {msg}" if loc else msg
+
+
+def read_yaml(path, what: str):
+    """Parse a YAML file a user named; a missing or malformed file is a one-line UserError."""
+    import yaml
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{what} {str(path)!r} does not exist: check the path")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise UserError(f"{what} {str(path)!r} is not valid YAML: {' '.join(str(exc).split())}") from None
+
+
+def read_json(path, what: str, fix: str):
+    """Parse a JSON file a user named; ``fix`` says what to do about a malformed one."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{what} {str(path)!r} does not exist: check the path")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{what} {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno}): {fix}") from None

@@ -11,10 +11,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from simulator.errors import UserError, validation_error_line
+from simulator.errors import UserError, read_json, read_yaml, validation_error_line
 
 _STRICT = ConfigDict(extra="forbid", validate_assignment=False)
 
@@ -309,12 +308,7 @@ HF_MODEL_TYPES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "
 
 
 def model_from_hf_config(path: Path) -> ModelConfig:
-    if not path.exists():
-        raise UserError(f"model config {str(path)!r} does not exist: check the path or use a preset")
-    try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"model config {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno}): fix the file") from None
+    cfg = read_json(path, "model config", fix="fix the file")
     if not isinstance(cfg, dict):
         raise UserError(f"model config {str(path)!r} is not a JSON object: give a HuggingFace config.json")
     mt = cfg.get("model_type")
@@ -386,12 +380,7 @@ def default_scenario_dict() -> dict[str, Any]:
 
 def load_scenario_dict(path: str | Path) -> dict[str, Any]:
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"scenario file {str(path)!r} does not exist: check the path")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise UserError(f"scenario file {str(path)!r} is not valid YAML: {' '.join(str(exc).split())}") from None
+    data = read_yaml(path, "scenario file")
     if not isinstance(data, dict):
         raise UserError(f"scenario file {str(path)!r} must hold a mapping of sections (model, parallelism, batch, cluster)")
     # Paths inside a scenario file are relative to that file.

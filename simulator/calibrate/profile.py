@@ -15,7 +15,6 @@ against FLOPs, interpolated in log space.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -23,7 +22,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from simulator.errors import UserError, validation_error_line
+from simulator.errors import UserError, read_json, validation_error_line
 
 PROFILE_SCHEMA_VERSION = 1
 CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
@@ -237,12 +236,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
             raise UserError(
                 f"unknown GPU profile {str(name_or_path)!r}: use one of {', '.join(available_profiles())} or a path to a profile JSON"
             )
-    if not path.exists():
-        raise UserError(f"GPU profile file {str(path)!r} does not exist: check the path")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"GPU profile {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno}): fix or re-calibrate it") from None
+    data = read_json(path, "GPU profile file", fix="fix or re-calibrate it")
     if isinstance(data, dict) and isinstance(data.get("schema_version"), int) and data["schema_version"] > PROFILE_SCHEMA_VERSION:
         raise UserError(f"GPU profile {str(path)!r} has schema_version {data['schema_version']}: upgrade clustersim")
     try:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np

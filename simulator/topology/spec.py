@@ -13,10 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from simulator.errors import UserError, validation_error_line
+from simulator.errors import UserError, read_yaml, validation_error_line
 
 TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topologies"
 
@@ -146,20 +145,11 @@ def load_topology(name_or_path: str | Path) -> TopologySpec:
                 f"unknown topology {str(name_or_path)!r}: use one of "
                 f"{', '.join(available_topologies())} or a path to a YAML file"
             )
-    if not path.exists():
-        raise UserError(f"topology file {str(path)!r} does not exist: check the path")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise UserError(f"topology file {str(path)!r} is not valid YAML: {_one_line(exc)}") from None
+    data = read_yaml(path, "topology file")
     try:
         return TopologySpec.model_validate(data)
     except ValidationError as exc:
         raise UserError(f"topology file {str(path)!r}: {first_validation_error(exc)}") from None
-
-
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())
 
 
 def first_validation_error(exc: ValidationError) -> str:

@@ -19,7 +19,7 @@ from simulator.errors import UserError
 from simulator.scenario import Scenario
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
-from simulator.workload.ops import Comm, LayerOps, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor
+from simulator.workload.ops import Comm, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor
 
 # Megatron keeps fp32 main gradients and reduces them in fp32 when training in bf16.
 GRAD_REDUCE_BYTES = 4
