@@ -161,8 +161,8 @@ def test_gloo_cpu_bundle():
         "gemm": 4, "attention": 4, "elementwise": 18, "norm": 4, "optimizer": 2, "communication": 18, "other": 56}
     r0 = ops[(ops["rank"] == 0) & (ops["op_class"] == "communication")]
     assert _coll_counts(r0) == {
-        ("all_gather", 8000): 1, ("all_reduce", 20): 1, ("all_reduce", 4000): 3, ("all_to_all", 4000): 1,
-        ("broadcast", 4000): 1, ("send", 1024): 1}
+        ("all_gather", 8000): 1, ("all_reduce", 20): 1, ("all_reduce", 4000): 2, ("reduce_scatter", 4000): 1,
+        ("all_to_all", 4000): 1, ("broadcast", 4000): 1, ("send", 1024): 1}
     assert set(r0["group_size"]) == {2}
     assert r0["collective"].value_counts()["barrier"] == 1
     r1 = ops[(ops["rank"] == 1) & (ops["collective"] == "recv")]

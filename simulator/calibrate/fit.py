@@ -144,23 +144,17 @@ def _read_dir(p: Path, src: Sources, topology: TopologySpec | None) -> None:
         used_table = True
     if not used_table and m.trace_files:
         default_group = None
-        tp = int((m.scenario or {}).get("parallelism", {}).get("tp", 1) or 1)
         if m.scenario:
             # Collectives in CPU traces carry no group size; the largest group in the layout is a
             # safe upper bound only for a single parallel dimension.
             par = m.scenario.get("parallelism", {})
             dims = [d for d in (par.get("tp", 1), par.get("dp", 1) or 1) if d > 1]
             default_group = dims[0] if len(dims) == 1 else None
-        if tp > 1:
-            src.notes.append(
-                f"{p.name}: gemm FLOPs and bytes divided by tp={tp}: Kineto records DTensor ops with their global shapes"
-            )
-        _read_traces(p, src, topology, record=None, ranks_per_host=ranks_per_host, default_group=default_group,
-                     gemm_scale=1.0 / tp)
+        _read_traces(p, src, topology, record=None, ranks_per_host=ranks_per_host, default_group=default_group)
 
 
 def _read_traces(p: Path, src: Sources, topology: TopologySpec | None, record: dict | None,
-                 ranks_per_host: int | None = None, default_group: int | None = None, gemm_scale: float = 1.0) -> None:
+                 ranks_per_host: int | None = None, default_group: int | None = None) -> None:
     from simulator.trace.loader import load_trace
 
     with warnings.catch_warnings():
@@ -181,10 +175,9 @@ def _read_traces(p: Path, src: Sources, topology: TopologySpec | None, record: d
     # The importer counts the whole score matrix of an attention op; the workload's exec FLOPs
     # (and the compute sweep) count the causal half that fused kernels compute. Training traces
     # are causal decoders.
-    scale = np.where(cls == "attention", CAUSAL_FRACTION, np.where(cls == "gemm", gemm_scale, 1.0))
-    bscale = np.where(cls == "gemm", gemm_scale, 1.0)
+    scale = np.where(cls == "attention", CAUSAL_FRACTION, 1.0)
     src.compute.append(pd.DataFrame({"op_class": cls, "flops": comp["flops"].to_numpy(float) * scale,
-                                     "bytes": comp["bytes"].to_numpy(float) * bscale,
+                                     "bytes": comp["bytes"].to_numpy(float),
                                      "time_us": comp["dur_us"].to_numpy(float)}))
     coll = collectives_from_ops(ops, default_group)
     if len(coll):

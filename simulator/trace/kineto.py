@@ -6,7 +6,9 @@ it in both ways Kineto has used (FORMATS.md §2.2):
   old: kernel 'correlation' -> cuda_runtime launch -> innermost cpu_op enclosing the launch on
        the launching thread.
 CPU-only traces (gloo) give one row per outermost aten op / optimizer step on each thread and
-one per collective span (gloo:* / nccl:* record_function spans, else c10d::* ops).
+one per collective span (gloo:* / nccl:* record_function spans, else c10d::* ops). A span's
+collective kind and sizes come from the c10d op that issued it; a DTensor op's FLOPs/bytes from
+the op that ran on the local shard beneath it.
 
 The file is streamed (jsonstream) and kept as compact arrays, never as a list of event dicts.
 """
@@ -384,8 +386,10 @@ def _coll_from_args(args: dict, source: str) -> _Coll | None:
     return c
 
 
-def _coll_from_dims(name: str, args: dict, source: str, default_group: int | None, input_index: int | None) -> _Coll:
-    """From a nccl:/gloo: span's (or c10d op's) Input Dims: the input tensors of the call."""
+def _coll_from_dims(name: str, args: dict, source: str, default_group: int | None, input_index: int | None,
+                    dtype_hint: str | None = None) -> _Coll:
+    """From a nccl:/gloo: span's (or c10d op's) Input Dims: the input tensors of the call.
+    dtype_hint stands in where the types say only 'TensorList' (c10d ops taking tensor lists)."""
     c = _Coll(collective=K.normalise_collective(name), raw_name=name, source=source)
     dims = args.get(K.ARG_INPUT_DIMS)
     types = args.get(K.ARG_INPUT_TYPE) or []
@@ -393,10 +397,10 @@ def _coll_from_dims(name: str, args: dict, source: str, default_group: int | Non
         if input_index is not None and input_index < len(dims):
             numel = _numel_nested(dims[input_index])
             dt = K.canonical_dtype(types[input_index]) if input_index < len(types) and isinstance(types[input_index], str) else None
-            c.dtype = dt or _first_dtype(types)
+            c.dtype = dt or _first_dtype(types) or dtype_hint
         else:
             numel = sum(_numel_nested(d) for d in dims)
-            c.dtype = _first_dtype(types)
+            c.dtype = _first_dtype(types) or dtype_hint
         size = K.DTYPE_BYTES.get(c.dtype or "")
         if size and numel:
             c.in_bytes = numel * size
@@ -426,10 +430,12 @@ def _coll_from_dims(name: str, args: dict, source: str, default_group: int | Non
 _C10D_INPUT_INDEX = {
     "c10d::_allgather_base_": 1, "c10d::_reduce_scatter_base_": 1, "c10d::alltoall_base_": 1,
     "c10d::allgather_": 1, "c10d::reduce_scatter_": 1, "c10d::alltoall_": 1,
+    "c10d::allgather_into_tensor_coalesced_": 1, "c10d::reduce_scatter_tensor_coalesced_": 1,
 }
 
 
-_C10D_OUT_IN = ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_")
+_C10D_OUT_IN = ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_",
+                "c10d::allgather_into_tensor_coalesced_", "c10d::reduce_scatter_tensor_coalesced_")
 
 
 def _coll_from_kernel_name(name: str) -> _Coll | None:
@@ -819,6 +825,129 @@ def _coll_columns(colls: dict[int, _Coll], n: int, ts: np.ndarray, stream: np.nd
     }
 
 
+def _parents(h_thread: np.ndarray, h_ts: np.ndarray, end: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Enclosing host event on the same thread (-1 at the top); order is (thread, ts, -dur)."""
+    parent = np.full(len(h_ts), -1, dtype=np.int64)
+    stack: list[int] = []
+    last = None
+    ends = end.tolist()
+    for i, th, st in zip(order.tolist(), h_thread[order].tolist(), h_ts[order].tolist()):
+        if th != last:
+            stack = []
+            last = th
+        while stack and ends[stack[-1]] < st:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+        stack.append(i)
+    return parent
+
+
+def _span_issuers(col: _Collector, span_idx: np.ndarray, c10d_idx: np.ndarray, parent: np.ndarray) -> dict[int, int]:
+    """gloo:/nccl: span -> the c10d op that issued it.
+
+    The span runs on the process group's worker thread and names what the backend ran, not
+    what was asked for (gloo runs reduce_scatter_tensor as an all_reduce); the c10d op on the
+    calling thread knows the real collective and both buffers. Neither side records a process
+    group in CPU traces, so pairing is by order: each backend executes its queue in issue order,
+    and the span's input must be the op's input. Each span takes the earliest still-unpaired op
+    that started no later than it with a compatible kind and the same input element count, so an
+    op that never got a span (cut off by the profiling window) can only be skipped over by ops
+    with an identical signature, which carry the same metadata anyway.
+    """
+    h_ts, h_name = _np(col.h_ts, np.float64), _np(col.h_name, np.int64)
+    flags = col.name_flags
+    ops = []
+    for i in c10d_idx.tolist():
+        p = int(parent[i])
+        while p >= 0 and not flags[h_name[p]] & col.F_C10D:
+            p = int(parent[p])
+        if p >= 0:
+            continue  # issued by an enclosing c10d op, which is the one that pairs
+        nm = col.names[h_name[i]]
+        kind = K.normalise_collective(nm)
+        if kind in (None, "barrier"):
+            continue
+        dims = col.h_coll_args.get(i, {}).get(K.ARG_INPUT_DIMS)
+        k = _C10D_INPUT_INDEX.get(nm, 0)
+        numel = _numel_nested(dims[k]) if isinstance(dims, list) and k < len(dims) else 0
+        ops.append((h_ts[i], i, kind, numel or None))
+    ops.sort()
+    spans = sorted((h_ts[i], i) for i in span_idx.tolist())
+    pending: list[tuple] = []
+    out: dict[int, int] = {}
+    j = 0
+    for t, s in spans:
+        while j < len(ops) and ops[j][0] <= t:
+            pending.append(ops[j])
+            j += 1
+        kind = K.normalise_collective(col.names[h_name[s]])
+        if kind in (None, "barrier"):
+            continue  # a barrier's c10d op adds only a dummy 1-element tensor
+        dims = col.h_coll_args.get(s, {}).get(K.ARG_INPUT_DIMS)
+        numel = (sum(_numel_nested(d) for d in dims) if isinstance(dims, list) else 0) or None
+        for n, (_, i, okind, onumel) in enumerate(pending):
+            if okind != kind and not (kind == "all_reduce" and okind == "reduce_scatter"):
+                continue
+            if numel is not None and onumel is not None and numel != onumel:
+                continue
+            out[s] = i
+            del pending[n]
+            break
+    return out
+
+
+# DTensor's __torch_dispatch__ shows up as this record_function between the op called on global
+# shapes and the op that ran on the local shard.
+_DTENSOR_DISPATCH = "PythonSubclass"
+
+
+def _local_work(col: _Collector, rows: np.ndarray, cls: np.ndarray, parent: np.ndarray,
+                flops: np.ndarray, nbytes: np.ndarray) -> int:
+    """Replace, in place, the FLOPs/bytes of each row whose op dispatched through a tensor subclass
+    with those of the ops that ran on local shards beneath it; returns how many rows changed.
+
+    A DTensor op is recorded with the global shapes, so its own FLOPs overstate the work by the
+    sharding degree. The shard's op is the direct child of the dispatch span that has no further
+    dispatch below it; only ops of the row's class count (redistribution copies are not gemm work).
+    """
+    code = col.name_codes.get(_DTENSOR_DISPATCH)
+    if code is None or not len(rows):
+        return 0
+    h_name = _np(col.h_name, np.int64)
+    is_ps = h_name == code
+    dispatches = np.zeros(len(h_name), dtype=bool)   # a dispatch span lies somewhere beneath
+    for i in np.flatnonzero(is_ps).tolist():
+        p = int(parent[i])
+        while p >= 0 and not dispatches[p]:
+            dispatches[p] = True
+            p = int(parent[p])
+    row_of = {int(r): k for k, r in enumerate(rows.tolist())}
+    targets = {k for k, r in enumerate(rows.tolist()) if dispatches[r]}
+    if not targets:
+        return 0
+    h_flops, h_bytes = _np(col.h_flops, np.float64), _np(col.h_bytes, np.float64)
+    name_cls = np.asarray(col.name_cls, dtype=np.int64)
+    acc: dict[int, list[float]] = {}
+    for x in np.flatnonzero(~is_ps & ~dispatches).tolist():
+        p = int(parent[x])
+        if p < 0 or not is_ps[p]:
+            continue
+        a = p
+        while a >= 0 and a not in row_of:
+            a = int(parent[a])
+        k = row_of.get(a, -1)
+        if k not in targets or name_cls[h_name[x]] != cls[k]:
+            continue
+        v = acc.setdefault(k, [math.nan, math.nan])
+        for j, val in ((0, h_flops[x]), (1, h_bytes[x])):
+            if not math.isnan(val):
+                v[j] = val if math.isnan(v[j]) else v[j] + val
+    for k, (f, b) in acc.items():
+        flops[k], nbytes[k] = f, b
+    return len(acc)
+
+
 def _cpu_rows(col: _Collector, default_group: int | None, warn: list[str], path: Path) -> dict:
     """CPU-only trace: the outermost aten op / optimizer step on each thread, and collective spans."""
     h_ts, h_dur = _np(col.h_ts, np.float64), _np(col.h_dur, np.float64)
@@ -882,6 +1011,12 @@ def _cpu_rows(col: _Collector, default_group: int | None, warn: list[str], path:
     row_cls = cls[rows]
     row_comm = comm[rows]
     row_cls = np.where(row_comm, _COMM, row_cls)
+    parent = _parents(h_thread, h_ts, end, order)
+    row_flops = _np(col.h_flops, np.float64)[rows].copy()
+    row_bytes = _np(col.h_bytes, np.float64)[rows].copy()
+    _local_work(col, rows, np.where(row_comm, -1, row_cls), parent, row_flops, row_bytes)
+    issuer = _span_issuers(col, np.flatnonzero(comm & is_span), np.flatnonzero(is_c10d), parent) \
+        if coll_source == "annotation" and is_c10d.any() else {}
 
     step = _steps(col, h_ts[rows])
 
@@ -897,6 +1032,12 @@ def _cpu_rows(col: _Collector, default_group: int | None, warn: list[str], path:
             c = _coll_from_args(a, "record_param_comms")
         else:
             c = _coll_from_dims(nm, a, coll_source, default_group, _C10D_INPUT_INDEX.get(nm, 0) if is_c10d[i] else None)
+            o = issuer.get(i)
+            if o is not None:
+                onm = col.names[h_name[o]]
+                oc = _coll_from_dims(onm, col.h_coll_args.get(o, {}), "annotation+c10d_op", default_group,
+                                     _C10D_INPUT_INDEX.get(onm, 0), dtype_hint=c.dtype)
+                c = _merge(oc, c)
         if c is None:
             c = _Coll(raw_name=nm, source=coll_source)
         if c.collective is None:
@@ -917,8 +1058,8 @@ def _cpu_rows(col: _Collector, default_group: int | None, warn: list[str], path:
         "op_class": pd.Categorical.from_codes(row_cls, categories=list(K.OP_CLASSES)),
         "dur_us": h_dur[rows],
         "step": step,
-        "flops": _np(col.h_flops, np.float64)[rows],
-        "bytes": _np(col.h_bytes, np.float64)[rows],
+        "flops": row_flops,
+        "bytes": row_bytes,
         "dtype": dtypes,
         "external_id": _np(col.h_ext, np.int64)[rows],
         "correlation": np.full(n, -1, dtype=np.int64),
