@@ -251,3 +251,16 @@ def test_reduced_and_full_modes_agree_with_every_parallelism(over):
     assert full.step_time_s == pytest.approx(reduced.step_time_s, rel=1e-3)
     for dim in ("tp", "cp", "ep", "pp", "dp"):
         assert full.exposed_comm_s[dim] == pytest.approx(reduced.exposed_comm_s[dim], rel=1e-3, abs=1e-6), dim
+
+
+def test_expert_state_is_sharded_over_expert_data_parallel_only():
+    # Mixtral with ep=8 on dp=16: dense optimizer state is split 16 ways, an expert's only over
+    # edp = dp / ep = 2 (each expert lives on 1/8 of the DP ranks).
+    sc = build_scenario(scenario(model="mixtral-8x7b", parallelism={"tp": 1, "pp": 1, "ep": 8, "zero": 1},
+                                 batch={"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024}))
+    res = simulate(sc)
+    prog = res.program
+    expert = prog.stage_expert_params[0]
+    dense = prog.stage_params[0] - expert
+    assert expert > dense  # Mixtral is mostly experts
+    assert res.memory.per_rank_gib[0]["optimizer_gib"] * 1024**3 == pytest.approx(12 * (dense / 16 + expert / 2), rel=1e-9)

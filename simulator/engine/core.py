@@ -347,8 +347,13 @@ class Engine:
             for st in sched.stages_of_rank(pp_rank):
                 ev = env.event()
                 param_ready[st] = ev
-                pbytes = prog.stage_params[sched.stage_position[st]] * prog.param_bytes
-                stores[(rank, "dp-ag")].put(([("dp", "all_gather", pbytes)], ev, f"params stage {st}"))
+                pos = sched.stage_position[st]
+                expert = prog.stage_expert_params[pos] if prog.stage_expert_params else 0.0
+                # Dense parameters are sharded over dp, expert parameters over edp.
+                steps = [("dp", "all_gather", (prog.stage_params[pos] - expert) * prog.param_bytes)]
+                if expert > 0 and use_edp:
+                    steps.append(("edp", "all_gather", expert * prog.param_bytes))
+                stores[(rank, "dp-ag")].put((steps, ev, f"params stage {st}"))
 
         # ZeRO-3 / FSDP: every unit (layer) is all-gathered before it runs, forward and (when
         # resharded after forward) backward, `fsdp_prefetch` units ahead on its own stream.

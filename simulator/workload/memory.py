@@ -95,19 +95,28 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     # In-flight microbatches in units of the rank's whole model share.
     in_flight = peak_activations(sched, [1.0 / len(sched.stages_of_rank(sched.stage_rank[st])) for st in range(sched.num_stages)])
 
-    # Mixed-precision Adam (bytes/param): bf16 weights 2, fp32 gradients 4, fp32 master 4 + m 4 + v 4.
+    # Mixed-precision Adam (bytes/param): bf16 weights 2, fp32 gradients 4, fp32 master 4 + m 4 + v 4,
+    # each sharded from its ZeRO stage on: dense parameters over the DP (or HSDP shard) group,
+    # expert parameters over the expert-data-parallel group.
     z = p.zero
-    w_b = 2 / (dp if z >= 3 else 1)
-    g_b = 4 / (dp if z >= 2 else 1)
-    o_b = 12 / (dp if z >= 1 else 1)
+    shard = p.fsdp_shard_size or dp
+    expert_shard = max(1, shard // p.ep)
     buffers = 2 * prog.grad_bucket_bytes
     rows = []
     for r in range(sched.num_ranks):
-        params = sum(prog.stage_params[sched.stage_position[st]] for st in sched.stages_of_rank(r))
+        positions = [sched.stage_position[st] for st in sched.stages_of_rank(r)]
+        expert = sum(prog.stage_expert_params[q] for q in positions) if prog.stage_expert_params else 0.0
+        dense = sum(prog.stage_params[q] for q in positions) - expert
+
+        def state_bytes(per_param: float, from_stage: int) -> float:
+            if z < from_stage:
+                return per_param * (dense + expert)
+            return per_param * (dense / shard + expert / expert_shard)
+
         row = {
-            "parameters_gib": params * w_b / GIB,
-            "gradients_gib": params * g_b / GIB,
-            "optimizer_gib": params * o_b / GIB,
+            "parameters_gib": state_bytes(2, 3) / GIB,
+            "gradients_gib": state_bytes(4, 2) / GIB,
+            "optimizer_gib": state_bytes(12, 1) / GIB,
             "activations_gib": act_peaks[r] / GIB,
             "buffers_gib": (buffers + RUNTIME_RESERVE_BYTES) / GIB,
         }

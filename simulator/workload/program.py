@@ -69,6 +69,7 @@ class Program:
     fsdp_reshard_after_forward: bool = True
     fsdp_prefetch: int = 1
     fsdp_shard_size: int | None = None  # HSDP shard group size (None: the whole dp group)
+    stage_expert_params: list[float] = field(default_factory=list)  # the expert share of stage_params (sharded over edp)
     overlap_grad_reduce: bool = True
     grad_bucket_bytes: float = 40e6 * GRAD_REDUCE_BYTES
     param_bytes: int = 2
@@ -185,6 +186,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
 
     segments: dict[tuple[int, str], Segments] = {}
     stage_params: list[float] = []
+    stage_expert_params: list[float] = []
     for pos, layers in enumerate(positions):
         chain: list[tuple[str, int]] = []
         if pos == 0:
@@ -206,6 +208,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         segments[(pos, "W")] = _segments(w_ops, times)
         segments[(pos, "B")] = _segments(b_ops, times)
         stage_params.append(sum(layer_kinds[k].params for k, _ in chain))
+        stage_expert_params.append(sum(o.params for k, _ in chain for o in layer_kinds[k].forward if o.name.startswith("experts_")))
 
     # Model FLOPs per step: forward + backward of every op on every rank, no recomputation.
     per_pos_model = []
@@ -242,10 +245,15 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
 
     # The optimizer updates this rank's parameters; ZeRO>=1 shards the update over dp.
     shard = (p.fsdp_shard_size or sc.dp) if p.zero >= 1 else 1
-    params_rank_max = 0.0
+    # Expert parameters are replicated only over the expert-data-parallel group (dp / ep).
+    expert_shard = max(1, shard // p.ep) if p.zero >= 1 else 1
+    opt_params_max = 0.0
     for r in range(schedule.num_ranks):
-        params_rank_max = max(params_rank_max, sum(stage_params[schedule.stage_position[st]] for st in schedule.stages_of_rank(r)))
-    opt_bytes = params_rank_max / shard * ADAM_BYTES_PER_PARAM
+        positions_r = [schedule.stage_position[st] for st in schedule.stages_of_rank(r)]
+        expert = sum(stage_expert_params[q] for q in positions_r)
+        dense = sum(stage_params[q] for q in positions_r) - expert
+        opt_params_max = max(opt_params_max, dense / shard + expert / expert_shard)
+    opt_bytes = opt_params_max * ADAM_BYTES_PER_PARAM
     optimizer_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]), np.array([opt_bytes]))[0])
 
     return Program(
@@ -256,6 +264,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         grad_bucket_bytes=p.grad_bucket_params * GRAD_REDUCE_BYTES,
         param_bytes=sc.dtype_bytes,
         unit_params=unit_params,
+        stage_expert_params=stage_expert_params,
         fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
         fsdp_prefetch=p.fsdp_prefetch,
         fsdp_shard_size=p.fsdp_shard_size,
