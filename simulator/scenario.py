@@ -399,17 +399,21 @@ def _looks_like_path(value: str) -> bool:
     return "/" in value or value.endswith((".json", ".yaml", ".yml", ".csv"))
 
 
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """data["parallelism"]["tp"] = value for dotted = "parallelism.tp", creating sections."""
+    node = data
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+
+
 def build_scenario(data: dict[str, Any], overrides: dict[str, Any] | None = None) -> Scenario:
     """Validate a scenario dict after applying dotted overrides ({"parallelism.tp": 4})."""
     data = json.loads(json.dumps(data))  # deep copy
     for dotted, value in (overrides or {}).items():
-        if value is None:
-            continue
-        node = data
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
+        if value is not None:
+            set_dotted(data, dotted, value)
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:

@@ -492,10 +492,10 @@ def calibrate(
         usable_memory_fraction=base_profile.usable_memory_fraction if base_profile is not None else 0.95,
         compute=compute,
         comm=comm,
-        provenance=Provenance(method="fitted", created="", items=[]),
     )
     if src.train_bundles and fit_host:
-        host, detail = fit_host_overhead(Profile(**prof_kw), src.train_bundles)
+        host, detail = fit_host_overhead(Profile(**prof_kw, provenance=Provenance(method="fitted", created="", items=[])),
+                                         src.train_bundles)
         compute = compute.model_copy(update={"host_overhead_us": host})
         items.append(ProvenanceItem(field="compute.host_overhead_us", value=host,
                                     source=f"makes the simulated step time match the measured median step time of {detail}"))
@@ -506,12 +506,7 @@ def calibrate(
     if base_profile is not None:
         notes.append(f"unfitted numbers from base profile {base_profile.name!r}")
     return Profile(
-        name=name,
-        device=device,
-        hbm_gib=base_profile.hbm_gib if base_profile is not None else _host_memory_gib(device),
-        usable_memory_fraction=base_profile.usable_memory_fraction if base_profile is not None else 0.95,
-        compute=compute,
-        comm=comm,
+        **{**prof_kw, "compute": compute},
         provenance=Provenance(method=method, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                               items=items, bundles=src.records, notes="; ".join(notes)),
     )

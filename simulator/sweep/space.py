@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-import yaml
 
-from simulator.errors import UserError
-from simulator.scenario import default_scenario_dict, load_scenario_dict
+from simulator.errors import UserError, read_yaml
+from simulator.scenario import default_scenario_dict, load_scenario_dict, set_dotted
 
 # Short axis names -> dotted scenario fields.
 AXES: dict[str, str] = {
@@ -187,12 +186,7 @@ def load_space(path: str | Path) -> SweepSpec:
     """Read a space file; every problem is a one-line UserError naming the key and the fix."""
     path = Path(path)
     where = f"space file {str(path)!r}"
-    if not path.exists():
-        raise UserError(f"{where} does not exist: check the path")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise UserError(f"{where} is not valid YAML: {' '.join(str(exc).split())}") from None
+    data = read_yaml(path, "space file")
     if not isinstance(data, dict):
         raise UserError(f"{where} must hold a mapping with a 'space' section (axis -> list of values)")
     for k in data:
@@ -228,13 +222,8 @@ def apply_fixed(base: dict[str, Any], fixed: dict[str, Any]) -> dict[str, Any]:
 
     base = copy.deepcopy(base)
     for k, v in fixed.items():
-        if v is None:
-            continue
-        node = base
-        *parents, leaf = AXES[k].split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = v
+        if v is not None:
+            set_dotted(base, AXES[k], v)
     return base
 
 
