@@ -107,8 +107,8 @@ def _parse_set(values: list[str]) -> dict:
 def simulate(
     scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML; the built-in Llama-3-70B / 1,024 H100 default when omitted."),
     model: Optional[str] = typer.Option(None, "--model", help="Model preset or HuggingFace config.json."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile name (calibration/) or path."),
-    topology: Optional[str] = typer.Option(None, "--topology", help="Topology name (topologies/) or path."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile: a shipped name (clustersim profiles) or a path to a profile JSON."),
+    topology: Optional[str] = typer.Option(None, "--topology", help="Topology: a shipped name or a path to a topology YAML."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="Number of GPUs."),
     tp: Optional[int] = typer.Option(None, "--tp"),
     pp: Optional[int] = typer.Option(None, "--pp"),

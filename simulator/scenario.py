@@ -148,8 +148,8 @@ class ClusterConfig(BaseModel):
     model_config = _STRICT
 
     gpus: int = Field(ge=1, description="GPUs in the job.")
-    gpu: str = Field("h100-sxm-80gb", description="GPU profile: a name in calibration/ or a path to a profile JSON.")
-    topology: str = Field("dgx-h100-fattree", description="Topology: a name in topologies/ or a path to a YAML file.")
+    gpu: str = Field("h100-sxm-80gb", description="GPU profile: a name shipped in simulator/data/profiles or a path to a profile JSON.")
+    topology: str = Field("dgx-h100-fattree", description="Topology: a name shipped in simulator/data/topologies or a path to a YAML file.")
 
 
 class Scenario(BaseModel):

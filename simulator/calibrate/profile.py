@@ -22,10 +22,11 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from simulator.data import data_dir
 from simulator.errors import UserError, read_json, validation_error_line
 
 PROFILE_SCHEMA_VERSION = 1
-CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
+CALIBRATION_DIR = data_dir("profiles")
 OP_CLASSES = ("gemm", "attention", "elementwise", "norm", "optimizer", "other")
 
 _STRICT = ConfigDict(extra="forbid")

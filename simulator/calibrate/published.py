@@ -15,11 +15,12 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from simulator.data import data_dir
 from simulator.errors import UserError
 from simulator.scenario import build_scenario
 from simulator.simulate import simulate
 
-VALIDATION_DIR = Path(__file__).resolve().parents[2] / "validation"
+VALIDATION_DIR = data_dir("validation")
 PUBLISHED = {"megatron-2021": "megatron-2021-table1.csv"}
 
 

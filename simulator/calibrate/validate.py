@@ -257,7 +257,7 @@ def print_validation(res: dict[str, Any]) -> None:
 
 def validate_command(
     bundle: Annotated[Optional[Path], typer.Argument(help="Trace bundle of the train workload (traces/<name>).")] = None,
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Profile name in calibration/ or path to a profile JSON.")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Profile: a shipped name or a path to a profile JSON.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
     published: Annotated[Optional[str], typer.Option("--published", help="Validate against a published table instead, e.g. megatron-2021.")] = None,
     topology: Annotated[Optional[str], typer.Option("--topology", help="Topology to simulate on; default from the bundle's host kind.")] = None,
@@ -277,7 +277,7 @@ def validate_command(
     if bundle is None:
         raise UserError("validate needs a BUNDLE (a traces/<name> folder) or --published NAME")
     if profile is None:
-        raise UserError(f"validate {str(bundle)!r} needs --profile: a name in calibration/ or a profile JSON fitted with 'clustersim calibrate'")
+        raise UserError(f"validate {str(bundle)!r} needs --profile: a shipped profile name or a profile JSON fitted with 'clustersim calibrate'")
     with warnings.catch_warnings():
         # Extrapolation warnings are part of the result (printed below / in the JSON).
         warnings.simplefilter("ignore")

@@ -137,8 +137,8 @@ def format_table(op: str, gpus: int, rows: list[dict], header: str) -> str:
 def collective_command(
     op: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, alltoall, sendrecv or broadcast."),
     gpus: int = typer.Option(..., "--gpus", help="Number of GPUs (ranks), all issuing the collective together."),
-    topology: str = typer.Option("dgx-h100-fattree", "--topology", help="Topology name (topologies/) or YAML path."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile name (calibration/) or JSON path."),
+    topology: str = typer.Option("dgx-h100-fattree", "--topology", help="Topology: a shipped name or a path to a topology YAML."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile: a shipped name or a path to a profile JSON."),
     min_bytes: str = typer.Option("8", "--min-bytes", "-b", help="Smallest size, nccl-tests syntax (8, 1K, 1M, 1G)."),
     max_bytes: str = typer.Option("8G", "--max-bytes", "-e", help="Largest size."),
     factor: float = typer.Option(2.0, "--factor", "-f", help="Size multiplier between rows."),

@@ -15,9 +15,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from simulator.data import data_dir
 from simulator.errors import UserError, read_yaml, validation_error_line
 
-TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topologies"
+TOPOLOGY_DIR = data_dir("topologies")
 
 _STRICT = ConfigDict(extra="forbid")
 
