@@ -61,6 +61,10 @@ class ComputeModel(BaseModel):
 
     peak_tflops: float = Field(gt=0, description="Peak dense TFLOP/s in the compute dtype (BF16 tensor cores).")
     hbm_GBps: float = Field(gt=0, description="Peak HBM bandwidth, GB/s.")
+    # Shape-aware kernel models (tile and wave quantization) need the SM count; None = unknown.
+    sm_count: int | None = Field(None, ge=1, description="Streaming multiprocessors on the device (None: unknown).")
+    # FP8 tensor-core peak (dense); None = the device has no FP8 tensor cores (A100, V100).
+    peak_tflops_fp8: float | None = Field(None, gt=0, description="Peak dense FP8 TFLOP/s (None: no FP8 tensor cores).")
     classes: dict[str, OpClassModel]
     # Compute kernels slow down while communication kernels share the SMs and HBM.
     overlap_slowdown: float = Field(1.0, ge=1.0, description="Factor on compute time while communication overlaps it.")
