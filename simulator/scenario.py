@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from simulator.errors import UserError, read_json, read_yaml, validation_error_line
 
-_STRICT = ConfigDict(extra="forbid", validate_assignment=False)
+_STRICT = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
 
 class ModelConfig(BaseModel):
@@ -318,40 +318,60 @@ def model_from_hf_config(path: Path) -> ModelConfig:
         )
     name = cfg.get("_name_or_path") or path.parent.name or path.stem
 
-    def need(key: str) -> Any:
+    def whole(key: str, value: Any) -> int:
+        # HF configs hold JSON numbers; a quoted "768" would otherwise multiply as text (4 * "768").
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"model config {str(path)!r}: {key!r} is {value!r}; write a whole number of at least 1")
+        return value
+
+    def need(key: str) -> int:
         if key not in cfg:
             raise UserError(f"model config {str(path)!r} (model_type {mt}) lacks {key!r}: add it or use a preset")
-        return cfg[key]
+        return whole(key, cfg[key])
+
+    def opt(key: str, default: Any = None) -> Any:
+        """An optional whole number; absent, null or 0 (HF's "not used") gives the default."""
+        value = cfg.get(key)
+        if value is None or (value == 0 and not isinstance(value, bool)):
+            return default
+        return whole(key, value)
+
+    def flag(key: str, default: bool) -> bool:
+        value = cfg.get(key, default)
+        if not isinstance(value, bool):
+            raise UserError(f"model config {str(path)!r}: {key!r} is {value!r}; write true or false (no quotes)")
+        return value
 
     try:
         if mt == "gpt2":
             h = need("n_embd")
             return ModelConfig(
-                name=str(name), num_layers=need("n_layer"), hidden_size=h, ffn_hidden_size=cfg.get("n_inner") or 4 * h,
+                name=str(name), num_layers=need("n_layer"), hidden_size=h, ffn_hidden_size=opt("n_inner") or 4 * h,
                 num_attention_heads=need("n_head"), vocab_size=need("vocab_size"), mlp="gelu", tied_embeddings=True,
-                learned_position_embeddings=True, max_position_embeddings=cfg.get("n_positions", 1024),
+                learned_position_embeddings=True, max_position_embeddings=opt("n_positions", 1024),
             )
         common = dict(
             name=str(name), num_layers=need("num_hidden_layers"), hidden_size=need("hidden_size"),
             ffn_hidden_size=need("intermediate_size"), num_attention_heads=need("num_attention_heads"),
-            num_kv_heads=cfg.get("num_key_value_heads"), head_dim=cfg.get("head_dim"), vocab_size=need("vocab_size"),
-            mlp="swiglu", tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            num_kv_heads=opt("num_key_value_heads"), head_dim=opt("head_dim"), vocab_size=need("vocab_size"),
+            mlp="swiglu", tied_embeddings=flag("tie_word_embeddings", False),
         )
         if mt == "mixtral":
             common.update(num_experts=need("num_local_experts"), top_k=need("num_experts_per_tok"))
         elif mt in ("qwen2_moe", "qwen3_moe"):
             common.update(num_experts=need("num_experts"), top_k=need("num_experts_per_tok"),
                           moe_ffn_hidden_size=need("moe_intermediate_size"))
-            if cfg.get("shared_expert_intermediate_size"):
-                common["num_shared_experts"] = max(1, cfg["shared_expert_intermediate_size"] // cfg["moe_intermediate_size"])
+            shared = opt("shared_expert_intermediate_size")
+            if shared:
+                common["num_shared_experts"] = max(1, shared // common["moe_ffn_hidden_size"])
         elif mt == "deepseek_v3":
             common.update(num_experts=need("n_routed_experts"), top_k=need("num_experts_per_tok"),
                           moe_ffn_hidden_size=need("moe_intermediate_size"),
-                          num_shared_experts=cfg.get("n_shared_experts", 0),
-                          num_dense_layers=cfg.get("first_k_dense_replace", 0),
-                          head_dim=cfg.get("qk_nope_head_dim") or cfg.get("head_dim"),
-                          qk_rope_head_dim=cfg.get("qk_rope_head_dim", 0), v_head_dim=cfg.get("v_head_dim"),
-                          q_lora_rank=cfg.get("q_lora_rank"), kv_lora_rank=cfg.get("kv_lora_rank"))
+                          num_shared_experts=opt("n_shared_experts", 0),
+                          num_dense_layers=opt("first_k_dense_replace", 0),
+                          head_dim=opt("qk_nope_head_dim") or opt("head_dim"),
+                          qk_rope_head_dim=opt("qk_rope_head_dim", 0), v_head_dim=opt("v_head_dim"),
+                          q_lora_rank=opt("q_lora_rank"), kv_lora_rank=opt("kv_lora_rank"))
         return ModelConfig(**common)
     except ValidationError as exc:
         raise UserError(f"model config {str(path)!r}: {validation_message(exc)}") from None
@@ -403,8 +423,15 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     """data["parallelism"]["tp"] = value for dotted = "parallelism.tp", creating sections."""
     node = data
     *parents, leaf = dotted.split(".")
+    walked = []
     for key in parents:
+        walked.append(key)
         node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            where = ".".join(walked)
+            raise UserError(
+                f"cannot set {dotted!r}: {where!r} is {node!r}, not a section; set {where!r} itself or write the section out in a scenario file"
+            )
     node[leaf] = value
 
 

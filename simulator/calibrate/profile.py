@@ -29,7 +29,7 @@ PROFILE_SCHEMA_VERSION = 1
 CALIBRATION_DIR = data_dir("profiles")
 OP_CLASSES = ("gemm", "attention", "elementwise", "norm", "optimizer", "other")
 
-_STRICT = ConfigDict(extra="forbid")
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class OpClassModel(BaseModel):

@@ -20,7 +20,7 @@ from simulator.errors import UserError, read_yaml, validation_error_line
 
 TOPOLOGY_DIR = data_dir("topologies")
 
-_STRICT = ConfigDict(extra="forbid")
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class NodeSpec(BaseModel):
