@@ -284,3 +284,39 @@ def test_fuzz_harness_catches_a_traceback(monkeypatch):
             assert_clean_exit(["crash-for-test"])
     finally:
         cli.app.registered_commands = [c for c in cli.app.registered_commands if c.name != "crash-for-test"]
+
+
+@pytest.mark.parametrize(
+    "target, match",
+    [
+        ("/dev/full", "not a regular file"),
+        ("{tmp}", "is a folder"),
+        ("{tmp}/afile/report.json", "which is a file, not a folder"),
+        ("{tmp}/" + "x" * 300 + ".json", "longer than 255 bytes"),
+    ],
+)
+def test_output_paths_checked_before_simulating(workdir, target, match):
+    (workdir / "afile").write_text("keep me")
+    path = workdir / "s.yaml"
+    path.write_text(to_yaml(TINY))
+    code, err = run_cli(["simulate", path, "--no-dashboard", "--report", target.format(tmp=workdir)])
+    assert code == 2 and match in err, err
+    assert (workdir / "afile").read_text() == "keep me"
+    import os
+    import stat
+
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)  # the device node was not replaced by a file
+
+
+def test_read_only_output_folder(workdir):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    ro = workdir / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    path = workdir / "s.yaml"
+    path.write_text(to_yaml(TINY))
+    code, err = run_cli(["simulate", path, "--no-dashboard", "--report", ro / "r.json"])
+    assert code == 2 and "not writable" in err, err
