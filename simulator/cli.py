@@ -213,8 +213,10 @@ def print_summary(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from simulator.textsafe import for_rich
+
     con = Console()
-    t = Table(title=f"{report.name}: {report.gpus} GPUs, {report.num_microbatches} microbatches", show_header=False)
+    t = Table(title=f"{for_rich(report.name)}: {report.gpus} GPUs, {report.num_microbatches} microbatches", show_header=False)
     t.add_column("metric", style="bold")
     t.add_column("value", justify="right")
     t.add_row("step time", f"{report.step_time_s:.3f} s")
@@ -228,11 +230,11 @@ def print_summary(report) -> None:
     fit = "fits" if report.fits_in_memory else "[red]DOES NOT FIT[/red]"
     t.add_row("peak memory", f"{report.peak_memory_gib:.1f} GiB of {report.memory_capacity_gib:.1f} ({fit})")
     for link in report.busiest_links[:3]:
-        t.add_row("busy link", f"{link.get('name', link.get('link'))}: {link.get('utilization', 0):.0%}")
+        t.add_row("busy link", f"{for_rich(link.get('name', link.get('link')))}: {link.get('utilization', 0):.0%}")
     t.add_row("simulated in", f"{report.sim_wall_s:.2f} s, {report.events:,} events ({report.mode})")
     con.print(t)
     for note in report.notes:
-        con.print(f"note: {note}")
+        con.print(f"note: {for_rich(note)}")
 
 
 def main() -> None:

@@ -206,6 +206,18 @@ class Scenario(BaseModel):
     def dtype_bytes(self) -> int:
         return 4 if self.dtype == "fp32" else 2
 
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, value: str) -> str:
+        # The name titles reports and terminals and becomes a file name (slugged by the CLI).
+        if not value.strip():
+            raise ValueError("the name is empty: give the scenario a name")
+        if len(value.encode()) > 200:
+            raise ValueError(f"the name is {len(value.encode())} bytes long: use at most 200")
+        if any(ord(ch) < 32 or 0x7F <= ord(ch) <= 0x9F for ch in value):
+            raise ValueError(f"the name {value!r} holds control characters: use printable text")
+        return value
+
     def check(self) -> "Scenario":
         """Consistency across sections; raises UserError naming the value and the fix."""
         m, p, b, c = self.model, self.parallelism, self.batch, self.cluster

@@ -320,3 +320,37 @@ def test_read_only_output_folder(workdir):
     path.write_text(to_yaml(TINY))
     code, err = run_cli(["simulate", path, "--no-dashboard", "--report", ro / "r.json"])
     assert code == 2 and "not writable" in err, err
+
+
+@pytest.mark.parametrize("name", ["[/bold]x", "[red]hi", "a]b[c"])
+def test_markup_in_names_is_printed_literally(workdir, name):
+    data = copy.deepcopy(TINY)
+    data["name"] = name
+    path = workdir / "s.yaml"
+    path.write_text(to_yaml(data))
+    runner = CliRunner()
+    result = runner.invoke(app, ["simulate", str(path), "--no-dashboard"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert name in result.stdout
+
+
+@pytest.mark.parametrize("name, match", [("\x1b]0;owned\x07", "control characters"), ("n" * 300, "at most 200"), (" ", "empty")])
+def test_hostile_names_refused(workdir, name, match):
+    data = copy.deepcopy(TINY)
+    data["name"] = name
+    path = workdir / "s.yaml"
+    path.write_text(to_yaml(data))
+    code, err = run_cli(["simulate", path, "--no-dashboard"])
+    assert code == 2 and match in err, err
+
+
+def test_control_sequences_in_trace_names_are_escaped(workdir):
+    trace = copy.deepcopy(KINETO)
+    for event in trace["traceEvents"]:
+        if isinstance(event, dict) and event.get("ph") == "X":
+            event["name"] = "\x1b]0;owned\x07[/bold]" + str(event.get("name"))
+    path = workdir / "t.json"
+    path.write_text(json.dumps(trace))
+    result = CliRunner().invoke(app, ["trace", "info", str(path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.stdout
+    assert "\x1b]" not in result.stdout
