@@ -132,10 +132,16 @@ def _parse_set(values: list[str]) -> dict:
         if "=" not in item:
             raise UserError(f"--set {item!r} is not KEY=VALUE: write e.g. --set parallelism.zero=3")
         key, raw = item.split("=", 1)
+        if not key.strip() or any(not part for part in key.strip().split(".")):
+            raise UserError(f"--set {item!r} names no field: write e.g. --set parallelism.zero=3")
         try:
-            out[key.strip()] = yaml.safe_load(raw)
+            value = yaml.safe_load(raw)
         except yaml.YAMLError:
             raise UserError(f"--set {item!r}: the value is not valid YAML: quote it") from None
+        if value is None:
+            # Dropping it silently would simulate something the user did not ask for.
+            raise UserError(f"--set {item!r} gives no value: write --set {key.strip()}=VALUE")
+        out[key.strip()] = value
     return out
 
 

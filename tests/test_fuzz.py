@@ -354,3 +354,36 @@ def test_control_sequences_in_trace_names_are_escaped(workdir):
     result = CliRunner().invoke(app, ["trace", "info", str(path)], catch_exceptions=False)
     assert result.exit_code == 0, result.stdout
     assert "\x1b]" not in result.stdout
+
+
+@pytest.mark.parametrize("item, match", [("name=", "gives no value"), ("name=null", "gives no value"),
+                                         ("=3", "names no field"), ("a..b=1", "names no field")])
+def test_set_without_value_or_field_is_refused(workdir, item, match):
+    path = workdir / "s.yaml"
+    path.write_text(to_yaml(TINY))
+    code, err = run_cli(["simulate", path, "--no-dashboard", "--set", item])
+    assert code == 2 and match in err, err
+
+
+def test_gradient_bucket_larger_than_the_model_costs_no_more_than_the_model(workdir):
+    path = workdir / "s.yaml"
+    path.write_text(to_yaml(TINY))
+    reports = []
+    for bucket in ("40000000", "1000000000000000"):
+        result = CliRunner().invoke(app, ["simulate", str(path), "--json", "--no-dashboard",
+                                          "--set", f"parallelism.grad_bucket_params={bucket}"], catch_exceptions=False)
+        assert result.exit_code == 0, result.stdout
+        reports.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    assert reports[1]["peak_memory_gib"] < 80
+    assert reports[1]["peak_memory_gib"] == pytest.approx(reports[0]["peak_memory_gib"], rel=0.05)
+
+
+def test_profile_without_fallback_class_is_one_line(workdir):
+    data = copy.deepcopy(PROFILE)
+    data["compute"]["classes"] = {}
+    path = workdir / "p.json"
+    path.write_text(json.dumps(data))
+    scenario = workdir / "s.yaml"
+    scenario.write_text(to_yaml(TINY))
+    code, err = run_cli(["simulate", scenario, "--gpu", path, "--no-dashboard"])
+    assert code == 2 and "no 'other'" in err, err
