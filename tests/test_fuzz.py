@@ -387,3 +387,13 @@ def test_profile_without_fallback_class_is_one_line(workdir):
     scenario.write_text(to_yaml(TINY))
     code, err = run_cli(["simulate", scenario, "--gpu", path, "--no-dashboard"])
     assert code == 2 and "no 'other'" in err, err
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--nproc", "0"], "--nproc 0"), (["--threads-per-rank", "0"], "--threads-per-rank 0"),
+    (["--factor", "nan"], "--factor nan"), (["--timeout-s", "-1"], "--timeout-s -1"), (["--max-repeats", "0"], "--max-repeats 0"),
+])
+def test_capture_numbers_checked_before_any_rank_starts(workdir, flags, match):
+    code, err = run_cli(["capture", "collectives", "--out", workdir / "b", *flags])
+    assert code == 2 and match in err, err
+    assert not (workdir / "b").exists()
