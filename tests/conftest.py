@@ -146,11 +146,24 @@ def read_guard() -> ReadGuard:
     return GUARD
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    rep = yield
+    if rep.when == "call":
+        item.stash[_CALL_FAILED] = rep.failed
+    return rep
+
+
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
 @pytest.fixture(autouse=True)
-def _no_reads_outside_repository() -> Iterator[None]:
+def _no_reads_outside_repository(request) -> Iterator[None]:
     # Reads before the test (a module fixture that swallowed the error) are reported with it too.
     yield
     if GUARD.violations:
         found = list(dict.fromkeys(GUARD.violations))
         GUARD.violations.clear()
+        if request.node.stash.get(_CALL_FAILED, False):
+            return  # the test already failed (with OutsideRepoRead, raised where it read)
         pytest.fail("read outside the repository:\n  " + "\n  ".join(found[:10]), pytrace=False)
