@@ -64,11 +64,15 @@ class ReadGuard:
         self.parent = _norm(repo.parent)
         # Every ancestor's ``shared`` folder (the project's development data sits in one).
         self.shared = [_norm(a / "shared") for a in repo.parents if _norm(a / "shared") != self.repo]
-        allowed = {sys.prefix, sys.base_prefix, sys.exec_prefix, tempfile.gettempdir(),
-                   *site.getsitepackages(), site.getusersitepackages(), *sysconfig.get_paths().values()}
-        # (When the clone itself sits in the temporary folder, its siblings are other temporary files:
-        # only the ``shared`` rule is left, which is checked first.)
-        self.allowed = sorted({_norm(a) for a in allowed if a}, key=len)
+        temp = _norm(tempfile.gettempdir())
+        allowed = {_norm(a) for a in (sys.prefix, sys.base_prefix, sys.exec_prefix, temp, *site.getsitepackages(),
+                                      site.getusersitepackages(), *sysconfig.get_paths().values()) if a}
+        # A folder holding the repository's parent (the clone sits in /tmp, or inside a venv folder)
+        # would allow every sibling: left out.
+        self.allowed = sorted(a for a in allowed if not _inside(self.parent, a))
+        # A clone right in the temporary folder: its siblings include every temporary file and
+        # pytest's tmp_path; those are known by their prefixes.
+        self.temp_prefixes = (tempfile.gettempprefix(), "pytest-of-") if self.parent == temp else ()
         self.violations: list[str] = []  # not yet reported (a swallowed OutsideRepoRead included)
         self.expecting = 0  # > 0 inside expect(): record, do not raise (the guard's own self-test)
 
@@ -82,7 +86,7 @@ class ReadGuard:
         if any(_inside(path, a) for a in self.allowed):
             return False
         first = os.path.relpath(path, self.parent).split(os.sep, 1)[0]
-        return not first.startswith(".")
+        return not first.startswith((".", *self.temp_prefixes))
 
     def _flag(self, event: str, path: str) -> None:
         msg = f"{event} {path!r}: tests must not read outside the repository {self.repo!r}; copy the data into tests/data/"
