@@ -16,7 +16,7 @@ from simulator.scenario import build_scenario
 from simulator.simulate import simulate
 from simulator.sweep.runner import run_sweep
 from simulator.sweep.space import make_spec
-from simulator.sweep.store import REUSE_BASIS, ResultKeyer, input_file
+from simulator.sweep.store import REUSE_BASIS, ResultKeyer, changed_inputs, input_file
 from simulator.topology.spec import TopologySpec, available_topologies, load_topology
 from simulator.version import package_version
 
@@ -110,6 +110,13 @@ def test_summary_says_what_was_reused_and_why_not(tmp_path):
             f"clustersim {package_version()})") in r.stdout
 
     topo.write_text(topo.read_text().replace("nic_gbps: 400", "nic_gbps: 200"))
+    r = CliRunner().invoke(sweep_app, args)
+    assert r.exit_code == 0, r.output
+    assert ("0 of 2 points reused from the store (same scenario, profile, topology and schedule content, clustersim "
+            f"{package_version()}); 2 simulated again because their stored rows came from other inputs "
+            "(topology content changed for 2)") in " ".join(r.stdout.split())
+
+    topo.write_text(topo.read_text().replace("nic_gbps: 200", "nic_gbps: 100"))
     r = CliRunner().invoke(sweep_app, args + ["--json"])
     assert r.exit_code == 0, r.output
     obj = json.loads(r.stdout)
@@ -164,6 +171,8 @@ def test_key_follows_file_contents_and_version_not_names(tmp_path, monkeypatch):
     monkeypatch.setattr("simulator.sweep.store.package_version", lambda: "99.0")
     newer = ResultKeyer("reduced").key(_scenario())
     assert newer.hash != shipped.hash and newer.inputs["clustersim"] == "99.0"
+    assert changed_inputs(shipped.inputs, newer.inputs) == [f"clustersim version (stored with {package_version()})"]
+    assert changed_inputs(copy.inputs, edited.inputs) == ["profile content"]
 
 
 def test_key_resolves_shipped_names_to_the_files_the_loaders_read():

@@ -175,7 +175,7 @@ def print_sweep(out) -> None:
               markup=True, highlight=False)
     from simulator.sweep.runner import reuse_line
 
-    if out.reuse:
+    if reuse_line(out.reuse):
         con.print(reuse_line(out.reuse), markup=False, highlight=False)
     if ev.pruned:
         t = Table(title="pruned before simulation", show_header=True)

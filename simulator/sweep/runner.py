@@ -32,6 +32,7 @@ from simulator.sweep.estimate import Estimate, Estimator, rank_agreement
 from simulator.sweep.space import SHORT, SweepSpec, expand
 from simulator.sweep.store import RESULTS_VERSION  # noqa: F401 -- its home was here
 from simulator.sweep.store import REUSE_BASIS, ResultKey, ResultKeyer, ResultStore, changed_inputs
+from simulator.version import package_version
 _FIX_VERBS = {"choose", "use", "set", "add", "change", "remove", "raise", "leave", "put", "adjust", "check", "omit",
               "fix", "give", "pass", "shrink", "lower", "increase", "reduce", "quote", "write"}
 
@@ -402,7 +403,7 @@ def run_sweep(
                 results.update(prior)
                 reused = len(prior)
             todo = [c for c in chosen if c.hash not in results]
-            by_hash_all = {c.hash: c for c in todo}
+            todo_by_hash = {c.hash: c for c in todo}
             if db is not None:
                 reuse = reuse_summary(db, chosen, todo, reused)
             stask = bar.add_task("simulating", total=len(todo))
@@ -414,7 +415,7 @@ def run_sweep(
                             crashes.append(rec)
                         else:
                             if db is not None:
-                                key = by_hash_all[rec["hash"]].key
+                                key = todo_by_hash[rec["hash"]].key
                                 if key is not None:
                                     rec = {**rec, "scenario_key": key.scenario_key, "inputs": key.inputs}
                                 db.add(rec)
@@ -464,18 +465,17 @@ def reuse_summary(db: ResultStore, chosen: list[Candidate], todo: list[Candidate
             why.update(changed_inputs(old, k.inputs))
         for w in why:
             reasons[w] += 1
-    version = next((c.key.inputs["clustersim"] for c in chosen if c.key is not None), None)
+    version = package_version()
     return {"reused": reused, "of": len(chosen), "basis": f"{REUSE_BASIS}, clustersim {version}", "clustersim": version,
             "stale_points": sum(1 for k in keyed if k.scenario_key in stale), "stale_reasons": dict(reasons.most_common())}
 
 
 def reuse_line(reuse: dict[str, Any]) -> str:
     """One line for the terminal: '12 of 40 points reused from the store (same ..., clustersim 0.1.0)'."""
-    if not reuse:
-        return ""
+    if not reuse or not reuse["of"]:
+        return ""  # nothing was to be simulated (--estimate-only)
     line = f"{reuse['reused']:,} of {reuse['of']:,} points reused from the store ({reuse['basis']})"
     if reuse.get("stale_points"):
-        why = ", ".join(f"{r} ({n:,})" for r, n in reuse["stale_reasons"].items())
-        line += (f"; {reuse['stale_points']:,} simulated afresh although the store holds them from other inputs"
-                 f" (changed: {why})")
+        why = "; ".join(f"{r} changed for {n:,}" for r, n in reuse["stale_reasons"].items())
+        line += f"; {reuse['stale_points']:,} simulated again because their stored rows came from other inputs ({why})"
     return line

@@ -139,7 +139,7 @@ def changed_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         if old.get(role) != new.get(role):
             out.append(f"{role} content")
     if old.get("clustersim") != new.get("clustersim"):
-        out.append(f"clustersim {old.get('clustersim')} -> {new.get('clustersim')}")
+        out.append(f"clustersim version (stored with {old.get('clustersim')})")
     if old.get("results") != new.get("results"):
         out.append("results version")
     return out
