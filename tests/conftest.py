@@ -113,6 +113,7 @@ class ReadGuard:
         else:
             argv = args[1] if len(args) > 1 else ()
             words = [argv] if isinstance(argv, (str, bytes, os.PathLike)) else list(argv or ())
+        cwd = os.getcwd()
         if event == "subprocess.Popen" and len(args) > 2 and args[2] is not None:
             cwd = _norm(args[2])
             if self.forbidden(cwd):
@@ -122,10 +123,12 @@ class ReadGuard:
                 text = os.fsdecode(w)
             except TypeError:
                 continue
-            # --flag=PATH as well as PATH
+            # --flag=PATH as well as PATH; a relative path is the child's, from its working folder
             for part in {text, text.split("=", 1)[-1]}:
-                if os.sep in part and self.forbidden(_norm(part)):
-                    self._flag(f"{event} argument", _norm(part))
+                if os.sep in part:
+                    path = os.path.normpath(os.path.join(cwd, part))
+                    if self.forbidden(path):
+                        self._flag(f"{event} argument", path)
 
     @contextmanager
     def expect(self) -> Iterator[list[str]]:

@@ -43,7 +43,9 @@ def test_guard_catches_reads_beside_the_repository(read_guard, tmp_path):
             pass
         # A child process handed a path beside the repository (it would read it where the hook cannot see).
         subprocess.run([sys.executable, "-c", "pass", f"--log={shared}"], check=True)
-    assert len(caught) == 2 + len(ancestors_shared) + 2, caught
+        # Relative to the child's working folder: ../shared from the repository.
+        subprocess.run([sys.executable, "-c", "pass", "../shared/reference/MANIFEST.md"], check=True, cwd=ROOT)
+    assert len(caught) == 2 + len(ancestors_shared) + 3, caught
     assert any("MANIFEST.md" in c and c.startswith("open") for c in caught)
     assert any(c.startswith("os.listdir") for c in caught)
     assert any(c.startswith("subprocess.Popen argument") for c in caught)
@@ -66,6 +68,8 @@ def test_guard_allows_the_repository_the_interpreter_and_tmp(read_guard, tmp_pat
         Path(json.__file__).read_text()  # the standard library
         Path(shutil.which("python3") or sys.executable).stat()
         subprocess.run([sys.executable, "-c", "pass", str(SCENARIO)], check=True, cwd=tmp_path)
+        (tmp_path / "b").mkdir()
+        subprocess.run([sys.executable, "-c", "pass", "../a.txt"], check=True, cwd=tmp_path / "b")
     assert caught == []
     assert not read_guard.forbidden(str(ROOT / "tests" / "data" / "reference" / "MANIFEST.md"))
     assert read_guard.forbidden(str(ROOT.parent / "shared" / "reference" / "MANIFEST.md"))
@@ -221,4 +225,18 @@ def test_regular_install_runs_from_any_folder(tmp_path):
     # Nothing came from the source tree: not the repository, not the copy it was built from.
     assert not [p for p in opened if p.is_relative_to(ROOT) or p.is_relative_to(src.resolve())], seen["opened"]
     # And nothing was written where it ran.
+    assert list(run_dir.iterdir()) == []
+
+    # A user's own file still overrides the shipped one (a path relative to where it runs).
+    slow = inputs / "slow-nics.yaml"
+    slow.write_text(topology.read_text().replace("nic_gbps: 400", "nic_gbps: 25"))
+    assert slow.read_text() != topology.read_text()
+    r = subprocess.run([str(py), str(driver), str(clustersim), str(log), "simulate", str(inputs / "small.yaml"),
+                        "--topology", "../inputs/slow-nics.yaml", "--json", "--no-dashboard"],
+                       capture_output=True, text=True, env=env, cwd=run_dir, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    opened = [Path(p).resolve() for p in json.loads(log.read_text())["opened"]]
+    assert slow.resolve() in opened and topology not in opened
+    # 16x less scale-out bandwidth: the cross-node dp and pp traffic of this layout slows the step.
+    assert json.loads(r.stdout)["step_time_s"] > report["step_time_s"] * 1.05
     assert list(run_dir.iterdir()) == []
