@@ -109,7 +109,7 @@ class ReadGuard:
 
     def _check_process(self, event: str, args: tuple) -> None:
         if event == "os.system":
-            words = [w for w in os.fsdecode(args[0]).split()]
+            words = os.fsdecode(args[0]).split()
         else:
             argv = args[1] if len(args) > 1 else ()
             words = [argv] if isinstance(argv, (str, bytes, os.PathLike)) else list(argv or ())

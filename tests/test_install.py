@@ -66,13 +66,15 @@ def test_guard_allows_the_repository_the_interpreter_and_tmp(read_guard, tmp_pat
         (tmp_path / "a.txt").read_text()
         SCENARIO.read_text()
         Path(json.__file__).read_text()  # the standard library
-        Path(shutil.which("python3") or sys.executable).stat()
+        Path(pytest.__file__).read_text()  # site-packages
         subprocess.run([sys.executable, "-c", "pass", str(SCENARIO)], check=True, cwd=tmp_path)
         (tmp_path / "b").mkdir()
         subprocess.run([sys.executable, "-c", "pass", "../a.txt"], check=True, cwd=tmp_path / "b")
     assert caught == []
     assert not read_guard.forbidden(str(ROOT / "tests" / "data" / "reference" / "MANIFEST.md"))
     assert read_guard.forbidden(str(ROOT.parent / "shared" / "reference" / "MANIFEST.md"))
+    # Hidden folders beside the clone are caches and settings (~/.cache when it sits in a home folder).
+    assert not read_guard.forbidden(str(ROOT.parent / ".cache" / "x"))
 
 
 def test_guard_fails_a_test_that_reads_shared_even_if_it_swallows_the_error(tmp_path):
