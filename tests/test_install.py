@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site as sitelib
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import tomllib
 from pathlib import Path
@@ -179,18 +181,23 @@ def test_regular_install_runs_from_any_folder(tmp_path):
     src = tmp_path / "src"
     _copy_source(src)  # build from a copy: an in-tree build would write build/ and *.egg-info into the repo
     venv = tmp_path / "venv"
-    # --system-site-packages: the dependencies come from this environment (no network needed).
+    # The dependencies come from this environment (no network needed): --system-site-packages gives
+    # the base interpreter's, and a .pth file this environment's own site-packages when the tests run
+    # in a venv themselves (a venv made from a venv sees only the base interpreter's packages).
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    # The pip of this environment, run by the venv's python, installs into the venv; --ignore-installed
-    # so a clustersim installed in this environment (an editable checkout) does not satisfy it.
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, env=env, check=True).stdout.strip())
+    outer = [p for p in dict.fromkeys([*sitelib.getsitepackages(), sysconfig.get_paths()["purelib"],
+                                       sysconfig.get_paths()["platlib"]]) if Path(p).is_dir()]
+    (site / "_this_environment.pth").write_text("".join(f"{p}\n" for p in outer))
+    # This environment's pip, run by the venv's python, installs into the venv; --ignore-installed so a
+    # clustersim installed in this environment (an editable checkout) does not satisfy it.
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--ignore-installed",
                         str(src)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, env=env, check=True).stdout.strip())
     installed = site / "simulator"
     # Every data file of the package was installed (a new data folder needs package-data in pyproject).
     shipped = sorted(str(p.relative_to(src)) for p in (src / "simulator").rglob("*")
