@@ -28,8 +28,19 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from simulator.version import package_version
+
+        print(f"clustersim {package_version()}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", "-V", help="Print the version and exit.", is_eager=True,
+                                 callback=_print_version),
+) -> None:
     """Capture traces, calibrate profiles, simulate training steps at scale, validate predictions."""
 
 
