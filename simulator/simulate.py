@@ -66,8 +66,9 @@ def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], Non
     prog = build_program(sc, profile, sched)
     net = make_network(sc, topo, profile)
     if progress is not None:
-        progress(f"simulating {sc.name}: {sc.model.name} on {sc.cluster.gpus} x {sc.cluster.gpu}, "
-                 f"{sched.name} with {sched.num_microbatches} microbatches ({mode} mode)")
+        progress(f"simulating {sc.name}: {sc.model.name} on {sc.cluster.gpus} x {sc.cluster.gpu_name}, "
+                 f"{Path(sc.schedule_file).name if sc.schedule_file else sched.name} with {sched.num_microbatches} "
+                 f"microbatch{'' if sched.num_microbatches == 1 else 'es'} ({mode} mode)")
     tl = Engine(prog, net, mode=mode).run()
     mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
     report = build_report(sc.name, prog, tl, mem, profile.compute.peak_tflops, sc.cluster.gpus)
