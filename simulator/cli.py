@@ -44,9 +44,17 @@ def _register_subcommands() -> None:
     from simulator.sweep.cli import sweep_command
     from simulator.trace.cli import trace_app
 
-    app.command("capture", help="Capture a trace bundle from a real torch run (gloo on CPU, NCCL on GPUs).")(capture_command)
-    app.command("calibrate", help="Fit a GPU profile (compute and communication cost models) from traces.")(calibrate_command)
-    app.command("validate", help="Compare the simulator with a captured bundle, or with a published table (--published).")(validate_command)
+    # Long-running commands show a spinner on a terminal (simulator.progress); simulate, compare
+    # and sweep show their own phases. Under torchrun every rank runs capture: none shows one.
+    app.command("capture", help="Capture a trace bundle from a real torch run (gloo on CPU, NCCL on GPUs).")(
+        with_progress("capture: running the ranks", capture_command, when=lambda kw: "RANK" not in os.environ)
+    )
+    app.command("calibrate", help="Fit a GPU profile (compute and communication cost models) from traces.")(
+        with_progress("calibrate", calibrate_command)
+    )
+    app.command("validate", help="Compare the simulator with a captured bundle, or with a published table (--published).")(
+        with_progress("validate", validate_command)
+    )
     app.command("sweep", help="Search parallel layouts: estimate the whole space, simulate the best, Pareto dashboard.")(sweep_command)
     app.command("compare", help="Two scenarios or reports side by side: the what-if dashboard.")(compare_command)
 

@@ -66,14 +66,15 @@ def progress(label: str, enabled: bool = True) -> Iterator[Callable[[str], None]
         stop()
 
 
-def with_progress(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def with_progress(label: str, fn: Callable[..., Any], when: Callable[[dict], bool] | None = None) -> Callable[..., Any]:
     """Wrap a typer command so that it shows a spinner while it runs (see ``progress``); a
-    command's ``as_json`` keyword, when true, keeps it silent. The signature is kept, so typer
-    builds the same options."""
+    command's ``as_json`` keyword, when true, keeps it silent, and so does ``when(kwargs)``
+    returning false. The signature is kept, so typer builds the same options."""
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with progress(label, enabled=not kwargs.get("as_json", False)):
+        enabled = not kwargs.get("as_json", False) and (when is None or when(kwargs))
+        with progress(label, enabled=enabled):
             return fn(*args, **kwargs)
 
     return run

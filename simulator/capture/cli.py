@@ -71,7 +71,9 @@ def capture_command(
     dp: Annotated[Optional[int], typer.Option(help="train: data-parallel size (ep included). Default: world / (tp*pp*cp).")] = None,
     cp: Annotated[int, typer.Option(help="train: context-parallel size (only 1 is captured).")] = 1,
     ep: Annotated[int, typer.Option(help="train: expert-parallel size, carved out of dp.")] = 1,
-    zero: Annotated[int, typer.Option(help="train: 0 DDP (FSDP2 replicate), 1/2 FSDP2 reshard_after_forward=False, 3 FSDP2 full sharding.")] = 3,
+    # The same default as `clustersim simulate` (ParallelConfig.zero): a capture and the scenario it
+    # records agree unless the user asks otherwise.
+    zero: Annotated[int, typer.Option(help="train: ZeRO stage; 0 DDP (FSDP2 replicate), 1/2 FSDP2 reshard_after_forward=False, 3 FSDP2 full sharding. Default 1, as in `clustersim simulate`.")] = 1,
     schedule: Annotated[str, typer.Option(help=f"train: {', '.join(SCHEDULES)}.")] = "1f1b",
     micro_batch_size: Annotated[int, typer.Option(help="train: sequences per microbatch.")] = 1,
     global_batch_size: Annotated[Optional[int], typer.Option(help="train: sequences per step. Default micro x dp x max(2, 2pp).")] = None,
