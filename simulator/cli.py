@@ -19,6 +19,7 @@ import typer
 
 from simulator.errors import UserError
 from simulator.progress import progress, progress_wanted, with_progress
+from simulator.words import plural
 
 app = typer.Typer(
     name="clustersim",
@@ -110,11 +111,6 @@ def _parse_set(values: list[str]) -> dict:
         except yaml.YAMLError:
             raise UserError(f"--set {item!r}: the value is not valid YAML: quote it") from None
     return out
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """"1 microbatch", "2 microbatches"."""
-    return f"{n:,} {word if n == 1 else (many or word + ('es' if word.endswith(('s', 'sh', 'ch', 'x')) else 's'))}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +230,7 @@ def simulate(
     if vpp is not None and layers_per_virtual_stage is not None:
         raise UserError("give --vpp or --num-layers-per-virtual-pipeline-stage, not both")
 
-    with progress(f"simulate {scenario.name if scenario else 'default scenario'}", enabled=progress_wanted(as_json)) as phase:
+    with progress("simulate", enabled=progress_wanted(as_json)) as phase:
         phase("loading the scenario")
         sc = load_scenario(scenario, overrides)
         if layers_per_virtual_stage is not None:

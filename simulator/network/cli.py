@@ -161,7 +161,7 @@ def default_profile_for(topology: str) -> str | None:
 def collective_command(
     op: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, alltoall, sendrecv or broadcast; nccl-tests' names (all_reduce_perf) and allreduce work too."),
     gpus: Optional[int] = typer.Option(None, "--gpus", "--ngpus", "-g", help="Ranks (one GPU each), all issuing the collective together. nccl-tests' -g counts GPUs per process; here it is the total."),
-    topology: str = typer.Option("dgx-h100-fattree", "--topology", "-t", help="Topology: a shipped name or a path to a topology YAML."),
+    topology: str = typer.Option("dgx-h100-fattree", "--topology", help="Topology: a shipped name or a path to a topology YAML."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile (link efficiencies, step latencies): a shipped name or a path. Default: the shipped profile matching the topology's node kind, or ideal links if none does (said on stderr)."),
     min_bytes: str = typer.Option("8", "--minbytes", "--min-bytes", "-b", help="Smallest message, bytes, nccl-tests syntax (8, 1K, 1M, 1G; powers of 1024)."),
     max_bytes: str = typer.Option("8G", "--maxbytes", "--max-bytes", "-e", help="Largest message, bytes, same syntax."),

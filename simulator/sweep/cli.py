@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -133,6 +134,7 @@ def sweep_command(
             res = simulate(build_scenario(out.best["scenario"]), mode=spec.mode)
             write_atomic(best_path, build_dashboard_html(res, cdn=cdn))
             href = os.path.relpath(best_path, dash_path.parent)
+            print(f"timeline of the best point: {best_path}", file=sys.stderr)
         write_atomic(dash_path, build_sweep_dashboard_html(out, cdn=cdn, timeline_href=href))
     if as_json:
         obj = out.to_json()
@@ -162,14 +164,17 @@ def _finite(o):
 
 def print_sweep(out) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    import sys
+    from simulator.words import plural
 
     # Wide enough for a table of axes when stdout is a file or a pipe.
     con = Console(width=None if sys.stdout.isatty() else 160)
     ev = out.evaluation
-    con.print(f"[bold]sweep {out.spec.name}[/bold]: {ev.total:,} points, {sum(ev.pruned.values()):,} pruned, "
+    # The default name is "sweep": say "sweep:", not "sweep sweep:".
+    title = "sweep" if out.spec.name == "sweep" else f"sweep {out.spec.name}"
+    con.print(f"[bold]{escape(title)}[/bold]: {plural(ev.total, 'point')}, {sum(ev.pruned.values()):,} pruned, "
               f"{len(ev.candidates):,} feasible estimated in {ev.estimate_s:.2f} s ({ev.rate:,.0f}/s); "
               f"{len(out.simulated):,} simulated ({out.newly_simulated:,} now, {out.reused:,} from the store)",
               markup=True, highlight=False)
