@@ -186,10 +186,13 @@ def _print_summary(bundle: Path, workload: str) -> None:
     import pandas as pd
 
     from simulator.trace.bundle import load_manifest
+    from simulator.words import plural
 
     m = load_manifest(bundle)
     size = sum(p.stat().st_size for p in bundle.iterdir() if p.is_file())
-    typer.echo(f"wrote {bundle} ({size / 1e6:.2f} MB): {m.world_size} ranks, {m.backend}, {len(m.trace_files)} traces")
+    logs = "; rank stderr (profiler messages) in rank*.stderr.log" if (bundle / "rank0.stderr.log").exists() else ""
+    typer.echo(f"wrote {bundle} ({size / 1e6:.2f} MB): {plural(m.world_size, 'rank')}, {m.backend}, "
+               f"{plural(len(m.trace_files), 'trace')}{logs}")
     if workload == "collectives":
         df = pd.read_parquet(bundle / "collectives.parquet")
         with pd.option_context("display.max_rows", None, "display.width", 200):
@@ -200,7 +203,7 @@ def _print_summary(bundle: Path, workload: str) -> None:
         typer.echo(f"{len(df)} op timings; median {df['time_us'].median():.1f} us")
     elif m.step_times:
         ts = sorted(s.wall_s for s in m.step_times)
-        typer.echo(f"step time median {ts[len(ts) // 2] * 1e3:.1f} ms over {len(ts)} steps")
+        typer.echo(f"step time median {ts[len(ts) // 2] * 1e3:.1f} ms over {plural(len(ts), 'step')}")
 
 
 capture_app = typer.Typer(add_completion=False)
