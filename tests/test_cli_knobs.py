@@ -415,3 +415,15 @@ def test_compare_prints_a_metric_table(tmp_path):
     step = [l for l in lines if "step time" in l]
     assert len(step) == 1 and "%" in step[0]
     assert lines[-1] == f"dashboard: {tmp_path / 'c.html'}" and (tmp_path / "c.html").exists()
+
+
+# ------------------------------------------------------------------------------------ sweep messages
+
+def test_sweep_names_itself_once_and_says_where_the_best_timeline_went(tmp_path):
+    res = clustersim("sweep", "--model", "llama3-8b", "--gpus", "16", "--tp", "2,4", "--pp", "1,2",
+                     "--global-batch-size", "8", "--seq-length", "2048", "--top-k", "1", "--workers", "1",
+                     "--no-progress", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("sweep: 4 points") and "sweep sweep" not in res.stdout
+    best = Path("dashboards") / "sweep-sweep-best.html"
+    assert f"timeline of the best point: {best}" in res.stderr and (tmp_path / best).exists()
