@@ -62,6 +62,8 @@ def _register_subcommands() -> None:
     app.command("collective", help="Simulated nccl-tests: time, algbw and busbw of one collective over message sizes.")(
         collective_command
     )
+    for info in trace_app.registered_commands:  # a large Kineto trace takes seconds to read
+        info.callback = with_progress(f"trace {info.name or info.callback.__name__}", info.callback)
     app.add_typer(trace_app, name="trace", help="Inspect traces: a bundle, a Kineto file, a folder of them, or an nccl-tests log.")
 
 
