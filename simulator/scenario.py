@@ -7,6 +7,7 @@ and the fix. Presets and HuggingFace ``config.json`` files resolve to a ``ModelC
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import types
@@ -534,9 +535,30 @@ def _narrow_by_kind(models: list[type[BaseModel]], node: Any) -> list[type[BaseM
     return hit or models
 
 
+@functools.lru_cache(maxsize=1024)
+def _valid_without_data(dotted: str) -> bool:
+    """True when ``dotted`` names a scenario field through plain sections only (no union to
+    narrow by the data, no dict of entries): such a path is valid whatever the data holds. A
+    sweep builds a scenario per point; this keeps the check off its hot path."""
+    models: list[type[BaseModel]] = [Scenario]
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if len(models) != 1 or part not in models[0].model_fields:
+            return False
+        ann = models[0].model_fields[part].annotation
+        if i == len(parts) - 1:
+            return True
+        if _dict_values_in(ann) is not None:
+            return False
+        models = _models_in(ann)
+    return False
+
+
 def check_override_path(dotted: str, data: dict[str, Any]) -> None:
     """Raise UserError unless ``dotted`` names a field of the scenario (profiles and topologies
     included); the message lists the valid keys where the path went wrong."""
+    if _valid_without_data(dotted):
+        return
     parts = dotted.split(".")
     models: list[type[BaseModel]] = [Scenario]
     i = 0
