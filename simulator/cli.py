@@ -241,6 +241,7 @@ def simulate(
         if sc.parallelism.vpp > 1 and sc.schedule == "1f1b" and not sc.schedule_file and overrides.get("schedule") is None:
             # Megatron interleaves whenever vpp > 1; plain 1F1B has one chunk per rank.
             sc = load_scenario(scenario, dict(overrides, schedule="interleaved-1f1b"))
+            _stderr(f"note: vpp={sc.parallelism.vpp}: using schedule interleaved-1f1b, as Megatron does; --schedule chooses another")
         result = run_simulation(sc, mode=mode.value, progress=phase)
         report = result.report
 
