@@ -18,6 +18,8 @@ from typing import Optional
 import typer
 
 from simulator.errors import UserError
+from simulator.progress import progress, progress_wanted, with_progress
+from simulator.words import plural
 
 app = typer.Typer(
     name="clustersim",
@@ -54,15 +56,25 @@ def _register_subcommands() -> None:
     from simulator.sweep.cli import sweep_command
     from simulator.trace.cli import trace_app
 
-    app.command("capture", help="Capture a trace bundle from a real torch run (gloo on CPU, NCCL on GPUs).")(capture_command)
-    app.command("calibrate", help="Fit a GPU profile (compute and communication cost models) from traces.")(calibrate_command)
-    app.command("validate", help="Compare the simulator with a captured bundle, or with a published table (--published).")(validate_command)
+    # Long-running commands show a spinner on a terminal (simulator.progress); simulate, compare
+    # and sweep show their own phases. Under torchrun every rank runs capture: none shows one.
+    app.command("capture", help="Capture a trace bundle from a real torch run (gloo on CPU, NCCL on GPUs).")(
+        with_progress("capture: running the ranks", capture_command, when=lambda kw: "RANK" not in os.environ)
+    )
+    app.command("calibrate", help="Fit a GPU profile (compute and communication cost models) from traces.")(
+        with_progress("calibrate", calibrate_command)
+    )
+    app.command("validate", help="Compare the simulator with a captured bundle, or with a published table (--published).")(
+        with_progress("validate", validate_command)
+    )
     app.command("sweep", help="Search parallel layouts: estimate the whole space, simulate the best, Pareto dashboard.")(sweep_command)
     app.command("compare", help="Two scenarios or reports side by side: the what-if dashboard.")(compare_command)
 
     app.command("collective", help="Simulated nccl-tests: time, algbw and busbw of one collective over message sizes.")(
         collective_command
     )
+    for info in trace_app.registered_commands:  # a large Kineto trace takes seconds to read
+        info.callback = with_progress(f"trace {info.name or info.callback.__name__}", info.callback)
     app.add_typer(trace_app, name="trace", help="Inspect traces: a bundle, a Kineto file, a folder of them, or an nccl-tests log.")
 
 
@@ -156,38 +168,101 @@ def _parse_set(values: list[str]) -> dict:
     return out
 
 
-@app.command()
+# ---------------------------------------------------------------------------------------------
+# simulate
+# ---------------------------------------------------------------------------------------------
+
+# First-class what-if flags -> the topology / profile field they override (the same path works
+# with --set; a named topology or profile becomes a mapping before the change).
+WHAT_IF_FIELDS = {
+    "nic_gbps": "cluster.topology.node.nic_gbps",
+    "nvlink_GBps": "cluster.topology.node.nvlink_GBps",
+    "leaf_oversubscription": "cluster.topology.fabric.leaf_oversubscription",
+    "spine_oversubscription": "cluster.topology.fabric.spine_oversubscription",
+    "peak_tflops": "cluster.gpu.compute.peak_tflops",
+    "hbm_GBps": "cluster.gpu.compute.hbm_GBps",
+    "hbm_gib": "cluster.gpu.hbm_gib",
+}
+
+DEFAULT_ZERO_HELP = "default 1: optimizer state sharded over dp, as Megatron's distributed optimizer; `capture` uses the same default"
+_DASHBOARD_DEFAULT = "\0default"  # --dashboard given without a path
+
+
+class _OptionalValueCommand(typer.core.TyperCommand):
+    """Lets ``--dashboard`` stand alone (default path) or take a path: click options cannot have an
+    optional value, so a bare ``--dashboard`` gets a sentinel before parsing."""
+
+    optional_value_flags = ("--dashboard",)
+
+    def parse_args(self, ctx, args):
+        out = []
+        for i, a in enumerate(args):
+            out.append(a)
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            if a in self.optional_value_flags and (nxt is None or nxt.startswith("-")):
+                out.append(_DASHBOARD_DEFAULT)
+        return super().parse_args(ctx, out)
+
+
+def _megatron_vpp(sc, layers_per_chunk: int) -> int:
+    """Megatron's --num-layers-per-virtual-pipeline-stage: vpp = num_layers / (pp x that)."""
+    pp, layers = sc.parallelism.pp, sc.model.num_layers
+    if layers_per_chunk < 1 or layers % (pp * layers_per_chunk):
+        raise UserError(
+            f"--num-layers-per-virtual-pipeline-stage {layers_per_chunk}: num_layers={layers} is not divisible by "
+            f"pp*{layers_per_chunk}={pp * layers_per_chunk}: choose a divisor of {layers // pp if layers % pp == 0 else layers}"
+        )
+    return layers // (pp * layers_per_chunk)
+
+
+@app.command(cls=_OptionalValueCommand)
 def simulate(
     scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML; the built-in Llama-3-70B / 1,024 H100 default when omitted."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model preset or HuggingFace config.json."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile: a shipped name (clustersim profiles) or a path to a profile JSON."),
-    topology: Optional[str] = typer.Option(None, "--topology", help="Topology: a shipped name or a path to a topology YAML."),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="Number of GPUs."),
-    tp: Optional[int] = typer.Option(None, "--tp"),
-    pp: Optional[int] = typer.Option(None, "--pp"),
-    vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages (model chunks) per rank."),
-    cp: Optional[int] = typer.Option(None, "--cp"),
-    ep: Optional[int] = typer.Option(None, "--ep"),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Derived from --gpus when omitted."),
-    zero: Optional[int] = typer.Option(None, "--zero", help="ZeRO stage 0-3."),
-    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel"),
-    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size"),
-    global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size"),
-    seq_length: Optional[int] = typer.Option(None, "--seq-length"),
-    recompute: Optional[Recompute] = typer.Option(None, "--recompute"),
-    schedule: Optional[str] = typer.Option(None, "--schedule", help="1f1b, gpipe, interleaved-1f1b, zb-h1, zbv, dualpipe, dualpipev."),
-    schedule_file: Optional[Path] = typer.Option(None, "--schedule-file", help="torchtitan-style schedule CSV."),
-    network: Optional[str] = typer.Option(None, "--network", help="flow (default: flows sharing links max-min fairly) or alpha-beta."),
+    # --- what runs where
+    model: Optional[str] = typer.Option(None, "--model", help="Model preset (llama3-8b, llama3-70b, gpt3-175b, mixtral-8x7b, deepseek-v3, ...) or a HuggingFace config.json.", rich_help_panel="Model and cluster"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile: a shipped name (h100-sxm-80gb, a100-sxm-80gb) or a path to a profile JSON.", rich_help_panel="Model and cluster"),
+    topology: Optional[str] = typer.Option(None, "--topology", help="Topology: a shipped name (dgx-h100-fattree, dgx-h100-rail, ...) or a path to a topology YAML.", rich_help_panel="Model and cluster"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs in the job (= tp x cp x pp x dp).", rich_help_panel="Model and cluster"),
+    # --- parallel layout (Megatron-LM's long names work too)
+    tp: Optional[int] = typer.Option(None, "--tp", "--tensor-model-parallel-size", help="Tensor-parallel size: GPUs that split each layer's matrices.", rich_help_panel="Parallelism"),
+    pp: Optional[int] = typer.Option(None, "--pp", "--pipeline-model-parallel-size", help="Pipeline-parallel size: stages the layers are split into.", rich_help_panel="Parallelism"),
+    vpp: Optional[int] = typer.Option(None, "--vpp", "--virtual-pipeline-model-parallel-size", help="Virtual pipeline stages (model chunks) per pipeline rank; > 1 selects interleaved-1f1b unless --schedule is given.", rich_help_panel="Parallelism"),
+    layers_per_virtual_stage: Optional[int] = typer.Option(None, "--num-layers-per-virtual-pipeline-stage", help="Megatron's way to give vpp: layers per model chunk; vpp = num_layers / (pp x this).", rich_help_panel="Parallelism"),
+    cp: Optional[int] = typer.Option(None, "--cp", "--context-parallel-size", help="Context-parallel size: GPUs that split each sequence.", rich_help_panel="Parallelism"),
+    ep: Optional[int] = typer.Option(None, "--ep", "--expert-model-parallel-size", help="Expert-parallel size (MoE), carved out of dp.", rich_help_panel="Parallelism"),
+    dp: Optional[int] = typer.Option(None, "--dp", "--data-parallel-size", help="Data-parallel size; derived as gpus / (tp x cp x pp) when omitted.", rich_help_panel="Parallelism"),
+    zero: Optional[int] = typer.Option(None, "--zero", help=f"ZeRO stage: 0 replicated (DDP), 1 + optimizer sharded, 2 + gradients, 3 + parameters (FSDP); {DEFAULT_ZERO_HELP}.", rich_help_panel="Parallelism"),
+    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism with tp > 1 (default on).", rich_help_panel="Parallelism"),
+    # --- batch
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Sequences per microbatch per data-parallel rank.", rich_help_panel="Batch"),
+    global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size", help="Sequences per optimizer step, all data-parallel ranks together (tokens = this x seq-length).", rich_help_panel="Batch"),
+    seq_length: Optional[int] = typer.Option(None, "--seq-length", help="Tokens per sequence.", rich_help_panel="Batch"),
+    recompute: Optional[Recompute] = typer.Option(None, "--recompute", "--recompute-granularity", help="Activation recomputation: none (default), selective (attention core) or full (whole layers).", rich_help_panel="Batch"),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help="Pipeline schedule: 1f1b (default), gpipe, interleaved-1f1b, zb-h1, zbv, dualpipe, dualpipev.", rich_help_panel="Batch"),
+    schedule_file: Optional[Path] = typer.Option(None, "--schedule-file", help="A torchtitan-style schedule CSV (overrides --schedule).", rich_help_panel="Batch"),
+    # --- what-ifs on the hardware
+    nic_gbps: Optional[float] = typer.Option(None, "--nic-gbps", help="Bandwidth of each scale-out NIC, Gbit/s, one direction (DGX H100: 400).", rich_help_panel="Hardware what-ifs"),
+    nvlink_GBps: Optional[float] = typer.Option(None, "--nvlink-GBps", help="NVLink bandwidth per GPU, GByte/s, one direction (H100 SXM: 450).", rich_help_panel="Hardware what-ifs"),
+    leaf_oversubscription: Optional[float] = typer.Option(None, "--leaf-oversubscription", help="Leaf switch down:up bandwidth ratio (1 = full bisection, 2 = 2:1).", rich_help_panel="Hardware what-ifs"),
+    spine_oversubscription: Optional[float] = typer.Option(None, "--spine-oversubscription", help="Spine layer down:up bandwidth ratio towards the core (1 = full bisection).", rich_help_panel="Hardware what-ifs"),
+    peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="GPU peak dense TFLOP/s in the compute dtype (H100 SXM BF16: 989).", rich_help_panel="Hardware what-ifs"),
+    hbm_GBps: Optional[float] = typer.Option(None, "--hbm-GBps", help="GPU memory (HBM) bandwidth, GByte/s (H100 SXM: 3350).", rich_help_panel="Hardware what-ifs"),
+    hbm_gib: Optional[float] = typer.Option(None, "--hbm-gib", help="GPU memory capacity, GiB (H100 SXM: 80).", rich_help_panel="Hardware what-ifs"),
+    set_: list[str] = typer.Option([], "--set", help="Override any field, dotted: --set parallelism.grad_bucket_params=1e8, --set model.num_layers=4, --set cluster.topology.node.nic_gbps=200, --set cluster.gpu.compute.peak_tflops=500. Applied after the flags.", rich_help_panel="Hardware what-ifs"),
+    # --- how and what to write
+    network: Optional[str] = typer.Option(None, "--network", help="flow (default: flows sharing links max-min fairly) or alpha-beta (per-tier formulas, faster)."),
     mode: SimMode = typer.Option(SimMode.reduced, "--mode", help="reduced: one rank per symmetry class; full: every rank."),
-    set_: list[str] = typer.Option([], "--set", help="Override any scenario field: --set parallelism.grad_bucket_params=1e8."),
-    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object with the report."),
-    dashboard: Optional[Path] = typer.Option(None, "--dashboard", help="Dashboard HTML path (default dashboards/<name>.html)."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object with the report; writes no dashboard unless --dashboard is given."),
+    dashboard: Optional[str] = typer.Option(None, "--dashboard", metavar="[PATH]", help="Write the HTML dashboard (to PATH, or dashboards/<name>.html). Written by default without --json."),
     no_dashboard: bool = typer.Option(False, "--no-dashboard", help="Write no dashboard."),
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
     perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write a Perfetto / Chrome trace JSON here."),
     report_json: Optional[Path] = typer.Option(None, "--report", help="Also write the full report JSON here."),
 ) -> None:
-    """Simulate one training step and print the prediction."""
+    """Simulate one training step and print the prediction.
+
+    Batch sizes count sequences (tokens per step = global batch size x sequence length).
+    """
     from simulator.scenario import load_scenario
     from simulator.simulate import simulate as run_simulation
 
@@ -200,40 +275,88 @@ def simulate(
         "recompute": recompute.value if recompute else None, "schedule": schedule,
         "schedule_file": str(schedule_file) if schedule_file else None, "network": network,
     }
+    what_ifs = dict(nic_gbps=nic_gbps, nvlink_GBps=nvlink_GBps, leaf_oversubscription=leaf_oversubscription,
+                    spine_oversubscription=spine_oversubscription, peak_tflops=peak_tflops, hbm_GBps=hbm_GBps,
+                    hbm_gib=hbm_gib)
+    overrides.update({WHAT_IF_FIELDS[k]: v for k, v in what_ifs.items()})
     overrides.update(_parse_set(set_))
     if scenario is not None and not scenario.exists():
         raise UserError(f"scenario file {str(scenario)!r} does not exist: check the path, or omit it to run the default")
-    sc = load_scenario(scenario, overrides)
-    result = run_simulation(sc, mode=mode.value, progress=_stderr)
-    report = result.report
+    if vpp is not None and layers_per_virtual_stage is not None:
+        raise UserError("give --vpp or --num-layers-per-virtual-pipeline-stage, not both")
 
-    if not no_dashboard:
-        from simulator.report.dashboard import build_dashboard_html
+    with progress("simulate", enabled=progress_wanted(as_json)) as phase:
+        phase("loading the scenario")
+        sc = load_scenario(scenario, overrides)
+        if layers_per_virtual_stage is not None:
+            overrides["parallelism.vpp"] = _megatron_vpp(sc, layers_per_virtual_stage)
+            sc = load_scenario(scenario, overrides)
+        if sc.parallelism.vpp > 1 and sc.schedule == "1f1b" and not sc.schedule_file and overrides.get("schedule") is None:
+            # Megatron interleaves whenever vpp > 1; plain 1F1B has one chunk per rank.
+            sc = load_scenario(scenario, dict(overrides, schedule="interleaved-1f1b"))
+            _stderr(f"note: vpp={sc.parallelism.vpp}: using schedule interleaved-1f1b, as Megatron does; --schedule chooses another")
+        result = run_simulation(sc, mode=mode.value, progress=phase)
+        report = result.report
 
-        path = dashboard or Path("dashboards") / f"{sc.name}.html"
-        write_atomic(path, build_dashboard_html(result, cdn=cdn))
+        write_dash = not no_dashboard and (dashboard is not None or not as_json)
+        if write_dash:
+            from simulator.report.dashboard import build_dashboard_html
+
+            phase("writing the dashboard")
+            path = Path("dashboards") / f"{sc.name}.html" if dashboard in (None, _DASHBOARD_DEFAULT) else Path(dashboard)
+            write_atomic(path, build_dashboard_html(result, cdn=cdn))
+        if perfetto is not None:
+            from simulator.report.perfetto import perfetto_trace
+
+            phase("writing the Perfetto trace")
+            write_atomic(perfetto, json.dumps(perfetto_trace(result.timeline)))
+        if report_json is not None:
+            write_atomic(report_json, report.model_dump_json(indent=2))
+    if write_dash:
         _stderr(f"dashboard: {path}")
     if perfetto is not None:
-        from simulator.report.perfetto import perfetto_trace
-
-        write_atomic(perfetto, json.dumps(perfetto_trace(result.timeline)))
         _stderr(f"perfetto trace: {perfetto}")
-    if report_json is not None:
-        write_atomic(report_json, report.model_dump_json(indent=2))
     if as_json:
         print(json.dumps(report.model_dump(mode="json")))
     else:
-        print_summary(report)
+        print_summary(report, sc)
 
 
-def print_summary(report) -> None:
+def layout_line(sc) -> str:
+    """What was simulated, in one line: layout, batch, schedule (a schedule file by its file name)."""
+    p = sc.parallelism
+    dims = [f"TP{p.tp}", f"PP{p.pp}"] + ([f"VPP{p.vpp}"] if p.vpp > 1 else []) + [f"DP{sc.dp}"]
+    dims += ([f"CP{p.cp}"] if p.cp > 1 else []) + ([f"EP{p.ep}"] if p.ep > 1 else []) + [f"ZeRO-{p.zero}"]
+    sched = f"schedule file {Path(sc.schedule_file).name}" if sc.schedule_file else f"schedule {sc.schedule}"
+    return (f"{sc.model.name} · {' '.join(dims)} · {sched} · global batch {plural(sc.batch.global_batch_size, 'sequence')} "
+            f"of {sc.batch.seq_length:,} tokens · {sc.cluster.gpu_name} on {sc.cluster.topology_name}")
+
+
+def group_links(links: list[dict], tolerance: float = 0.01) -> list[tuple[dict, int]]:
+    """Busiest links with near-identical ones folded together: (first link, how many), for links
+    of one kind whose utilizations lie within ``tolerance`` of the group's first (a symmetric
+    collective loads every leaf uplink alike; ten rows of the same 97% say nothing)."""
+    groups: list[tuple[dict, int]] = []
+    for link in links:
+        u = link.get("utilization", 0.0)
+        for i, (first, n) in enumerate(groups):
+            if first.get("kind") == link.get("kind") and abs(first.get("utilization", 0.0) - u) <= tolerance:
+                groups[i] = (first, n + 1)
+                break
+        else:
+            groups.append((link, 1))
+    return groups
+
+
+def print_summary(report, scenario=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     from simulator.textsafe import for_rich
 
     con = Console()
-    t = Table(title=f"{for_rich(report.name)}: {report.gpus} GPUs, {report.num_microbatches} microbatches", show_header=False)
+    t = Table(title=f"{for_rich(report.name)}: {plural(report.gpus, 'GPU')}, {plural(report.num_microbatches, 'microbatch')}",
+              show_header=False)
     t.add_column("metric", style="bold")
     t.add_column("value", justify="right")
     t.add_row("step time", f"{report.step_time_s:.3f} s")
@@ -246,9 +369,12 @@ def print_summary(report) -> None:
             t.add_row(f"exposed {dim} comm", f"{v:.3f} s ({v / report.step_time_s:.1%})")
     fit = "fits" if report.fits_in_memory else "[red]DOES NOT FIT[/red]"
     t.add_row("peak memory", f"{report.peak_memory_gib:.1f} GiB of {report.memory_capacity_gib:.1f} ({fit})")
-    for link in report.busiest_links[:3]:
-        t.add_row("busy link", f"{for_rich(link.get('name', link.get('link')))}: {link.get('utilization', 0):.0%}")
+    for link, n in group_links(report.busiest_links)[:3]:
+        name, util = for_rich(link.get("name", link.get("link"))), link.get("utilization", 0)
+        t.add_row("busy link", f"{name}: {util:.0%}" if n == 1 else f"{n} links like {name} at {util:.0%}")
     t.add_row("simulated in", f"{report.sim_wall_s:.2f} s, {report.events:,} events ({report.mode})")
+    if scenario is not None:
+        con.print(layout_line(scenario), highlight=False, markup=False, soft_wrap=True)
     con.print(t)
     for note in report.notes:
         con.print(f"note: {for_rich(note)}")

@@ -7,13 +7,18 @@ and the fix. Presets and HuggingFace ``config.json`` files resolve to a ``ModelC
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import types
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from simulator.calibrate.profile import Profile, load_profile
 from simulator.errors import UserError, read_json, read_yaml, validation_error_line
+from simulator.topology.spec import TopologySpec, first_validation_error, load_topology
 
 # Bounds far above any real run (the largest published jobs use ~100K GPUs, ~200 layers, a few
 # thousand microbatches per step) that keep a typo from asking for terabytes or hours.
@@ -160,8 +165,58 @@ class ClusterConfig(BaseModel):
     model_config = _STRICT
 
     gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs in the job.")
-    gpu: str = Field("h100-sxm-80gb", description="GPU profile: a name shipped in simulator/data/profiles or a path to a profile JSON.")
-    topology: str = Field("dgx-h100-fattree", description="Topology: a name shipped in simulator/data/topologies or a path to a YAML file.")
+    # Named (a shipped name or a file) or written inline as a mapping. A dotted override into a
+    # named one (--set cluster.gpu.compute.peak_tflops=500) first turns it into its mapping.
+    gpu: str | Profile = Field(
+        "h100-sxm-80gb",
+        description="GPU profile: a name shipped in simulator/data/profiles, a path to a profile JSON, or the profile as a mapping.",
+    )
+    topology: str | TopologySpec = Field(
+        "dgx-h100-fattree",
+        description="Topology: a name shipped in simulator/data/topologies, a path to a YAML file, or the topology as a mapping.",
+    )
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _inline_gpu(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            try:
+                return Profile.model_validate(v)
+            except ValidationError as exc:
+                raise ValueError(validation_error_line(exc)) from None
+        if not isinstance(v, (str, Profile)):
+            raise ValueError(f"{v!r} is not a GPU profile: give a shipped name, a path to a profile JSON, or a mapping")
+        return v
+
+    @field_validator("topology", mode="before")
+    @classmethod
+    def _inline_topology(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            try:
+                return TopologySpec.model_validate(v)
+            except ValidationError as exc:
+                raise ValueError(first_validation_error(exc)) from None
+        if not isinstance(v, (str, TopologySpec)):
+            raise ValueError(f"{v!r} is not a topology: give a shipped name, a path to a topology YAML, or a mapping")
+        return v
+
+    @property
+    def gpu_name(self) -> str:
+        """What reports call the GPU profile: its name or path, or the inline profile's name."""
+        return self.gpu if isinstance(self.gpu, str) else self.gpu.name
+
+    @property
+    def topology_name(self) -> str:
+        return self.topology if isinstance(self.topology, str) else self.topology.name
+
+
+def spec_key(value: str | BaseModel) -> str:
+    """A hashable cache key for a named-or-inline profile or topology: the name or path as
+    given, or a digest of the inline mapping's content."""
+    if isinstance(value, str):
+        return value
+    blob = json.dumps(value.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return "inline:" + hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 class Scenario(BaseModel):
@@ -471,12 +526,154 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
+# Sections a scenario may name (a preset, a shipped name or a file) instead of writing them out;
+# a dotted override that reaches inside one turns the named form into its full mapping first.
+_NAMED_SECTIONS: dict[str, tuple[Any, Any]] = {
+    "model": (lambda v: resolve_model(v).model_dump(), None),
+    "cluster.gpu": (lambda v: load_profile(v).model_dump(mode="json"), "h100-sxm-80gb"),
+    "cluster.topology": (lambda v: load_topology(v).model_dump(mode="json"), "dgx-h100-fattree"),
+}
+_WHAT_IF_SOURCE = "what-if override from the command line or scenario (not measured)"
+
+
+def _get_dotted(data: dict[str, Any], dotted: str) -> Any:
+    node: Any = data
+    for key in dotted.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def _materialise(data: dict[str, Any], dotted: str) -> str | None:
+    """Turn the named section ``dotted`` reaches into (if any) into its mapping; returns that
+    section's path, or None when the override is not inside one."""
+    for section, (expand, default) in _NAMED_SECTIONS.items():
+        if dotted.startswith(section + "."):
+            value = _get_dotted(data, section)
+            if value is None:
+                value = default
+            if isinstance(value, str):
+                set_dotted(data, section, expand(value))
+            return section
+    return None
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """Pydantic model classes an annotation allows (through Optional, unions and Annotated)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _models_in(get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return [m for a in get_args(annotation) for m in _models_in(a)]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return []
+
+
+def _dict_values_in(annotation: Any) -> Any:
+    """The value annotation of a dict[str, X] field (through Optional), else None."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _dict_values_in(get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        for a in get_args(annotation):
+            v = _dict_values_in(a)
+            if v is not None:
+                return v
+        return None
+    if origin is dict:
+        return get_args(annotation)[1]
+    return None
+
+
+def _narrow_by_kind(models: list[type[BaseModel]], node: Any) -> list[type[BaseModel]]:
+    """A discriminated union (the topology's fabric) narrowed to the member the data names."""
+    kind = node.get("kind") if isinstance(node, dict) else None
+    if len(models) < 2 or kind is None:
+        return models
+    hit = [m for m in models if "kind" in m.model_fields and kind in get_args(m.model_fields["kind"].annotation)]
+    return hit or models
+
+
+@functools.lru_cache(maxsize=1024)
+def _valid_without_data(dotted: str) -> bool:
+    """True when ``dotted`` names a scenario field through plain sections only (no union to
+    narrow by the data, no dict of entries): such a path is valid whatever the data holds. A
+    sweep builds a scenario per point; this keeps the check off its hot path."""
+    models: list[type[BaseModel]] = [Scenario]
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if len(models) != 1 or part not in models[0].model_fields:
+            return False
+        ann = models[0].model_fields[part].annotation
+        if i == len(parts) - 1:
+            return True
+        if _dict_values_in(ann) is not None:
+            return False
+        models = _models_in(ann)
+    return False
+
+
+def check_override_path(dotted: str, data: dict[str, Any]) -> None:
+    """Raise UserError unless ``dotted`` names a field of the scenario (profiles and topologies
+    included); the message lists the valid keys where the path went wrong."""
+    if _valid_without_data(dotted):
+        return
+    parts = dotted.split(".")
+    models: list[type[BaseModel]] = [Scenario]
+    i = 0
+    while True:
+        here = ".".join(parts[:i])
+        models = _narrow_by_kind(models, _get_dotted(data, here) if here else data)
+        fields = {name: f for m in models for name, f in m.model_fields.items()}
+        if parts[i] not in fields:
+            where = f"under {here!r}" if here else "at the top level"
+            raise UserError(f"unknown key {'.'.join(parts[: i + 1])!r}: valid keys {where} are {', '.join(sorted(fields))}")
+        if i == len(parts) - 1:
+            return
+        ann = fields[parts[i]].annotation
+        values = _dict_values_in(ann)
+        if values is not None:
+            # A dict of sub-models (a profile's op classes): one of its entries, then its fields.
+            node = _get_dotted(data, ".".join(parts[: i + 1]))
+            if isinstance(node, dict) and parts[i + 1] not in node:
+                raise UserError(
+                    f"unknown key {'.'.join(parts[: i + 2])!r}: valid keys under {'.'.join(parts[: i + 1])!r} "
+                    f"are {', '.join(sorted(node))}"
+                )
+            if i + 1 == len(parts) - 1:
+                return
+            models, i = _models_in(values), i + 2
+        else:
+            models, i = _models_in(ann), i + 1
+        if not models:
+            raise UserError(f"{'.'.join(parts[:i])!r} is a value, not a section: cannot set {dotted!r}")
+
+
+def apply_override(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """One dotted override (``cluster.topology.node.nic_gbps = 200``) applied to a scenario dict:
+    a named model, profile or topology it reaches into becomes its mapping first, and the path
+    must name an existing field."""
+    section = _materialise(data, dotted)
+    check_override_path(dotted, data)
+    set_dotted(data, dotted, value)
+    if section == "cluster.gpu" and isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        # A changed profile number is no longer the datasheet's or the fit's: say so where the
+        # profile records where its numbers come from.
+        prov = data["cluster"]["gpu"].setdefault("provenance", {})
+        if isinstance(prov, dict):
+            prov.setdefault("items", []).append(
+                {"field": dotted[len(section) + 1:], "value": value, "source": _WHAT_IF_SOURCE}
+            )
+
+
 def build_scenario(data: dict[str, Any], overrides: dict[str, Any] | None = None) -> Scenario:
     """Validate a scenario dict after applying dotted overrides ({"parallelism.tp": 4})."""
     data = json.loads(json.dumps(data))  # deep copy
     for dotted, value in (overrides or {}).items():
         if value is not None:
-            set_dotted(data, dotted, value)
+            apply_override(data, dotted, value)
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
@@ -489,6 +686,6 @@ def load_scenario(path: str | Path | None = None, overrides: dict[str, Any] | No
     sc = build_scenario(data, overrides)
     if path is None and "name" not in (overrides or {}):
         # The default's name describes the default; flags that change the job rename it.
-        gpu = Path(sc.cluster.gpu).stem.split("-")[0]
+        gpu = Path(sc.cluster.gpu_name).stem.split("-")[0]
         sc = sc.model_copy(update={"name": f"{Path(sc.model.name).stem}-{sc.cluster.gpus}x{gpu}"})
     return sc

@@ -12,6 +12,7 @@ from simulator.errors import UserError
 from simulator.network.alpha_beta import TierNetwork
 from simulator.report.metrics import Report, build_report
 from simulator.scenario import Scenario
+from simulator.words import plural
 from simulator.schedules import build_schedule, load_schedule_csv, validate_schedule
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology import TopologySpec, load_topology
@@ -66,8 +67,9 @@ def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], Non
     prog = build_program(sc, profile, sched)
     net = make_network(sc, topo, profile)
     if progress is not None:
-        progress(f"simulating {sc.name}: {sc.model.name} on {sc.cluster.gpus} x {sc.cluster.gpu}, "
-                 f"{sched.name} with {sched.num_microbatches} microbatches ({mode} mode)")
+        progress(f"simulating {sc.name}: {sc.model.name} on {sc.cluster.gpus} x {sc.cluster.gpu_name}, "
+                 f"{Path(sc.schedule_file).name if sc.schedule_file else sched.name} with "
+                 f"{plural(sched.num_microbatches, 'microbatch')} ({mode} mode)")
     tl = Engine(prog, net, mode=mode).run()
     mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
     report = build_report(sc.name, prog, tl, mem, profile.compute.peak_tflops, sc.cluster.gpus)

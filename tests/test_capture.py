@@ -45,14 +45,16 @@ def names(evs: list[dict]) -> Counter:
     return Counter(e.get("name") for e in evs if e.get("ph") == "X")
 
 
-def check_bundle(bundle: Path, world: int, workload: str) -> None:
+def check_bundle(bundle: Path, world: int, workload: str, spawned: bool = True) -> None:
     m = load_manifest(bundle)
     assert m.workload == workload and m.world_size == world and m.backend == "gloo"
     assert m.trace_files == [f"rank{r}.trace.json.gz" for r in range(world)]
     assert len(m.devices) == world and sum(m.device_counts.values()) == world
     assert m.torch_version and m.hosts
     files = {p.name for p in bundle.iterdir()}
-    assert files == {"manifest.json", *m.trace_files, *m.tables}
+    # Each spawned rank's stderr (torch profiler noise) is kept in the bundle, off the terminal.
+    logs = {f"rank{r}.stderr.log" for r in range(world)} if spawned else set()
+    assert files == {"manifest.json", *m.trace_files, *m.tables, *logs}
     # no temporary sibling is left behind
     assert not [p for p in bundle.parent.iterdir() if p.name.startswith(f".{bundle.name}.")]
 
@@ -129,7 +131,7 @@ def test_compute_grid(tmp_path: Path) -> None:
 
 def test_train_tp2_pp2_1f1b(tmp_path: Path) -> None:
     out = tmp_path / "tp2pp2"
-    capture("train", "--out", str(out), "--nproc", "4", "--tp", "2", "--pp", "2", "--schedule", "1f1b",
+    capture("train", "--out", str(out), "--nproc", "4", "--tp", "2", "--pp", "2", "--schedule", "1f1b", "--zero", "3",
             "--steps", "2", "--warmup-steps", "0", "--num-layers", "2", "--hidden-size", "32", "--seq-length", "16",
             "--vocab-size", "64")
     check_bundle(out, 4, "train")
@@ -179,7 +181,7 @@ def _trace_meta(bundle: Path, rank: int) -> dict:
 
 def test_train_moe_ep2_fsdp(tmp_path: Path) -> None:
     out = tmp_path / "moe"
-    capture("train", "--out", str(out), "--nproc", "2", "--ep", "2", "--num-experts", "4", "--top-k", "2",
+    capture("train", "--out", str(out), "--nproc", "2", "--ep", "2", "--num-experts", "4", "--top-k", "2", "--zero", "3",
             "--mlp", "swiglu", "--steps", "2", "--warmup-steps", "0", "--num-layers", "2", "--hidden-size", "32",
             "--seq-length", "16", "--vocab-size", "64")
     check_bundle(out, 2, "train")
@@ -235,10 +237,10 @@ def test_torchrun_mode_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     out = tmp_path / "tr"
     capture("compute", "--out", str(out), "--hidden-sizes", "64", "--tokens", "16", "--tp-sizes", "1",
             "--vocab-sizes", "64", "--adamw-numels", "256", "--min-time-s", "0", "--max-repeats", "3")
-    check_bundle(out, 1, "compute")
+    check_bundle(out, 1, "compute", spawned=False)
     capture("compute", "--out", str(out), "--force", "--hidden-sizes", "64", "--tokens", "16", "--tp-sizes", "1",
             "--vocab-sizes", "64", "--adamw-numels", "256", "--min-time-s", "0", "--max-repeats", "3")
-    check_bundle(out, 1, "compute")
+    check_bundle(out, 1, "compute", spawned=False)
 
 
 def test_cli_module_does_not_import_torch() -> None:

@@ -20,8 +20,10 @@ def test_parse_size():
 def test_json_rows_follow_nccl_tests_definitions():
     res = CliRunner().invoke(collective_app, ["all_gather", "--gpus", "16", "--topology", "p4de-efa", "-b", "1M", "-e", "64M", "--json"])
     assert res.exit_code == 0, res.output
-    rows = json.loads(res.stdout)
-    assert [set(r) for r in rows] == [{"size_bytes", "time_us", "algbw_GBps", "busbw_GBps"}] * len(rows)
+    obj = json.loads(res.stdout)  # one object, the rows inside
+    rows = obj["rows"]
+    assert obj["collective"] == "all_gather" and obj["gpus"] == 16
+    assert [set(r) for r in rows] == [{"size_bytes", "count", "time_us", "algbw_GBps", "busbw_GBps", "algorithm"}] * len(rows)
     assert len(rows) == 7
     for r in rows:
         assert r["size_bytes"] % (16 * 4) == 0  # all_gather: count per rank x nranks x 4 bytes
@@ -51,6 +53,6 @@ def test_every_op_runs(op):
 
 
 def test_bad_op_exits_2_with_one_line():
-    res = CliRunner().invoke(collective_app, ["allreduce", "--gpus", "8"])
+    res = CliRunner().invoke(collective_app, ["allreduc", "--gpus", "8"])
     assert res.exit_code == 2
-    assert "unknown collective 'allreduce'" in res.output and res.output.strip().count("\n") == 0
+    assert "unknown collective 'allreduc'" in res.output and res.output.strip().count("\n") == 0

@@ -239,8 +239,11 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in CALIBRATION_DIR.glob("*.json"))
 
 
-def load_profile(name_or_path: str | Path) -> Profile:
-    """A profile name in calibration/ or a path to a profile JSON."""
+def load_profile(name_or_path: "str | Path | Profile") -> Profile:
+    """A profile name in calibration/ or a path to a profile JSON (a Profile passes through:
+    a scenario may hold its profile inline)."""
+    if isinstance(name_or_path, Profile):
+        return name_or_path
     path = Path(name_or_path)
     if path.suffix != ".json":
         path = CALIBRATION_DIR / f"{name_or_path}.json"

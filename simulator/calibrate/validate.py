@@ -268,7 +268,10 @@ def validate_command(
             raise UserError(f"give either a bundle ({str(bundle)!r}) or --published {published!r}, not both")
         from simulator.calibrate.published import print_published, validate_published
 
-        result = validate_published(published, progress=lambda line: print(line, file=sys.stderr))
+        from simulator.progress import progress_wanted
+
+        # Per-row lines on a terminal only (they scroll above the spinner); silent under --json or a pipe.
+        result = validate_published(published, progress=(lambda line: print(line, file=sys.stderr)) if progress_wanted(as_json) else None)
         if as_json:
             print(json.dumps(result.to_json()))
         else:

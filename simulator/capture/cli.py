@@ -89,7 +89,9 @@ def capture_command(
     dp: Annotated[Optional[int], typer.Option(help="train: data-parallel size (ep included). Default: world / (tp*pp*cp).")] = None,
     cp: Annotated[int, typer.Option(help="train: context-parallel size (only 1 is captured).")] = 1,
     ep: Annotated[int, typer.Option(help="train: expert-parallel size, carved out of dp.")] = 1,
-    zero: Annotated[int, typer.Option(help="train: 0 DDP (FSDP2 replicate), 1/2 FSDP2 reshard_after_forward=False, 3 FSDP2 full sharding.")] = 3,
+    # The same default as `clustersim simulate` (ParallelConfig.zero): a capture and the scenario it
+    # records agree unless the user asks otherwise.
+    zero: Annotated[int, typer.Option(help="train: ZeRO stage; 0 DDP (FSDP2 replicate), 1/2 FSDP2 reshard_after_forward=False, 3 FSDP2 full sharding. Default 1, as in `clustersim simulate`.")] = 1,
     schedule: Annotated[str, typer.Option(help=f"train: {', '.join(SCHEDULES)}.")] = "1f1b",
     micro_batch_size: Annotated[int, typer.Option(help="train: sequences per microbatch.")] = 1,
     global_batch_size: Annotated[Optional[int], typer.Option(help="train: sequences per step. Default micro x dp x max(2, 2pp).")] = None,
@@ -204,10 +206,13 @@ def _print_summary(bundle: Path, workload: str) -> None:
     import pandas as pd
 
     from simulator.trace.bundle import load_manifest
+    from simulator.words import plural
 
     m = load_manifest(bundle)
     size = sum(p.stat().st_size for p in bundle.iterdir() if p.is_file())
-    typer.echo(f"wrote {bundle} ({size / 1e6:.2f} MB): {m.world_size} ranks, {m.backend}, {len(m.trace_files)} traces")
+    logs = "; rank stderr (profiler messages) in rank*.stderr.log" if (bundle / "rank0.stderr.log").exists() else ""
+    typer.echo(f"wrote {bundle} ({size / 1e6:.2f} MB): {plural(m.world_size, 'rank')}, {m.backend}, "
+               f"{plural(len(m.trace_files), 'trace')}{logs}")
     if workload == "collectives":
         df = pd.read_parquet(bundle / "collectives.parquet")
         with pd.option_context("display.max_rows", None, "display.width", 200):
@@ -218,7 +223,7 @@ def _print_summary(bundle: Path, workload: str) -> None:
         typer.echo(f"{len(df)} op timings; median {df['time_us'].median():.1f} us")
     elif m.step_times:
         ts = sorted(s.wall_s for s in m.step_times)
-        typer.echo(f"step time median {ts[len(ts) // 2] * 1e3:.1f} ms over {len(ts)} steps")
+        typer.echo(f"step time median {ts[len(ts) // 2] * 1e3:.1f} ms over {plural(len(ts), 'step')}")
 
 
 capture_app = typer.Typer(add_completion=False)

@@ -38,6 +38,9 @@ from simulator.errors import UserError
 from simulator.trace.bundle import MANIFEST_NAME, Manifest, StepTiming
 
 _ERROR_PREFIX = ".error-rank"
+# A spawned rank's stderr (torch's profiler prints USDT probe lines and warnings straight to
+# fd 2) goes to this log inside the bundle, not to the user's terminal.
+STDERR_LOG = "rank{rank}.stderr.log"
 
 
 @dataclass
@@ -194,11 +197,14 @@ def launch(cfg: CaptureConfig, nproc: int) -> Path:
         mp.spawn(_spawned_rank, args=(cfg, nproc, port), nprocs=nproc, join=True)
     except BaseException as exc:
         err = _first_rank_error(cfg.tmp_dir)
+        log_tail = _log_tail(Path(cfg.tmp_dir) / STDERR_LOG.format(rank=err["rank"] if err else 0))
         shutil.rmtree(cfg.tmp_dir, ignore_errors=True)
         if err is not None and err.get("user_error"):
             raise UserError(err["message"]) from None
         if err is not None and not isinstance(exc, KeyboardInterrupt):
-            raise RuntimeError(f"capture failed on rank {err['rank']}:\n{err['traceback']}") from None
+            raise RuntimeError(f"capture failed on rank {err['rank']}:\n{err['traceback']}{log_tail}") from None
+        if log_tail and not isinstance(exc, KeyboardInterrupt):
+            raise RuntimeError(f"capture failed ({type(exc).__name__}: {exc}){log_tail}") from None
         raise
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
@@ -227,10 +233,31 @@ def _first_rank_error(tmp_dir: str) -> dict[str, Any] | None:
     return errors[0]
 
 
+def _log_tail(path: Path, lines: int = 30) -> str:
+    """The end of a rank's stderr log, for the message of a failed capture."""
+    try:
+        text = path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    return f"\nlast lines of rank stderr ({path.name}):\n" + "\n".join(text.splitlines()[-lines:]) if text else ""
+
+
+def _redirect_stderr(path: Path) -> None:
+    """Send this process's fd 2 (Python and C++ alike) to ``path``."""
+    import sys
+
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def _spawned_rank(local_rank: int, cfg: CaptureConfig, world_size: int, port: int) -> None:
     _die_with_parent()
     if cfg.launcher_pid is not None and os.getppid() != cfg.launcher_pid:
         return  # the launcher died before this rank started
+    if cfg.tmp_dir is not None:
+        _redirect_stderr(Path(cfg.tmp_dir) / STDERR_LOG.format(rank=local_rank))
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     os.environ["RANK"] = str(local_rank)

@@ -30,6 +30,26 @@ OPS = {
     "broadcast": "broadcast",
 }
 _TYPE_BYTES = 4  # nccl-tests' default -d float
+# nccl-tests' -d names and their element sizes (common.cu's test_typenames).
+DATATYPES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "half": 2, "float": 4,
+             "double": 8, "bfloat16": 2, "f8e4m3": 1, "f8e5m2": 1}
+# nccl-tests' -o names; the reduction does not change the simulated time (the fabric moves bytes).
+REDOPS = ("sum", "prod", "max", "min", "avg", "all")
+# GPU profile to assume when --gpu is not given, by the topology's node kind.
+NODE_KIND_PROFILES = {"dgx-h100": "h100-sxm-80gb", "dgx-a100": "a100-sxm-80gb", "p4de": "a100-sxm-80gb",
+                      "cpu-host": "cpu-gloo-host"}
+
+
+def normalise_op(name: str) -> str:
+    """nccl-tests' program names and their spellings: all_reduce_perf, allreduce, all-reduce -> all_reduce."""
+    key = name.strip().lower().removesuffix("_perf").replace("-", "").replace("_", "")
+    table = {k.replace("_", ""): k for k in OPS}
+    if key not in table:
+        raise UserError(
+            f"unknown collective {name!r}: use one of all_reduce, all_gather, reduce_scatter, alltoall, sendrecv, broadcast "
+            "(nccl-tests' names such as all_reduce_perf or allreduce work too)"
+        )
+    return table[key]
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)[bB]?\s*$")
 
 
@@ -69,11 +89,10 @@ def network_kwargs_for_profile(gpu: str | None) -> tuple[dict[str, Any], str]:
 
 def simulate_sweep(op: str, gpus: int, topology: str, gpu: str | None = None, min_bytes: int = 8,
                    max_bytes: int = 8 << 30, factor: float = 2.0, network: FlowNetwork | None = None,
-                   **network_kwargs: Any) -> tuple[list[dict], FlowNetwork, str]:
+                   type_bytes: int = _TYPE_BYTES, **network_kwargs: Any) -> tuple[list[dict], FlowNetwork, str]:
     """Rows of a simulated nccl-tests sweep: size_bytes, count, time_us, algbw_GBps, busbw_GBps
-    (and the algorithm the fabric chose)."""
-    if op not in OPS:
-        raise UserError(f"unknown collective {op!r}: use one of all_reduce, all_gather, reduce_scatter, alltoall, sendrecv, broadcast")
+    (and the algorithm the fabric chose). ``type_bytes`` is the element size of -d."""
+    op = normalise_op(op)
     cop = OPS[op]
     if gpus < 2:
         raise UserError(f"--gpus {gpus}: a collective needs at least 2 GPUs")
@@ -87,11 +106,11 @@ def simulate_sweep(op: str, gpus: int, topology: str, gpu: str | None = None, mi
     rows = []
     for size in sizes(min_bytes, max_bytes, factor):
         if cop in ("all_gather", "reduce_scatter", "all_to_all"):
-            count = size // (_TYPE_BYTES * gpus)
-            size = count * _TYPE_BYTES * gpus
+            count = size // (type_bytes * gpus)
+            size = count * type_bytes * gpus
         else:
-            count = size // _TYPE_BYTES
-            size = count * _TYPE_BYTES
+            count = size // type_bytes
+            size = count * type_bytes
         if count == 0:
             continue
         req = CollectiveRequest(cop, "dp", groups, float(size))
@@ -113,9 +132,9 @@ def _time_str(us: float) -> str:
     return f"{us:7.2f}"
 
 
-def format_table(op: str, gpus: int, rows: list[dict], header: str) -> str:
-    cop = OPS[op]
-    redop = "sum" if cop in ("all_reduce", "reduce_scatter") else "none"
+def format_table(op: str, gpus: int, rows: list[dict], header: str, datatype: str = "float", redop_name: str = "sum") -> str:
+    cop = OPS[normalise_op(op)]
+    redop = redop_name if cop in ("all_reduce", "reduce_scatter") else "none"
     root = 0 if cop == "broadcast" else -1
     lines = [
         f"# {header}",
@@ -128,38 +147,72 @@ def format_table(op: str, gpus: int, rows: list[dict], header: str) -> str:
     ]
     for r in rows:
         half = f"  {_time_str(r['time_us'])}  {r['algbw_GBps']:6.2f}  {r['busbw_GBps']:6.2f}  {'N/A':>5}"
-        lines.append(f"{r['size_bytes']:12d}  {r['count']:12d}  {'float':>8}  {redop:>6}  {root:6d}{half}{half}")
+        lines.append(f"{r['size_bytes']:12d}  {r['count']:12d}  {datatype:>8}  {redop:>6}  {root:6d}{half}{half}")
     avg = float(np.mean([r["busbw_GBps"] for r in rows])) if rows else 0.0
     lines += ["# Out of bounds values : 0 OK", f"# Avg bus bandwidth    : {avg:.4g} ", "#"]
     return "\n".join(lines)
 
 
+def default_profile_for(topology: str) -> str | None:
+    """The shipped GPU profile that matches a topology's node kind (None when none does)."""
+    return NODE_KIND_PROFILES.get(load_topology(topology).node.kind)
+
+
 def collective_command(
-    op: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, alltoall, sendrecv or broadcast."),
-    gpus: int = typer.Option(..., "--gpus", help="Number of GPUs (ranks), all issuing the collective together."),
+    op: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, alltoall, sendrecv or broadcast; nccl-tests' names (all_reduce_perf) and allreduce work too."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", "--ngpus", "-g", help="Ranks (one GPU each), all issuing the collective together. nccl-tests' -g counts GPUs per process; here it is the total."),
     topology: str = typer.Option("dgx-h100-fattree", "--topology", help="Topology: a shipped name or a path to a topology YAML."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile: a shipped name or a path to a profile JSON."),
-    min_bytes: str = typer.Option("8", "--min-bytes", "-b", help="Smallest size, nccl-tests syntax (8, 1K, 1M, 1G)."),
-    max_bytes: str = typer.Option("8G", "--max-bytes", "-e", help="Largest size."),
-    factor: float = typer.Option(2.0, "--factor", "-f", help="Size multiplier between rows."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile (link efficiencies, step latencies): a shipped name or a path. Default: the shipped profile matching the topology's node kind, or ideal links if none does (said on stderr)."),
+    min_bytes: str = typer.Option("8", "--minbytes", "--min-bytes", "-b", help="Smallest message, bytes, nccl-tests syntax (8, 1K, 1M, 1G; powers of 1024)."),
+    max_bytes: str = typer.Option("8G", "--maxbytes", "--max-bytes", "-e", help="Largest message, bytes, same syntax."),
+    factor: float = typer.Option(2.0, "--stepfactor", "--factor", "-f", help="Size multiplier between rows."),
+    datatype: str = typer.Option("float", "--datatype", "-d", help=f"Element type, sets the element count per size: {', '.join(DATATYPES)}."),
+    redop: str = typer.Option("sum", "--op", "-o", help=f"Reduction ({', '.join(REDOPS)}): shown in the table; it does not change the simulated time."),
+    iters: int = typer.Option(20, "--iters", "-n", help="Accepted for nccl-tests compatibility: the simulation is deterministic, one iteration is exact."),
+    warmup_iters: int = typer.Option(5, "--warmup_iters", "--warmup-iters", "-w", help="Accepted for nccl-tests compatibility (no warm-up in a simulation)."),
     algorithm: Optional[str] = typer.Option(None, "--algorithm", help="Force ring, tree, hierarchical, torus (default: fastest, as NCCL)."),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of rows instead of the table."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: the collective, the assumptions and the rows."),
 ) -> None:
     """Simulated nccl-tests: time, algbw and busbw of one collective over a range of sizes."""
     try:
-        extra = {"algorithms": {OPS.get(op, op): algorithm}} if algorithm else {}
-        rows, net, note = simulate_sweep(op, gpus, topology, gpu, parse_size(min_bytes), parse_size(max_bytes), factor, **extra)
+        if gpus is None:
+            raise UserError("give the number of ranks: --gpus N (or nccl-tests' -g N), at least 2")
+        if datatype not in DATATYPES:
+            raise UserError(f"--datatype {datatype!r} is unknown: use one of {', '.join(DATATYPES)}")
+        if redop not in REDOPS:
+            raise UserError(f"--op {redop!r} is unknown: use one of {', '.join(REDOPS)}")
+        if iters < 1 or warmup_iters < 0:
+            raise UserError(f"--iters {iters} must be >= 1 and --warmup_iters {warmup_iters} >= 0")
+        name = normalise_op(op)
+        profile = gpu
+        assumed = ""
+        if profile is None:
+            profile = default_profile_for(topology)
+            assumed = (f"no --gpu: assuming profile {profile} (it matches the topology's node kind); give --gpu to choose"
+                       if profile else "no --gpu and no shipped profile for this topology's node kind: ideal links "
+                       "(efficiency 1.0), step latencies from the topology; give --gpu for realistic busbw")
+        extra = {"algorithms": {OPS[name]: algorithm}} if algorithm else {}
+        rows, net, note = simulate_sweep(name, gpus, topology, profile, parse_size(min_bytes), parse_size(max_bytes), factor,
+                                         type_bytes=DATATYPES[datatype], **extra)
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
+    if assumed:
+        typer.echo(f"# note: {assumed}", err=True)
     if as_json:
-        keys = ("size_bytes", "time_us", "algbw_GBps", "busbw_GBps")
-        typer.echo(json.dumps([{k: r[k] for k in keys} for r in rows]))
+        keys = ("size_bytes", "count", "time_us", "algbw_GBps", "busbw_GBps", "algorithm")
+        typer.echo(json.dumps({
+            "collective": name, "gpus": gpus, "topology": net.graph.spec.name, "gpu_profile": profile,
+            "assumptions": assumed or note, "datatype": datatype, "type_bytes": DATATYPES[datatype], "op": redop,
+            "avg_busbw_GBps": float(np.mean([r["busbw_GBps"] for r in rows])) if rows else 0.0,
+            "rows": [{k: r[k] for k in keys} for r in rows],
+        }))
         return
-    typer.echo(f"# note: {note}", err=True)
+    if not assumed:
+        typer.echo(f"# note: {note}", err=True)
     algos = sorted({r["algorithm"] for r in rows})
-    header = f"ClusterSim simulated {op}: {gpus} GPUs on {net.graph.spec.name}; algorithm {', '.join(algos)}"
-    typer.echo(format_table(op, gpus, rows, header))
+    header = f"ClusterSim simulated {name}: {gpus} GPUs on {net.graph.spec.name}; algorithm {', '.join(algos)}"
+    typer.echo(format_table(name, gpus, rows, header, datatype=datatype, redop_name=redop))
 
 
 collective_app = typer.Typer(add_completion=False, help="Simulated nccl-tests.")

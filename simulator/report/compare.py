@@ -67,7 +67,7 @@ METRICS: list[tuple[str, Any, str, int]] = [
 REL_TOL = 0.005  # changes under half a percent are shown, but not called better or worse
 
 
-def load_side(label: str, path: Path, mode: str) -> Side:
+def load_side(label: str, path: Path, mode: str, progress: Any = None) -> Side:
     if not path.exists():
         raise UserError(f"{label} = {str(path)!r} does not exist: give a scenario YAML or a report JSON "
                         "(clustersim simulate --report out.json)")
@@ -96,7 +96,8 @@ def load_side(label: str, path: Path, mode: str) -> Side:
     from simulator.simulate import simulate
 
     sc = load_scenario(path, {})
-    print(f"simulating {label}: {sc.name} ({mode} mode)", file=sys.stderr)
+    if progress is not None:
+        progress(f"simulating {label}: {sc.name} ({mode} mode)")
     result = simulate(sc, mode=mode)
     return Side(label, path, result.report, result)
 
@@ -107,7 +108,8 @@ def _fmt(fmt: str, v: Any) -> str:
     return fmt.format(v)
 
 
-def metric_table(a: "Report", b: "Report") -> str:
+def metric_rows(a: "Report", b: "Report") -> list[tuple[str, str, str, str, str]]:
+    """(metric, A, B, change, "better" | "worse" | "") per metric either side uses."""
     rows = []
     for label, get, fmt, direction in METRICS:
         va, vb = get(a), get(b)
@@ -122,8 +124,15 @@ def metric_table(a: "Report", b: "Report") -> str:
             cls = ""
             if direction and abs(rel) >= REL_TOL:
                 cls = "better" if (rel > 0) == (direction > 0) else "worse"
+        rows.append((label, _fmt(fmt, va), _fmt(fmt, vb), change, cls))
+    return rows
+
+
+def metric_table(a: "Report", b: "Report") -> str:
+    rows = []
+    for label, va, vb, change, cls in metric_rows(a, b):
         row_cls = ' class="changed"' if cls else ""
-        rows.append(f"<tr{row_cls}><td>{esc(label)}</td><td>{_fmt(fmt, va)}</td><td>{_fmt(fmt, vb)}</td>"
+        rows.append(f"<tr{row_cls}><td>{esc(label)}</td><td>{va}</td><td>{vb}</td>"
                     f'<td class="{cls}">{esc(change)}</td></tr>')
     return ('<table class="diff"><tr><th>metric</th><th>A</th><th>B</th><th>B vs A</th></tr>'
             + "".join(rows) + "</table>")
@@ -201,16 +210,37 @@ def compare_command(
     mode: CompareMode = typer.Option(CompareMode.reduced, "--mode", help="Simulation mode for scenario YAMLs."),
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
 ) -> None:
-    """Compare two scenarios or two reports side by side in one dashboard."""
+    """Compare two scenarios or two reports: a per-metric table here, both side by side in a dashboard."""
     from simulator.cli import write_atomic
+    from simulator.progress import progress
 
-    side_a = load_side("A", a, mode.value)
-    side_b = load_side("B", b, mode.value)
     path = output or Path("dashboards") / f"compare-{_slug(a.stem)}-vs-{_slug(b.stem)}.html"
     if path.exists() and path.is_dir():
         raise UserError(f"--output {str(path)!r} is a folder: give a file path ending in .html")
-    write_atomic(path, build_compare_html(side_a, side_b, cdn=cdn))
-    typer.echo(str(path))
+    with progress("compare") as phase:
+        side_a = load_side("A", a, mode.value, phase)
+        side_b = load_side("B", b, mode.value, phase)
+        phase("writing the dashboard")
+        write_atomic(path, build_compare_html(side_a, side_b, cdn=cdn))
+    print_metric_table(side_a, side_b)
+    typer.echo(f"dashboard: {path}")
+
+
+def print_metric_table(a: Side, b: Side) -> None:
+    """The dashboard's lead table in the terminal: each metric for A and B and B's change."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"B vs A: A = {a.report.name} ({a.path.name}), B = {b.report.name} ({b.path.name})")
+    t.add_column("metric")
+    t.add_column("A", justify="right")
+    t.add_column("B", justify="right")
+    t.add_column("B vs A", justify="right")
+    style = {"better": "green", "worse": "red", "": ""}
+    for label, va, vb, change, cls in metric_rows(a.report, b.report):
+        mark = {"better": " (better)", "worse": " (worse)"}.get(cls, "")
+        t.add_row(label, va, vb, f"[{style[cls]}]{change}{mark}[/]" if cls else change)
+    Console(width=None if sys.stdout.isatty() else 120).print(t)
 
 
 compare_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)

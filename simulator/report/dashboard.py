@@ -633,7 +633,7 @@ def scenario_line(result: "SimulationResult") -> str:
     sc = result.scenario
     p = sc.parallelism
     parts = [
-        f"{sc.model.name}", f"{sc.cluster.gpus:,} × {sc.cluster.gpu}", f"topology {sc.cluster.topology}",
+        f"{sc.model.name}", f"{sc.cluster.gpus:,} × {sc.cluster.gpu_name}", f"topology {sc.cluster.topology_name}",
         f"TP{p.tp} PP{p.pp}" + (f" VPP{p.vpp}" if p.vpp > 1 else "") + f" DP{sc.dp}" + (f" CP{p.cp}" if p.cp > 1 else "")
         + (f" EP{p.ep}" if p.ep > 1 else "") + f" ZeRO-{p.zero}",
         f"schedule {sc.schedule_file or sc.schedule}",

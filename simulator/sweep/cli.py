@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -41,7 +42,7 @@ def sweep_command(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile(s), comma-separated."),
     topology: Optional[str] = typer.Option(None, "--topology", help="Topology name(s) or path(s), comma-separated."),
     network: Optional[str] = typer.Option(None, "--network", help="flow and/or alpha-beta (the simulation's network)."),
-    seq_length: Optional[str] = typer.Option(None, "--seq-length", help="Sequence length(s)."),
+    seq_length: Optional[str] = typer.Option(None, "--seq-length", help="Sequence length(s), tokens per sequence."),
     global_batch_size: Optional[str] = typer.Option(None, "--global-batch-size", help="Global batch size(s), sequences."),
     tp: Optional[str] = typer.Option(None, "--tp", help="Tensor-parallel sizes, e.g. 2,4,8."),
     pp: Optional[str] = typer.Option(None, "--pp", help="Pipeline-parallel sizes."),
@@ -49,8 +50,8 @@ def sweep_command(
     cp: Optional[str] = typer.Option(None, "--cp", help="Context-parallel sizes."),
     ep: Optional[str] = typer.Option(None, "--ep", help="Expert-parallel sizes."),
     dp: Optional[str] = typer.Option(None, "--dp", help="Data-parallel sizes (derived from --gpus when omitted)."),
-    zero: Optional[str] = typer.Option(None, "--zero", help="ZeRO stages, e.g. 0,1,3."),
-    micro_batch_size: Optional[str] = typer.Option(None, "--micro-batch-size", help="Micro-batch sizes."),
+    zero: Optional[str] = typer.Option(None, "--zero", help="ZeRO stages, e.g. 0,1,3 (default 1, as simulate)."),
+    micro_batch_size: Optional[str] = typer.Option(None, "--micro-batch-size", help="Micro-batch sizes, sequences per microbatch per data-parallel rank."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help="Schedules, e.g. 1f1b,interleaved-1f1b,zbv."),
     recompute: Optional[str] = typer.Option(None, "--recompute", help="none,selective,full."),
     objective: Optional[str] = typer.Option(None, "--objective", help="tokens_per_s (default), tokens_per_s_per_gpu, mfu, step_time_s."),
@@ -133,6 +134,7 @@ def sweep_command(
             res = simulate(build_scenario(out.best["scenario"]), mode=spec.mode)
             write_atomic(best_path, build_dashboard_html(res, cdn=cdn))
             href = os.path.relpath(best_path, dash_path.parent)
+            print(f"timeline of the best point: {best_path}", file=sys.stderr)
         write_atomic(dash_path, build_sweep_dashboard_html(out, cdn=cdn, timeline_href=href))
     if as_json:
         obj = out.to_json()
@@ -162,14 +164,17 @@ def _finite(o):
 
 def print_sweep(out) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    import sys
+    from simulator.words import plural
 
     # Wide enough for a table of axes when stdout is a file or a pipe.
     con = Console(width=None if sys.stdout.isatty() else 160)
     ev = out.evaluation
-    con.print(f"[bold]sweep {out.spec.name}[/bold]: {ev.total:,} points, {sum(ev.pruned.values()):,} pruned, "
+    # The default name is "sweep": say "sweep:", not "sweep sweep:".
+    title = "sweep" if out.spec.name == "sweep" else f"sweep {out.spec.name}"
+    con.print(f"[bold]{escape(title)}[/bold]: {plural(ev.total, 'point')}, {sum(ev.pruned.values()):,} pruned, "
               f"{len(ev.candidates):,} feasible estimated in {ev.estimate_s:.2f} s ({ev.rate:,.0f}/s); "
               f"{len(out.simulated):,} simulated ({out.newly_simulated:,} now, {out.reused:,} from the store)",
               markup=True, highlight=False)

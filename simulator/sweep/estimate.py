@@ -36,7 +36,7 @@ from simulator.calibrate.profile import Profile, load_profile
 from simulator.errors import UserError
 from simulator.network.alpha_beta import TierNetwork
 from simulator.network.base import CollectiveRequest
-from simulator.scenario import Scenario
+from simulator.scenario import Scenario, spec_key
 from simulator.schedules import build_schedule, replay_unit_costs
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology import load_topology
@@ -123,14 +123,16 @@ class Estimator:
 
     # ------------------------------------------------------------------ cached loads
 
-    def profile(self, name: str) -> Profile:
+    def profile(self, name: str | Profile) -> Profile:
+        if isinstance(name, Profile):  # an inline profile (a what-if on a shipped one)
+            return name
         p = self._profiles.get(name)
         if p is None:
             p = self._profiles[name] = load_profile(name)
         return p
 
     def network(self, sc: Scenario) -> tuple[TierNetwork, int]:
-        key = (sc.cluster.topology, sc.cluster.gpu)
+        key = (spec_key(sc.cluster.topology), spec_key(sc.cluster.gpu))
         hit = self._nets.get(key)
         if hit is None:
             topo = load_topology(sc.cluster.topology)
@@ -276,7 +278,7 @@ class Estimator:
         p = sc.parallelism
         prof = self.profile(sc.cluster.gpu)
         net, _ = self.network(sc)
-        netkey = (sc.cluster.topology, sc.cluster.gpu)
+        netkey = (spec_key(sc.cluster.topology), spec_key(sc.cluster.gpu))
         nmb = sc.num_microbatches
         dp = sc.dp
         if sc.schedule_file:

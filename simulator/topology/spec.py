@@ -139,8 +139,11 @@ def available_topologies() -> list[str]:
     return sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml"))
 
 
-def load_topology(name_or_path: str | Path) -> TopologySpec:
-    """A preset name in topologies/ or a path to a YAML file."""
+def load_topology(name_or_path: "str | Path | TopologySpec") -> TopologySpec:
+    """A preset name in topologies/ or a path to a YAML file (a TopologySpec passes through:
+    a scenario may hold its topology inline)."""
+    if isinstance(name_or_path, TopologySpec):
+        return name_or_path
     path = Path(name_or_path)
     if not path.suffix:
         path = TOPOLOGY_DIR / f"{name_or_path}.yaml"
