@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -41,7 +41,9 @@ TINY = {
 }
 
 CASE_LIMIT_S = 60
+# No shrinking: a failure prints its (unshrunk) example at once instead of searching for minutes.
 FUZZ = settings(max_examples=25, deadline=None, derandomize=True, database=None,
+                phases=[Phase.explicit, Phase.generate],
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
