@@ -295,6 +295,11 @@ def simulate(
             # Megatron interleaves whenever vpp > 1; plain 1F1B has one chunk per rank.
             sc = load_scenario(scenario, dict(overrides, schedule="interleaved-1f1b"))
             _stderr(f"note: vpp={sc.parallelism.vpp}: using schedule interleaved-1f1b, as Megatron does; --schedule chooses another")
+        # Checked before simulating, so a bad output path never costs the result.
+        explicit_dashboard = None if dashboard in (None, _DASHBOARD_DEFAULT) else Path(dashboard)
+        for flag, target in (("--perfetto", perfetto), ("--report", report_json), ("--dashboard", explicit_dashboard)):
+            if target is not None:
+                check_output_path(Path(target), flag)
         result = run_simulation(sc, mode=mode.value, progress=phase)
         report = result.report
 
