@@ -162,3 +162,22 @@ def error_table(model: NcclModel, logs: list[NcclLog]) -> list[dict]:
             "misses": miss,
         })
     return rows
+
+
+def calibrate_nccl(paths: list[Path], topology, device: str, hbm_GBps: float | None):
+    """(NcclCalibration, provenance items) from the nccl-tests logs of one system, or (None, [])
+    when the device is not a GPU NCCL's model describes."""
+    from simulator.calibrate.profile import ProvenanceItem
+
+    system = NcclSystem.from_specs(topology.node, device)
+    if system is None or not paths:
+        return None, []
+    logs = [read_log(p, topology.node.gpus_per_node) for p in paths]
+    cal = fit_system(system, logs, hbm_GBps, topology.name)
+    names = ", ".join(l.name for l in logs)
+    src = f"fitted by simulator.calibrate.nccl_fit on {names} through topology {topology.name!r} (NCCL 2.28 tuner model)"
+    items = [ProvenanceItem(field=f"comm.nccl.{k}", value=float(v), source=src)
+             for k, v in cal.model_dump(exclude={"system", "fit_error"}).items() if v is not None]
+    worst = "; ".join(f"{k}: {v:.1%}" for k, v in cal.fit_error.items())
+    items.append(ProvenanceItem(field="comm.nccl.fit_error", value=worst, source="worst |relative time error| per log"))
+    return cal, items

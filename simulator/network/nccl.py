@@ -449,9 +449,11 @@ def _launch_shape(g: Graph, algo: str, proto: str, op: str, size: float, n: int,
 class NcclModel:
     """NCCL's tuner for one system (topology node + GPU profile), with calibrated constants."""
 
-    def __init__(self, system: NcclSystem, tuning: NcclTuning | None = None):
+    def __init__(self, system: NcclSystem, tuning: NcclTuning | None = None, gpus_per_thread: int = 1):
         self.system = system
         self.tuning = tuning or NcclTuning()
+        # GPUs one host thread drives (nccl-tests -g G); training runs one process per GPU.
+        self.gpus_per_thread = max(1, int(gpus_per_thread))
         self._cache: dict[tuple, Choice] = {}
 
     @classmethod
@@ -470,8 +472,9 @@ class NcclModel:
         return n, n_nodes, max(1, math.ceil(n / max(n_nodes, 1)))
 
     def choose(self, op: str, size_bytes: float, n: int, n_nodes: int, ppn: int | None = None,
-               gpus_per_thread: int = 1) -> Choice:
+               gpus_per_thread: int | None = None) -> Choice:
         ppn = ppn or max(1, math.ceil(n / n_nodes))
+        gpus_per_thread = gpus_per_thread or self.gpus_per_thread
         key = (op, float(size_bytes), n, n_nodes, ppn, gpus_per_thread)
         hit = self._cache.get(key)
         if hit is not None:
