@@ -14,7 +14,7 @@ import simpy
 from typer.testing import CliRunner
 
 from simulator.calibrate.fit import calibrate
-from simulator.calibrate.nccl_fit import error_table, errors, fit_system, read_log
+from simulator.calibrate.nccl_fit import error_table, errors, fit_system, physical_bounds, read_log
 from simulator.calibrate.profile import load_profile
 from simulator.network.alpha_beta import TierNetwork
 from simulator.network.base import CollectiveRequest
@@ -148,7 +148,8 @@ def test_one_fit_per_system_reproduces_its_logs(fitted):
             if row["worst_lt_64KiB"] is not None:
                 assert row["worst_lt_64KiB"] <= lo, (topo, row)
         # Physics: the fitted bandwidth scales stay within what the links carry.
-        assert cal.intra_bw_scale <= 1.25 + 1e-9 and cal.inter_bw_scale <= 1.05
+        intra_hi, inter_hi = physical_bounds(system)
+        assert cal.intra_bw_scale <= intra_hi + 1e-9 and cal.inter_bw_scale <= inter_hi + 1e-9 and inter_hi <= 1.12
         assert cal.copy_GBps is None or cal.copy_GBps <= SYSTEMS[topo][2] / 2
 
 
