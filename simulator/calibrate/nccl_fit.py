@@ -102,10 +102,16 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
     multi = any(l.n_nodes > 1 for l in logs)
     single_rank = [l for l in logs if l.n_ranks <= 1]
     intra_hi, inter_hi = physical_bounds(system)
-    names = ["latency_scale", "ll_bw_scale", "ll128_bw_scale"]
-    lo = [0.2, 0.05, 0.05]
-    hi = [5.0, 1.0, 1.0]
-    x0 = [1.0, 0.8, 0.8]
+    names = ["ll_bw_scale", "ll128_bw_scale", "ll128_latency_scale", "simple_latency_scale"]
+    lo = [0.05, 0.05, 0.2, 0.2]
+    hi = [1.0, 1.0, 5.0, 5.0]
+    x0 = [0.8, 0.8, 1.0, 1.0]
+    for key, seen in (("latency_scale", multi), ("intra_latency_scale", any(l.n_nodes == 1 and l.n_ranks > 1 for l in logs))):
+        if seen:  # a latency scale only where a log runs collectives of that kind
+            names.append(key)
+            lo.append(0.1)
+            hi.append(5.0)
+            x0.append(1.0)
     if any(l.gpus_per_thread > 1 or l.n_ranks <= 1 for l in logs):
         # The host launch cost shows only where launches bound a run: one thread driving several
         # GPUs, or a 1-rank copy; elsewhere NCCL's latency hides it and it is not fitted.
@@ -156,7 +162,9 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
     tn = tuning(best.x)
     model = NcclModel(system, tn)
     worst = {l.name: float(np.max(np.abs(errors(model, l)))) for l in logs}
-    return NcclCalibration(latency_scale=tn.latency_scale, net_latency_us=tn.net_latency_us,
+    return NcclCalibration(latency_scale=tn.latency_scale, intra_latency_scale=tn.intra_latency_scale,
+                           ll128_latency_scale=tn.ll128_latency_scale, simple_latency_scale=tn.simple_latency_scale,
+                           net_latency_us=tn.net_latency_us,
                            intra_bw_scale=tn.intra_bw_scale, inter_bw_scale=tn.inter_bw_scale,
                            launch_us=tn.launch_us, copy_GBps=tn.copy_GBps, ll_bw_scale=tn.ll_bw_scale,
                            ll128_bw_scale=tn.ll128_bw_scale, system=system_name, fit_error=worst)

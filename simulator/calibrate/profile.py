@@ -113,7 +113,10 @@ class NcclCalibration(BaseModel):
 
     model_config = _STRICT
 
-    latency_scale: float = Field(1.0, gt=0, description="Factor on NCCL's base and per-hop latencies.")
+    latency_scale: float = Field(1.0, gt=0, description="Factor on NCCL's base and per-hop latencies, collectives across nodes.")
+    intra_latency_scale: float = Field(1.0, gt=0, description="Factor on NCCL's base and per-hop latencies, collectives inside one node.")
+    ll128_latency_scale: float = Field(1.0, gt=0, description="Further factor on the LL128 protocol's latencies (relative to LL).")
+    simple_latency_scale: float = Field(1.0, gt=0, description="Further factor on the Simple protocol's latencies (relative to LL).")
     net_latency_us: float = Field(0.0, ge=0, description="Network latency per network hop the net plugin adds (NCCL latencyInter; 0 on InfiniBand), µs.")
     intra_bw_scale: float = Field(1.0, gt=0, description="Achieved / NCCL's NVLink bandwidth (graph bwIntra); capped by the NVLink spec rate.")
     inter_bw_scale: float = Field(1.0, gt=0, description="Achieved / NCCL's NIC bandwidth (graph bwInter); capped by the line rate.")

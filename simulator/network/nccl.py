@@ -132,7 +132,10 @@ def gpu_generation(device: str) -> int | None:
 class NcclTuning:
     """The calibrated constants (defaults: NCCL's own model unchanged). See module docstring."""
 
-    latency_scale: float = 1.0
+    latency_scale: float = 1.0  # collectives that cross nodes
+    intra_latency_scale: float = 1.0  # collectives inside one node (NVLink hops only)
+    ll128_latency_scale: float = 1.0  # relative to LL's, on top of the two above
+    simple_latency_scale: float = 1.0
     net_latency_us: float = 0.0
     intra_bw_scale: float = 1.0
     inter_bw_scale: float = 1.0
@@ -146,7 +149,9 @@ class NcclTuning:
         cal = getattr(comm, "nccl", None)
         if cal is None:
             return cls()
-        return cls(latency_scale=cal.latency_scale, net_latency_us=cal.net_latency_us,
+        return cls(latency_scale=cal.latency_scale, intra_latency_scale=cal.intra_latency_scale,
+                   ll128_latency_scale=cal.ll128_latency_scale, simple_latency_scale=cal.simple_latency_scale,
+                   net_latency_us=cal.net_latency_us,
                    intra_bw_scale=cal.intra_bw_scale, inter_bw_scale=cal.inter_bw_scale,
                    launch_us=cal.launch_us, copy_GBps=cal.copy_GBps,
                    ll_bw_scale=cal.ll_bw_scale, ll128_bw_scale=cal.ll128_bw_scale)
@@ -384,36 +389,47 @@ def _tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: Nccl
                 algbw = bus
             if algbw <= 0:
                 continue
-            # latency (§3.3)
-            intra_lat = HW_LAT_US[intra_hw][algo][pi]
-            inter_lat = HW_LAT_US["net"]["tree" if ppn == 1 else algo][pi] + tuning.net_latency_us
-            if proto == "Simple":
-                inter_lat += tuning.net_latency_us  # the plugin's latency again for the flush
-            lat = BASE_LAT_US[algo][pi]
-            if algo == "ring" and op == "broadcast":
-                per_hop = HW_LAT_US[hw]["tree" if proto == "Simple" else "ring"][pi]
-                if hw == "net":
-                    per_hop += tuning.net_latency_us
-                lat += n * per_hop
-            elif algo == "ring":
-                net_oh = 0.0 if n_nodes == 1 else NET_OVERHEAD_US.get(sys.cpu, 1.0) * (3 if proto == "Simple" else 1)
-                il = max(intra_lat, net_oh)
-                inter_steps = 0 if n_nodes == 1 else (2 * (n_nodes - 1) if op == "all_reduce" else n_nodes - 1)
-                lat += (nsteps - inter_steps) * il + inter_steps * inter_lat
-            elif algo == "tree":
-                lat += 2 * ((ppn - 1) * intra_lat + int(math.log2(n_nodes)) * inter_lat)
-            elif algo == "collnet_direct":
-                lat += 2 * (min(1, ppn - 1) * intra_lat + (ppn - 1) * 0.4) + inter_lat
-            elif algo == "collnet_chain":
-                lat += 2 * (ppn - 1) * intra_lat + inter_lat
-            elif algo == "nvls":
-                lat = intra_lat + (inter_lat if n_nodes > 1 else 0.0)
-            elif algo == "nvls_tree":
-                lat += intra_lat + 2 * int(math.log2(n_nodes)) * inter_lat
-            elif algo == "pat":
-                lat += int(math.log2(n_nodes)) * inter_lat / 3.5 + 2.8 * n
-            out[(algo, proto)] = (algbw, lat * tuning.latency_scale)
+            # latency (§3.3): NCCL's tables (scaled by latency_scale) plus the plugin's network
+            # latency (latencyInter) on every network hop, which NCCL adds unscaled.
+            lat_nccl = _latency(sys, op, algo, proto, pi, n, n_nodes, ppn, nsteps, intra_hw, hw, 0.0)
+            lat_net = _latency(sys, op, algo, proto, pi, n, n_nodes, ppn, nsteps, intra_hw, hw, 1.0) - lat_nccl
+            lat_scale = tuning.latency_scale if n_nodes > 1 else tuning.intra_latency_scale
+            lat_scale *= tuning.ll128_latency_scale if proto == "LL128" else (tuning.simple_latency_scale if proto == "Simple" else 1.0)
+            out[(algo, proto)] = (algbw, lat_nccl * lat_scale + lat_net * tuning.net_latency_us)
     return out
+
+
+def _latency(sys: NcclSystem, op: str, algo: str, proto: str, pi: int, n: int, n_nodes: int, ppn: int,
+             nsteps: int, intra_hw: str, hw: str, net_us: float) -> float:
+    """ncclTopoTuneModel's latency (§3.3) with latencyInter = net_us."""
+    intra_lat = HW_LAT_US[intra_hw][algo][pi]
+    inter_lat = HW_LAT_US["net"]["tree" if ppn == 1 else algo][pi] + net_us
+    if proto == "Simple":
+        inter_lat += net_us  # the plugin's latency again for the flush
+    lat = BASE_LAT_US[algo][pi]
+    if algo == "ring" and op == "broadcast":
+        per_hop = HW_LAT_US[hw]["tree" if proto == "Simple" else "ring"][pi]
+        if hw == "net":
+            per_hop += net_us
+        lat += n * per_hop
+    elif algo == "ring":
+        net_oh = 0.0 if n_nodes == 1 else NET_OVERHEAD_US.get(sys.cpu, 1.0) * (3 if proto == "Simple" else 1)
+        il = max(intra_lat, net_oh)
+        inter_steps = 0 if n_nodes == 1 else (2 * (n_nodes - 1) if op == "all_reduce" else n_nodes - 1)
+        lat += (nsteps - inter_steps) * il + inter_steps * inter_lat
+    elif algo == "tree":
+        lat += 2 * ((ppn - 1) * intra_lat + int(math.log2(n_nodes)) * inter_lat)
+    elif algo == "collnet_direct":
+        lat += 2 * (min(1, ppn - 1) * intra_lat + (ppn - 1) * 0.4) + inter_lat
+    elif algo == "collnet_chain":
+        lat += 2 * (ppn - 1) * intra_lat + inter_lat
+    elif algo == "nvls":
+        lat = intra_lat + (inter_lat if n_nodes > 1 else 0.0)
+    elif algo == "nvls_tree":
+        lat += intra_lat + 2 * int(math.log2(n_nodes)) * inter_lat
+    elif algo == "pat":
+        lat += int(math.log2(n_nodes)) * inter_lat / 3.5 + 2.8 * n
+    return lat
 
 
 def algo_time_us(sys: NcclSystem, op: str, size: float, n: int, n_nodes: int, algo: str, proto: str,
@@ -487,16 +503,18 @@ class NcclModel:
 
     def _choose(self, op: str, size: float, n: int, n_nodes: int, ppn: int, gpt: int) -> Choice:
         tn = self.tuning
-        # The host launches one kernel per GPU it drives; the next iteration's launches overlap
-        # this one's kernels, so a run is bound by the launches or by the collective, whichever
-        # is slower (nccl-tests -g G: one thread, G GPUs).
+        # The host launches one kernel per GPU it drives, one after another (launch_us each): the
+        # last GPU joins (G-1) launches after the first, and the next iteration's launches overlap
+        # this one's kernels, so a run takes max(G x launch, (G-1) x launch + the collective)
+        # (nccl-tests -g G: one thread, G GPUs; G = 1 for a process per GPU).
         floor = tn.launch_us * max(1, gpt)
+        stagger = 0.0
         if n <= 1 or size <= 0:
             bw = tn.copy_GBps or 0.0
             t = (size / (1000.0 * bw) if bw > 0 and size > 0 else 0.0)
             return Choice(op, size, n, n_nodes, "copy", "-", floor + t, floor, bw, 1, 0)
         if op in ("all_to_all", "send_recv"):
-            return self._floor(self._p2p(op, size, n, n_nodes, ppn, 0.0), floor)
+            return self._floor(self._p2p(op, size, n, n_nodes, ppn, stagger), floor)
         top = "broadcast" if op not in ("all_reduce", "all_gather", "reduce_scatter") else op
         table = tune(self.system, top, n, n_nodes, ppn, tn)
         gs = graphs(self.system, n_nodes, ppn, tn)
@@ -509,12 +527,12 @@ class NcclModel:
                     continue
                 g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
                 t, lat, bw = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, e[0], e[1], g.runtime_ch)
-                times[(algo, proto)] = max(t, floor)
+                times[(algo, proto)] = max(t + stagger, floor)
                 if best is None or t < best[0]:
                     best = (t, lat, bw, algo, proto, g)
         t, lat, bw, algo, proto, g = best
         nc, nt = _launch_shape(g, algo, proto, top, size, n, self.system.gen)
-        return self._floor(Choice(op, size, n, n_nodes, algo, proto, t, lat, bw, nc, nt, times), floor)
+        return self._floor(Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times), floor)
 
     @staticmethod
     def _floor(c: Choice, floor_us: float) -> Choice:
@@ -531,17 +549,17 @@ class NcclModel:
         nvl = s.nvl_GBps * tn.intra_bw_scale
         nic = min(s.nic_GBps * s.nics_per_node / s.gpus_per_node, s.pcie_GBps) * tn.inter_bw_scale
         hop_intra = HW_LAT_US["nvlink" if s.nvlink else "pci"]["ring"][2]
-        hop_net = HW_LAT_US["net"]["ring"][2] + tn.net_latency_us
+        hop_net = HW_LAT_US["net"]["ring"][2]
         if op == "send_recv":
             inter = n_nodes > 1
             bw = nic if inter else nvl
-            lat = (BASE_LAT_US["ring"][2] + (hop_net if inter else hop_intra)) * tn.latency_scale
+            lat = (BASE_LAT_US["ring"][2] + (hop_net if inter else hop_intra)) * (tn.latency_scale if inter else tn.intra_latency_scale) + inter * tn.net_latency_us
             t = lat + size / (1000.0 * bw)
             return Choice(op, size, n, n_nodes, "p2p", "Simple", t + launch, lat + launch, bw, 2, 640)
         k = min(ppn, n)
         t_intra = (k - 1) / n * size / (1000.0 * nvl)
         t_inter = (n - k) / n * size / (1000.0 * nic) if n_nodes > 1 else 0.0
-        lat = (BASE_LAT_US["ring"][2] + (hop_net if n_nodes > 1 else hop_intra)) * tn.latency_scale
+        lat = (BASE_LAT_US["ring"][2] + (hop_net if n_nodes > 1 else hop_intra)) * (tn.latency_scale if n_nodes > 1 else tn.intra_latency_scale) + (n_nodes > 1) * tn.net_latency_us
         bwt = max(t_intra, t_inter)
         t = lat + bwt
         bw = size / (1000.0 * bwt) if bwt > 0 else float("inf")
