@@ -18,11 +18,12 @@ What it does, per collective (op, size, group):
 
 NCCL's absolute times are optimistic (its tuner only ranks choices, §8.4). A per-system
 calibration (``simulator.calibrate.nccl_fit``, stored in ``Profile.comm.nccl``) scales a few
-things and nothing else: the latency tables (latency_scale), a network latency per network hop
+things and nothing else: the latency tables (latency_scale across nodes, intra_latency_scale
+inside one, and per protocol LL128 / Simple relative to LL), a network latency per network hop
 that NCCL itself takes from the net plugin (``latencyInter``, 0 for InfiniBand, large for EFA),
-the graph bandwidths inside and across nodes (intra/inter_bw_scale), and a host launch cost per
-GPU driven by one thread (launch_us). The choice of algorithm and protocol is made on the
-calibrated table, as NCCL makes it on its own.
+the graph bandwidths inside and across nodes (intra/inter_bw_scale), the LL and LL128 bandwidth
+factors, and a host launch cost per GPU driven by one thread (launch_us). The choice of
+algorithm and protocol is made on the calibrated table, as NCCL makes it on its own.
 
 Point-to-point (send/recv, all-to-all) has no NCCL cost model (§6.6); it is timed here with the
 Simple per-hop latency of the link it crosses and the per-GPU link bandwidth (documented below).
@@ -172,6 +173,7 @@ class NcclSystem:
     nvls: bool
     collnet: bool
     ll128: bool
+    protocols: tuple = PROTOS  # NCCL_PROTO: the protocols the system enables
 
     @classmethod
     def from_specs(cls, node: Any, device: str) -> "NcclSystem | None":
@@ -188,7 +190,8 @@ class NcclSystem:
                    nvl_GBps=float(nvl), nvlink=bool(nvlink), nics_per_node=node.nics_per_node,
                    nic_GBps=node.nic_gbps / 8.0, pcie_GBps=float(pcie),
                    nvls=bool(getattr(node, "nvls", False)) and gen >= _HOPPER and nvlink,
-                   collnet=bool(getattr(node, "sharp", False)), ll128=bool(getattr(node, "ll128", True)) and nvlink)
+                   collnet=bool(getattr(node, "sharp", False)), ll128=bool(getattr(node, "ll128", True)) and nvlink,
+                   protocols=tuple(p for p in PROTOS if p in (getattr(node, "nccl_protocols", None) or PROTOS)))
 
 
 @dataclass(frozen=True)
@@ -337,7 +340,7 @@ def _tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: Nccl
     for algo in algos:
         g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
         for pi, proto in enumerate(PROTOS):
-            if proto == "LL128" and not sys.ll128:
+            if (proto == "LL128" and not sys.ll128) or proto not in sys.protocols:
                 continue
             if algo in ("collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat") and proto != "Simple":
                 continue
@@ -503,10 +506,10 @@ class NcclModel:
 
     def _choose(self, op: str, size: float, n: int, n_nodes: int, ppn: int, gpt: int) -> Choice:
         tn = self.tuning
-        # The host launches one kernel per GPU it drives, one after another (launch_us each): the
-        # last GPU joins (G-1) launches after the first, and the next iteration's launches overlap
-        # this one's kernels, so a run takes max(G x launch, (G-1) x launch + the collective)
-        # (nccl-tests -g G: one thread, G GPUs; G = 1 for a process per GPU).
+        # The host launches one kernel per GPU it drives (launch_us each); the next iteration's
+        # launches overlap this one's kernels, so a run takes max(G x launch, the collective)
+        # (nccl-tests -g G: one thread, G GPUs; G = 1 for a process per GPU). Staggering the
+        # collective by the (G-1) launches before the last GPU joins fitted the Azure logs worse.
         floor = tn.launch_us * max(1, gpt)
         stagger = 0.0
         if n <= 1 or size <= 0:

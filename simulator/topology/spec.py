@@ -46,6 +46,8 @@ class NodeSpec(BaseModel):
     nvlink_links: int | None = Field(None, ge=1, description="NVLink links per GPU (default: nvlink_GBps / the generation's per-link rate).")
     pcie_GBps: float | None = Field(None, gt=0, description="GPU-NIC PCIe bandwidth as NCCL counts it (default: x16 of the GPU's PCIe generation).")
     ll128: bool = Field(True, description="NCCL enables its LL128 protocol (NVLink inside, NICs under PCIe switches).")
+    nccl_protocols: list[Literal["LL", "LL128", "Simple"]] | None = Field(
+        None, description="Protocols NCCL may use (NCCL_PROTO as the system sets it); default all.")
 
     @property
     def nic_GBps_per_gpu(self) -> float:
