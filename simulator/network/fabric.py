@@ -226,6 +226,8 @@ class FlowNetwork:
         # collectives is still max-min sharing of the links.
         self.nccl = nccl
         self._nccl_plans: dict[tuple, _RPlan] = {}
+        self._nccl_shapes: dict[bytes, tuple[int, int, int]] = {}
+        self._nccl_reqs: dict[int, tuple] = {}
         eff = np.where(graph.link_class == LINK_INTRA, self.nvlink_efficiency, self.nic_efficiency)
         self.capacity_Bps = graph.link_capacity_GBps * 1e9 * eff
         self._plans: dict[tuple, list[_RPlan]] = {}
@@ -301,7 +303,12 @@ class FlowNetwork:
         """NCCL's choice (simulator.network.nccl.Choice) for this collective, or None without the model."""
         if self.nccl is None or req.op in self.algorithms or req.group_size <= 1:
             return None
-        n, m, ppn = self.nccl.shape(req.groups[0])
+        groups = req.groups if isinstance(req.groups, np.ndarray) else np.asarray(req.groups, dtype=np.int64)
+        gk = self._groups_key(groups)
+        shape = self._nccl_shapes.get(gk)
+        if shape is None:
+            shape = self._nccl_shapes[gk] = self.nccl.shape(groups[0])
+        n, m, ppn = shape
         return self.nccl.choose(req.op, float(req.size_bytes), n, m, ppn)
 
     def algorithm(self, req: CollectiveRequest) -> str:
@@ -314,6 +321,16 @@ class FlowNetwork:
     def _nccl_scaled(self, req: CollectiveRequest) -> tuple[_RPlan, float]:
         """(plan, bytes) whose isolated run takes NCCL's time: NCCL's latency before the flows
         (none between phases), and the flows' bytes scaled so they take NCCL's bandwidth time."""
+        hit = self._nccl_reqs.get(id(req))
+        if hit is not None and hit[0] is req:  # the engine reuses its request objects
+            return hit[1], hit[2]
+        plan, eff = self._nccl_scaled_new(req)
+        if len(self._nccl_reqs) > 65536:
+            self._nccl_reqs.clear()
+        self._nccl_reqs[id(req)] = (req, plan, eff)
+        return plan, eff
+
+    def _nccl_scaled_new(self, req: CollectiveRequest) -> tuple[_RPlan, float]:
         plan = self.plan_for(req)
         choice = self.nccl_choice(req)
         size = float(req.size_bytes)
