@@ -244,8 +244,11 @@ def test_collective_cli_reproduces_each_log_with_its_calibration(fitted, tmp_pat
                     assert pred[int(s)] / meas - 1 == pytest.approx(err, abs=1e-9)
 
 
-def test_explain_prints_choice_per_size():
-    res = CliRunner().invoke(collective_app, ["all_reduce", "--gpus", "16", "--topology", "p4de-efa", "--gpu", "a100-sxm-80gb",
+def test_explain_prints_choice_per_size(tmp_path):
+    # NCCL's own constants (the shipped A100 profile carries the Azure NDv4 calibration).
+    raw = tmp_path / "a100-nccl-own.json"
+    raw.write_text(_profile_with(None, "a100-sxm-80gb").model_dump_json())
+    res = CliRunner().invoke(collective_app, ["all_reduce", "--gpus", "16", "--topology", "p4de-efa", "--gpu", str(raw),
                                               "-b", "1M", "-e", "1G", "-f", "1024", "--explain"])
     assert res.exit_code == 0, res.output
     rows = [l.split() for l in res.stdout.splitlines() if l and not l.startswith("#")]
@@ -268,3 +271,12 @@ def test_new_topologies_load_with_sourced_facts():
     assert (p5.node.nics_per_node, p5.node.nic_gbps, p5.node.nvls, p5.node.cpu_vendor) == (32, 100, True, "amd")
     assert (nd.node.nics_per_node, nd.node.nic_gbps, nd.node.nvls) == (8, 200, False)
     assert load_topology("dgx-a100-fattree").node.cpu_vendor == "intel"  # the default keeps old files valid
+
+
+def test_shipped_a100_calibration_is_the_azure_fit(fitted):
+    """The shipped A100 profile's comm.nccl is what the fit gives on the Azure NDv4 logs (not edited by hand)."""
+    shipped = load_profile("a100-sxm-80gb").comm.nccl
+    cal = fitted["azure-ndv4"][3]
+    assert shipped.system == "azure-ndv4"
+    for k, v in cal.model_dump(exclude={"system", "fit_error"}, exclude_none=True).items():
+        assert getattr(shipped, k) == pytest.approx(v, rel=2e-2, abs=1e-3), k
