@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace as NS
 
@@ -35,6 +36,10 @@ SYSTEMS = {
 }
 
 
+def _size(b: int) -> str:
+    return f"{b >> 20}M" if b >= 1 << 20 else (f"{b >> 10}K" if b >= 1 << 10 else f"{b}B")
+
+
 def _pct(x):
     return "   -  " if x is None else f"{x * 100:5.1f}%"
 
@@ -48,16 +53,20 @@ def main() -> None:
         system = NcclSystem.from_specs(spec.node, device)
         logs = [read_log(p, spec.node.gpus_per_node) for p in sorted(SHARED.glob(pat), key=lambda p: (len(p.name), p.name))]
         t0 = time.perf_counter()
-        cal = fit_system(system, logs, hbm, topo)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cal = fit_system(system, logs, hbm, topo)
         fit_s = time.perf_counter() - t0
         raw = NcclModel(system, NcclTuning())
         fitted = NcclModel(system, NcclTuning.from_comm(NS(nccl=cal)))
         for r0, r in zip(error_table(raw, logs), error_table(fitted, logs)):
-            miss = ", ".join(f"{s >> 10}K:{e:+.0%}" for s, e in r["misses"]) or "none"
+            miss = ", ".join(f"{_size(s)}:{e:+.0%}" for s, e in r["misses"]) or "none"
             print(f"{r['log']:48} {r['ranks']:5d} {_pct(r0['worst_ge_64KiB']):>10} {_pct(r0['worst_lt_64KiB']):>7} | "
                   f"{_pct(r['worst_ge_64KiB']):>9} {_pct(r['worst_lt_64KiB']):>7}  {miss}")
         consts = ", ".join(f"{k} {v:.3g}" for k, v in cal.model_dump(exclude={"system", "fit_error"}).items() if v is not None)
         print(f"  {topo}: {consts}  (fit {fit_s:.1f} s)")
+        for w in caught:
+            print(f"  note: {w.message}")
         if show_sizes:
             for l in logs:
                 ppn = max(1, math.ceil(l.n_ranks / l.n_nodes))

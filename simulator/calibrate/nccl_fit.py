@@ -168,14 +168,17 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
         if best is None or r.cost < best.cost:
             best = r
     tn = tuning(best.x)
-    at_bound = [n for n, v, a, b in zip(names, best.x, lo, hi) if min(v - a, b - v) <= 1e-6 * max(1.0, abs(b))]
-    if at_bound:
+    tol = [1e-6 * max(1.0, abs(b)) for b in hi]
+    at_lo = [n for n, v, a, t in zip(names, best.x, lo, tol) if v - a <= t]
+    at_hi = [n for n, v, b, t in zip(names, best.x, hi, tol) if b - v <= t]
+    if at_lo or at_hi:
         import warnings
 
-        # A constant at its bound is not measured by these logs (e.g. LL128 at 5 % of NCCL's
-        # bandwidth: the runs effectively never used LL128), or the model lacks what the logs show.
-        warnings.warn(f"NCCL fit for {system_name or 'this system'}: {', '.join(at_bound)} at the bound of its physical range; "
-                      "read them as 'not seen in these logs', not as measurements", stacklevel=2)
+        # At the lower bound: not measured by these logs (LL128 at 5 % of NCCL's bandwidth: the runs
+        # effectively never used it); at the upper: held at its physical limit, the logs want more.
+        parts = ([f"{', '.join(at_lo)} at the lower bound (read: not seen in these logs)"] if at_lo else []) + \
+                ([f"{', '.join(at_hi)} held at the physical limit"] if at_hi else [])
+        warnings.warn(f"NCCL fit for {system_name or 'this system'}: " + "; ".join(parts), stacklevel=2)
     model = NcclModel(system, tn)
     worst = {l.name: float(np.max(np.abs(errors(model, l)))) for l in logs}
     return NcclCalibration(latency_scale=tn.latency_scale, intra_latency_scale=tn.intra_latency_scale,
