@@ -3,7 +3,8 @@
 Real: reference/nccl-tests/p4de-2nodes-16gpu_all_reduce_perf.txt (out-of-place column), read
 with simulator.trace's nccl-tests importer. Simulated: the `clustersim collective` sweep on
 simulator/data/topologies/p4de-efa.yaml, (a) with link efficiency 1.0 and the topology's own latencies and
-(b) with the shipped A100 profile's comm model. Nothing here is fitted to this log.
+(b) with the shipped A100 profile: NCCL's cost model with NCCL's own constants. Nothing here is
+fitted to this log (bench/bench_nccl.py shows the model calibrated per system on every log).
 Run: python bench/compare_p4de.py [path-to-log]
 """
 

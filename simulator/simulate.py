@@ -53,7 +53,7 @@ def resolve_schedule(sc: Scenario) -> PipelineSchedule:
 
 def make_network(sc: Scenario, topo: TopologySpec, profile: Profile):
     if sc.network == "alpha-beta":
-        return TierNetwork(topo.node, profile.comm)
+        return TierNetwork.from_profile(topo.node, profile)
     from simulator.network.fabric import FlowNetwork
 
     return FlowNetwork.from_profile(topo, sc.cluster.gpus, profile)

@@ -62,6 +62,10 @@ def _summary(prof, out: Path) -> None:
         con.print(c)
     con.print(f"nvlink_efficiency {prof.comm.nvlink_efficiency:.3f}, nic_efficiency {prof.comm.nic_efficiency:.3f}, "
               f"overlap_slowdown {prof.compute.overlap_slowdown:.3f}")
+    if prof.comm.nccl is not None:
+        n = prof.comm.nccl
+        con.print(f"NCCL model ({n.system}): " + ", ".join(f"{k} {v:.3g}" for k, v in n.model_dump(exclude={"system", "fit_error"}).items() if v is not None)
+                  + "; worst error per log: " + ", ".join(f"{k} {v:.1%}" for k, v in n.fit_error.items()))
     con.print(f"wrote {out}")
 
 

@@ -60,6 +60,7 @@ class Sources:
     hosts_per_source: list[int] = field(default_factory=list)
     train_bundles: list[tuple[Path, object]] = field(default_factory=list)  # (path, manifest) with scenario + step times
     notes: list[str] = field(default_factory=list)
+    nccl_logs: list[Path] = field(default_factory=list)  # nccl-tests logs, for the NCCL model fit
 
 
 def sha256_file(path: Path) -> str:
@@ -209,6 +210,7 @@ def _read_nccl_tests(p: Path, src: Sources, topology: TopologySpec | None) -> No
     src.records.append(rec)
     src.devices += res.devices
     src.backends.append("nccl")
+    src.nccl_logs.append(p)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -484,6 +486,13 @@ def calibrate(
     elif base_profile is None:
         items.append(ProvenanceItem(field="comm", value="topology defaults", source=f"no collectives captured; latencies from topology {topo.name!r}"))
     comm = CommModel(**comm_kw, collectives=cfits)
+    if src.nccl_logs:
+        from simulator.calibrate.nccl_fit import calibrate_nccl
+
+        ncal, nitems = calibrate_nccl(src.nccl_logs, topo, device, hbm)
+        if ncal is not None:
+            comm = comm.model_copy(update={"nccl": ncal})
+            items += nitems
 
     prof_kw = dict(
         name=name,

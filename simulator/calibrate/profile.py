@@ -98,6 +98,9 @@ class CommModel(BaseModel):
     # them directly (simulator.calibrate.network.FittedNetwork); the efficiencies above are what
     # the flow-level fabric derives its link capacities from.
     collectives: list["CollectiveFit"] = Field(default_factory=list, description="Fitted per-collective time curves.")
+    # Added by calibration from nccl-tests logs (simulator.calibrate.nccl_fit): the constants of NCCL's
+    # own cost model (simulator.network.nccl) for this system. None: NCCL's model as NCCL ships it.
+    nccl: "NcclCalibration | None" = Field(None, description="Calibrated constants of the NCCL cost model (None: NCCL's own).")
 
     def collective_fit(self, op: str, group_size: int, tier: str) -> "CollectiveFit | None":
         """The fitted curve for (op, group size, tier); the nearest fitted group size of the same
@@ -109,6 +112,27 @@ class CommModel(BaseModel):
         if exact:
             return exact[0]
         return min(same, key=lambda c: (abs(np.log(c.group_size / max(group_size, 1))), c.group_size))
+
+
+class NcclCalibration(BaseModel):
+    """A few per-system constants on top of NCCL's tuning model (simulator.network.nccl), fitted to
+    nccl-tests logs. Every default leaves NCCL's model unchanged."""
+
+    model_config = _STRICT
+
+    latency_scale: float = Field(1.0, gt=0, description="Factor on NCCL's base and per-hop latencies, collectives across nodes.")
+    intra_latency_scale: float = Field(1.0, gt=0, description="Factor on NCCL's base and per-hop latencies, collectives inside one node.")
+    ll128_latency_scale: float = Field(1.0, gt=0, description="Further factor on the LL128 protocol's latencies (relative to LL).")
+    simple_latency_scale: float = Field(1.0, gt=0, description="Further factor on the Simple protocol's latencies (relative to LL).")
+    net_latency_us: float = Field(0.0, ge=0, description="Network latency per network hop the net plugin adds (NCCL latencyInter; 0 on InfiniBand), µs.")
+    intra_bw_scale: float = Field(1.0, gt=0, description="Achieved / NCCL's NVLink bandwidth (graph bwIntra); capped by the NVLink spec rate.")
+    inter_bw_scale: float = Field(1.0, gt=0, description="Achieved / NCCL's NIC bandwidth (graph bwInter); capped by the line rate.")
+    launch_us: float = Field(0.0, ge=0, description="Host launch cost per GPU a thread drives, µs (nccl-tests -g G pays G of them).")
+    copy_GBps: float | None = Field(None, gt=0, description="Rate of a 1-rank collective (a device copy), GB/s.")
+    ll_bw_scale: float = Field(1.0, gt=0, le=1.0, description="Achieved / NCCL's LL protocol bandwidth.")
+    ll128_bw_scale: float = Field(1.0, gt=0, le=1.0, description="Achieved / NCCL's LL128 protocol bandwidth.")
+    system: str = Field("", description="The system (topology) the constants were fitted on.")
+    fit_error: dict[str, float] = Field(default_factory=dict, description="Worst |relative time error| per fitted log.")
 
 
 class CollectiveFit(BaseModel):

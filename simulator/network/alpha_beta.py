@@ -23,8 +23,13 @@ from simulator.topology.spec import NodeSpec
 
 
 class TierNetwork:
-    def __init__(self, node: NodeSpec, comm: CommModel):
+    """nccl: NCCL's cost model (simulator.network.nccl.NcclModel); when given, it times every
+    collective (TierNetwork.from_profile gives it for GPU profiles); the tier formula remains for
+    CPU ranks and for callers that build the network from a comm model alone."""
+
+    def __init__(self, node: NodeSpec, comm: CommModel, nccl=None):
         self.node = node
+        self.nccl = nccl
         self.intra_GBps = node.nvlink_GBps * comm.nvlink_efficiency
         self.inter_GBps = node.nic_GBps_per_gpu * comm.nic_efficiency
         self.alpha_intra_s = comm.intra_node_latency_us * 1e-6
@@ -32,6 +37,12 @@ class TierNetwork:
         self.launch_s = comm.launch_overhead_us * 1e-6
         self._cache: dict[tuple, float] = {}
         self._by_request: dict[int, tuple[CollectiveRequest, float]] = {}
+
+    @classmethod
+    def from_profile(cls, node: NodeSpec, profile) -> "TierNetwork":
+        from simulator.network.nccl import NcclModel
+
+        return cls(node, profile.comm, NcclModel.from_specs(node, profile))
 
     def _shape(self, group: np.ndarray) -> tuple[int, int]:
         """(nodes m, GPUs per node k) of one group."""
@@ -53,6 +64,8 @@ class TierNetwork:
         if n <= 1 or req.size_bytes <= 0:
             return 0.0
         m, k = self._shape(req.groups[0])
+        if self.nccl is not None:
+            return self.nccl.choose(req.op, float(req.size_bytes), n, m, k).time_us * 1e-6
         key = (req.op, n, m, req.size_bytes)
         hit = self._cache.get(key)
         if hit is not None:

@@ -19,7 +19,7 @@ import typer
 
 from simulator.errors import UserError
 from simulator.network.base import CollectiveRequest, bus_factor
-from simulator.network.fabric import FlowNetwork, comm_kwargs
+from simulator.network.fabric import FlowNetwork, comm_kwargs, nccl_model_for
 from simulator.topology.graph import build_graph
 from simulator.topology.spec import load_topology
 
@@ -74,22 +74,32 @@ def sizes(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
     return out
 
 
-def network_kwargs_for_profile(gpu: str | None) -> tuple[dict[str, Any], str]:
-    """FlowNetwork keyword arguments from a GPU profile name or path, and a note saying where
-    they came from. Without a loadable profile: efficiency 1.0, topology latencies."""
+def network_kwargs_for_profile(gpu: str | None, topology: str | None = None, gpus_per_thread: int = 1) -> tuple[dict[str, Any], str]:
+    """FlowNetwork keyword arguments from a GPU profile name or path (with the topology: NCCL's
+    cost model for the profile's GPU), and a note saying where they came from. Without a
+    loadable profile: efficiency 1.0, topology latencies, no NCCL model."""
     if not gpu:
-        return {}, "no GPU profile: link efficiency 1.0, step latencies from the topology"
+        return {}, "no GPU profile: link efficiency 1.0, step latencies from the topology (give --gpu for NCCL's model)"
     try:
         from simulator.calibrate.profile import load_profile
     except ImportError:
         return {}, f"profile loading is not available yet: {gpu!r} ignored, link efficiency 1.0, step latencies from the topology"
     profile = load_profile(gpu)
-    return comm_kwargs(profile), f"profile {profile.name}: link efficiencies and step latencies from its comm model"
+    kw = comm_kwargs(profile)
+    if topology is not None:
+        model = nccl_model_for(load_topology(topology), profile)
+        if model is not None:
+            model.gpus_per_thread = max(1, gpus_per_thread)
+            kw["nccl"] = model
+            cal = "calibrated constants " + (profile.comm.nccl.system or "from its comm.nccl") if profile.comm.nccl else "NCCL's own constants"
+            return kw, f"profile {profile.name}: NCCL cost model (2.28 tuner) with {cal}"
+    return kw, f"profile {profile.name}: link efficiencies and step latencies from its comm model"
 
 
 def simulate_sweep(op: str, gpus: int, topology: str, gpu: str | None = None, min_bytes: int = 8,
                    max_bytes: int = 8 << 30, factor: float = 2.0, network: FlowNetwork | None = None,
-                   type_bytes: int = _TYPE_BYTES, **network_kwargs: Any) -> tuple[list[dict], FlowNetwork, str]:
+                   type_bytes: int = _TYPE_BYTES, gpus_per_thread: int = 1,
+                   **network_kwargs: Any) -> tuple[list[dict], FlowNetwork, str]:
     """Rows of a simulated nccl-tests sweep: size_bytes, count, time_us, algbw_GBps, busbw_GBps
     (and the algorithm the fabric chose). ``type_bytes`` is the element size of -d."""
     op = normalise_op(op)
@@ -98,7 +108,7 @@ def simulate_sweep(op: str, gpus: int, topology: str, gpu: str | None = None, mi
         raise UserError(f"--gpus {gpus}: a collective needs at least 2 GPUs")
     note = ""
     if network is None:
-        kw, note = network_kwargs_for_profile(gpu)
+        kw, note = network_kwargs_for_profile(gpu, topology, gpus_per_thread)
         kw.update(network_kwargs)
         network = FlowNetwork(build_graph(load_topology(topology), gpus), **kw)
     ranks = np.arange(gpus)
@@ -119,6 +129,7 @@ def simulate_sweep(op: str, gpus: int, topology: str, gpu: str | None = None, mi
         rows.append({
             "size_bytes": size, "count": count, "time_us": t * 1e6, "algbw_GBps": algbw,
             "busbw_GBps": algbw * bus_factor(cop, gpus), "algorithm": network.algorithm(req),
+            "nccl": network.nccl_choice(req),
         })
     return rows, network, note
 
@@ -158,6 +169,24 @@ def default_profile_for(topology: str) -> str | None:
     return NODE_KIND_PROFILES.get(load_topology(topology).node.kind)
 
 
+def format_explain(op: str, gpus: int, rows: list[dict]) -> str:
+    """NCCL's choice per size and the terms of its predicted time (simulator.network.nccl)."""
+    lines = [f"# {op} on {gpus} GPUs: NCCL's choice per size (time = latency + size / bandwidth; busbw = algbw x bus factor)",
+             f"#{'size (B)':>13} {'algorithm':>15} {'proto':>6} {'ch':>3} {'thr':>4} {'lat us':>9} {'bw-term us':>11} "
+             f"{'model GB/s':>10} {'time us':>10} {'busbw':>8}   runner-up"]
+    for r in rows:
+        c = r.get("nccl")
+        if c is None:
+            lines.append(f"{r['size_bytes']:14d} {r['algorithm']:>15} {'-':>6} {'-':>3} {'-':>4} {'-':>9} {'-':>11} {'-':>10} "
+                         f"{r['time_us']:10.1f} {r['busbw_GBps']:8.2f}   (no NCCL model: give --gpu)")
+            continue
+        others = sorted((t, f"{a}/{p}") for (a, p), t in c.table.items() if (a, p) != (c.algorithm, c.protocol))
+        runner = f"{others[0][1]} {others[0][0]:.1f} us" if others else "-"
+        lines.append(f"{r['size_bytes']:14d} {c.algorithm:>15} {c.protocol:>6} {c.channels:3d} {c.threads:4d} {c.latency_us:9.1f} "
+                     f"{c.bw_time_us:11.1f} {c.bandwidth_GBps:10.2f} {r['time_us']:10.1f} {r['busbw_GBps']:8.2f}   {runner}")
+    return "\n".join(lines)
+
+
 def collective_command(
     op: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, alltoall, sendrecv or broadcast; nccl-tests' names (all_reduce_perf) and allreduce work too."),
     gpus: Optional[int] = typer.Option(None, "--gpus", "--ngpus", "-g", help="Ranks (one GPU each), all issuing the collective together. nccl-tests' -g counts GPUs per process; here it is the total."),
@@ -172,6 +201,7 @@ def collective_command(
     warmup_iters: int = typer.Option(5, "--warmup_iters", "--warmup-iters", "-w", help="Accepted for nccl-tests compatibility (no warm-up in a simulation)."),
     algorithm: Optional[str] = typer.Option(None, "--algorithm", help="Force ring, tree, hierarchical, torus (default: fastest, as NCCL)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: the collective, the assumptions and the rows."),
+    explain: bool = typer.Option(False, "--explain", help="Per size: NCCL's algorithm, protocol, channels, and the latency and bandwidth terms of the time."),
 ) -> None:
     """Simulated nccl-tests: time, algbw and busbw of one collective over a range of sizes."""
     try:
@@ -210,6 +240,9 @@ def collective_command(
         return
     if not assumed:
         typer.echo(f"# note: {note}", err=True)
+    if explain:
+        typer.echo(format_explain(name, gpus, rows))
+        return
     algos = sorted({r["algorithm"] for r in rows})
     header = f"ClusterSim simulated {name}: {gpus} GPUs on {net.graph.spec.name}; algorithm {', '.join(algos)}"
     typer.echo(format_table(name, gpus, rows, header, datatype=datatype, redop_name=redop))

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -203,6 +203,7 @@ class FlowNetwork:
         algorithms: dict[str, str] | None = None,
         fast_path: bool = True,
         coflow: bool = True,
+        nccl: Any = None,
     ):
         for name, eff in (("nvlink_efficiency", nvlink_efficiency), ("nic_efficiency", nic_efficiency)):
             if not 0 < eff <= 1:
@@ -219,6 +220,14 @@ class FlowNetwork:
                 raise UserError(f"algorithm override for unknown collective {op!r}: use one of {', '.join(COLLECTIVE_OPS)}")
         self.fast_path = fast_path
         self.coflow = bool(coflow)
+        # NCCL's cost model (simulator.network.nccl.NcclModel): when given, the isolated time of a
+        # collective is NCCL's (its algorithm, protocol, latencies and bandwidths), and its flows
+        # carry bytes scaled so that alone they take NCCL's bandwidth time; contention between
+        # collectives is still max-min sharing of the links.
+        self.nccl = nccl
+        self._nccl_plans: dict[tuple, _RPlan] = {}
+        self._nccl_shapes: dict[bytes, tuple[int, int, int]] = {}
+        self._nccl_reqs: dict[int, tuple] = {}
         eff = np.where(graph.link_class == LINK_INTRA, self.nvlink_efficiency, self.nic_efficiency)
         self.capacity_Bps = graph.link_capacity_GBps * 1e9 * eff
         self._plans: dict[tuple, list[_RPlan]] = {}
@@ -239,8 +248,12 @@ class FlowNetwork:
 
     @classmethod
     def from_profile(cls, topology: TopologySpec | str | Path, n_gpus: int, profile: Any, **kwargs: Any) -> "FlowNetwork":
-        """With the link efficiencies and step latencies of a GPU profile (its ``comm`` part)."""
-        return cls.from_topology(topology, n_gpus, **comm_kwargs(profile), **kwargs)
+        """With the link efficiencies and step latencies of a GPU profile (its ``comm`` part), and
+        NCCL's cost model for GPU profiles on switched (non-torus) fabrics."""
+        spec = topology if isinstance(topology, TopologySpec) else load_topology(topology)
+        if "nccl" not in kwargs:
+            kwargs["nccl"] = nccl_model_for(spec, profile)
+        return cls(build_graph(spec, n_gpus), **comm_kwargs(profile), **kwargs)
 
     # --- plans ----------------------------------------------------------------------------
 
@@ -273,13 +286,70 @@ class FlowNetwork:
 
     def plan_for(self, req: CollectiveRequest) -> _RPlan:
         plans = self._candidates(req)
+        if self.nccl is not None and req.op not in self.algorithms:
+            choice = self.nccl_choice(req)
+            if choice is not None:
+                # The flows of the NCCL algorithm: a tree's for Tree / NVLS Tree / CollNet, else a ring's.
+                want = "tree" if choice.algorithm in ("tree", "nvls_tree", "collnet_direct", "collnet_chain") else "ring"
+                for p in plans:
+                    if p.algorithm == want:
+                        return p
+                return plans[0]
         if len(plans) == 1:
             return plans[0]
         return min(plans, key=lambda p: p.time_s(req.size_bytes))
 
+    def nccl_choice(self, req: CollectiveRequest):
+        """NCCL's choice (simulator.network.nccl.Choice) for this collective, or None without the model."""
+        if self.nccl is None or req.op in self.algorithms or req.group_size <= 1:
+            return None
+        groups = req.groups if isinstance(req.groups, np.ndarray) else np.asarray(req.groups, dtype=np.int64)
+        gk = self._groups_key(groups)
+        shape = self._nccl_shapes.get(gk)
+        if shape is None:
+            shape = self._nccl_shapes[gk] = self.nccl.shape(groups[0])
+        n, m, ppn = shape
+        return self.nccl.choose(req.op, float(req.size_bytes), n, m, ppn)
+
     def algorithm(self, req: CollectiveRequest) -> str:
         """The algorithm the fabric runs this collective with (at this size)."""
+        choice = self.nccl_choice(req)
+        if choice is not None:
+            return f"{choice.algorithm}/{choice.protocol}"
         return self.plan_for(req).algorithm
+
+    def _nccl_scaled(self, req: CollectiveRequest) -> tuple[_RPlan, float]:
+        """(plan, bytes) whose isolated run takes NCCL's time: NCCL's latency before the flows
+        (none between phases), and the flows' bytes scaled so they take NCCL's bandwidth time."""
+        hit = self._nccl_reqs.get(id(req))
+        if hit is not None and hit[0] is req:  # the engine reuses its request objects
+            return hit[1], hit[2]
+        plan, eff = self._nccl_scaled_new(req)
+        if len(self._nccl_reqs) > 65536:
+            self._nccl_reqs.clear()
+        self._nccl_reqs[id(req)] = (req, plan, eff)
+        return plan, eff
+
+    def _nccl_scaled_new(self, req: CollectiveRequest) -> tuple[_RPlan, float]:
+        plan = self.plan_for(req)
+        choice = self.nccl_choice(req)
+        size = float(req.size_bytes)
+        if choice is None:
+            return plan, size
+        bw_s = max(choice.bw_time_us, 0.0) * 1e-6
+        if plan.tau_s <= 0 or size <= 0:
+            lat_us, eff = choice.time_us, 0.0
+        else:
+            lat_us, eff = choice.latency_us, bw_s / plan.tau_s
+        key = (id(plan), round(lat_us, 9))
+        rp = self._nccl_plans.get(key)
+        if rp is None:
+            phases = [replace(ph, lat_s=0.0) for ph in plan.phases]
+            rp = replace(plan, phases=phases, overhead_s=lat_us * 1e-6, lat_s=0.0)
+            if len(self._nccl_plans) > 65536:
+                self._nccl_plans.clear()
+            self._nccl_plans[key] = rp
+        return rp, eff
 
     def _route_plan(self, plan: Plan) -> _RPlan:
         self.stats.plans_built += 1
@@ -338,13 +408,19 @@ class FlowNetwork:
     # --- the Network protocol -------------------------------------------------------------
 
     def collective_time_s(self, req: CollectiveRequest) -> float:
+        choice = self.nccl_choice(req)
+        if choice is not None:
+            return choice.time_us * 1e-6
         return self.plan_for(req).time_s(float(req.size_bytes))
 
     def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
         if env is not self._env:
             self._reset_dynamic(env)
-        plan = self.plan_for(req)
-        coll = _Coll(plan, float(req.size_bytes), simpy.Event(env), env.now)
+        if self.nccl is not None:
+            plan, size = self._nccl_scaled(req)
+        else:
+            plan, size = self.plan_for(req), float(req.size_bytes)
+        coll = _Coll(plan, size, simpy.Event(env), env.now)
         self.stats.collectives += 1
         if self._t_first is None:
             self._t_first = env.now
@@ -751,6 +827,16 @@ class FlowNetwork:
                 "max_utilization": float(util[sel].max()),
             })
         return out
+
+
+def nccl_model_for(spec: TopologySpec, profile: Any):
+    """NCCL's cost model for a GPU profile on a switched fabric; None for CPU ranks and tori
+    (NCCL's tuner describes NVLink/NVSwitch nodes and NICs)."""
+    from simulator.network.nccl import NcclModel
+
+    if getattr(spec.fabric, "kind", "") == "torus":
+        return None
+    return NcclModel.from_specs(spec.node, profile)
 
 
 def comm_kwargs(profile: Any) -> dict[str, Any]:

@@ -136,7 +136,7 @@ class Estimator:
         hit = self._nets.get(key)
         if hit is None:
             topo = load_topology(sc.cluster.topology)
-            hit = self._nets[key] = (TierNetwork(topo.node, self.profile(sc.cluster.gpu).comm), topo.node.gpus_per_node)
+            hit = self._nets[key] = (TierNetwork.from_profile(topo.node, self.profile(sc.cluster.gpu)), topo.node.gpus_per_node)
         return hit
 
     def schedule(self, name: str, pp: int, nmb: int, vpp: int) -> PipelineSchedule:

@@ -40,6 +40,17 @@ class NodeSpec(BaseModel):
     nic_latency_us: float = Field(
         ge=0, description="NIC-to-NIC latency through one (leaf) switch, µs; each higher switch hop adds fabric.switch_latency_us."
     )
+    # Facts NCCL's tuning model reads (simulator.network.nccl); defaults keep older files valid.
+    cpu_vendor: Literal["intel", "amd", "arm"] = Field(
+        "intel", description="Host CPU vendor: NCCL picks its LL bandwidth cap and network overhead by it."
+    )
+    nvls: bool = Field(False, description="NVSwitch with NVLink SHARP (in-switch reduction; NVSwitch gen3+, H100 and newer).")
+    sharp: bool = Field(False, description="Scale-out fabric with in-network reduction (InfiniBand SHARP, NCCL CollNet) enabled.")
+    nvlink_links: int | None = Field(None, ge=1, description="NVLink links per GPU (default: nvlink_GBps / the generation's per-link rate).")
+    pcie_GBps: float | None = Field(None, gt=0, description="GPU-NIC PCIe bandwidth as NCCL counts it (default: x16 of the GPU's PCIe generation).")
+    ll128: bool = Field(True, description="NCCL enables its LL128 protocol (NVLink inside, NICs under PCIe switches).")
+    nccl_protocols: list[Literal["LL", "LL128", "Simple"]] | None = Field(
+        None, description="Protocols NCCL may use (NCCL_PROTO as the system sets it); default all.")
 
     @property
     def nic_GBps_per_gpu(self) -> float:

@@ -1,0 +1,585 @@
+"""NCCL's own cost model for collectives (its tuner), re-implemented.
+
+Every constant below is read from NCCL's sources as summarised, with citations, in
+``reference/NCCL-MODEL.md`` (the section is given next to each table; "tuning.cc" etc. name the
+NCCL source file). The model follows the NCCL 2.28.3 tuner: the 2.23-2.30 latency tables, the
+2.27 bandwidth caps, and the 2.28 NVLS bandwidth rewrite (nvlsEfficiency, perChMaxNVLSTreeBws).
+
+What it does, per collective (op, size, group):
+1. graphs (§4, §6): from the node facts (GPUs per node, NVLink links, NICs and their speed,
+   PCIe) a simplified NCCL graph search gives, per algorithm, the search channels and the
+   per-channel bandwidths bwIntra / bwInter (speed ladders §1.8, channel duplication §4.1);
+2. tuning (§3.2, §3.3): per enabled algorithm x protocol a bus bandwidth (protocol factors, caps)
+   turned into an algorithm bandwidth, and a latency (base + per-hop x hops);
+3. time (§3.4): time_us = latency + nBytes / (1000 x bw), with the Tree size correction and the
+   Ring/Simple plateau factor; NCCL picks the minimum over enabled pairs in its scan order
+   (§3.5), and so does ``NcclModel.choose``;
+4. channels and threads for the launch (§3.7).
+
+NCCL's absolute times are optimistic (its tuner only ranks choices, §8.4). A per-system
+calibration (``simulator.calibrate.nccl_fit``, stored in ``Profile.comm.nccl``) scales a few
+things and nothing else: the latency tables (latency_scale across nodes, intra_latency_scale
+inside one, and per protocol LL128 / Simple relative to LL), a network latency per network hop
+that NCCL itself takes from the net plugin (``latencyInter``, 0 for InfiniBand, large for EFA),
+the graph bandwidths inside and across nodes (intra/inter_bw_scale), the LL and LL128 bandwidth
+factors, and a host launch cost per GPU driven by one thread (launch_us). The choice of
+algorithm and protocol is made on the calibrated table, as NCCL makes it on its own.
+
+Point-to-point (send/recv, all-to-all) has no NCCL cost model (§6.6); it is timed here with the
+Simple per-hop latency of the link it crosses and the per-GPU link bandwidth (documented below).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+# --- enumerations (scan order of enqueue.cc topoGetAlgoInfo, §3.5) -------------------------------
+
+ALGOS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
+PROTOS = ("LL", "LL128", "Simple")
+GENS = ("volta", "ampere", "hopper", "blackwell")
+_VOLTA, _AMPERE, _HOPPER, _BLACKWELL = range(4)
+
+# --- §1.4 baseLat (µs), tuning.cc v2.23.4..v2.30.7 (PAT row from v2.28) --------------------------
+BASE_LAT_US = {
+    "tree": (6.8, 14.0, 8.4),
+    "ring": (6.6, 14.0, 8.4),
+    "collnet_direct": (0.0, 0.0, 0.0),
+    "collnet_chain": (0.0, 0.0, 0.0),
+    "nvls": (0.0, 0.0, 0.0),
+    "nvls_tree": (0.0, 0.0, 0.0),
+    "pat": (8.0, 8.0, 8.0),
+}
+# --- §1.5 hwLat (µs per hop) by link class, tuning.cc v2.23.4..v2.28.7 ---------------------------
+HW_LAT_US = {
+    "nvlink": {
+        "tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "collnet_direct": (0.0, 0.0, 3.7),
+        "collnet_chain": (0.0, 0.0, 2.8), "nvls": (0.0, 0.0, 25.0), "nvls_tree": (0.0, 0.0, 25.0),
+        "pat": (0.0, 0.0, 4.0),
+    },
+    "pci": {
+        "tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "collnet_direct": (0.0, 0.0, 3.7),
+        "collnet_chain": (0.0, 0.0, 2.8), "nvls": (0.0, 0.0, 0.0), "nvls_tree": (0.0, 0.0, 0.0),
+        "pat": (0.0, 0.0, 4.0),
+    },
+    "net": {
+        "tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "collnet_direct": (0.0, 0.0, 31.0),
+        "collnet_chain": (0.0, 0.0, 30.0), "nvls": (0.0, 0.0, 18.0), "nvls_tree": (0.0, 0.0, 14.0),
+        "pat": (0.0, 0.0, 14.0),
+    },
+}
+# --- §1.7 bandwidth caps, tuning.cc v2.27.7 (Blackwell and NVLS rows as of v2.28.3) ----------------
+# Columns: 1 node, 2 nodes, 3+ nodes (index2 = nNodes <= 2 ? nNodes-1 : 2).
+LL_MAX_BW_GPU = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (282.0, 90.0, 70.0))  # single node, by GPU
+LL_MAX_BW_CPU = {"intel": (39.0, 39.0, 20.4), "amd": (87.7, 22.5, 19.0)}  # multi-node: row 0 Intel, row 1 AMD/other
+PER_CH_MAX_RING_LL128 = ((20.0,) * 3, (20.0,) * 3, (36.7,) * 3, (73.4,) * 3)
+PER_CH_MAX_TREE_LL128 = ((20.0,) * 3, (20.0,) * 3, (36.7, 36.7, 29.0), (55.6, 31.67, 20.0))
+PER_CH_MAX_TREE = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (70.0, 42.8, 24.0))
+PER_CH_MAX_NVLS_TREE = (None, None, (0.0, 57.7, 45.5), (0.0, 96.0, 43.1))
+NVLS_EFFICIENCY = (0.0, 0.0, 0.85, 0.74)  # §1.7 nvlsEfficiency (v2.28.3)
+# --- §1.9 treeCorrectionFactor, index floor(log2(nBytes/64)) 0..22 ---------------------------------
+TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+}
+# --- §1.8 topology constants and search speed ladders (topo.h, search.cc) --------------------------
+NVLINK_PER_LINK_GBPS = (20.0, 20.0, 20.6, 40.1)  # SM70, SM80, SM90, SM100 per NVLink link
+# Spec bandwidth of one NVLink link, one direction (NVLink 2/3/4: 25 GB/s, NVLink 5: 50 GB/s;
+# NVIDIA V100/A100/H100/B200 datasheets): turns a topology's nvlink_GBps into NCCL's link count.
+NVLINK_SPEC_PER_LINK_GBPS = (25.0, 25.0, 25.0, 50.0)
+PCIE_X16_GBPS = (12.0, 24.0, 48.0, 48.0)  # topo.cc width x rate / 80: gen3 (V100), gen4 (A100), gen5 (H100, B200)
+SPEED_INTRA = (
+    (40, 30, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3),  # pre-Hopper
+    (40, 30, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3),
+    (60, 50, 40, 30, 24, 20, 15, 12, 11, 6, 3),  # Hopper
+    (90, 80, 70, 60, 50, 40, 30, 24, 20, 19, 18),  # Blackwell (2.27)
+)
+SPEED_INTER = (
+    (48, 30, 28, 24, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3, 2.4, 1.2, 0.24, 0.12),
+    (48, 30, 28, 24, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3, 2.4, 1.2, 0.24, 0.12),
+    (48, 45, 42, 40, 30, 24, 22, 20, 17.5, 15, 12, 6, 3, 2.4, 1.2, 0.24, 0.12),
+    (96, 48, 45.1, 42, 40, 30, 24, 22, 20, 17.5, 15, 12, 6, 3, 2.4, 1.2, 0.24, 0.12),
+)
+MAX_SEARCH_CHANNELS = 32  # search.cc: the ring search runs with at most 32 channels (§4.1)
+NVLS_CHANNELS = (16, 16, 16, 24)  # §1.10 NCCL_NVLS_NCHANNELS: 16 Hopper, 24 Blackwell (one NVLink domain)
+# --- §1.3 protocol thread limits and thresholds (device.h, comm.h) --------------------------------
+MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
+THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
+# §1.10 NCCL_NET_OVERHEAD: 1 µs per network step on Intel (and other) hosts, 2 µs on AMD x86.
+NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "arm": 1.0}
+
+
+def gpu_generation(device: str) -> int | None:
+    """NCCL's GPU generation index (§3.1) from a device name; None for a CPU or an unknown device."""
+    d = device.upper()
+    if any(k in d for k in ("B200", "B100", "GB200", "GB300", "B300")):
+        return _BLACKWELL
+    if any(k in d for k in ("H100", "H200", "H800", "GH200", "H20")):
+        return _HOPPER
+    if any(k in d for k in ("A100", "A800", "A30", "A10")):
+        return _AMPERE
+    if "V100" in d:
+        return _VOLTA
+    return None
+
+
+@dataclass(frozen=True)
+class NcclTuning:
+    """The calibrated constants (defaults: NCCL's own model unchanged). See module docstring."""
+
+    latency_scale: float = 1.0  # collectives that cross nodes
+    intra_latency_scale: float = 1.0  # collectives inside one node (NVLink hops only)
+    ll128_latency_scale: float = 1.0  # relative to LL's, on top of the two above
+    simple_latency_scale: float = 1.0
+    net_latency_us: float = 0.0
+    intra_bw_scale: float = 1.0
+    inter_bw_scale: float = 1.0
+    launch_us: float = 0.0
+    copy_GBps: float | None = None  # a 1-rank "collective" is a device copy at this rate
+    ll_bw_scale: float = 1.0  # achieved / NCCL's LL bandwidth factor
+    ll128_bw_scale: float = 1.0  # achieved / NCCL's LL128 bandwidth factor
+
+    @classmethod
+    def from_comm(cls, comm: Any) -> "NcclTuning":
+        cal = getattr(comm, "nccl", None)
+        if cal is None:
+            return cls()
+        return cls(latency_scale=cal.latency_scale, intra_latency_scale=cal.intra_latency_scale,
+                   ll128_latency_scale=cal.ll128_latency_scale, simple_latency_scale=cal.simple_latency_scale,
+                   net_latency_us=cal.net_latency_us,
+                   intra_bw_scale=cal.intra_bw_scale, inter_bw_scale=cal.inter_bw_scale,
+                   launch_us=cal.launch_us, copy_GBps=cal.copy_GBps,
+                   ll_bw_scale=cal.ll_bw_scale, ll128_bw_scale=cal.ll128_bw_scale)
+
+
+@dataclass(frozen=True)
+class NcclSystem:
+    """The node facts NCCL's model reads, in NCCL's own units (GB/s = 1e9 B/s)."""
+
+    gen: int
+    cpu: str  # intel, amd, arm
+    gpus_per_node: int
+    nvl_GBps: float  # NCCL's NVLink bandwidth of one GPU: links x per-link constant
+    nvlink: bool  # intra-node path type is NVLink (else PCI)
+    nics_per_node: int
+    nic_GBps: float  # one NIC as NCCL sees it: speed / 8000
+    pcie_GBps: float
+    nvls: bool
+    collnet: bool
+    ll128: bool
+    protocols: tuple = PROTOS  # NCCL_PROTO: the protocols the system enables
+
+    @classmethod
+    def from_specs(cls, node: Any, device: str) -> "NcclSystem | None":
+        gen = gpu_generation(device)
+        if gen is None:
+            return None
+        links = getattr(node, "nvlink_links", None)
+        if links is None:
+            links = max(1, round(node.nvlink_GBps / NVLINK_SPEC_PER_LINK_GBPS[gen]))
+        nvlink = getattr(node, "nvlink", True)
+        nvl = links * NVLINK_PER_LINK_GBPS[gen] if nvlink else PCIE_X16_GBPS[gen]
+        pcie = getattr(node, "pcie_GBps", None) or PCIE_X16_GBPS[gen]
+        return cls(gen=gen, cpu=getattr(node, "cpu_vendor", "intel"), gpus_per_node=node.gpus_per_node,
+                   nvl_GBps=float(nvl), nvlink=bool(nvlink), nics_per_node=node.nics_per_node,
+                   nic_GBps=node.nic_gbps / 8.0, pcie_GBps=float(pcie),
+                   nvls=bool(getattr(node, "nvls", False)) and gen >= _HOPPER and nvlink,
+                   collnet=bool(getattr(node, "sharp", False)), ll128=bool(getattr(node, "ll128", True)) and nvlink,
+                   protocols=tuple(p for p in PROTOS if p in (getattr(node, "nccl_protocols", None) or PROTOS)))
+
+
+@dataclass(frozen=True)
+class Graph:
+    n_ch: int  # search channels (the model's nChannels)
+    bw_intra: float  # GB/s per channel
+    bw_inter: float
+    runtime_ch: int  # CTAs at run time
+
+
+def _ladder_at_most(ladder, x: float) -> list[float]:
+    return [float(s) for s in ladder if s <= x + 1e-9]
+
+
+def _dup(g: Graph, gen: int) -> Graph:
+    """search.cc ncclTopoDupChannels (§4.1): double channels, halve bandwidth, unless bwIntra < 25
+    or (compute capability > 8.0 and bwIntra < 50 and more than 4 channels)."""
+    if g.bw_intra < 25 or (gen >= _HOPPER and g.bw_intra < 50 and g.n_ch > 4):
+        return g
+    return Graph(min(2 * g.n_ch, MAX_SEARCH_CHANNELS), g.bw_intra / 2, g.bw_inter / 2, g.runtime_ch)
+
+
+def graphs(sys: NcclSystem, n_nodes: int, ppn: int, tuning: NcclTuning | None = None) -> dict[str, Graph]:
+    return _graphs(sys, n_nodes, ppn)
+
+
+@lru_cache(maxsize=1024)
+def _graphs(sys: NcclSystem, n_nodes: int, ppn: int) -> dict[str, Graph]:
+    """Per-algorithm graph (§4.2, §6.1-6.4, §8.1), simplified from search.cc: the best speed of the
+    ladder that the NICs (one channel per NIC per speed step that fits) and each GPU's NVLink carry."""
+    gen = sys.gen
+    nvl = sys.nvl_GBps
+    out: dict[str, Graph] = {}
+    if n_nodes <= 1:
+        ladder = _ladder_at_most(SPEED_INTRA[gen], nvl)
+        best = None
+        for s in ladder:
+            c = min(MAX_SEARCH_CHANNELS, int(nvl // s))
+            if c >= 1 and (best is None or c * s > best[0] * best[1] + 1e-9):
+                best = (c, s)
+            if best is not None and s < 0.49 * best[1]:
+                break
+        c, s = best or (1, ladder[-1] if ladder else nvl)
+        ring = _dup(Graph(c, s, s, 0), gen)
+        ring = Graph(ring.n_ch, ring.bw_intra, ring.bw_inter, min(64, 2 * ring.n_ch))
+        out["ring"] = out["tree"] = ring
+    else:
+        nic = sys.nic_GBps
+        path = min(sys.pcie_GBps, nic)
+        ladder = _ladder_at_most(SPEED_INTER[gen], path)
+        best = None
+        for s in ladder:
+            c = min(MAX_SEARCH_CHANNELS, sys.nics_per_node * int(nic // s + 1e-9), int(nvl // s))
+            if c >= 1 and (best is None or c * s > best[0] * best[1] + 1e-9):
+                best = (c, s)
+            if best is not None and s < 0.49 * best[1]:
+                break
+        c, s = best or (1, ladder[-1] if ladder else path)
+        # Tree pass 2 (§6.2): raise bwIntra one inter-ladder step at a time while below 2 x bwInter
+        # and the node's NVLink carries it.
+        t_intra = s
+        for up in sorted(float(x) for x in SPEED_INTER[gen] if x > s):
+            if t_intra >= 2 * s or c * up > nvl + 1e-9:
+                break
+            t_intra = up
+        ring = _dup(Graph(c, s, s, 0), gen)
+        rt = min(64, 2 * ring.n_ch)
+        if gen >= _HOPPER and ring.bw_intra > 45 and ring.n_ch < 16:  # §4.1 item 4
+            rt = min(64, 2 * rt)
+        out["ring"] = Graph(ring.n_ch, ring.bw_intra, ring.bw_inter, rt)
+        tree = Graph(ring.n_ch, t_intra * ring.n_ch / c, s * ring.n_ch / c, rt)
+        out["tree"] = tree
+        out["pat"] = tree
+    if sys.nvls and ppn > 2:
+        # §4.2 NVLS graph: one head per local GPU; each GPU carries (ppn + 1) x bw on its NVLink;
+        # bwInter raised in pass 2 up to below 2 x bwIntra (one NIC's worth per head across nodes).
+        bi = max(_ladder_at_most(SPEED_INTRA[gen], nvl / (ppn + 1)) or [nvl / (ppn + 1)])
+        if n_nodes <= 1:
+            be = max(_ladder_at_most(SPEED_INTRA[gen], 2 * bi - 1e-6) or [bi])
+        else:
+            nic_per_gpu = sys.nic_GBps * max(1.0, sys.nics_per_node / sys.gpus_per_node)
+            be = max(_ladder_at_most(SPEED_INTER[gen], min(nic_per_gpu, 2 * bi - 1e-6)) or [nic_per_gpu])
+        out["nvls"] = Graph(ppn, bi, be, NVLS_CHANNELS[gen])
+    return out
+
+
+@dataclass
+class Choice:
+    """What NCCL runs for one collective, and the time the (calibrated) model predicts."""
+
+    op: str
+    size_bytes: float
+    n_ranks: int
+    n_nodes: int
+    algorithm: str
+    protocol: str
+    time_us: float
+    latency_us: float  # latency x latCount (after the plateau factor) + launch
+    bandwidth_GBps: float  # algorithm bandwidth used for the size term (after corrections)
+    channels: int  # CTAs NCCL launches (§3.7)
+    threads: int
+    table: dict = field(default_factory=dict)  # (algo, proto) -> time_us of every enabled pair
+
+    @property
+    def bw_time_us(self) -> float:
+        return self.time_us - self.latency_us
+
+
+def _idx2(n_nodes: int) -> int:
+    return n_nodes - 1 if n_nodes <= 2 else 2
+
+
+def tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: NcclTuning) -> dict[tuple[str, str], tuple[float, float]]:
+    """ncclTopoTuneModel (§3.2, §3.3): (algo, proto) -> (algorithm bandwidth GB/s, latency µs)
+    for every enabled pair; op in all_reduce, all_gather, reduce_scatter, broadcast."""
+    return _tune(sys, op, n, n_nodes, ppn, tuning)
+
+
+@lru_cache(maxsize=4096)
+def _tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: NcclTuning):
+    gen, i2 = sys.gen, _idx2(n_nodes)
+    gs = graphs(sys, n_nodes, ppn, tuning)
+    intra_hw = "nvlink" if sys.nvlink else "pci"
+    hw = intra_hw if n_nodes == 1 else "net"
+    ll_max = LL_MAX_BW_GPU[gen][i2] if n_nodes == 1 else LL_MAX_BW_CPU.get(sys.cpu, LL_MAX_BW_CPU["amd"])[i2]
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    if op == "all_reduce":
+        nsteps = 2 * (n - 1)
+    elif op in ("all_gather", "reduce_scatter"):
+        nsteps = n - 1
+    else:
+        nsteps = n
+    algos = ["ring"]
+    if op == "all_reduce":
+        algos.insert(0, "tree")
+    if "nvls" in gs and op in ("all_reduce", "all_gather", "reduce_scatter"):
+        # §1.1: NVLS on one node (multi-node NVLS needs CollNet/SHARP); NVLS Tree multi-node AllReduce.
+        if n_nodes == 1 or (sys.collnet and op == "all_reduce"):
+            algos.append("nvls")
+        if n_nodes > 1 and op == "all_reduce":
+            algos.append("nvls_tree")
+    if sys.collnet and n_nodes >= 2 and op == "all_reduce":
+        algos += ["collnet_direct", "collnet_chain"]
+    if op in ("all_gather", "reduce_scatter") and ppn == 1 and n_nodes > 1:
+        algos.append("pat")  # §1.1: PAT by default only with one rank per node
+    for algo in algos:
+        g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
+        for pi, proto in enumerate(PROTOS):
+            if (proto == "LL128" and not sys.ll128) or proto not in sys.protocols:
+                continue
+            if algo in ("collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat") and proto != "Simple":
+                continue
+            bw = g.bw_intra if (n_nodes <= 2 or algo.startswith("collnet")) else g.bw_inter
+            # Calibrated: what the links deliver of NCCL's graph bandwidth (NICs once the
+            # collective crosses nodes, NVLink inside one); NCCL's protocol caps stay as they are.
+            bus = g.n_ch * bw * (tuning.inter_bw_scale if n_nodes > 1 else tuning.intra_bw_scale)
+            if algo == "ring" and proto == "LL":
+                bus = min(ll_max, 0.5 * bus)
+            elif algo == "ring" and proto == "LL128":
+                bus = min(0.92 * bus, g.n_ch * PER_CH_MAX_RING_LL128[gen][i2])
+            if algo == "tree":
+                bus = min(0.92 * bus, g.n_ch * PER_CH_MAX_TREE[gen][i2])
+                if proto == "LL":
+                    bus = min(bus / 3.8, ll_max)
+                elif proto == "LL128":
+                    bus = min(bus * (7 / 9 if n_nodes == 1 else 120 / 128), g.n_ch * PER_CH_MAX_TREE_LL128[gen][i2])
+            if algo == "pat":
+                bus *= 0.75
+            # Calibrated per-protocol efficiency on top of NCCL's own protocol factors.
+            bus *= tuning.ll_bw_scale if proto == "LL" else (tuning.ll128_bw_scale if proto == "LL128" else 1.0)
+            if algo in ("nvls", "nvls_tree"):
+                # §5.1 (v2.28+)
+                intra = g.bw_intra * NVLS_EFFICIENCY[gen] * (g.n_ch - 1) / g.n_ch * tuning.intra_bw_scale
+                intra *= 2.0 if op == "all_reduce" else (ppn - 1) / ppn
+                inter = g.bw_inter * (2.0 if (algo == "nvls_tree" and n_nodes <= 2) else 1.0) * tuning.inter_bw_scale
+                per = min(intra, inter)
+                cap = PER_CH_MAX_NVLS_TREE[gen]
+                if algo == "nvls_tree" and cap is not None:
+                    per = min(per, cap[i2])
+                if g.n_ch < 2:
+                    continue
+                bus = g.n_ch * per
+            if algo == "collnet_direct":
+                if op == "all_reduce":
+                    f = ppn / max(1, g.n_ch)
+                    f -= (f - 1) / 2
+                    bus /= max(f, 1.0)
+                    if gen >= _HOPPER:
+                        bus *= 0.85
+            # algorithm bandwidth (§3.2 item 4)
+            if algo == "ring":
+                algbw = bus * n / nsteps
+            elif algo in ("nvls", "nvls_tree"):
+                algbw = bus * n / nsteps if op == "all_reduce" else bus
+            elif algo in ("tree", "collnet_direct", "collnet_chain"):
+                algbw = bus * 0.5
+            else:
+                algbw = bus
+            if algbw <= 0:
+                continue
+            # latency (§3.3): NCCL's tables (scaled by latency_scale) plus the plugin's network
+            # latency (latencyInter) on every network hop, which NCCL adds unscaled.
+            lat_nccl = _latency(sys, op, algo, proto, pi, n, n_nodes, ppn, nsteps, intra_hw, hw, 0.0)
+            lat_net = _latency(sys, op, algo, proto, pi, n, n_nodes, ppn, nsteps, intra_hw, hw, 1.0) - lat_nccl
+            lat_scale = tuning.latency_scale if n_nodes > 1 else tuning.intra_latency_scale
+            lat_scale *= tuning.ll128_latency_scale if proto == "LL128" else (tuning.simple_latency_scale if proto == "Simple" else 1.0)
+            out[(algo, proto)] = (algbw, lat_nccl * lat_scale + lat_net * tuning.net_latency_us)
+    return out
+
+
+def _latency(sys: NcclSystem, op: str, algo: str, proto: str, pi: int, n: int, n_nodes: int, ppn: int,
+             nsteps: int, intra_hw: str, hw: str, net_us: float) -> float:
+    """ncclTopoTuneModel's latency (§3.3) with latencyInter = net_us."""
+    intra_lat = HW_LAT_US[intra_hw][algo][pi]
+    inter_lat = HW_LAT_US["net"]["tree" if ppn == 1 else algo][pi] + net_us
+    if proto == "Simple":
+        inter_lat += net_us  # the plugin's latency again for the flush
+    lat = BASE_LAT_US[algo][pi]
+    if algo == "ring" and op == "broadcast":
+        per_hop = HW_LAT_US[hw]["tree" if proto == "Simple" else "ring"][pi]
+        if hw == "net":
+            per_hop += net_us
+        lat += n * per_hop
+    elif algo == "ring":
+        net_oh = 0.0 if n_nodes == 1 else NET_OVERHEAD_US.get(sys.cpu, 1.0) * (3 if proto == "Simple" else 1)
+        il = max(intra_lat, net_oh)
+        inter_steps = 0 if n_nodes == 1 else (2 * (n_nodes - 1) if op == "all_reduce" else n_nodes - 1)
+        lat += (nsteps - inter_steps) * il + inter_steps * inter_lat
+    elif algo == "tree":
+        lat += 2 * ((ppn - 1) * intra_lat + int(math.log2(n_nodes)) * inter_lat)
+    elif algo == "collnet_direct":
+        lat += 2 * (min(1, ppn - 1) * intra_lat + (ppn - 1) * 0.4) + inter_lat
+    elif algo == "collnet_chain":
+        lat += 2 * (ppn - 1) * intra_lat + inter_lat
+    elif algo == "nvls":
+        lat = intra_lat + (inter_lat if n_nodes > 1 else 0.0)
+    elif algo == "nvls_tree":
+        lat += intra_lat + 2 * int(math.log2(n_nodes)) * inter_lat
+    elif algo == "pat":
+        lat += int(math.log2(n_nodes)) * inter_lat / 3.5 + 2.8 * n
+    return lat
+
+
+def algo_time_us(sys: NcclSystem, op: str, size: float, n: int, n_nodes: int, algo: str, proto: str,
+                 algbw: float, lat: float, runtime_ch: int) -> tuple[float, float, float]:
+    """ncclTopoGetAlgoTime (§3.4) for one collective in its group: (time, latency, bandwidth)."""
+    bw = algbw
+    if algo == "tree" and op == "all_reduce" and size >= 64:
+        i = int(math.log2(size / 64))
+        if i <= 22:
+            bw *= TREE_CORRECTION[proto][i]
+    if algo == "ring" and proto == "Simple" and n_nodes > 1 and op == "all_reduce" and size / (runtime_ch * n) >= 64:
+        lat *= 1.4 if sys.gen >= _AMPERE else 1.9  # the "plateau effect of ring"
+    return lat + size / (1000.0 * bw), lat, bw
+
+
+def _launch_shape(g: Graph, algo: str, proto: str, op: str, size: float, n: int, gen: int) -> tuple[int, int]:
+    """§3.7: channels (CTAs) and threads per CTA NCCL launches for this size."""
+    if algo.startswith("nvls"):
+        return NVLS_CHANNELS[gen], 640
+    nt = 640 if algo in ("tree", "pat") else MAX_THREADS[proto]
+    nc = max(1, g.runtime_ch)
+    thr = THREAD_THRESHOLD[proto] * (n if (algo == "ring" and proto == "LL") else 1)
+    if algo in ("ring", "tree"):
+        while nc > 1 and size < nc * nt * thr:
+            nc -= 1
+        while algo == "ring" and nt % 128 == 0 and nt > 128 and size < nc * nt * thr:
+            nt //= 2
+    if proto == "Simple":
+        nt += 32 if algo == "ring" else (128 if algo == "tree" else 0)
+    return nc, min(nt, 640)
+
+
+class NcclModel:
+    """NCCL's tuner for one system (topology node + GPU profile), with calibrated constants."""
+
+    def __init__(self, system: NcclSystem, tuning: NcclTuning | None = None, gpus_per_thread: int = 1):
+        self.system = system
+        self.tuning = tuning or NcclTuning()
+        # GPUs one host thread drives (nccl-tests -g G); training runs one process per GPU.
+        self.gpus_per_thread = max(1, int(gpus_per_thread))
+        self._cache: dict[tuple, Choice] = {}
+
+    @classmethod
+    def from_specs(cls, node: Any, profile: Any) -> "NcclModel | None":
+        """None when the profile's device is not a GPU NCCL models (a CPU/gloo profile)."""
+        sys = NcclSystem.from_specs(node, getattr(profile, "device", ""))
+        if sys is None:
+            return None
+        return cls(sys, NcclTuning.from_comm(getattr(profile, "comm", None)))
+
+    def shape(self, group: np.ndarray) -> tuple[int, int, int]:
+        """(ranks, nodes, GPUs per node) of one group (global GPU ids, node = id // gpus_per_node)."""
+        g = np.asarray(group).ravel()
+        n = int(g.size)
+        n_nodes = int(np.unique(g // self.system.gpus_per_node).size) if n else 1
+        return n, n_nodes, max(1, math.ceil(n / max(n_nodes, 1)))
+
+    def choose(self, op: str, size_bytes: float, n: int, n_nodes: int, ppn: int | None = None,
+               gpus_per_thread: int | None = None) -> Choice:
+        ppn = ppn or max(1, math.ceil(n / n_nodes))
+        gpus_per_thread = gpus_per_thread or self.gpus_per_thread
+        key = (op, float(size_bytes), n, n_nodes, ppn, gpus_per_thread)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        c = self._choose(op, float(size_bytes), n, n_nodes, ppn, gpus_per_thread)
+        if len(self._cache) > 100_000:
+            self._cache.clear()
+        self._cache[key] = c
+        return c
+
+    def _choose(self, op: str, size: float, n: int, n_nodes: int, ppn: int, gpt: int) -> Choice:
+        tn = self.tuning
+        # The host launches one kernel per GPU it drives (launch_us each); the next iteration's
+        # launches overlap this one's kernels, so a run takes max(G x launch, the collective)
+        # (nccl-tests -g G: one thread, G GPUs; G = 1 for a process per GPU). Staggering the
+        # collective by the (G-1) launches before the last GPU joins fitted the Azure logs worse.
+        floor = tn.launch_us * max(1, gpt)
+        stagger = 0.0
+        if n <= 1 or size <= 0:
+            bw = tn.copy_GBps or 0.0
+            t = (size / (1000.0 * bw) if bw > 0 and size > 0 else 0.0)
+            return Choice(op, size, n, n_nodes, "copy", "-", floor + t, floor, bw, 1, 0)
+        if op in ("all_to_all", "send_recv"):
+            return self._floor(self._p2p(op, size, n, n_nodes, ppn, stagger), floor)
+        top = "broadcast" if op not in ("all_reduce", "all_gather", "reduce_scatter") else op
+        table = tune(self.system, top, n, n_nodes, ppn, tn)
+        gs = graphs(self.system, n_nodes, ppn, tn)
+        best = None
+        times = {}
+        for algo in ALGOS:  # scan order of topoGetAlgoInfo; strict < keeps the earlier on ties
+            for proto in PROTOS:
+                e = table.get((algo, proto))
+                if e is None:
+                    continue
+                g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
+                t, lat, bw = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, e[0], e[1], g.runtime_ch)
+                times[(algo, proto)] = max(t + stagger, floor)
+                if best is None or t < best[0]:
+                    best = (t, lat, bw, algo, proto, g)
+        t, lat, bw, algo, proto, g = best
+        nc, nt = _launch_shape(g, algo, proto, top, size, n, self.system.gen)
+        return self._floor(Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times), floor)
+
+    @staticmethod
+    def _floor(c: Choice, floor_us: float) -> Choice:
+        if c.time_us < floor_us:
+            c.latency_us += floor_us - c.time_us
+            c.time_us = floor_us
+        return c
+
+    def _p2p(self, op: str, size: float, n: int, n_nodes: int, ppn: int, launch: float) -> Choice:
+        """No NCCL tuner model exists for p2p (§6.6). Simple protocol: ring Simple base latency, one
+        Simple hop of the link crossed (NVLink 3.4 µs, network 14 µs + the plugin latency), and the
+        GPU's NVLink or its share of the node's NICs (calibrated scales applied)."""
+        s, tn = self.system, self.tuning
+        nvl = s.nvl_GBps * tn.intra_bw_scale
+        nic = min(s.nic_GBps * s.nics_per_node / s.gpus_per_node, s.pcie_GBps) * tn.inter_bw_scale
+        hop_intra = HW_LAT_US["nvlink" if s.nvlink else "pci"]["ring"][2]
+        hop_net = HW_LAT_US["net"]["ring"][2]
+        if op == "send_recv":
+            inter = n_nodes > 1
+            bw = nic if inter else nvl
+            lat = (BASE_LAT_US["ring"][2] + (hop_net if inter else hop_intra)) * (tn.latency_scale if inter else tn.intra_latency_scale) + inter * tn.net_latency_us
+            t = lat + size / (1000.0 * bw)
+            return Choice(op, size, n, n_nodes, "p2p", "Simple", t + launch, lat + launch, bw, 2, 640)
+        k = min(ppn, n)
+        t_intra = (k - 1) / n * size / (1000.0 * nvl)
+        t_inter = (n - k) / n * size / (1000.0 * nic) if n_nodes > 1 else 0.0
+        lat = (BASE_LAT_US["ring"][2] + (hop_net if n_nodes > 1 else hop_intra)) * (tn.latency_scale if n_nodes > 1 else tn.intra_latency_scale) + (n_nodes > 1) * tn.net_latency_us
+        bwt = max(t_intra, t_inter)
+        t = lat + bwt
+        bw = size / (1000.0 * bwt) if bwt > 0 else float("inf")
+        return Choice(op, size, n, n_nodes, "p2p", "Simple", t + launch, lat + launch, bw, 1, 640)
+
+    def time_s(self, op: str, size_bytes: float, group: np.ndarray) -> float:
+        n, m, ppn = self.shape(group)
+        return self.choose(op, size_bytes, n, m, ppn).time_us * 1e-6
+
+
+def collective_time_s(op: str, size_bytes: float, group: Any, topology: Any, profile: Any) -> float:
+    """Time of one uncontended collective as NCCL runs it: the function every network and the
+    sweep estimate call. topology: a TopologySpec (or its node); profile: a Profile (its device
+    picks the GPU generation, its comm.nccl the calibrated constants). Raises ValueError for a
+    profile whose device NCCL does not model (CPU ranks)."""
+    node = getattr(topology, "node", topology)
+    model = NcclModel.from_specs(node, profile)
+    if model is None:
+        raise ValueError(f"device {getattr(profile, 'device', '?')!r} is not a GPU the NCCL model knows")
+    return model.time_s(op, float(size_bytes), np.asarray(group))
