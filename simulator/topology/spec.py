@@ -37,6 +37,15 @@ class NodeSpec(BaseModel):
     nic_latency_us: float = Field(
         ge=0, description="NIC-to-NIC latency through one (leaf) switch, µs; each higher switch hop adds fabric.switch_latency_us."
     )
+    # NVLink SHARP: the NVSwitch reduces in the switch (NCCL's NVLS / NVLS-tree algorithms).
+    # Third-generation NVSwitch (DGX H100/H200) and NVLink 5 switches (B200, GB200 NVL72) have it.
+    nvls: bool = Field(False, description="The NVSwitch does in-switch reductions (NVLink SHARP, NCCL NVLS).")
+
+    @property
+    def nvlink_domain_gpus(self) -> int:
+        """GPUs that reach each other over NVLink: the node as this spec describes it (8 in a
+        DGX, 72 in a GB200 NVL72 rack, whose "node" is the whole NVLink domain)."""
+        return self.gpus_per_node
 
     @property
     def nic_GBps_per_gpu(self) -> float:
