@@ -136,6 +136,29 @@ class MoEConfig(BaseModel):
     )
 
 
+FP8_RECIPES = ("te-delayed", "te-current", "mxfp8", "tensorwise", "rowwise")
+
+
+class FP8Config(BaseModel):
+    """How FP8 training is done (used when dtype is fp8).
+
+    Recipes: Transformer Engine per-tensor scaling with delayed (amax history) or current
+    scaling on Hopper and Blackwell; MXFP8 (32-element blocks with E8M0 scales) on Blackwell;
+    torchao float8 as torchtitan uses it, per-tensor ("tensorwise", dynamic scaling) or
+    per-row ("rowwise").
+    """
+
+    model_config = _STRICT
+
+    recipe: Literal["te-delayed", "te-current", "mxfp8", "tensorwise", "rowwise"] = Field(
+        "te-delayed", description="te-delayed, te-current (TE per-tensor), mxfp8 (Blackwell), tensorwise or rowwise (torchao)."
+    )
+    attention: bool = Field(False, description="Run attention in FP8 too (FlashAttention-3 / cuDNN FP8); default bf16.")
+    param_all_gather: bool = Field(
+        False, description="ZeRO-3/FSDP all-gathers FP8 weights (torchtitan enable_fsdp_float8_all_gather, Megatron --fp8-param-gather)."
+    )
+
+
 class BatchConfig(BaseModel):
     model_config = _STRICT
 
@@ -169,7 +192,10 @@ class Scenario(BaseModel):
     network: Literal["flow", "alpha-beta"] = Field(
         "flow", description="flow: flows on the topology graph sharing links max-min fairly; alpha-beta: per-tier formulas."
     )
-    dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Compute and activation precision.")
+    dtype: Literal["bf16", "fp16", "fp32", "fp8"] = Field(
+        "bf16", description="Compute precision; fp8 runs the linear layers' GEMMs in FP8 (activations and attention stay bf16)."
+    )
+    fp8: FP8Config = Field(default_factory=lambda: FP8Config(), description="FP8 training recipe (dtype: fp8 only).")
     flash_attention: bool = Field(
         True, description="Fused attention that skips masked causal blocks and stores no s x s scores."
     )
@@ -192,6 +218,8 @@ class Scenario(BaseModel):
 
     @property
     def dtype_bytes(self) -> int:
+        # FP8 training keeps activations, gradients between layers and weights in bf16; only the
+        # GEMM operands are FP8 copies (see simulator.workload.ops).
         return 4 if self.dtype == "fp32" else 2
 
     def check(self) -> "Scenario":

@@ -40,6 +40,11 @@ def layer_activation_sbh(sc: Scenario) -> tuple[float, float]:
     f = m.ffn_hidden_size / h
     mlp = 3 + (4 * f if m.mlp == "gelu" else 6 * f)  # fc1 input 2, dropout mask 1, fc1 / act outputs
     norms = 4
+    if sc.dtype == "fp8":
+        # FP8 linears save their inputs for the weight gradient as FP8 copies (1 byte, not 2):
+        # the QKV, out-projection and fc1 inputs (1 each) and the fc2 input (f).
+        attn -= 2
+        mlp -= 1 + f
     return attn + mlp + norms, 5.0
 
 
@@ -120,6 +125,12 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             "activations_gib": act_peaks[r] / GIB,
             "buffers_gib": (buffers + RUNTIME_RESERVE_BYTES) / GIB,
         }
+        if sc.dtype == "fp8" and sc.fp8.recipe in ("te-delayed", "te-current", "mxfp8"):
+            # Transformer Engine caches each linear weight's FP8 copy and its transpose across
+            # microbatches (2 bytes a parameter of the transformer layers), on the rank's shard
+            # of them under ZeRO-3.
+            layer_params = sum(prog.unit_params.get(L, 0.0) for q in positions for L in prog.position_layers[q])
+            row["fp8_weights_gib"] = (2 * layer_params / (shard if z >= 3 else 1)) / GIB
         row["total_gib"] = sum(row.values())
         rows.append(row)
     peak = max(r["total_gib"] for r in rows)

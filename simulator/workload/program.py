@@ -80,6 +80,27 @@ class Program:
         return self.schedule.num_ranks
 
 
+def fp8_speedup(sc: Scenario, profile: Profile) -> float:
+    """FP8 over BF16 tensor-core peak of the profile's GPU (1 when the scenario is not FP8);
+    UserError when the GPU has no FP8 (or, for mxfp8, no MXFP8) tensor cores."""
+    if sc.dtype != "fp8":
+        return 1.0
+    c = profile.compute
+    if sc.fp8.recipe == "mxfp8":
+        if c.peak_tflops_mxfp8 is None:
+            raise UserError(
+                f"fp8 recipe mxfp8 needs MXFP8 tensor cores (Blackwell) but GPU profile {profile.name!r} has none: "
+                "use fp8.recipe te-delayed/te-current/tensorwise on Hopper, or a b200/gb200 profile"
+            )
+        return c.peak_tflops_mxfp8 / c.peak_tflops
+    if c.peak_tflops_fp8 is None:
+        raise UserError(
+            f"dtype fp8 needs FP8 tensor cores but GPU profile {profile.name!r} has none (no compute.peak_tflops_fp8): "
+            "use dtype bf16, or an H100/H200/B200/GB200 profile"
+        )
+    return c.peak_tflops_fp8 / c.peak_tflops
+
+
 def split_layers(num_layers: int, positions: int, override: list[int] | None = None) -> list[list[int]]:
     """Layers per pipeline position. Uneven splits give the first and last positions fewer
     layers (they also hold the embedding and the LM head), as Llama 3 and the zero-bubble
@@ -168,7 +189,13 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     for kind, lo in layer_kinds.items():
         all_ops += lo.forward + bwd[kind][0] + bwd[kind][1]
     kernels = [o for o in all_ops if o.comm is None]
-    dur = profile.compute_time_s(np.array([o.op_class for o in kernels]), np.array([o.exec_flops for o in kernels]),
+    # FP8 GEMMs: the tensor cores do the FLOPs `fp8_speedup` times faster; handing the cost
+    # model speedup-scaled FLOPs keeps its fixed per-kernel cost (the half-efficiency FLOPs:
+    # latency, wave tails) as it is, so a large compute-bound GEMM gets ~2x faster and a small
+    # one, bound by that fixed cost or by its bytes, does not.
+    speedup = fp8_speedup(sc, profile)
+    dur = profile.compute_time_s(np.array([o.op_class for o in kernels]),
+                                 np.array([o.exec_flops / (speedup if o.fp8 else 1.0) for o in kernels]),
                                  np.array([o.bytes for o in kernels]))
     times = {id(o): float(t) for o, t in zip(kernels, dur)}
 
@@ -262,7 +289,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         model_flops_per_step=model_flops, tokens_per_step=sc.batch.global_batch_size * sc.batch.seq_length,
         zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
         grad_bucket_bytes=p.grad_bucket_params * GRAD_REDUCE_BYTES,
-        param_bytes=sc.dtype_bytes,
+        # FSDP with FP8 all-gather moves 1-byte weights (torchtitan enable_fsdp_float8_all_gather).
+        param_bytes=1 if sc.dtype == "fp8" and sc.fp8.param_all_gather and p.zero >= 3 else sc.dtype_bytes,
         unit_params=unit_params,
         stage_expert_params=stage_expert_params,
         fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
