@@ -114,6 +114,16 @@ class ParallelConfig(BaseModel):
     cp_attention: Literal["allgather", "ring"] = Field(
         "allgather", description="Context parallelism: all-gather K/V (Llama 3) or ring attention (K/V blocks passed around)."
     )
+    account_for_embedding_in_pipeline_split: bool = Field(
+        False, description="The embedding counts as one layer when splitting layers over pipeline positions (Megatron flag of that name)."
+    )
+    account_for_loss_in_pipeline_split: bool = Field(
+        False, description="The LM head and loss count as one layer when splitting layers over pipeline positions (Megatron flag of that name)."
+    )
+    loss_all_reduce_per_microbatch: bool = Field(
+        False, description="The last stage all-reduces each microbatch's loss over dp for logging (Megatron's average_losses_across_data_parallel_group)."
+    )
+    grad_clip: bool = Field(True, description="Clip gradients by their global norm (a norm over all gradients and an all-reduce).")
     overlap_grad_reduce: bool = Field(True, description="Overlap the DP gradient reduction with backward (DDP/Megatron buckets).")
     grad_bucket_params: int = Field(40_000_000, ge=1, description="Parameters per DP gradient bucket (Megatron default 40M).")
 
@@ -256,15 +266,23 @@ class Scenario(BaseModel):
         # V-shaped schedules hold two stages per rank; interleaved ones vpp.
         v_shape = self.schedule in ("zbv", "dualpipev") and not self.schedule_file
         positions = 2 * p.pp if v_shape else p.pp * p.vpp
-        if positions > m.num_layers:
+        # With the embedding and/or the loss counted as layers, the first/last position may hold
+        # only the embedding / only the LM head (Megatron --account-for-*-in-pipeline-split).
+        extra = int(p.account_for_embedding_in_pipeline_split) + int(p.account_for_loss_in_pipeline_split)
+        if positions > m.num_layers + extra:
             what = f"2*pp={positions} ({self.schedule} holds two stages per rank)" if v_shape else f"pp*vpp={positions}"
-            raise UserError(
-                f"{what} exceeds num_layers={m.num_layers}: every pipeline stage needs at least one layer"
-            )
+            fix = ("" if extra == 2 else
+                   ": every pipeline stage needs at least one layer (or set parallelism.account_for_embedding_in_pipeline_split"
+                   " / account_for_loss_in_pipeline_split to let the first/last position hold only the embedding / LM head)")
+            raise UserError(f"{what} exceeds num_layers={m.num_layers}{' + ' + str(extra) if extra else ''}{fix or ': use fewer pipeline positions'}")
         if p.pp_layer_split is not None:
-            if len(p.pp_layer_split) != positions or sum(p.pp_layer_split) != m.num_layers or min(p.pp_layer_split) < 1:
+            lows = [0 if (i == 0 and p.account_for_embedding_in_pipeline_split)
+                    or (i == positions - 1 and p.account_for_loss_in_pipeline_split) else 1 for i in range(positions)]
+            if (len(p.pp_layer_split) != positions or sum(p.pp_layer_split) != m.num_layers
+                    or any(c < lo for c, lo in zip(p.pp_layer_split, lows))):
                 raise UserError(
                     f"pp_layer_split={p.pp_layer_split} must have pp*vpp={positions} positive entries summing to num_layers={m.num_layers}"
+                    " (the first/last may be 0 with account_for_embedding/loss_in_pipeline_split)"
                 )
         if p.fsdp_shard_size is not None and (p.zero < 3 or dp % p.fsdp_shard_size):
             raise UserError(

@@ -330,7 +330,7 @@ class Estimator:
             split_key = (L, P, tuple(p.pp_layer_split) if p.pp_layer_split else None)
             starts = self._splits.get(split_key)
             if starts is None:
-                layers = split_layers(L, P, p.pp_layer_split)
+                layers = split_layers(L, P, p.pp_layer_split, p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
                 starts = self._splits[split_key] = np.array([ls[0] for ls in layers])
             pos_cost = {k: np.add.reduceat(layer_cost[k], starts) for k in KINDS}
             pos_dim = {d: np.add.reduceat(v, starts, axis=0) for d, v in by_dim.items()}
@@ -415,7 +415,7 @@ class Estimator:
         mem = self._memory.get(mkey)
         if mem is None:
             if tab.per_layer:
-                layers = split_layers(len(tab.params), P, p.pp_layer_split)
+                layers = split_layers(len(tab.params), P, p.pp_layer_split, p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
                 view = dataclasses.replace(
                     tab.program, scenario=sc, mesh=mesh, schedule=sched, position_layers=layers,
                     stage_params=[float(x) for x in pos_params], zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,

@@ -247,6 +247,9 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     head_ops.append(Op("cross_entropy", "elementwise", "F", 6.0 * T * V / t, 0.0, 3 * T * (V / t) * 4))
     if t > 1:
         head_ops.append(Op("cross_entropy_allreduce", "other", "F", comm=Comm("tp", "all_reduce", 3 * T * 4)))
+    if p.loss_all_reduce_per_microbatch and sc.dp > 1:
+        # Megatron's loss_func averages each microbatch's loss over dp for logging (one fp32).
+        head_ops.append(Op("loss_dp_allreduce", "other", "F", comm=Comm("dp", "all_reduce", 4.0)))
     head_params = 0.0 if m.tied_embeddings and sc.parallelism.pp == 1 else V * h / t
     head = LayerOps("head", head_ops, head_params + norm_params)
     if head_params == 0.0:

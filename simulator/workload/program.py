@@ -50,6 +50,18 @@ class Segments:
                         np.array([0.0]))
 
 
+@dataclass(frozen=True)
+class StepCollective:
+    """Step-level work after the backward, before the optimizer: an optional kernel of
+    ``compute_s``, then a collective over ``dim`` (tp, pp, dp, or emb: first and last stage)."""
+
+    label: str
+    dim: str
+    op: str
+    size_bytes: float
+    compute_s: float = 0.0
+
+
 @dataclass
 class Program:
     scenario: Scenario | None
@@ -74,6 +86,7 @@ class Program:
     grad_bucket_bytes: float = 40e6 * GRAD_REDUCE_BYTES
     param_bytes: int = 2
     notes: list[str] = field(default_factory=list)
+    step_collectives: list[StepCollective] = field(default_factory=list)
 
     @property
     def num_ranks_pp(self) -> int:
@@ -101,12 +114,27 @@ def fp8_speedup(sc: Scenario, profile: Profile) -> float:
     return c.peak_tflops_fp8 / c.peak_tflops
 
 
-def split_layers(num_layers: int, positions: int, override: list[int] | None = None) -> list[list[int]]:
+def split_layers(num_layers: int, positions: int, override: list[int] | None = None,
+                 embedding_counts: bool = False, loss_counts: bool = False) -> list[list[int]]:
     """Layers per pipeline position. Uneven splits give the first and last positions fewer
     layers (they also hold the embedding and the LM head), as Llama 3 and the zero-bubble
-    paper do."""
-    if positions > num_layers:
+    paper do. ``embedding_counts`` / ``loss_counts``: the embedding / the LM head and loss
+    take the place of one layer on the first / last position (Megatron's
+    --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split), which
+    may leave that position with the embedding or the head alone."""
+    extra = int(embedding_counts) + int(loss_counts)
+    if positions > num_layers + extra:
         raise UserError(f"{positions} pipeline positions exceed num_layers={num_layers}: use fewer pipeline stages")
+    if override is None and extra:
+        counts = [len(x) for x in split_layers(num_layers + extra, positions)]
+        if embedding_counts:
+            counts[0] -= 1
+        if loss_counts:
+            counts[-1] -= 1
+        # A position left with the embedding or head only is allowed; a negative count is not.
+        if min(counts) < 0:
+            counts = [len(x) for x in split_layers(num_layers, positions)]
+        override = counts
     if override is not None:
         counts = list(override)
     else:
@@ -176,7 +204,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     layer_kinds = build_layer_ops(sc)
     m = sc.model
     P = schedule.num_positions
-    positions = split_layers(m.num_layers, P, p.pp_layer_split)
+    positions = split_layers(m.num_layers, P, p.pp_layer_split, p.account_for_embedding_in_pipeline_split,
+                             p.account_for_loss_in_pipeline_split)
 
     # Backward op lists per layer kind, and the weight-grad-carrying embedding.
     bwd: dict[str, tuple[list[Op], list[Op]]] = {k: lo.backward() for k, lo in layer_kinds.items()}
@@ -283,7 +312,9 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     opt_bytes = opt_params_max * ADAM_BYTES_PER_PARAM
     optimizer_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]), np.array([opt_bytes]))[0])
 
+    step = step_terms(sc, profile, stage_params, opt_params_max, shard)
     return Program(
+        step_collectives=step,
         scenario=sc, mesh=mesh, schedule=schedule, segments=segments, position_layers=positions,
         pp_bytes=pp_bytes, pp_gather_bytes=pp_gather_bytes, optimizer_s=optimizer_s, stage_params=stage_params,
         model_flops_per_step=model_flops, tokens_per_step=sc.batch.global_batch_size * sc.batch.seq_length,
@@ -298,6 +329,36 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         fsdp_shard_size=p.fsdp_shard_size,
         notes=notes,
     )
+
+
+def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_params_max: float,
+               shard: int) -> list[StepCollective]:
+    """What a training step pays between the last backward and the optimizer, besides the DP
+    gradient reduction (Megatron-LM's finalize_model_grads and clip_grad_norm_):
+
+    - Tied embeddings split over a pipeline: the first stage's input embedding and the last
+      stage's LM head are one matrix, so their gradients (fp32 main grads, V*h/tp) are
+      all-reduced between the two stages (Megatron _allreduce_word_embedding_grads).
+    - Gradient clipping: a fused L2-norm over the rank's gradients (multi_tensor_l2norm reads
+      4 bytes a parameter of the fp32 main grads it owns), then the squared norm all-reduced
+      over the model-parallel ranks (tp, pp) and, with a sharded optimizer, over dp.
+    """
+    m, p = sc.model, sc.parallelism
+    out: list[StepCollective] = []
+    if m.tied_embeddings and p.pp > 1:
+        emb_params = m.vocab_size * m.hidden_size / p.tp
+        out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * GRAD_REDUCE_BYTES))
+    if p.grad_clip:
+        norm_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]),
+                                              np.array([opt_params_max * GRAD_REDUCE_BYTES]))[0])
+        # One fp32 squared norm per rank; the all-reduces are latency only.
+        dims = [d for d, n in (("tp", p.tp), ("pp", p.pp)) if n > 1]
+        if p.zero >= 1 and shard > 1:
+            dims.append("dp")
+        out.append(StepCollective("grad norm", dims[0] if dims else "tp", "all_reduce", 4.0 if dims else 0.0, norm_s))
+        for d in dims[1:]:
+            out.append(StepCollective("grad norm", d, "all_reduce", 4.0))
+    return out
 
 
 def synthetic_program(schedule: PipelineSchedule, F_s: float, B_s: float, W_s: float = 0.0, FB_s: float | None = None,
