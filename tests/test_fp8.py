@@ -78,3 +78,16 @@ def test_fp8_weight_all_gather_and_memory():
     m_te = simulate(_sc("fp8")).memory.per_rank_gib[0]
     assert m_te["activations_gib"] < m_bf16["activations_gib"]
     assert m_te["fp8_weights_gib"] == pytest.approx(2 * 32 * 218.1e6 / 2**30, rel=0.02)
+
+
+def test_fp8_moe_experts_quantized():
+    sc = build_scenario({
+        "model": "mixtral-8x7b", "parallelism": {"tp": 1, "pp": 1, "ep": 8, "zero": 1},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
+        "dtype": "fp8", "cluster": {"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"},
+    })
+    ops = {o.name: o for o in build_layer_ops(sc)["moe"].forward}
+    assert ops["experts_fc1"].fp8 and ops["experts_fc2"].fp8 and not ops["router"].fp8
+    assert ops["experts_fc1.fp8_cast"].bytes > 0
+    bf16 = simulate(sc.model_copy(update={"dtype": "bf16"})).report.step_time_s
+    assert simulate(sc).report.step_time_s < bf16

@@ -287,6 +287,22 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
     ops.append(Op("experts_fc2", "gemm", "F", 2.0 * expert_tokens * ffn * h, 2.0 * routed_tokens * ffn * h,
                   (expert_tokens * (ffn + h) + experts_local * ffn * h) * dt, params=experts_local * ffn * h))
     ops.append(Op("moe_combine", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes, overlap=overlap)))
+    if sc.dtype == "fp8":
+        # FP8 grouped expert GEMMs (Transformer Engine's grouped linear; DeepSeek-V3 trains its
+        # experts in FP8): 1-byte operands, bf16 output, a cast of the routed tokens and weights.
+        act_f, act_b, w_f, w_b = fp8_cast_bytes_per_elem(sc.fp8.recipe, max(1, sc.num_microbatches), sc)
+        quantized = []
+        for op in ops:
+            if op.name in ("experts_fc1", "experts_fc2"):
+                n_out = (2 if m.mlp == "swiglu" else 1) * ffn if op.name == "experts_fc1" else h
+                k_in = h if op.name == "experts_fc1" else ffn
+                weights = experts_local * k_in * n_out
+                quantized.append(Op(f"{op.name}.fp8_cast", "elementwise", "F", 0.0, 0.0,
+                                    expert_tokens * k_in * act_f + weights * w_f,
+                                    bwd_bytes=expert_tokens * n_out * act_b + weights * w_b))
+                op = replace(op, fp8=True, bytes=float(expert_tokens * k_in + weights) + expert_tokens * n_out * dt)
+            quantized.append(op)
+        ops = quantized
     if m.num_shared_experts:
         # Shared experts: a dense MLP num_shared_experts x the expert width, on this rank's tokens.
         # (dense_mlp divides the width by tp; the shared experts here are not tensor-parallel.)
