@@ -195,7 +195,10 @@ class Scenario(BaseModel):
     parallelism: ParallelConfig = Field(default_factory=ParallelConfig)
     batch: BatchConfig
     moe: MoEConfig = Field(default_factory=MoEConfig)
-    recompute: Literal["none", "selective", "full"] = Field("none", description="Activation recomputation.")
+    recompute: Literal["none", "selective", "full", "selective-op", "selective-layer"] = Field(
+        "none", description="Activation recomputation: none; selective (Megatron: attention core); full; selective-op "
+        "(torchtitan per-op SAC: every second matmul and the non-matmul ops); selective-layer (torchtitan: every second layer full)."
+    )
     schedule: str = Field("1f1b", description="Pipeline schedule name (see simulator.schedules).")
     schedule_file: str | None = Field(None, description="A torchtitan-style schedule CSV; overrides `schedule`.")
     cluster: ClusterConfig

@@ -67,3 +67,18 @@ def test_embedding_and_head_only_positions():
     assert [len(x) for x in split_layers(30, 8, None, True, True)] == [3, 4, 4, 4, 4, 4, 4, 3]
     c = [len(x) for x in split_layers(32, 8, None, True, False)]
     assert sum(c) == 32 and c[0] == 3 and max(c) == 5
+
+
+def test_torchtitan_recompute_policies_sit_between_selective_and_full():
+    def run(rec):
+        data = _gpt(pp=1)
+        data["recompute"] = rec
+        res = simulate(build_scenario(data))
+        return res.report.step_time_s, res.memory.per_rank_gib[0]["activations_gib"]
+
+    t = {rec: run(rec) for rec in ("none", "selective", "selective-op", "selective-layer", "full")}
+    # Per-op SAC recomputes every second matmul and the cheap ops: dearer than Megatron's selective.
+    assert t["selective"][0] < t["selective-op"][0] < t["full"][0]
+    # Every second layer recomputed whole: between none and full in time and memory.
+    assert t["none"][0] < t["selective-layer"][0] < t["full"][0]
+    assert t["full"][1] < t["selective-layer"][1] < t["none"][1]

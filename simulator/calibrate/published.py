@@ -194,14 +194,13 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
         recompute = "full"
     elif rec.startswith("none"):
         recompute = "none"
+    elif "granularity not stated" in rec:
+        recompute = "selective-op"  # torchtitan's default selective_ac_option at the time: op
+        missing.append("activation-checkpointing granularity not stated (per-op SAC, torchtitan's default, used)")
+    elif "layer" in rec:
+        recompute = "selective-layer"
     else:
-        recompute = "selective"
-        if "granularity not stated" in rec:
-            missing.append("activation-checkpointing granularity not stated")
-        elif "layer" in rec:
-            missing.append("per-layer selective AC (every other layer) is not expressible; modelled as selective")
-        else:
-            notes.append("per-op SAC modelled as selective recomputation")
+        recompute = "selective-op"
     prec = row["precision"]
     fp8 = prec.startswith("fp8")
     fp8_cfg = {}

@@ -59,8 +59,13 @@ def activation_bytes_per_layer(sc: Scenario) -> float:
     sbh = s * b * h
     if sc.recompute == "full":
         return 2 * sbh / (t if sp else 1)
+    if sc.recompute == "selective-layer":
+        # Every second layer keeps only its input; the others keep everything.
+        full = 2 * sbh / (t if sp else 1)
+        return (full + activation_bytes_per_layer(sc.model_copy(update={"recompute": "none"}))) / 2
     c, k = layer_activation_sbh(sc)
-    scores = 0.0 if (sc.flash_attention or sc.recompute == "selective") else k * a * s / h
+    # selective-op keeps about what Megatron's selective does (no scores; matmul outputs kept).
+    scores = 0.0 if (sc.flash_attention or sc.recompute in ("selective", "selective-op")) else k * a * s / h
     if t == 1:
         return sbh * (c + scores)
     if sp:

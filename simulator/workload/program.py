@@ -233,9 +233,24 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
             return "moe"
         return "dense"
 
-    def recompute_ops(kind: str) -> list[Op]:
-        if sc.recompute == "full":
+    def recompute_ops(kind: str, layer: int = 0) -> list[Op]:
+        if sc.recompute == "full" or (sc.recompute == "selective-layer" and layer % 2 == 0):
+            # torchtitan's layer AC (ac_freq 2) checkpoints every second layer whole.
             return list(layer_kinds[kind].forward)
+        if sc.recompute == "selective-op":
+            # torchtitan's per-op SAC policy saves matmul outputs except every second matmul,
+            # and the attention kernel's outputs; everything else is recomputed (collectives
+            # are saved).
+            out, n_mm = [], 0
+            for o in layer_kinds[kind].forward:
+                if o.comm is not None or o.op_class == "attention":
+                    continue
+                if o.op_class == "gemm":
+                    n_mm += 1
+                    if n_mm % 2:
+                        continue
+                out.append(o)
+            return out
         if sc.recompute == "selective":
             return [o for o in layer_kinds[kind].forward if o.op_class == "attention" or o.name == "softmax_dropout"]
         return []
@@ -253,7 +268,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         f_ops = [(o, L) for k, L in chain for o in layer_kinds[k].forward]
         i_ops, w_ops, b_ops = [], [], []
         for k, L in reversed(chain):
-            rec = [(o, L) for o in recompute_ops(k)] if k not in ("embedding", "head") else []
+            rec = [(o, L) for o in recompute_ops(k, L)] if k not in ("embedding", "head") else []
             li = [(o, L) for o in bwd[k][0]]
             lw = [(o, L) for o in bwd[k][1]]
             i_ops += rec + li
