@@ -213,27 +213,28 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
     gpu_cell = row["gpu"]
     if gpu_cell.startswith("H200"):
         gpu, topo = "h200-sxm-141gb", "dgx-h200"
-        notes.append("H200 141 GB on DGX H200 fat-tree (400 Gb/s per GPU stated)")
+        notes.append("H200 on DGX H200 fat-tree (400 Gb/s per GPU stated)")
     elif gpu_cell.startswith("A100"):
         gpu, topo = "a100-sxm-80gb", "dgx-a100-fattree"
         notes.append("A100 80GB; interconnect not stated (DGX A100 fat-tree assumed)")
     else:
         gpu, topo = "h100-sxm-80gb", "dgx-h100-fattree"
-        notes.append("H100 96GB HBM2e at 500 W simulated with the H100 SXM 80GB profile (no sourced spec for that part: "
-                     "lower sustained clocks and HBM2e bandwidth make the prediction optimistic)")
+        # No public spec of that part in our sources: its 500 W cap lowers sustained clocks and
+        # HBM2e is slower than HBM3, so the 80 GB SXM profile predicts these rows too fast.
+        notes.append("H100 96GB HBM2e 500 W run on the H100 SXM 80GB profile (no sourced spec; optimistic)")
     if row["torch_compile"].strip() == "yes":
         notes.append("torch.compile fusions not modelled")
     if row["async_tp"].strip() == "yes":
         notes.append("async TP overlap not modelled (TP collectives block)")
     if cp > 1:
-        notes.append("context parallel as ring attention (PyTorch context_parallel)")
+        notes.append("CP: K/V all-gathered (torchtitan's default rotate method)")
     model_ranks = tp * pp * cp
     dp = gpus // model_ranks
     sc = {
         "name": row["table"],
         "model": model,
         "parallelism": {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": 3, "sequence_parallel": tp > 1,
-                        "cp_attention": "ring", "overlap_grad_reduce": True},
+                        "cp_attention": "allgather", "overlap_grad_reduce": True},
         # FSDP: every DP rank takes local_batch sequences; a pipeline splits them into
         # microbatches of one sequence (torchtitan's default n_microbatches = pp stages).
         "batch": {"micro_batch_size": 1 if pp > 1 else local, "global_batch_size": local * dp, "seq_length": seq},
