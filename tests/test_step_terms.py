@@ -82,3 +82,20 @@ def test_torchtitan_recompute_policies_sit_between_selective_and_full():
     # Every second layer recomputed whole: between none and full in time and memory.
     assert t["none"][0] < t["selective-layer"][0] < t["full"][0]
     assert t["full"][1] < t["selective-layer"][1] < t["none"][1]
+
+
+def test_sweep_estimate_accepts_embedding_only_positions():
+    from simulator.sweep.estimate import _segment_sum
+
+    import numpy as np
+
+    assert _segment_sum(np.arange(5.0), np.array([0, 2, 3, 0])).tolist() == [0.0, 1.0, 9.0, 0.0]
+    from simulator.sweep.estimate import Estimator
+
+    data = _gpt(pp=4, vpp=6, layers=22)
+    data["parallelism"].update(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    data["batch"]["global_batch_size"] = 2 * 4 * 2
+    sc = build_scenario(data)
+    est = Estimator().estimate(sc)
+    sim = simulate(sc).report.step_time_s
+    assert est.step_time_s == pytest.approx(sim, rel=0.3)
