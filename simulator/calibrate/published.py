@@ -90,15 +90,18 @@ class PublishedValidation:
         return sum(abs(r.error) for r in self.rows) / len(self.rows)
 
     def to_json(self) -> dict:
+        def num(x):
+            return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
         return {
             "published": self.name,
-            "mape": self.mape,
-            "mean_signed_error": self.mean_signed_error,
+            "mape": num(self.mape),
+            "mean_signed_error": num(self.mean_signed_error),
             "stated_rows": len(self.stated_rows),
-            "mape_all_rows": self.mape_all,
+            "mape_all_rows": num(self.mape_all),
             "notes": self.notes,
             "rows": [dict(label=r.label, gpus=r.gpus, published_step_time_s=r.published_step_time_s,
-                          predicted_step_time_s=r.predicted_step_time_s, step_time_error=r.error,
+                          predicted_step_time_s=num(r.predicted_step_time_s), step_time_error=num(r.error),
                           published_tflops_per_gpu=r.published_tflops_per_gpu,
                           predicted_tflops_per_gpu=r.predicted_tflops_per_gpu, stated=r.stated, reason=r.reason,
                           note=r.note) for r in self.rows],
