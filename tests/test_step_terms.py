@@ -99,3 +99,11 @@ def test_sweep_estimate_accepts_embedding_only_positions():
     est = Estimator().estimate(sc)
     sim = simulate(sc).report.step_time_s
     assert est.step_time_s == pytest.approx(sim, rel=0.3)
+
+
+def test_fp16_pays_unscale_and_inf_check():
+    data = _gpt()
+    data["dtype"] = "fp16"
+    labels = [c.label for c in simulate(build_scenario(data)).program.step_collectives]
+    assert "fp16 unscale + inf check" in labels
+    assert "fp16 unscale + inf check" not in [c.label for c in simulate(build_scenario(_gpt())).program.step_collectives]

@@ -87,7 +87,8 @@ class PublishedValidation:
 
     @property
     def mape_all(self) -> float:
-        return sum(abs(r.error) for r in self.rows) / len(self.rows)
+        errs = [abs(r.error) for r in self.rows if not math.isnan(r.error)]
+        return sum(errs) / len(errs) if errs else math.nan
 
     def to_json(self) -> dict:
         def num(x):

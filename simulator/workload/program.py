@@ -354,6 +354,7 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
     - Tied embeddings split over a pipeline: the first stage's input embedding and the last
       stage's LM head are one matrix, so their gradients (fp32 main grads, V*h/tp) are
       all-reduced between the two stages (Megatron _allreduce_word_embedding_grads).
+    - fp16 loss scaling: grads unscaled and checked for inf/nan, a flag all-reduced.
     - Gradient clipping: a fused L2-norm over the rank's gradients (multi_tensor_l2norm reads
       4 bytes a parameter of the fp32 main grads it owns), then the squared norm all-reduced
       over the model-parallel ranks (tp, pp) and, with a sharded optimizer, over dp.
@@ -363,6 +364,16 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
     if m.tied_embeddings and p.pp > 1:
         emb_params = m.vocab_size * m.hidden_size / p.tp
         out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * GRAD_REDUCE_BYTES))
+    if sc.dtype == "fp16":
+        # fp16 with dynamic loss scaling: main grads unscaled in place (multi_tensor_scale reads
+        # and writes 4 bytes a parameter) and an inf/nan flag all-reduced over the model-parallel
+        # ranks (Megatron _unscale_main_grads_and_check_for_nan).
+        unscale_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]),
+                                                 np.array([opt_params_max * 2 * GRAD_REDUCE_BYTES]))[0])
+        mp = [d for d, n in (("tp", p.tp), ("pp", p.pp)) if n > 1]
+        out.append(StepCollective("fp16 unscale + inf check", mp[0] if mp else "tp", "all_reduce", 4.0 if mp else 0.0, unscale_s))
+        for d in mp[1:]:
+            out.append(StepCollective("fp16 unscale + inf check", d, "all_reduce", 4.0))
     if p.grad_clip:
         norm_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]),
                                               np.array([opt_params_max * GRAD_REDUCE_BYTES]))[0])
