@@ -131,6 +131,16 @@ class ParallelConfig(BaseModel):
     cp_attention: Literal["allgather", "ring"] = Field(
         "allgather", description="Context parallelism: all-gather K/V (Llama 3) or ring attention (K/V blocks passed around)."
     )
+    account_for_embedding_in_pipeline_split: bool = Field(
+        False, description="The embedding counts as one layer when splitting layers over pipeline positions (Megatron flag of that name)."
+    )
+    account_for_loss_in_pipeline_split: bool = Field(
+        False, description="The LM head and loss count as one layer when splitting layers over pipeline positions (Megatron flag of that name)."
+    )
+    loss_all_reduce_per_microbatch: bool = Field(
+        False, description="The last stage all-reduces each microbatch's loss over dp for logging (Megatron's average_losses_across_data_parallel_group)."
+    )
+    grad_clip: bool = Field(True, description="Clip gradients by their global norm (a norm over all gradients and an all-reduce).")
     overlap_grad_reduce: bool = Field(True, description="Overlap the DP gradient reduction with backward (DDP/Megatron buckets).")
     grad_bucket_params: int = Field(40_000_000, ge=1, description="Parameters per DP gradient bucket (Megatron default 40M).")
 
@@ -150,6 +160,29 @@ class MoEConfig(BaseModel):
     )
     overlap_dispatch: bool = Field(
         False, description="Overlap dispatch/combine all-to-all with compute (DualPipe's F&B pairing does this regardless)."
+    )
+
+
+FP8_RECIPES = ("te-delayed", "te-current", "mxfp8", "tensorwise", "rowwise")
+
+
+class FP8Config(BaseModel):
+    """How FP8 training is done (used when dtype is fp8).
+
+    Recipes: Transformer Engine per-tensor scaling with delayed (amax history) or current
+    scaling on Hopper and Blackwell; MXFP8 (32-element blocks with E8M0 scales) on Blackwell;
+    torchao float8 as torchtitan uses it, per-tensor ("tensorwise", dynamic scaling) or
+    per-row ("rowwise").
+    """
+
+    model_config = _STRICT
+
+    recipe: Literal["te-delayed", "te-current", "mxfp8", "tensorwise", "rowwise"] = Field(
+        "te-delayed", description="te-delayed, te-current (TE per-tensor), mxfp8 (Blackwell), tensorwise or rowwise (torchao)."
+    )
+    attention: bool = Field(False, description="Run attention in FP8 too (FlashAttention-3 / cuDNN FP8); default bf16.")
+    param_all_gather: bool = Field(
+        False, description="ZeRO-3/FSDP all-gathers FP8 weights (torchtitan enable_fsdp_float8_all_gather, Megatron --fp8-param-gather)."
     )
 
 
@@ -229,14 +262,20 @@ class Scenario(BaseModel):
     parallelism: ParallelConfig = Field(default_factory=ParallelConfig)
     batch: BatchConfig
     moe: MoEConfig = Field(default_factory=MoEConfig)
-    recompute: Literal["none", "selective", "full"] = Field("none", description="Activation recomputation.")
+    recompute: Literal["none", "selective", "full", "selective-op", "selective-layer"] = Field(
+        "none", description="Activation recomputation: none; selective (Megatron: attention core); full; selective-op "
+        "(torchtitan per-op SAC: every second matmul and the non-matmul ops); selective-layer (torchtitan: every second layer full)."
+    )
     schedule: str = Field("1f1b", description="Pipeline schedule name (see simulator.schedules).")
     schedule_file: str | None = Field(None, description="A torchtitan-style schedule CSV; overrides `schedule`.")
     cluster: ClusterConfig
     network: Literal["flow", "alpha-beta"] = Field(
         "flow", description="flow: flows on the topology graph sharing links max-min fairly; alpha-beta: per-tier formulas."
     )
-    dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Compute and activation precision.")
+    dtype: Literal["bf16", "fp16", "fp32", "fp8"] = Field(
+        "bf16", description="Compute precision; fp8 runs the linear layers' GEMMs in FP8 (activations and attention stay bf16)."
+    )
+    fp8: FP8Config = Field(default_factory=lambda: FP8Config(), description="FP8 training recipe (dtype: fp8 only).")
     flash_attention: bool = Field(
         True, description="Fused attention that skips masked causal blocks and stores no s x s scores."
     )
@@ -259,6 +298,8 @@ class Scenario(BaseModel):
 
     @property
     def dtype_bytes(self) -> int:
+        # FP8 training keeps activations, gradients between layers and weights in bf16; only the
+        # GEMM operands are FP8 copies (see simulator.workload.ops).
         return 4 if self.dtype == "fp32" else 2
 
     @field_validator("name")
@@ -319,15 +360,23 @@ class Scenario(BaseModel):
         # V-shaped schedules hold two stages per rank; interleaved ones vpp.
         v_shape = self.schedule in ("zbv", "dualpipev") and not self.schedule_file
         positions = 2 * p.pp if v_shape else p.pp * p.vpp
-        if positions > m.num_layers:
+        # With the embedding and/or the loss counted as layers, the first/last position may hold
+        # only the embedding / only the LM head (Megatron --account-for-*-in-pipeline-split).
+        extra = int(p.account_for_embedding_in_pipeline_split) + int(p.account_for_loss_in_pipeline_split)
+        if positions > m.num_layers + extra:
             what = f"2*pp={positions} ({self.schedule} holds two stages per rank)" if v_shape else f"pp*vpp={positions}"
-            raise UserError(
-                f"{what} exceeds num_layers={m.num_layers}: every pipeline stage needs at least one layer"
-            )
+            fix = ("" if extra == 2 else
+                   ": every pipeline stage needs at least one layer (or set parallelism.account_for_embedding_in_pipeline_split"
+                   " / account_for_loss_in_pipeline_split to let the first/last position hold only the embedding / LM head)")
+            raise UserError(f"{what} exceeds num_layers={m.num_layers}{' + ' + str(extra) if extra else ''}{fix or ': use fewer pipeline positions'}")
         if p.pp_layer_split is not None:
-            if len(p.pp_layer_split) != positions or sum(p.pp_layer_split) != m.num_layers or min(p.pp_layer_split) < 1:
+            lows = [0 if (i == 0 and p.account_for_embedding_in_pipeline_split)
+                    or (i == positions - 1 and p.account_for_loss_in_pipeline_split) else 1 for i in range(positions)]
+            if (len(p.pp_layer_split) != positions or sum(p.pp_layer_split) != m.num_layers
+                    or any(c < lo for c, lo in zip(p.pp_layer_split, lows))):
                 raise UserError(
                     f"pp_layer_split={p.pp_layer_split} must have pp*vpp={positions} positive entries summing to num_layers={m.num_layers}"
+                    " (the first/last may be 0 with account_for_embedding/loss_in_pipeline_split)"
                 )
         if p.fsdp_shard_size is not None and (p.zero < 3 or dp % p.fsdp_shard_size):
             raise UserError(

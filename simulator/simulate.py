@@ -52,11 +52,20 @@ def resolve_schedule(sc: Scenario) -> PipelineSchedule:
 
 
 def make_network(sc: Scenario, topo: TopologySpec, profile: Profile):
-    if sc.network == "alpha-beta":
-        return TierNetwork.from_profile(topo.node, profile)
-    from simulator.network.fabric import FlowNetwork
+    from simulator.topology.placement import Mesh, Placement, PlacedNetwork
 
-    return FlowNetwork.from_profile(topo, sc.cluster.gpus, profile)
+    p = sc.parallelism
+    # The placement knows the NVLink domain (72 GPUs on a GB200 NVL72): groups that do not
+    # divide it are packed whole into each domain, leaving its remainder idle.
+    placement = Placement(Mesh(p.tp, p.cp, p.ep, sc.dp, p.pp, p.mesh_order), domain_gpus=topo.node.nvlink_domain_gpus)
+    n_gpus = sc.cluster.gpus if placement.is_identity else placement.gpus_spanned
+    if sc.network == "alpha-beta":
+        net = TierNetwork.from_profile(topo.node, profile)
+    else:
+        from simulator.network.fabric import FlowNetwork
+
+        net = FlowNetwork.from_profile(topo, n_gpus, profile)
+    return net if placement.is_identity else PlacedNetwork(net, placement)
 
 
 def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None) -> SimulationResult:

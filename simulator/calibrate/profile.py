@@ -65,6 +65,8 @@ class ComputeModel(BaseModel):
     sm_count: int | None = Field(None, ge=1, description="Streaming multiprocessors on the device (None: unknown).")
     # FP8 tensor-core peak (dense); None = the device has no FP8 tensor cores (A100, V100).
     peak_tflops_fp8: float | None = Field(None, gt=0, description="Peak dense FP8 TFLOP/s (None: no FP8 tensor cores).")
+    # Block-scaled MXFP8 (OCP microscaling) tensor-core peak; None = the device has none (Hopper and older).
+    peak_tflops_mxfp8: float | None = Field(None, gt=0, description="Peak dense MXFP8 TFLOP/s (None: no MXFP8 tensor cores).")
     classes: dict[str, OpClassModel] = Field(description="Cost model per op class; must include 'other', the fallback.")
     # Compute kernels slow down while communication kernels share the SMs and HBM.
     overlap_slowdown: float = Field(1.0, ge=1.0, description="Factor on compute time while communication overlaps it.")

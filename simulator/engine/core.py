@@ -37,7 +37,8 @@ from simulator.workload.program import Program
 Mode = Literal["reduced", "full"]
 DIMS = ("tp", "cp", "ep", "pp", "dp")
 # Sub-groups report under their parallel dimension.
-BASE_DIM = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp", "edp": "dp", "dp_shard": "dp", "dp_rep": "dp"}
+BASE_DIM = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp", "edp": "dp", "dp_shard": "dp", "dp_rep": "dp",
+            "emb": "pp"}
 TIMELINE_COLUMNS = ["rank", "stream", "kind", "name", "start_s", "end_s", "microbatch", "stage", "layer", "bytes"]
 
 
@@ -94,6 +95,8 @@ class Engine:
         # HSDP: shard inside consecutive blocks of the DP group, replicate across blocks.
         all_groups["dp_shard"] = dp_groups.reshape(-1, shard)
         all_groups["dp_rep"] = dp_groups.reshape(len(dp_groups), -1, shard).transpose(0, 2, 1).reshape(-1, self.mesh.dp // shard)
+        # First and last pipeline stage of each replica: Megatron's tied-embedding gradient all-reduce.
+        all_groups["emb"] = all_groups["pp"][:, [0, -1]] if self.mesh.pp > 1 else all_groups["pp"]
         for dim, groups in all_groups.items():
             idx = np.empty(self.mesh.world_size, dtype=np.int64)
             for gi, g in enumerate(groups):
@@ -116,7 +119,8 @@ class Engine:
             req = self._request_cache.get(ckey)
             if req is None:
                 groups = self._groups[dim]
-                sel = self.coords[groups[:, 0], 0] == pp
+                # Groups across pipeline ranks (pp, emb) are issued by every pipeline rank.
+                sel = self.coords[groups[:, 0], 0] == pp if dim not in ("pp", "emb") else np.ones(len(groups), bool)
                 req = CollectiveRequest(op, dim, groups[sel], size_bytes)
                 self._request_cache[ckey] = req
         else:
@@ -533,6 +537,24 @@ class Engine:
                 self.waiting_on[rank] = "dp gradient reduction"
                 yield ev
                 exposed["dp"] += env.now - t0
+        # Step-level work between the backward and the optimizer (simulator.workload.program
+        # StepCollective): the tied-embedding all-reduce (first and last stage only), the
+        # gradient-norm kernel and its all-reduces.
+        last_pp = self.mesh.pp - 1
+        for sc_ in prog.step_collectives:
+            if sc_.dim == "emb" and pp_rank not in (0, last_pp):
+                continue
+            if sc_.compute_s > 0:
+                t0 = env.now
+                yield env.timeout(sc_.compute_s)
+                self.busy[rank] += sc_.compute_s
+                self.rows.append((rank, "compute", "opt", sc_.label, t0, env.now, -1, -1, -1, 0.0))
+            if sc_.size_bytes > 0 and self._groups[sc_.dim].shape[1] > 1:
+                t0 = env.now
+                self.waiting_on[rank] = sc_.label
+                yield self._collective(rank, sc_.dim, sc_.op, sc_.size_bytes)
+                exposed[BASE_DIM[sc_.dim]] += env.now - t0
+                self.rows.append((rank, "dp", BASE_DIM[sc_.dim], f"{sc_.op} {sc_.label}", t0, env.now, -1, -1, -1, sc_.size_bytes))
         # Optimizer step on this rank's (ZeRO-sharded) parameters.
         if prog.optimizer_s > 0:
             t0 = env.now

@@ -187,6 +187,10 @@ class Estimator:
     # ------------------------------------------------------------------ reference programs
 
     def _table(self, sc: Scenario) -> _Table:
+        if sc.parallelism.account_for_embedding_in_pipeline_split or sc.parallelism.account_for_loss_in_pipeline_split:
+            # The per-layer reference program ties the embedding and head to the first and last
+            # layer; a split that gives them positions of their own takes the exact path.
+            return self._exact_table(sc)
         key = _layer_key(sc)
         tab = self._tables.get(key)
         if tab is not None:
@@ -290,7 +294,7 @@ class Estimator:
             sched = self.schedule(sc.schedule, p.pp, nmb, p.vpp)
             skey = (sc.schedule, p.pp, nmb, p.vpp)
         P = sched.num_positions
-        if P > sc.model.num_layers:
+        if P > sc.model.num_layers + int(p.account_for_embedding_in_pipeline_split) + int(p.account_for_loss_in_pipeline_split):
             # Scenario.check only sees pp*vpp; V-shaped schedules hold 2 stages per rank.
             raise UserError(
                 f"schedule {sched.name!r} splits the model into {P} positions but num_layers={sc.model.num_layers}: "
@@ -329,16 +333,17 @@ class Estimator:
         layer_cost, by_dim = hit
         if tab.per_layer:
             L = len(tab.params)
-            split_key = (L, P, tuple(p.pp_layer_split) if p.pp_layer_split else None)
-            starts = self._splits.get(split_key)
-            if starts is None:
-                layers = split_layers(L, P, p.pp_layer_split)
-                starts = self._splits[split_key] = np.array([ls[0] for ls in layers])
-            pos_cost = {k: np.add.reduceat(layer_cost[k], starts) for k in KINDS}
-            pos_dim = {d: np.add.reduceat(v, starts, axis=0) for d, v in by_dim.items()}
-            pos_grad = np.add.reduceat(tab.grad_bytes, starts)
-            pos_egrad = np.add.reduceat(tab.expert_grad_bytes, starts)
-            pos_params = np.add.reduceat(tab.params, starts)
+            split_key = (L, P, tuple(p.pp_layer_split) if p.pp_layer_split else None,
+                         p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
+            counts_ = self._splits.get(split_key)
+            if counts_ is None:
+                layers = split_layers(L, P, p.pp_layer_split, p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
+                counts_ = self._splits[split_key] = np.array([len(ls) for ls in layers])
+            pos_cost = {k: _segment_sum(layer_cost[k], counts_) for k in KINDS}
+            pos_dim = {d: _segment_sum(v, counts_) for d, v in by_dim.items()}
+            pos_grad = _segment_sum(tab.grad_bytes, counts_)
+            pos_egrad = _segment_sum(tab.expert_grad_bytes, counts_)
+            pos_params = _segment_sum(tab.params, counts_)
         else:
             pos_cost, pos_dim = layer_cost, by_dim
             pos_grad, pos_egrad, pos_params = tab.grad_bytes, tab.expert_grad_bytes, tab.params
@@ -417,7 +422,7 @@ class Estimator:
         mem = self._memory.get(mkey)
         if mem is None:
             if tab.per_layer:
-                layers = split_layers(len(tab.params), P, p.pp_layer_split)
+                layers = split_layers(len(tab.params), P, p.pp_layer_split, p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
                 view = dataclasses.replace(
                     tab.program, scenario=sc, mesh=mesh, schedule=sched, position_layers=layers,
                     stage_params=[float(x) for x in pos_params], zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
@@ -494,3 +499,12 @@ def rank_agreement(estimated: list[float], simulated: list[float], maximize: boo
         out["estimate_top1_sim_regret"] = float(abs(best - s[pick(e)]) / abs(best)) if best else 0.0
         out["median_abs_rel_error"] = float(np.median(np.abs(e - s) / np.abs(s))) if np.all(s != 0) else float("nan")
     return out
+
+
+def _segment_sum(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Sums of consecutive runs of ``counts`` rows (a run may be empty: a pipeline position that
+    holds only the embedding or the LM head)."""
+    v = np.asarray(values, dtype=float)
+    cs = np.concatenate([np.zeros((1,) + v.shape[1:]), np.cumsum(v, axis=0)])
+    ends = np.cumsum(counts)
+    return cs[ends] - cs[ends - counts]

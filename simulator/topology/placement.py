@@ -104,13 +104,20 @@ class Mesh:
 class Placement:
     """Mesh ranks -> GPU ids: GPUs are numbered node by node, and ranks are laid on them in
     ``order`` (innermost first; default the mesh's own, Megatron's tp-cp-ep-dp-pp, so a TP
-    group fills consecutive GPUs of one node)."""
+    group fills consecutive GPUs of one node).
+
+    ``domain_gpus``: GPUs of one NVLink domain (8 in a DGX, 72 in a GB200 NVL72 rack). When the
+    innermost block of the order (e.g. a TP group of 16) does not divide the domain, a domain
+    holds as many whole blocks as fit and its remaining GPUs stay idle (a TP16 job on NVL72
+    racks uses 64 of each rack's 72 GPUs), so no such group straddles two domains.
+    """
 
     mesh: Mesh
     order: str | None = None
+    domain_gpus: int | None = None
 
     @cached_property
-    def gpu_of_rank(self) -> np.ndarray:
+    def _ordered_gpu(self) -> np.ndarray:
         order = self.order or self.mesh.order
         if order == self.mesh.order:
             return np.arange(self.mesh.world_size)
@@ -118,6 +125,41 @@ class Placement:
         c = self.mesh.coords  # pp, dp, cp, tp, ep
         ep, edp = c[:, 1] % self.mesh.ep, c[:, 1] // self.mesh.ep
         return other.grid[c[:, 0], edp, ep, c[:, 2], c[:, 3]]
+
+    @cached_property
+    def ranks_per_domain(self) -> int:
+        """Ranks laid on one NVLink domain: whole innermost blocks, as many as fit."""
+        D = self.domain_gpus
+        if not D:
+            return self.mesh.world_size
+        # The block NVLink should hold: the innermost dims of the order up to the outermost
+        # model-parallel one (tp, cp, ep), as far as they fit in the domain.
+        dims = (self.order or self.mesh.order).split("-")
+        last = max(i for i, d in enumerate(dims) if d in ("tp", "cp", "ep"))
+        block = 1
+        for dim in dims[: last + 1]:
+            size = self.mesh._sizes[dim]
+            if block * size > D:
+                break
+            block *= size
+        return D // block * block
+
+    @cached_property
+    def gpu_of_rank(self) -> np.ndarray:
+        slot = self._ordered_gpu
+        R, D = self.ranks_per_domain, self.domain_gpus
+        if not D or R == D:
+            return slot
+        return slot // R * D + slot % R
+
+    @property
+    def gpus_spanned(self) -> int:
+        """GPU ids the job reaches (idle GPUs of partly used domains included)."""
+        return int(self.gpu_of_rank.max()) + 1
+
+    @property
+    def is_identity(self) -> bool:
+        return bool((self.gpu_of_rank == np.arange(self.mesh.world_size)).all())
 
     def groups(self, dim: str) -> np.ndarray:
         """The mesh's groups of a dimension as GPU ids, shape (n_groups, group_size)."""
@@ -138,3 +180,26 @@ class Placement:
                     f"{dim} groups of size {g.shape[1]} leave the {gpus_per_node}-GPU node under placement order "
                     f"{self.order or self.mesh.order!r}: use {dim} <= {gpus_per_node} and put {dim} first in the order"
                 )
+
+
+class PlacedNetwork:
+    """A network seen through a placement: the engine names mesh ranks, the wrapped network
+    (built for ``placement.gpus_spanned`` GPUs) GPU ids."""
+
+    def __init__(self, base, placement: Placement):
+        self.base = base
+        self.gpu_of_rank = placement.gpu_of_rank
+
+    def _map(self, req):
+        from dataclasses import replace
+
+        return replace(req, groups=self.gpu_of_rank[np.asarray(req.groups)])
+
+    def collective_time_s(self, req) -> float:
+        return self.base.collective_time_s(self._map(req))
+
+    def start(self, env, req):
+        return self.base.start(env, self._map(req))
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)

@@ -53,6 +53,12 @@ class NodeSpec(BaseModel):
         None, description="Protocols NCCL may use (NCCL_PROTO as the system sets it); default all.")
 
     @property
+    def nvlink_domain_gpus(self) -> int:
+        """GPUs that reach each other over NVLink: the node as this spec describes it (8 in a
+        DGX, 72 in a GB200 NVL72 rack, whose "node" is the whole NVLink domain)."""
+        return self.gpus_per_node
+
+    @property
     def nic_GBps_per_gpu(self) -> float:
         """Scale-out bandwidth available to one GPU, GB/s (NICs shared evenly by the GPUs)."""
         return self.nic_gbps / 8.0 * self.nics_per_node / self.gpus_per_node

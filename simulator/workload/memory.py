@@ -40,6 +40,11 @@ def layer_activation_sbh(sc: Scenario) -> tuple[float, float]:
     f = m.ffn_hidden_size / h
     mlp = 3 + (4 * f if m.mlp == "gelu" else 6 * f)  # fc1 input 2, dropout mask 1, fc1 / act outputs
     norms = 4
+    if sc.dtype == "fp8":
+        # FP8 linears save their inputs for the weight gradient as FP8 copies (1 byte, not 2):
+        # the QKV, out-projection and fc1 inputs (1 each) and the fc2 input (f).
+        attn -= 2
+        mlp -= 1 + f
     return attn + mlp + norms, 5.0
 
 
@@ -54,8 +59,13 @@ def activation_bytes_per_layer(sc: Scenario) -> float:
     sbh = s * b * h
     if sc.recompute == "full":
         return 2 * sbh / (t if sp else 1)
+    if sc.recompute == "selective-layer":
+        # Every second layer keeps only its input; the others keep everything.
+        full = 2 * sbh / (t if sp else 1)
+        return (full + activation_bytes_per_layer(sc.model_copy(update={"recompute": "none"}))) / 2
     c, k = layer_activation_sbh(sc)
-    scores = 0.0 if (sc.flash_attention or sc.recompute == "selective") else k * a * s / h
+    # selective-op keeps about what Megatron's selective does (no scores; matmul outputs kept).
+    scores = 0.0 if (sc.flash_attention or sc.recompute in ("selective", "selective-op")) else k * a * s / h
     if t == 1:
         return sbh * (c + scores)
     if sp:
@@ -121,6 +131,12 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             # A bucket never holds more than the rank's own gradients (fp32, 4 bytes each).
             "buffers_gib": (min(buffers, 2 * 4 * (dense + expert)) + RUNTIME_RESERVE_BYTES) / GIB,
         }
+        if sc.dtype == "fp8" and sc.fp8.recipe in ("te-delayed", "te-current", "mxfp8"):
+            # Transformer Engine caches each linear weight's FP8 copy and its transpose across
+            # microbatches (2 bytes a parameter of the transformer layers), on the rank's shard
+            # of them under ZeRO-3.
+            layer_params = sum(prog.unit_params.get(L, 0.0) for q in positions for L in prog.position_layers[q])
+            row["fp8_weights_gib"] = (2 * layer_params / (shard if z >= 3 else 1)) / GIB
         row["total_gib"] = sum(row.values())
         rows.append(row)
     peak = max(r["total_gib"] for r in rows)

@@ -49,6 +49,8 @@ class Op:
     bytes: float = 0.0
     comm: Comm | None = None  # a collective instead of a kernel
     params: float = 0.0  # parameters whose gradient this op produces (W phase) or owns (F)
+    fp8: bool = False  # a GEMM (or attention) on FP8 tensor cores: timed at the profile's FP8 peak
+    bwd_bytes: float | None = None  # memory-bound op whose backward moves these bytes (not 2x forward)
 
 
 @dataclass
@@ -77,6 +79,11 @@ class LayerOps:
                 # dQ, dK, dV: twice the forward matmul work.
                 i_ops.append(replace(op, name=op.name + ".bwd", phase="I", exec_flops=2 * op.exec_flops,
                                      model_flops=2 * op.model_flops, bytes=2 * op.bytes))
+            elif op.bwd_bytes is not None:
+                # FP8 casts: the backward quantizes the output gradient, with its own size.
+                if op.bwd_bytes > 0:
+                    i_ops.append(replace(op, name=op.name + ".bwd", phase="I", bytes=op.bwd_bytes, exec_flops=0.0,
+                                         model_flops=0.0, params=0.0))
             else:
                 i_ops.append(replace(op, name=op.name + ".bwd", phase="I", bytes=2 * op.bytes,
                                      exec_flops=2 * op.exec_flops, model_flops=0.0, params=0.0))
@@ -115,9 +122,25 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     attn_width = a * d // t
     act_bytes = T * h * dt  # one hidden-state tensor of the whole microbatch
 
+    fp8 = sc.dtype == "fp8"
+    recipe = sc.fp8.recipe
+    nmb = max(1, sc.num_microbatches)
+
     def gemm(name: str, tokens: int, k: int, n: int) -> Op:
         flops = 2.0 * tokens * k * n
         return Op(name, "gemm", "F", flops, flops, (tokens * k + k * n + tokens * n) * dt, params=k * n)
+
+    def linear(name: str, tokens: int, k: int, n: int) -> list[Op]:
+        """A linear layer: one GEMM, and under FP8 its quantization kernels first."""
+        op = gemm(name, tokens, k, n)
+        if not fp8:
+            return [op]
+        # FP8 operands are 1 byte, the output bf16.
+        op = replace(op, fp8=True, bytes=float(tokens * k + k * n) + tokens * n * dt)
+        act_f, act_b, w_f, w_b = fp8_cast_bytes_per_elem(recipe, nmb, sc)
+        cast = Op(f"{name}.fp8_cast", "elementwise", "F", 0.0, 0.0, tokens * k * act_f + k * n * w_f,
+                  bwd_bytes=tokens * n * act_b + k * n * w_b)
+        return [cast, op]
 
     def tp_in(name: str) -> list[Op]:
         """Entering a column-parallel block."""
@@ -149,16 +172,16 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
         # column-parallel by heads. Queries and keys carry a rotary part of qk_rope_head_dim.
         dqk, dv = d + m.qk_rope_head_dim, m.v_dim
         if m.q_lora_rank:
-            attn.append(gemm("q_down_proj", T, h, m.q_lora_rank))
-            attn.append(gemm("q_up_proj", T, m.q_lora_rank, a * dqk // t))
+            attn += linear("q_down_proj", T, h, m.q_lora_rank)
+            attn += linear("q_up_proj", T, m.q_lora_rank, a * dqk // t)
         else:
-            attn.append(gemm("q_proj", T, h, a * dqk // t))
-        attn.append(gemm("kv_down_proj", T, h, m.kv_lora_rank + m.qk_rope_head_dim))
-        attn.append(gemm("kv_up_proj", T, m.kv_lora_rank, a * (d + dv) // t))
+            attn += linear("q_proj", T, h, a * dqk // t)
+        attn += linear("kv_down_proj", T, h, m.kv_lora_rank + m.qk_rope_head_dim)
+        attn += linear("kv_up_proj", T, m.kv_lora_rank, a * (d + dv) // t)
         attn_width = a * dv // t
         core_model = 2.0 * b * s * s_full * a * (dqk + dv) / t
     else:
-        attn.append(gemm("qkv_proj", T, h, qkv_out))
+        attn += linear("qkv_proj", T, h, qkv_out)
         core_model = 4.0 * b * s * s_full * a * d / t  # QK^T and AV over the full key length
     # Causal load balancing (2*cp chunks, each rank a mirrored pair) gives every CP rank the
     # same attention work: 1/cp of the full causal attention.
@@ -176,12 +199,13 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
             # Llama-3-style CP: all-gather K and V of the whole sequence before attention.
             kv_bytes = 2 * b * s_full * max(g // t, 1) * d * dt
             attn.append(Op("cp_kv_all_gather", "other", "F", comm=Comm("cp", "all_gather", kv_bytes)))
-        attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes))
+        attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes,
+                       fp8=fp8 and sc.fp8.attention))
     if not sc.flash_attention:
         # Materialised scores: baddbmm write, fused scale-mask-softmax read+write, dropout, bmm read.
         score_elems = b * (a / t) * s * s_full
         attn.append(Op("softmax_dropout", "elementwise", "F", 5.0 * score_elems, 0.0, 11.0 * score_elems))
-    attn.append(gemm("attn_out_proj", T, attn_width, h))
+    attn += linear("attn_out_proj", T, attn_width, h)
     attn += tp_out("attn_out")
     attn.append(residual("attn_residual"))
 
@@ -189,12 +213,12 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     def dense_mlp(prefix: str, ffn: int, tokens: int) -> list[Op]:
         f = ffn // t
         if m.mlp == "swiglu":
-            return [gemm(f"{prefix}fc1_gate_up", tokens, h, 2 * f),
+            return [*linear(f"{prefix}fc1_gate_up", tokens, h, 2 * f),
                     Op(f"{prefix}swiglu", "elementwise", "F", 3.0 * tokens * f, 0.0, 3 * tokens * f * dt),
-                    gemm(f"{prefix}fc2", tokens, f, h)]
-        return [gemm(f"{prefix}fc1", tokens, h, f),
+                    *linear(f"{prefix}fc2", tokens, f, h)]
+        return [*linear(f"{prefix}fc1", tokens, h, f),
                 Op(f"{prefix}gelu", "elementwise", "F", 8.0 * tokens * f, 0.0, 2 * tokens * f * dt),
-                gemm(f"{prefix}fc2", tokens, f, h)]
+                *linear(f"{prefix}fc2", tokens, f, h)]
 
     mlp = [norm("mlp_norm"), *tp_in("mlp_in"), *dense_mlp("", m.ffn_hidden_size, T), *tp_out("mlp_out"),
            residual("mlp_residual")]
@@ -223,6 +247,9 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     head_ops.append(Op("cross_entropy", "elementwise", "F", 6.0 * T * V / t, 0.0, 3 * T * (V / t) * 4))
     if t > 1:
         head_ops.append(Op("cross_entropy_allreduce", "other", "F", comm=Comm("tp", "all_reduce", 3 * T * 4)))
+    if p.loss_all_reduce_per_microbatch and sc.dp > 1:
+        # Megatron's loss_func averages each microbatch's loss over dp for logging (one fp32).
+        head_ops.append(Op("loss_dp_allreduce", "other", "F", comm=Comm("dp", "all_reduce", 4.0)))
     head_params = 0.0 if m.tied_embeddings and sc.parallelism.pp == 1 else V * h / t
     head = LayerOps("head", head_ops, head_params + norm_params)
     if head_params == 0.0:
@@ -260,6 +287,22 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
     ops.append(Op("experts_fc2", "gemm", "F", 2.0 * expert_tokens * ffn * h, 2.0 * routed_tokens * ffn * h,
                   (expert_tokens * (ffn + h) + experts_local * ffn * h) * dt, params=experts_local * ffn * h))
     ops.append(Op("moe_combine", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes, overlap=overlap)))
+    if sc.dtype == "fp8":
+        # FP8 grouped expert GEMMs (Transformer Engine's grouped linear; DeepSeek-V3 trains its
+        # experts in FP8): 1-byte operands, bf16 output, a cast of the routed tokens and weights.
+        act_f, act_b, w_f, w_b = fp8_cast_bytes_per_elem(sc.fp8.recipe, max(1, sc.num_microbatches), sc)
+        quantized = []
+        for op in ops:
+            if op.name in ("experts_fc1", "experts_fc2"):
+                n_out = (2 if m.mlp == "swiglu" else 1) * ffn if op.name == "experts_fc1" else h
+                k_in = h if op.name == "experts_fc1" else ffn
+                weights = experts_local * k_in * n_out
+                quantized.append(Op(f"{op.name}.fp8_cast", "elementwise", "F", 0.0, 0.0,
+                                    expert_tokens * k_in * act_f + weights * w_f,
+                                    bwd_bytes=expert_tokens * n_out * act_b + weights * w_b))
+                op = replace(op, fp8=True, bytes=float(expert_tokens * k_in + weights) + expert_tokens * n_out * dt)
+            quantized.append(op)
+        ops = quantized
     if m.num_shared_experts:
         # Shared experts: a dense MLP num_shared_experts x the expert width, on this rank's tokens.
         # (dense_mlp divides the width by tp; the shared experts here are not tensor-parallel.)
@@ -309,3 +352,41 @@ def total_parameters(sc: Scenario) -> float:
     per_layer = [kinds["moe" if m.is_moe and L >= m.num_dense_layers else "dense"].params for L in range(m.num_layers)]
     # With pp=1 a tied LM head shares the embedding's matrix, so the head counts its norm only.
     return kinds["embedding"].params + sum(per_layer) + kinds["head"].params
+
+
+def fp8_cast_bytes_per_elem(recipe: str, num_microbatches: int, sc: Scenario) -> tuple[float, float, float, float]:
+    """HBM bytes per element of FP8 quantization around one linear layer, per microbatch:
+    (activation forward, output-gradient backward, weight forward, weight backward).
+
+    A quantized activation is needed row-wise for the forward GEMM and column-wise (transposed)
+    for the weight-gradient GEMM, since Hopper's FP8 GEMMs take only the TN layout: one fused
+    cast-transpose reads bf16 (2 bytes) and writes two FP8 copies (1 + 1), 4 bytes an element
+    (Transformer Engine's cast_transpose). Current (dynamic) scaling first needs the tensor's
+    amax: one more bf16 read, 2 bytes (TE Float8CurrentScaling, torchao tensorwise). Delayed
+    scaling takes the scale from the amax history and fuses the new amax into the cast.
+    MXFP8 computes a scale per 32-element block inside the cast (one E8M0 byte per block and
+    layout: +2/32). torchao rowwise scales each row: an amax and a cast per layout (2+2+1 twice).
+    Weights: TE casts them once per step and caches the FP8 copy across microbatches; torchao
+    casts them in every forward (and their transpose in backward), or once on the FSDP shard
+    before an FP8 all-gather.
+    """
+    if recipe == "te-delayed":
+        act = 4.0
+        w_f, w_b = 4.0 / num_microbatches, 0.0
+    elif recipe == "te-current":
+        act = 6.0
+        w_f, w_b = 6.0 / num_microbatches, 0.0
+    elif recipe == "mxfp8":
+        act = 4.0 + 2.0 / 32
+        w_f, w_b = act / num_microbatches, 0.0
+    elif recipe == "tensorwise":
+        act = 6.0
+        w_f, w_b = 5.0, 2.0  # amax + cast in forward; the FP8 weight transposed in backward (1 + 1)
+    else:  # rowwise
+        act = 10.0
+        w_f, w_b = 5.0, 5.0
+    p = sc.parallelism
+    if sc.fp8.param_all_gather and p.zero >= 3 and recipe in ("tensorwise", "rowwise"):
+        # Cast on the shard before the all-gather (torchtitan precompute_float8_dynamic_scale_for_fsdp).
+        w_f = w_f / (p.fsdp_shard_size or sc.dp)
+    return act, act, w_f, w_b

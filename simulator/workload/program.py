@@ -50,6 +50,18 @@ class Segments:
                         np.array([0.0]))
 
 
+@dataclass(frozen=True)
+class StepCollective:
+    """Step-level work after the backward, before the optimizer: an optional kernel of
+    ``compute_s``, then a collective over ``dim`` (tp, pp, dp, or emb: first and last stage)."""
+
+    label: str
+    dim: str
+    op: str
+    size_bytes: float
+    compute_s: float = 0.0
+
+
 @dataclass
 class Program:
     scenario: Scenario | None
@@ -74,18 +86,55 @@ class Program:
     grad_bucket_bytes: float = 40e6 * GRAD_REDUCE_BYTES
     param_bytes: int = 2
     notes: list[str] = field(default_factory=list)
+    step_collectives: list[StepCollective] = field(default_factory=list)
 
     @property
     def num_ranks_pp(self) -> int:
         return self.schedule.num_ranks
 
 
-def split_layers(num_layers: int, positions: int, override: list[int] | None = None) -> list[list[int]]:
+def fp8_speedup(sc: Scenario, profile: Profile) -> float:
+    """FP8 over BF16 tensor-core peak of the profile's GPU (1 when the scenario is not FP8);
+    UserError when the GPU has no FP8 (or, for mxfp8, no MXFP8) tensor cores."""
+    if sc.dtype != "fp8":
+        return 1.0
+    c = profile.compute
+    if sc.fp8.recipe == "mxfp8":
+        if c.peak_tflops_mxfp8 is None:
+            raise UserError(
+                f"fp8 recipe mxfp8 needs MXFP8 tensor cores (Blackwell) but GPU profile {profile.name!r} has none: "
+                "use fp8.recipe te-delayed/te-current/tensorwise on Hopper, or a b200/gb200 profile"
+            )
+        return c.peak_tflops_mxfp8 / c.peak_tflops
+    if c.peak_tflops_fp8 is None:
+        raise UserError(
+            f"dtype fp8 needs FP8 tensor cores but GPU profile {profile.name!r} has none (no compute.peak_tflops_fp8): "
+            "use dtype bf16, or an H100/H200/B200/GB200 profile"
+        )
+    return c.peak_tflops_fp8 / c.peak_tflops
+
+
+def split_layers(num_layers: int, positions: int, override: list[int] | None = None,
+                 embedding_counts: bool = False, loss_counts: bool = False) -> list[list[int]]:
     """Layers per pipeline position. Uneven splits give the first and last positions fewer
     layers (they also hold the embedding and the LM head), as Llama 3 and the zero-bubble
-    paper do."""
-    if positions > num_layers:
+    paper do. ``embedding_counts`` / ``loss_counts``: the embedding / the LM head and loss
+    take the place of one layer on the first / last position (Megatron's
+    --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split), which
+    may leave that position with the embedding or the head alone."""
+    extra = int(embedding_counts) + int(loss_counts)
+    if positions > num_layers + extra:
         raise UserError(f"{positions} pipeline positions exceed num_layers={num_layers}: use fewer pipeline stages")
+    if override is None and extra:
+        counts = [len(x) for x in split_layers(num_layers + extra, positions)]
+        if embedding_counts:
+            counts[0] -= 1
+        if loss_counts:
+            counts[-1] -= 1
+        # A position left with the embedding or head only is allowed; a negative count is not.
+        if min(counts) < 0:
+            counts = [len(x) for x in split_layers(num_layers, positions)]
+        override = counts
     if override is not None:
         counts = list(override)
     else:
@@ -155,7 +204,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     layer_kinds = build_layer_ops(sc)
     m = sc.model
     P = schedule.num_positions
-    positions = split_layers(m.num_layers, P, p.pp_layer_split)
+    positions = split_layers(m.num_layers, P, p.pp_layer_split, p.account_for_embedding_in_pipeline_split,
+                             p.account_for_loss_in_pipeline_split)
 
     # Backward op lists per layer kind, and the weight-grad-carrying embedding.
     bwd: dict[str, tuple[list[Op], list[Op]]] = {k: lo.backward() for k, lo in layer_kinds.items()}
@@ -168,7 +218,13 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     for kind, lo in layer_kinds.items():
         all_ops += lo.forward + bwd[kind][0] + bwd[kind][1]
     kernels = [o for o in all_ops if o.comm is None]
-    dur = profile.compute_time_s(np.array([o.op_class for o in kernels]), np.array([o.exec_flops for o in kernels]),
+    # FP8 GEMMs: the tensor cores do the FLOPs `fp8_speedup` times faster; handing the cost
+    # model speedup-scaled FLOPs keeps its fixed per-kernel cost (the half-efficiency FLOPs:
+    # latency, wave tails) as it is, so a large compute-bound GEMM gets ~2x faster and a small
+    # one, bound by that fixed cost or by its bytes, does not.
+    speedup = fp8_speedup(sc, profile)
+    dur = profile.compute_time_s(np.array([o.op_class for o in kernels]),
+                                 np.array([o.exec_flops / (speedup if o.fp8 else 1.0) for o in kernels]),
                                  np.array([o.bytes for o in kernels]))
     times = {id(o): float(t) for o, t in zip(kernels, dur)}
 
@@ -177,9 +233,24 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
             return "moe"
         return "dense"
 
-    def recompute_ops(kind: str) -> list[Op]:
-        if sc.recompute == "full":
+    def recompute_ops(kind: str, layer: int = 0) -> list[Op]:
+        if sc.recompute == "full" or (sc.recompute == "selective-layer" and layer % 2 == 0):
+            # torchtitan's layer AC (ac_freq 2) checkpoints every second layer whole.
             return list(layer_kinds[kind].forward)
+        if sc.recompute == "selective-op":
+            # torchtitan's per-op SAC policy saves matmul outputs except every second matmul,
+            # and the attention kernel's outputs; everything else is recomputed (collectives
+            # are saved).
+            out, n_mm = [], 0
+            for o in layer_kinds[kind].forward:
+                if o.comm is not None or o.op_class == "attention":
+                    continue
+                if o.op_class == "gemm":
+                    n_mm += 1
+                    if n_mm % 2:
+                        continue
+                out.append(o)
+            return out
         if sc.recompute == "selective":
             return [o for o in layer_kinds[kind].forward if o.op_class == "attention" or o.name == "softmax_dropout"]
         return []
@@ -197,7 +268,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         f_ops = [(o, L) for k, L in chain for o in layer_kinds[k].forward]
         i_ops, w_ops, b_ops = [], [], []
         for k, L in reversed(chain):
-            rec = [(o, L) for o in recompute_ops(k)] if k not in ("embedding", "head") else []
+            rec = [(o, L) for o in recompute_ops(k, L)] if k not in ("embedding", "head") else []
             li = [(o, L) for o in bwd[k][0]]
             lw = [(o, L) for o in bwd[k][1]]
             i_ops += rec + li
@@ -256,13 +327,16 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     opt_bytes = opt_params_max * ADAM_BYTES_PER_PARAM
     optimizer_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]), np.array([opt_bytes]))[0])
 
+    step = step_terms(sc, profile, stage_params, opt_params_max, shard)
     return Program(
+        step_collectives=step,
         scenario=sc, mesh=mesh, schedule=schedule, segments=segments, position_layers=positions,
         pp_bytes=pp_bytes, pp_gather_bytes=pp_gather_bytes, optimizer_s=optimizer_s, stage_params=stage_params,
         model_flops_per_step=model_flops, tokens_per_step=sc.batch.global_batch_size * sc.batch.seq_length,
         zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
         grad_bucket_bytes=p.grad_bucket_params * GRAD_REDUCE_BYTES,
-        param_bytes=sc.dtype_bytes,
+        # FSDP with FP8 all-gather moves 1-byte weights (torchtitan enable_fsdp_float8_all_gather).
+        param_bytes=1 if sc.dtype == "fp8" and sc.fp8.param_all_gather and p.zero >= 3 else sc.dtype_bytes,
         unit_params=unit_params,
         stage_expert_params=stage_expert_params,
         fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
@@ -270,6 +344,47 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         fsdp_shard_size=p.fsdp_shard_size,
         notes=notes,
     )
+
+
+def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_params_max: float,
+               shard: int) -> list[StepCollective]:
+    """What a training step pays between the last backward and the optimizer, besides the DP
+    gradient reduction (Megatron-LM's finalize_model_grads and clip_grad_norm_):
+
+    - Tied embeddings split over a pipeline: the first stage's input embedding and the last
+      stage's LM head are one matrix, so their gradients (fp32 main grads, V*h/tp) are
+      all-reduced between the two stages (Megatron _allreduce_word_embedding_grads).
+    - fp16 loss scaling: grads unscaled and checked for inf/nan, a flag all-reduced.
+    - Gradient clipping: a fused L2-norm over the rank's gradients (multi_tensor_l2norm reads
+      4 bytes a parameter of the fp32 main grads it owns), then the squared norm all-reduced
+      over the model-parallel ranks (tp, pp) and, with a sharded optimizer, over dp.
+    """
+    m, p = sc.model, sc.parallelism
+    out: list[StepCollective] = []
+    if m.tied_embeddings and p.pp > 1:
+        emb_params = m.vocab_size * m.hidden_size / p.tp
+        out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * GRAD_REDUCE_BYTES))
+    if sc.dtype == "fp16":
+        # fp16 with dynamic loss scaling: main grads unscaled in place (multi_tensor_scale reads
+        # and writes 4 bytes a parameter) and an inf/nan flag all-reduced over the model-parallel
+        # ranks (Megatron _unscale_main_grads_and_check_for_nan).
+        unscale_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]),
+                                                 np.array([opt_params_max * 2 * GRAD_REDUCE_BYTES]))[0])
+        mp = [d for d, n in (("tp", p.tp), ("pp", p.pp)) if n > 1]
+        out.append(StepCollective("fp16 unscale + inf check", mp[0] if mp else "tp", "all_reduce", 4.0 if mp else 0.0, unscale_s))
+        for d in mp[1:]:
+            out.append(StepCollective("fp16 unscale + inf check", d, "all_reduce", 4.0))
+    if p.grad_clip:
+        norm_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]),
+                                              np.array([opt_params_max * GRAD_REDUCE_BYTES]))[0])
+        # One fp32 squared norm per rank; the all-reduces are latency only.
+        dims = [d for d, n in (("tp", p.tp), ("pp", p.pp)) if n > 1]
+        if p.zero >= 1 and shard > 1:
+            dims.append("dp")
+        out.append(StepCollective("grad norm", dims[0] if dims else "tp", "all_reduce", 4.0 if dims else 0.0, norm_s))
+        for d in dims[1:]:
+            out.append(StepCollective("grad norm", d, "all_reduce", 4.0))
+    return out
 
 
 def synthetic_program(schedule: PipelineSchedule, F_s: float, B_s: float, W_s: float = 0.0, FB_s: float | None = None,

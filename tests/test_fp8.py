@@ -1,0 +1,93 @@
+"""FP8 training: GEMMs at the FP8 tensor-core peak only where they are compute-bound, their
+quantization kernels, FP8 weight all-gathers, memory, and refusal on GPUs without FP8."""
+
+import numpy as np
+import pytest
+
+from simulator.calibrate.profile import load_profile
+from simulator.errors import UserError
+from simulator.scenario import build_scenario
+from simulator.simulate import simulate
+from simulator.workload.ops import build_layer_ops
+from simulator.workload.program import fp8_speedup
+
+
+def _sc(dtype="bf16", gpu="h100-sxm-80gb", topo="dgx-h100-fattree", recipe="te-delayed", **par):
+    return build_scenario({
+        "model": "llama3-8b", "parallelism": {"tp": 1, "pp": 1, "zero": 1, **par},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
+        "dtype": dtype, "fp8": {"recipe": recipe},
+        "cluster": {"gpus": 8, "gpu": gpu, "topology": topo},
+    })
+
+
+def _gemm_time(profile, flops, bytes_, fp8):
+    speed = profile.compute.peak_tflops_fp8 / profile.compute.peak_tflops if fp8 else 1.0
+    return float(profile.compute_time_s(np.array(["gemm"]), np.array([flops / speed]), np.array([bytes_]))[0])
+
+
+def test_fp8_doubles_only_compute_bound_gemms():
+    prof = load_profile("h100-sxm-80gb")
+    # Large GEMM 8192^3: compute-bound, FP8 ~2x faster (within the fixed per-kernel cost).
+    n = 8192
+    big_bf16 = _gemm_time(prof, 2.0 * n**3, 3 * n * n * 2, False)
+    big_fp8 = _gemm_time(prof, 2.0 * n**3, 2 * n * n * 1 + n * n * 2, True)
+    assert big_bf16 / big_fp8 == pytest.approx(2.0, rel=0.05)
+    # Memory-bound GEMM (65536 tokens x K=64 -> 4096): its bf16 output dominates the bytes.
+    m, k, nn = 65536, 64, 4096
+    mem_bf16 = _gemm_time(prof, 2.0 * m * k * nn, (m * k + k * nn + m * nn) * 2, False)
+    mem_fp8 = _gemm_time(prof, 2.0 * m * k * nn, (m * k + k * nn) * 1 + m * nn * 2, True)
+    assert mem_bf16 / mem_fp8 < 1.05
+    # Small GEMM 512^3: latency-bound (the fixed per-kernel cost dominates), barely faster.
+    s_bf16 = _gemm_time(prof, 2.0 * 512**3, 3 * 512 * 512 * 2, False)
+    s_fp8 = _gemm_time(prof, 2.0 * 512**3, 2 * 512 * 512 + 512 * 512 * 2, True)
+    assert s_bf16 / s_fp8 < 1.1
+
+
+def test_fp8_step_faster_on_linears_and_pays_casts():
+    bf16 = simulate(_sc()).report.step_time_s
+    fp8 = simulate(_sc("fp8")).report.step_time_s
+    # Linears get faster, attention, norms and the casts do not: well under 2x overall.
+    assert 1.05 < bf16 / fp8 < 1.8
+    ops = build_layer_ops(_sc("fp8"))["dense"].forward
+    casts = [o for o in ops if o.name.endswith(".fp8_cast")]
+    assert len(casts) == 4 and all(o.bytes > 0 and o.bwd_bytes > 0 for o in casts)
+    assert [o for o in ops if o.name == "attention"][0].fp8 is False  # attention stays bf16
+    # Current scaling pays an extra amax pass over delayed scaling.
+    cur = simulate(_sc("fp8", recipe="te-current")).report.step_time_s
+    assert cur > fp8
+
+
+def test_fp8_refused_without_fp8_tensor_cores():
+    with pytest.raises(UserError, match="FP8 tensor cores"):
+        simulate(_sc("fp8", gpu="a100-sxm-80gb", topo="dgx-a100-fattree"))
+    with pytest.raises(UserError, match="MXFP8"):
+        simulate(_sc("fp8", recipe="mxfp8"))
+    assert fp8_speedup(_sc("fp8", recipe="mxfp8", gpu="b200", topo="dgx-b200"), load_profile("b200")) == pytest.approx(2.0)
+
+
+def test_fp8_weight_all_gather_and_memory():
+    base = dict(zero=3)
+    sc = _sc("fp8", recipe="tensorwise", **base)
+    sc8 = sc.model_copy(update={"fp8": sc.fp8.model_copy(update={"param_all_gather": True})})
+    r16 = simulate(sc)
+    r8 = simulate(sc8)
+    assert r8.program.param_bytes == 1 and r16.program.param_bytes == 2
+    # FP8 linears save FP8 inputs: fewer activation bytes than bf16; TE caches FP8 weights.
+    m_bf16 = simulate(_sc()).memory.per_rank_gib[0]
+    m_te = simulate(_sc("fp8")).memory.per_rank_gib[0]
+    assert m_te["activations_gib"] < m_bf16["activations_gib"]
+    assert m_te["fp8_weights_gib"] == pytest.approx(2 * 32 * 218.1e6 / 2**30, rel=0.02)
+
+
+def test_fp8_moe_experts_quantized():
+    sc = build_scenario({
+        "model": "mixtral-8x7b", "parallelism": {"tp": 1, "pp": 1, "ep": 8, "zero": 1},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
+        "dtype": "fp8", "cluster": {"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"},
+    })
+    ops = {o.name: o for o in build_layer_ops(sc)["moe"].forward}
+    assert ops["experts_fc1"].fp8 and ops["experts_fc2"].fp8 and not ops["router"].fp8
+    assert ops["experts_fc1.fp8_cast"].bytes > 0
+    bf16 = simulate(sc.model_copy(update={"dtype": "bf16"})).report.step_time_s
+    assert simulate(sc).report.step_time_s < bf16
