@@ -12,7 +12,7 @@ from simulator.trace.kineto import import_kineto
 from simulator.trace.loader import load_trace
 from simulator.trace.optable import OPTABLE_COLUMN_NAMES
 
-REF = Path(__file__).parents[2] / "shared" / "reference" / "kineto"
+REF = Path(__file__).parent / "data" / "reference" / "kineto"
 DATA = Path(__file__).parent / "data" / "trace"
 
 
@@ -114,7 +114,8 @@ def test_sampled_rank0(sampled0):
     }
     ag = ops[ops["collective"] == "all_gather"]
     assert set(ag["group_size"]) == {64} and set(ag["dtype"]) == {"int8"}
-    assert int((ops["op_class"] == "gemm").sum()) == 432
+    # 432 before fbgemm embedding/permute kernels stopped matching "gemm" (46 of them)
+    assert int((ops["op_class"] == "gemm").sum()) == 386
 
 
 def test_sampled_pair_as_folder(tmp_path):
