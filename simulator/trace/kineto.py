@@ -290,6 +290,7 @@ class _Collector:
         self.h_shapes = array("b")       # 1 when the op recorded Input Dims
         self.sig_codes: dict[str, int] = {}
         self.sig_names: list[str] = []
+        self.sig_work: dict[int, tuple] = {}
         self.h_coll_args: dict[int, dict] = {}
         self.dtype_codes: dict[str | None, int] = {None: -1}
         self.dtype_names: list[str] = []
@@ -401,7 +402,13 @@ class _Collector:
             self.sig_names.append(sig)
         self.h_sig.append(sc)
         if flags & self.F_WANT_SHAPES:
-            flops, nbytes, dt = op_flops_bytes(name, self.name_kcls[code], args)
+            # ops repeat with the same shapes every layer and step: compute each signature once
+            hit = self.sig_work.get(sc) if dims is not None else None
+            if hit is None:
+                hit = op_flops_bytes(name, self.name_kcls[code], args)
+                if dims is not None and K.ARG_FLOPS not in args:
+                    self.sig_work[sc] = hit
+            flops, nbytes, dt = hit
         elif flags & (self.F_COMM_SPAN | self.F_C10D | self.F_RPC):
             # Collective ops are few; keep the args that carry their metadata.
             keep = {k: args[k] for k in _COLL_ARG_KEYS if k in args}
