@@ -145,6 +145,26 @@ _WRITE_ONLY_OPS = frozenset({"fill_", "zero_", "zeros", "zeros_like", "ones", "o
 _READ_ONLY_OPS = frozenset({"sum", "mean", "norm", "linalg_vector_norm", "max", "min", "amax", "amin", "argmax",
                             "argmin", "prod", "var", "std", "var_mean", "std_mean", "any", "all", "nll_loss",
                             "nll_loss_forward", "_local_scalar_dense", "item", "equal"})
+# Tensor inputs of common elementwise ops; a further trailing tensor the size of the output is the
+# out= argument of the op's .out overload (Kineto records it as an input): written, not read.
+_UNARY_OPS = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "neg", "sigmoid", "tanh", "relu", "gelu",
+                        "silu", "sqrt", "rsqrt", "abs", "cos", "sin", "erf", "reciprocal", "sign", "floor", "ceil", "round",
+                        "trunc", "square", "nan_to_num", "hardtanh", "leaky_relu", "elu", "softplus", "mish", "hardswish",
+                        "hardsigmoid", "clamp", "clamp_min", "clamp_max", "_softmax", "softmax", "_log_softmax",
+                        "log_softmax", "bitwise_not", "logical_not", "dropout", "native_dropout", "_to_copy", "to",
+                        "clone", "contiguous"})
+_BINARY_OPS = frozenset({"add", "sub", "mul", "div", "pow", "maximum", "minimum", "masked_fill", "threshold_backward",
+                         "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "eq", "ne", "lt", "le",
+                         "gt", "ge", "logical_and", "logical_or", "bitwise_and", "bitwise_or", "atan2", "fmod",
+                         "remainder", "_softmax_backward_data", "_log_softmax_backward_data", "native_dropout_backward",
+                         "rsub", "xlogy"})
+_TERNARY_OPS = frozenset({"where", "lerp", "addcmul", "addcdiv"})
+# Gathers read only the rows their indices pick, which shapes do not tell.
+_GATHER_OPS = frozenset({"index_select", "index", "gather", "take", "embedding", "embedding_backward",
+                         "embedding_dense_backward", "_embedding_bag", "_embedding_bag_backward", "embedding_bag",
+                         "index_put_", "_index_put_impl_", "index_put", "scatter", "scatter_", "scatter_add",
+                         "scatter_add_", "scatter_reduce", "index_add_", "index_copy_", "masked_select",
+                         "masked_scatter_", "nonzero"})
 # Fused optimizers update params, exp_avg, exp_avg_sq (lists 0, 2, 3) and read the grads (list 1).
 _FUSED_ADAM_OPS = frozenset({"_fused_adam_", "_fused_adamw_", "_fused_adam", "_fused_adamw"})
 
@@ -155,12 +175,21 @@ def _rw_bytes(short: str, dims: list, types: list, fallback_itemsize: int) -> fl
     An in-place op (name ending in '_') writes over its first argument; an out-of-place op writes
     a new tensor the size of its largest input (broadcasting) in its first input's dtype; fill_
     and the factories only write; reductions are counted as the reads they are dominated by."""
+    if short in _GATHER_OPS or short.startswith(("embedding", "_embedding")):
+        return math.nan
     tens = _tensor_args(dims, types)
     if not tens:
         return math.nan
     sized = [(n, b or fallback_itemsize) for n, b in tens]
     if any(b == 0 for _, b in sized):
         return math.nan
+    base = short.rstrip("_")
+    arity = 1 if base in _UNARY_OPS else 2 if base in _BINARY_OPS else 3 if base in _TERNARY_OPS else None
+    if arity is not None and len(sized) > arity and not short.endswith("_"):
+        out_n, out_b = sized[-1]
+        if out_n >= max(n for n, _ in sized[:arity]):
+            # .out overload: inputs read once, the out tensor written once
+            return float(sum(n * b for n, b in sized[:arity]) + out_n * out_b)
     if short in _FUSED_ADAM_OPS and isinstance(dims, list) and len(dims) >= 4:
         lists = [[_prod(x) if x else 1 for x in d if _is_shape(x)] if isinstance(d, list) else [] for d in dims[:4]]
         if all(lists[:4]):
@@ -236,7 +265,7 @@ def op_flops_bytes(name: str, cls: str, args: dict) -> tuple[float, float, str |
                     o = b * h * sq * dv
                     # forward: q, k, v read, o written; backward: dO, q, k, v, o read, dq, dk, dv written
                     nbytes = float(itemsize * ((_prod(q) + _prod(k) + _prod(v)) * (2 if bwd else 1) + o * (2 if bwd else 1)))
-        elif cls not in ("communication", "other"):
+        elif cls not in ("communication", "other", "embedding"):
             nbytes = _rw_bytes(short, dims, types, itemsize)
     except (TypeError, ValueError, IndexError):
         pass
