@@ -31,10 +31,16 @@ def _alpha_us(s: np.ndarray, t: np.ndarray) -> float:
     return float(np.median(t[flat])) * 0.95 if flat.any() else 0.0
 
 
-def _curve(coll: str, n: int, s: np.ndarray, t: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+def _curve(coll: str, n: int, s: np.ndarray, t: np.ndarray, max_busbw_GBps: float | None = None) -> tuple[float, np.ndarray, np.ndarray]:
     alpha = _alpha_us(s, t)
     f = bus_factor(coll, n) if coll != "send_recv" else 1.0
     f = f if f > 0 else 1.0
+    if max_busbw_GBps:
+        # The latency can be no larger than leaves every size's transfer at or below the link's
+        # bandwidth: with few sizes (traces) the smallest time is no flat region, and taking 95%
+        # of it as latency turned 100 µs calls into "2 TB/s + 300 µs" fits.
+        room = t - f * s / (max_busbw_GBps * 1e3)
+        alpha = float(min(alpha, max(0.0, room.min())))
     work_us = np.maximum(t - alpha, 0.05 * t)
     busbw = f * s / (work_us * 1e3)  # bytes/µs -> GB/s: / 1e3
     return alpha, s, busbw
@@ -62,8 +68,10 @@ def _holdout(coll: str, n: int, s: np.ndarray, t: np.ndarray) -> float | None:
     return float(np.median(np.concatenate(errs)))
 
 
-def fit_collectives(samples: pd.DataFrame, source: str = "") -> list[CollectiveFit]:
-    """One CollectiveFit per (collective, group_size, tier) with at least two sizes."""
+def fit_collectives(samples: pd.DataFrame, source: str = "", max_busbw_GBps: dict[str, float] | None = None) -> list[CollectiveFit]:
+    """One CollectiveFit per (collective, group_size, tier) with at least two sizes.
+    max_busbw_GBps: per tier, the link bandwidth per GPU that bounds the split into latency and
+    transfer (see _curve); None: no bound."""
     df = samples.copy()
     df["collective"] = df["collective"].astype(str).map(lambda c: _OP_ALIASES.get(c, c))
     df = df[df["collective"].isin(_SIMULATED) & (df["time_us"] > 0) & (df["size_bytes"] > 0) & (df["group_size"] >= 2)]
@@ -72,7 +80,7 @@ def fit_collectives(samples: pd.DataFrame, source: str = "") -> list[CollectiveF
         s, t = _medians(sub)
         if len(s) < 2:
             continue
-        alpha, ts, bw = _curve(coll, int(n), s, t)
+        alpha, ts, bw = _curve(coll, int(n), s, t, (max_busbw_GBps or {}).get(tier))
         fits.append(CollectiveFit(
             collective=str(coll), group_size=int(n), tier=tier, alpha_us=alpha,
             table_bytes=[float(x) for x in ts], table_busbw_GBps=[float(x) for x in bw],
