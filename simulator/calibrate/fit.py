@@ -227,7 +227,10 @@ def _read_nccl_tests(p: Path, src: Sources, topology: TopologySpec | None, colle
     t = res.table
     if t.empty:
         raise UserError(f"nccl-tests log {str(p)!r} has no result rows: give the complete output of an nccl-tests run")
-    n = int(res.nranks or t["nranks"].dropna().max())
+    if not res.nranks:
+        raise UserError(f"nccl-tests log {str(p)!r}: cannot tell how many ranks ran it (no '# Rank' lines or nThread/nGpus "
+                        "header, and busbw/algbw does not fix it): give the whole log, header included")
+    n = int(res.nranks)
     hosts = len(res.hosts)
     gpn = topology.node.gpus_per_node if topology else 8
     tier = "inter" if (hosts > 1 or (hosts == 0 and n > gpn)) else "intra"

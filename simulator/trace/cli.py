@@ -127,13 +127,14 @@ def _print_rich(info: dict[str, Any]) -> None:
 def info(
     path: Path = typer.Argument(..., help="A trace bundle, a Kineto trace (.json/.json.gz), a folder of per-rank traces, or an nccl-tests log."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    collective: str = typer.Option(None, "--collective", help="nccl-tests logs that do not name their collective: which one (all_reduce, all_gather, ...)."),
 ) -> None:
     """Print what PATH holds: ranks, devices, op classes with total time, collectives, time span."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # they are part of the summary
             if path.is_file() and path.name.endswith(_NCCL_TESTS_SUFFIXES):
-                data = summarise_nccl_tests(import_nccl_tests(path), path)
+                data = summarise_nccl_tests(import_nccl_tests(path, collective=collective), path)
             else:
                 data = summarise_traces(load_trace(path))
     except UserError as exc:
