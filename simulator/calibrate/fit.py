@@ -458,6 +458,8 @@ def calibrate(
     if src.device_props and mem_gib is None:
         mems = [d.get("totalGlobalMem") for d in src.device_props if isinstance(d.get("totalGlobalMem"), (int, float))]
         mem_gib = min(mems) / (1 << 30) if mems else None
+    if device and device.startswith("GPU ") and "unnamed" in device and base_profile is not None:
+        device = base_profile.device  # the trace does not name it; --base does
     device = device or (base_profile.device if base_profile else "unknown")
     topo = topo_pre or load_topology(default_topology_name(device, backend))
     items: list[ProvenanceItem] = []
@@ -533,7 +535,7 @@ def calibrate(
     comm_samples = pd.concat(src.comm, ignore_index=True) if src.comm else pd.DataFrame(columns=["collective", "group_size", "tier", "size_bytes", "time_us"])
     # Physics bounds apply to GPUs with a spec; a CPU "device" has nominal links only.
     physics = base_profile is not None and _is_gpu_name(base_profile.device)
-    link_bw = {"intra": topo.node.nvlink_GBps, "inter": topo.node.nic_GBps_per_gpu} if physics else None
+    link_bw = {"intra": topo.node.nvlink_GBps} if physics else None
     cfits = fit_collectives(comm_samples, source=src_names, max_busbw_GBps=link_bw) if len(comm_samples) else []
     base_comm = base_profile.comm if base_profile is not None else CommModel(
         nvlink_efficiency=1.0, nic_efficiency=1.0, intra_node_latency_us=topo.node.nvlink_latency_us,
@@ -563,7 +565,7 @@ def calibrate(
                     f"{'nic' if tier == 'inter' else 'nvlink'}_efficiency {raw:.2f}: the measured {tier}-node bandwidth{what} is "
                     f"{raw:.0%} of what topology {topo.name!r} offers "
                     f"({topo.node.nic_GBps_per_gpu if tier == 'inter' else topo.node.nvlink_GBps:.4g} GB/s per GPU): the inputs "
-                    "likely ran on another fabric; pass --topology matching it")
+                    "likely ran on another fabric (or the topology models it poorly); pass --topology matching it")
             comm_kw[key] = float(min(1.0, max(raw, 1e-6)))
             items.append(ProvenanceItem(field=f"comm.{key}", value=comm_kw[key],
                                         source=f"large-message bus bandwidth of {src_names} through topology {topo.name!r} (raw {raw:.3f})"))

@@ -113,7 +113,7 @@ def _matmul_flops(a: list[int], b: list[int]) -> tuple[int, int, int, int] | Non
     return batch, m, k, n
 
 
-def _tensor_args(dims: list, types: list) -> list[tuple[int, int]]:
+def _tensor_args(dims: list, types: list) -> list[tuple[int, int]] | None:
     """(elements, bytes per element) of each tensor argument; 0 bytes where the dtype is unknown.
 
     Kineto writes one Input Dims / Input type entry per argument: a dtype name for a tensor (its
@@ -123,10 +123,11 @@ def _tensor_args(dims: list, types: list) -> list[tuple[int, int]]:
     for k, d in enumerate(dims):
         t = types[k] if k < len(types) else None
         if t == "TensorList" or (isinstance(d, list) and d and isinstance(d[0], list)):
-            if isinstance(d, list):
-                for sub in d:
-                    if _is_shape(sub):
-                        out.append((_prod(sub) if sub else 1, 0))
+            subs = [sub for sub in d if _is_shape(sub)] if isinstance(d, list) else []
+            if not subs:
+                return None  # a tensor list whose shapes were not recorded: the op's bytes are unknown
+            for sub in subs:
+                out.append((_prod(sub) if sub else 1, 0))
             continue
         if not isinstance(t, str) or not _is_shape(d):
             continue
@@ -178,7 +179,7 @@ def _rw_bytes(short: str, dims: list, types: list, fallback_itemsize: int) -> fl
     if short in _GATHER_OPS or short.startswith(("embedding", "_embedding")):
         return math.nan
     tens = _tensor_args(dims, types)
-    if not tens:
+    if not tens:  # None (unknown) or no tensors
         return math.nan
     sized = [(n, b or fallback_itemsize) for n, b in tens]
     if any(b == 0 for _, b in sized):
