@@ -102,8 +102,10 @@ def identify_gpu(name: str, total_mem_bytes: int | None = None, num_sms: int | N
         raise UserError(
             f"unknown GPU {name!r}: no shipped profile for a {model.upper()}{' ' + form.upper() if form else ''}; "
             f"pass --base PROFILE (a profile JSON with its spec numbers, see simulator/data/profiles)")
-    if mem_gib is not None:
-        best = min(cands, key=lambda p: abs(p.hbm_gib - mem_gib))
+    named = re.search(r"(\d+)\s*gb\b", name.lower())
+    target = mem_gib if mem_gib is not None else (float(named.group(1)) if named else None)
+    if target is not None:
+        best = min(cands, key=lambda p: abs(p.hbm_gib - target))
     else:
         best = max(cands, key=lambda p: p.hbm_gib)
     note = None
