@@ -99,6 +99,35 @@ def find_trace_files(folder: Path) -> tuple[list[Path], list[Path]]:
     return files, skipped
 
 
+def _import_quiet(args: tuple[Path, int | None]) -> KinetoTrace:
+    with warnings.catch_warnings():
+        # The set collects warnings once; per-file copies would repeat them.
+        warnings.simplefilter("ignore")
+        return import_kineto(args[0], rank=args[1])
+
+
+def _import_all(files: list[Path], ranks: list[int | None]) -> list[KinetoTrace]:
+    """Import the files, in worker processes when there are several files and free cores
+    (CLUSTERSIM_IMPORT_WORKERS=1 forces one process). Each rank is independent until the set is
+    assembled, and a worker holds one file's events at a time."""
+    import os
+
+    want = os.environ.get("CLUSTERSIM_IMPORT_WORKERS")
+    workers = int(want) if want and want.isdigit() else min(len(files), os.cpu_count() or 1, 8)
+    if workers > 1 and len(files) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        try:
+            ctx = mp.get_context("fork")
+        except ValueError:
+            ctx = None
+        if ctx is not None:
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
+                return list(ex.map(_import_quiet, zip(files, ranks)))
+    return [_import_quiet(a) for a in zip(files, ranks)]
+
+
 def load_trace(path: str | Path, mesh=None) -> TraceSet:
     """Import a bundle dir, one Kineto file, or a folder of per-rank Kineto files (at any depth:
     torch.profiler's tensorboard_trace_handler output, rank_k/ or worker_k/ subfolders, ...).
@@ -134,15 +163,14 @@ def load_trace(path: str | Path, mesh=None) -> TraceSet:
         skip_line = f"skipped {len(skipped)} file(s) that are not Kineto traces: {names}"
 
     traces: list[KinetoTrace] = []
+    ranks_given = []
     for i, f in enumerate(files):
         rank = None
         if manifest is not None:
             m = _BUNDLE_TRACE_RE.match(f.name)
             rank = int(m.group(1)) if m else i
-        with warnings.catch_warnings():
-            # The set collects warnings once, below; per-file copies would repeat them.
-            warnings.simplefilter("ignore")
-            tr = import_kineto(f, rank=rank)
+        ranks_given.append(rank)
+    for f, tr in zip(files, _import_all(files, ranks_given)):
         if tr.rank is None or tr.world_size is None:
             prank, pworld = rank_from_path(f, root)
             if tr.rank is None:
@@ -160,7 +188,7 @@ def load_trace(path: str | Path, mesh=None) -> TraceSet:
         if tr.rank in seen:
             raise UserError(
                 f"{str(tr.path)!r} and {str(seen[tr.rank])!r} both hold rank {tr.rank}: "
-                "a folder must hold one trace per rank of one step (point at one step's folder)"
+                "a folder must hold one trace per rank of one job (point at one step's folder)"
             )
         seen[tr.rank] = tr.path
     traces.sort(key=lambda t: t.rank)
