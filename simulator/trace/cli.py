@@ -38,7 +38,8 @@ def summarise_traces(ts: TraceSet) -> dict[str, Any]:
     colls = []
     if len(comm):
         g = comm.groupby(["collective", "msg_bytes", "group_size"], observed=True, dropna=False)
-        agg = g.agg(count=("dur_us", "size"), total_us=("dur_us", "sum")).reset_index()
+        agg = g.agg(count=("dur_us", "size"), total_us=("dur_us", "sum"), transfer_us=("transfer_us", "sum"),
+                    wait_us=("wait_us", "sum")).reset_index()
         for r in agg.itertuples(index=False):
             colls.append({
                 "name": str(r.collective),
@@ -46,6 +47,9 @@ def summarise_traces(ts: TraceSet) -> dict[str, Any]:
                 "bytes": None if pd.isna(r.msg_bytes) else int(r.msg_bytes),
                 "group_size": None if pd.isna(r.group_size) else int(r.group_size),
                 "total_us": round(float(r.total_us), 3),
+                # the calls' transfer part and the time they waited for peers (simulator.trace.collectives)
+                "transfer_us": round(float(r.transfer_us), 3),
+                "wait_us": round(float(r.wait_us), 3),
             })
         colls.sort(key=lambda c: (c["name"], c["bytes"] if c["bytes"] is not None else -1, c["group_size"] or 0))
     return {
@@ -114,10 +118,12 @@ def _print_rich(info: dict[str, Any]) -> None:
         con.print(t)
     if info["collectives"]:
         t = Table(title="collectives")
-        for col, just in (("name", "left"), ("message", "right"), ("group", "right"), ("count", "right")):
+        for col, just in (("name", "left"), ("message", "right"), ("group", "right"), ("count", "right"),
+                          ("total ms", "right"), ("waiting ms", "right")):
             t.add_column(col, justify=just)
         for c in info["collectives"]:
-            t.add_row(c["name"], _fmt_bytes(c["bytes"]), str(c["group_size"] or "?"), str(c["count"]))
+            t.add_row(c["name"], _fmt_bytes(c["bytes"]), str(c["group_size"] or "?"), str(c["count"]),
+                      f"{c['total_us'] / 1e3:.3f}", "-" if c.get("wait_us") is None else f"{c['wait_us'] / 1e3:.3f}")
         con.print(t)
     for w in info.get("warnings", []):
         con.print(f"[yellow]warning:[/yellow] {w}")
