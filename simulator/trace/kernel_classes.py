@@ -98,10 +98,10 @@ OP_NAME_PATTERNS: tuple[tuple[str, re.Pattern], ...] = (
                              r"^fb::lengths_range", re.I)),
     ("reduce", re.compile(r"^aten::(sum|mean|norm|linalg_vector_norm|max|min|amax|amin|argmax|argmin|cumsum|prod|var|std|"
                           r"var_mean|std_mean|nll_loss\w*|cross_entropy_loss|topk|sort|any|all|_local_scalar_dense)$")),
-    ("memset", re.compile(r"^aten::(fill_|zero_|zeros|zeros_like|ones|ones_like|full|full_like|new_zeros|new_full|empty\w*)$")),
+    ("memset", re.compile(r"^aten::(fill_|zero_|zeros|zeros_like|ones|ones_like|full|full_like|new_zeros|new_full)$")),
+    # (views -- view, reshape, expand, slice, t, permute -- move no data and launch no kernel: not here)
     ("copy", re.compile(r"^aten::(copy_|_to_copy|to|clone|contiguous|cat|stack|index_select|index|index_put_|_index_put_impl_|"
-                        r"gather|scatter|scatter_add_|narrow_copy|split_with_sizes_copy|permute|transpose|t|repeat|"
-                        r"_unsafe_view|view|reshape|expand|slice|select)$")),
+                        r"gather|scatter|scatter_add_|narrow_copy|split_with_sizes_copy|repeat)$")),
     ("elementwise", re.compile(r"^aten::(add|sub|mul|div|gelu|silu|relu|sigmoid|tanh|exp|log|log2|pow|sqrt|rsqrt|neg|abs|clamp|"
                                r"clamp_min|clamp_max|where|masked_fill|erf|cos|sin|lerp|addcmul|addcdiv|maximum|minimum|"
                                r"threshold|gelu_backward|silu_backward|threshold_backward|sigmoid_backward|tanh_backward|"
@@ -109,6 +109,18 @@ OP_NAME_PATTERNS: tuple[tuple[str, re.Pattern], ...] = (
                                r"nan_to_num|bitwise_\w+|eq|ne|lt|le|gt|ge|logical_\w+|floor|ceil|round|trunc|"
                                r"hardtanh|leaky_relu|elu|softplus|mish|hardswish|hardsigmoid|glu|square|exp2|expm1)_?$")),
 )
+
+# CPU-only traces (gloo captures): the op class (profile classes) of an outermost CPU op, which
+# is itself the measured row. Coarser than OP_NAME_PATTERNS on purpose: factories and views stay
+# "other" there, since on a CPU they are allocation and bookkeeping rather than memory traffic.
+CPU_TRACE_OP_PATTERNS: tuple[tuple[str, re.Pattern], ...] = (
+    ("optimizer", re.compile(r"^Optimizer\.step|^aten::_fused_(adam|sgd)|^aten::_foreach_|adam", re.I)),
+    ("attention", re.compile(r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|_flash_attention|fmha|multi_head_attention", re.I)),
+    ("gemm", re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addbmm|einsum|_grouped_mm|mv|dot|addmv|convolution|_convolution|cudnn_convolution|conv\dd)$")),
+    ("norm", re.compile(r"^aten::(native_)?(layer_norm|rms_norm|group_norm|batch_norm|_fused_rms_norm|_batch_norm_impl_index|cudnn_batch_norm)(_backward)?$|norm_backward$|^fb::rms_norm")),
+    ("elementwise", re.compile(r"^aten::(add|sub|mul|div|gelu|silu|relu|sigmoid|tanh|exp|log|pow|sqrt|rsqrt|neg|abs|clamp|where|copy|fill|zero|softmax|_softmax|log_softmax|_log_softmax|dropout|native_dropout|masked_fill|erf|cos|sin|lerp|addcmul|addcdiv|maximum|minimum|threshold|mean|sum|gelu_backward|silu_backward|threshold_backward|_softmax_backward_data|_log_softmax_backward_data|sigmoid_backward|tanh_backward|cross_entropy_loss|nll_loss\w*|to|_to_copy|clone|contiguous|cat|stack|index_select|embedding\w*)_?$")),
+)
+
 
 # The Kineto category of a GPU event that is not a kernel decides its class.
 GPU_CATEGORY_CLASS = {"gpu_memcpy": "copy", "Memcpy": "copy", "gpu_memset": "memset", "Memset": "memset"}

@@ -141,7 +141,7 @@ def _tensor_args(dims: list, types: list) -> list[tuple[int, int]] | None:
 # Ops that only write their first argument (nothing read); ops that read every input and write a
 # result the size of one (reductions write far less and are counted as reads only).
 _WRITE_ONLY_OPS = frozenset({"fill_", "zero_", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
-                             "new_zeros", "new_full", "empty", "empty_like", "new_empty", "normal_", "uniform_",
+                             "new_zeros", "new_full", "normal_", "uniform_",
                              "bernoulli_", "random_"})
 _READ_ONLY_OPS = frozenset({"sum", "mean", "norm", "linalg_vector_norm", "max", "min", "amax", "amin", "argmax",
                             "argmin", "prod", "var", "std", "var_mean", "std_mean", "any", "all", "nll_loss",
