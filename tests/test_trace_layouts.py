@@ -116,6 +116,17 @@ def test_nccl_tests_world_size_from_header(tmp_path):
     b = tmp_path / "broadcast_perf.txt"
     b.write_text("\n".join(lines) + "\n")
     assert import_nccl_tests(b).nranks == 16
+    # the launcher's command line: -np 4 processes x -g 4 GPUs, no prefixes, no Rank lines
+    cmd = ["$ mpirun -np 4 --host a:2,b:2 ./build/broadcast_perf -b 1M -e 1M -g 4",
+           "# nThread 1 nGpus 4 minBytes 1048576 maxBytes 1048576 step: 2(factor)"] + [ln.split(">:", 1)[1] for ln in lines[4:]]
+    c = tmp_path / "cmd.log"
+    c.write_text("\n".join(cmd) + "\n")
+    assert import_nccl_tests(c, collective="broadcast").nranks == 16
+    # nothing tells: a clear line, and calibrate refuses it in one line
+    bare = tmp_path / "bare.log"
+    bare.write_text("\n".join(ln.split(">:", 1)[1] for ln in lines[4:]) + "\n")
+    r = import_nccl_tests(bare, collective="broadcast")
+    assert r.nranks is None and any("cannot tell how many ranks" in w for w in r.warnings)
 
 
 def test_single_rank_lower_envelope_on_real_trace():

@@ -58,6 +58,11 @@ class NcclTestsResult:
 
 
 _PREFIX = re.compile(r"^\s*(?:(\d+):\s?|\[\d+,(\d+)\]<std(?:out|err)>:\s?)")
+# A launcher line (mpirun -np P / srun -n P / --ntasks P ... *_perf ... -g G) and an explicit
+# "nranks N" say the world size outright.
+_NP = re.compile(r"(?:^|\s)(?:-np|-n|--np|--ntasks|--nproc_per_node)[\s=]+(\d+)")
+_G = re.compile(r"_perf\S*\s.*?(?:^|\s)-g[\s=]*(\d+)")
+_NRANKS = re.compile(r"\bnranks[\s=:]+(\d+)", re.I)
 _THREADS = re.compile(r"#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
 _START = re.compile(r"#\s*Collective test starting:\s*(\S+)")
 _VERSION = re.compile(r"#\s*nccl-tests version (\S+)")
@@ -100,6 +105,8 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: i
     bad_rows = 0
     procs_seen: set[int] = set()
     per_proc = None
+    launched: int | None = None
+    said: int | None = None
     for raw in text.splitlines():
         pm = _PREFIX.match(raw)
         if pm:
@@ -107,6 +114,11 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: i
         line = _PREFIX.sub("", raw, count=1).rstrip()
         if not line.strip():
             continue
+        if "_perf" in line and (mg := _G.search(line)):
+            mp = _NP.search(line)
+            launched = int(mg.group(1)) * (int(mp.group(1)) if mp else 1)
+        if m := _NRANKS.search(line):
+            said = int(m.group(1))
         if line.lstrip().startswith("#"):
             if m := _THREADS.search(line):
                 per_proc = int(m.group(1)) * int(m.group(2))
@@ -149,7 +161,8 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: i
         result.hosts = hosts
     df = pd.DataFrame(rows)
     if result.nranks is None:
-        result.nranks = _world_size(df, coll, rank_lines, per_proc, procs_seen, path.name, result.warnings)
+        result.nranks = _world_size(df, coll, rank_lines, per_proc, procs_seen, path.name, result.warnings,
+                                    said if said is not None else launched)
     df["nranks"] = result.nranks if result.nranks is not None else pd.NA
     result.table = df.astype(COLLECTIVE_TABLE_COLUMNS)[list(COLLECTIVE_TABLE_COLUMNS)]
     return result
@@ -190,7 +203,7 @@ def _parse_row(tok: list[str], has_root: bool | None):
 
 
 def _world_size(df: pd.DataFrame, coll: str, rank_lines: dict, per_proc: int | None, procs_seen: set[int],
-                name: str, warn: list[str]) -> int | None:
+                name: str, warn: list[str], stated: int | None = None) -> int | None:
     """The number of ranks that ran the test.
 
     busbw/algbw = factor(n) is exact where the figures have enough digits, and wins. Otherwise the
@@ -198,6 +211,12 @@ def _world_size(df: pd.DataFrame, coll: str, rank_lines: dict, per_proc: int | N
     nThread x nGpus per process x the processes whose launcher prefix ([1,K]<stdout>, K:) shows.
     """
     from_ratio = _infer_nranks(df, coll)
+    if stated:
+        # "nranks N" or the launcher's -np P x -g G
+        if from_ratio is not None and from_ratio != stated:
+            warn.append(f"{name}: the log states {stated} ranks but busbw/algbw says {from_ratio}: using {from_ratio}")
+            return from_ratio
+        return stated
     lower = 0
     if rank_lines:
         lower = max(len(rank_lines), max(rank_lines) + 1)
