@@ -362,7 +362,7 @@ def default_topology_name(device: str, backend: str | None) -> str:
     d = device.lower()
     if backend == "gloo" or d.startswith("cpu"):
         return "cpu-loopback"
-    if "h100" in d or "h200" in d:
+    if "h100" in d or "h200" in d or "h800" in d:
         return "dgx-h100-fattree"
     return "dgx-a100-fattree"
 

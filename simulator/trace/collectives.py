@@ -26,6 +26,9 @@ import numpy as np
 import pandas as pd
 
 INSTANCE = "instance"
+# Point-to-point calls pair a send on one rank with a recv on another, often inside the world
+# group: the k-th call per member is no instance of them, so they take the lower envelope.
+_P2P = ("send", "recv", "send_recv")
 ENVELOPE = "envelope"
 
 
@@ -125,7 +128,7 @@ def annotate_transfers(ops: pd.DataFrame, pg_by_rank: dict[int, dict[str, tuple[
     # --- instances: calls of one (group, collective, size), k-th call of each member together
     by_key: dict[tuple, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
     for i, m in enumerate(members):
-        if m is None or len(m) < 2 or not set(m) <= ranks_present:
+        if m is None or len(m) < 2 or not set(m) <= ranks_present or coll[i] in _P2P:
             continue
         by_key[(m, coll[i], size[i] if np.isfinite(size[i]) else -1.0)][int(rank[i])].append(i)
     next_id = 0
