@@ -490,7 +490,12 @@ def calibrate(
     classes: dict[str, OpClassModel] = {}
     for cls, f in fits.items():
         if base_profile is not None and _is_gpu_name(base_profile.device):
-            check_compute(cls, f, samples[samples["op_class"] == cls], peak, hbm, base_profile.device)
+            sub = samples[samples["op_class"] == cls]
+            limit = peak
+            fp8 = base_profile.compute.peak_tflops_fp8
+            if fp8 and "dtype" in sub and sub["dtype"].astype(str).str.startswith("float8").any():
+                limit = fp8  # FP8 matrix work runs up to the FP8 tensor-core peak
+            check_compute(cls, f, sub, limit, hbm, base_profile.device)
         if f.n_samples < FEW_SAMPLES:
             notes.add(f"{cls}: fitted on only {f.n_samples} ops: low confidence")
         if f.size_range[1] < 2.0 * f.size_range[0]:
