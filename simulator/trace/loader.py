@@ -188,7 +188,7 @@ def load_trace(path: str | Path, mesh=None) -> TraceSet:
         if tr.rank in seen:
             raise UserError(
                 f"{str(tr.path)!r} and {str(seen[tr.rank])!r} both hold rank {tr.rank}: "
-                "a folder must hold one trace per rank of one job (point at one step's folder)"
+                "a folder must hold one trace per rank of one job (several steps of a rank? keep one file per rank, or point at one step's folder)"
             )
         seen[tr.rank] = tr.path
     traces.sort(key=lambda t: t.rank)
