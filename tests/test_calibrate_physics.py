@@ -22,7 +22,6 @@ from simulator.calibrate.fit import calibrate
 from simulator.calibrate.physics import L2_BYTES, Notes, check_compute, identify_gpu, l2_bytes
 from simulator.calibrate.profile import Profile, available_profiles, load_profile
 from simulator.errors import UserError
-from simulator.topology.spec import load_topology
 from simulator.trace.optable import make_optable
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -367,15 +367,6 @@ def default_topology_name(device: str, backend: str | None) -> str:
     return "dgx-a100-fattree"
 
 
-def _default_base(device: str) -> Profile | None:
-    d = device.lower()
-    if "h100" in d or "h200" in d:
-        return load_profile("h100-sxm-80gb")
-    if "a100" in d:
-        return load_profile("a100-sxm-80gb")
-    return None
-
-
 def fit_host_overhead(profile: Profile, bundles: list[tuple[Path, object]]) -> tuple[float, str]:
     """The host time per modelled kernel that makes the simulated step times of train bundles
     match their measured medians (least squares over bundles; the step time is piecewise

@@ -18,7 +18,6 @@ from simulator.trace.optable import concat_optables
 
 _TRACE_SUFFIXES = (".json", ".json.gz")
 _BUNDLE_TRACE_RE = re.compile(r"^rank(\d+)\.trace\.json(\.gz)?$")
-_RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.I)
 
 
 @dataclass
