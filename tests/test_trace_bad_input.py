@@ -74,6 +74,7 @@ def test_stream_across_chunks(tmp_path, monkeypatch):
     with gzip.open(p, "wt") as f:
         json.dump({"schemaVersion": 1, "traceEvents": events, "traceName": "x"}, f)
     monkeypatch.setattr(js, "CHUNK_CHARS", 7)
+    monkeypatch.setattr(js, "WHOLE_PARSE_CHARS", 0)  # force the streaming parser
     got = []
     top, n = stream_trace(p, got.append)
     assert n == 200 and got == events and top["traceName"] == "x"

@@ -114,7 +114,8 @@ def test_sampled_rank0(sampled0):
     }
     ag = ops[ops["collective"] == "all_gather"]
     assert set(ag["group_size"]) == {64} and set(ag["dtype"]) == {"int8"}
-    assert int((ops["op_class"] == "gemm").sum()) == 432
+    # 432 before fbgemm embedding/permute kernels stopped matching "gemm" (46 of them)
+    assert int((ops["op_class"] == "gemm").sum()) == 386
 
 
 def test_sampled_pair_as_folder(tmp_path):

@@ -21,6 +21,8 @@ def calibrate_command(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out.")] = False,
     host_cores: Annotated[Optional[int], typer.Option("--host-cores", help="CPU captures: cores the ranks shared (default: this machine's, if it captured them).")] = None,
     no_host_fit: Annotated[bool, typer.Option("--no-host-fit", help="Do not fit the host overhead per kernel from train bundles' step times.")] = False,
+    collective: Annotated[Optional[str], typer.Option("--collective", help="Collective of nccl-tests logs that do not name it (all_reduce, all_gather, ...).")] = None,
+    scenario: Annotated[Optional[Path], typer.Option("--scenario", help="Scenario YAML whose parallel layout tells the groups of collectives the traces do not record.")] = None,
 ) -> None:
     """Fit a profile (compute, communication, overlap, provenance) from captured timings."""
     from simulator.calibrate.fit import calibrate
@@ -30,12 +32,29 @@ def calibrate_command(
         raise UserError(f"--out {str(out)!r} must be a .json file, e.g. calibration/my-gpu.json")
     if out.exists() and not force:
         raise UserError(f"--out {str(out)!r} already exists: choose another path or pass --force")
+    from simulator.calibrate.physics import Notes
+
+    mesh = None
+    if scenario is not None:
+        from simulator.scenario import load_scenario
+        from simulator.topology.placement import Mesh
+
+        sc = load_scenario(scenario)
+        p = sc.parallelism
+        mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=sc.dp, pp=p.pp, order=p.mesh_order)
+    notes = Notes()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         prof = calibrate(list(inputs), name or out.stem, base=base, topology=topology, fit_host=not no_host_fit,
-                         host_cores=host_cores)
+                         host_cores=host_cores, notes=notes, mesh=mesh, collective=collective)
+    for line in notes.lines:
+        print(f"note: {line}", file=sys.stderr)
+    seen = set()
     for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
+        msg = str(w.message)
+        if msg not in seen:  # one readable line each, never the source line
+            seen.add(msg)
+            print(f"warning: {msg}", file=sys.stderr)
     write_atomic(out, prof.model_dump_json(indent=2, exclude_none=True) + "\n")
     _summary(prof, out)
 

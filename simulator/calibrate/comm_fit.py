@@ -31,10 +31,16 @@ def _alpha_us(s: np.ndarray, t: np.ndarray) -> float:
     return float(np.median(t[flat])) * 0.95 if flat.any() else 0.0
 
 
-def _curve(coll: str, n: int, s: np.ndarray, t: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+def _curve(coll: str, n: int, s: np.ndarray, t: np.ndarray, max_busbw_GBps: float | None = None) -> tuple[float, np.ndarray, np.ndarray]:
     alpha = _alpha_us(s, t)
     f = bus_factor(coll, n) if coll != "send_recv" else 1.0
     f = f if f > 0 else 1.0
+    if max_busbw_GBps:
+        # The latency can be no larger than leaves every size's transfer at or below the link's
+        # bandwidth: with few sizes (traces) the smallest time is no flat region, and taking 95%
+        # of it as latency turned 100 µs calls into "2 TB/s + 300 µs" fits.
+        room = t - f * s / (max_busbw_GBps * 1e3)
+        alpha = float(min(alpha, max(0.0, room.min())))
     work_us = np.maximum(t - alpha, 0.05 * t)
     busbw = f * s / (work_us * 1e3)  # bytes/µs -> GB/s: / 1e3
     return alpha, s, busbw
@@ -62,8 +68,10 @@ def _holdout(coll: str, n: int, s: np.ndarray, t: np.ndarray) -> float | None:
     return float(np.median(np.concatenate(errs)))
 
 
-def fit_collectives(samples: pd.DataFrame, source: str = "") -> list[CollectiveFit]:
-    """One CollectiveFit per (collective, group_size, tier) with at least two sizes."""
+def fit_collectives(samples: pd.DataFrame, source: str = "", max_busbw_GBps: dict[str, float] | None = None) -> list[CollectiveFit]:
+    """One CollectiveFit per (collective, group_size, tier) with at least two sizes.
+    max_busbw_GBps: per tier, the link bandwidth per GPU that bounds the split into latency and
+    transfer (see _curve); None: no bound."""
     df = samples.copy()
     df["collective"] = df["collective"].astype(str).map(lambda c: _OP_ALIASES.get(c, c))
     df = df[df["collective"].isin(_SIMULATED) & (df["time_us"] > 0) & (df["size_bytes"] > 0) & (df["group_size"] >= 2)]
@@ -72,7 +80,7 @@ def fit_collectives(samples: pd.DataFrame, source: str = "") -> list[CollectiveF
         s, t = _medians(sub)
         if len(s) < 2:
             continue
-        alpha, ts, bw = _curve(coll, int(n), s, t)
+        alpha, ts, bw = _curve(coll, int(n), s, t, (max_busbw_GBps or {}).get(tier))
         fits.append(CollectiveFit(
             collective=str(coll), group_size=int(n), tier=tier, alpha_us=alpha,
             table_bytes=[float(x) for x in ts], table_busbw_GBps=[float(x) for x in bw],
@@ -96,38 +104,46 @@ def large_message_busbw(fit: CollectiveFit, min_bytes: float = 1 << 20) -> float
 # ---------------------------------------------------------------------------------------------
 
 def collectives_from_ops(ops: pd.DataFrame, default_group_size: int | None = None) -> pd.DataFrame:
-    """Transfer times of the collectives in a multi-rank OpTable.
+    """Transfer times of the collectives in an OpTable, waiting for peers taken out.
 
-    A rank's collective lasts from its own call to the end of the transfer, so it includes
-    waiting for the slowest peer. The instances of one collective on the member ranks overlap in
-    time; among them the latest-starting rank waited least, and its duration is the transfer time.
-    Instances are matched by (collective, message bytes) and overlapping intervals on distinct
-    ranks. With one rank only (a single-rank file) its own durations are kept: an upper bound.
-    Returns rows with collective, group_size, size_bytes, time_us, ranks (members found).
+    Each call's transfer part comes from simulator.trace.collectives (filled by load_trace;
+    computed here when the table lacks it): with every member of an instance in the table, the
+    last-starting member's duration; otherwise the lower envelope per (collective, size, group).
+    One sample per instance, and one per envelope key (its shortest call). Group sizes come from
+    the calls' records (or default_group_size); calls are never merged by being concurrent.
+    Returns rows with collective, group_size, size_bytes, time_us, ranks (members found) and
+    source (instance / envelope).
     """
-    c = ops[(ops["op_class"] == "communication") & ops["msg_bytes"].notna() & ops["collective"].notna()].copy()
+    from simulator.trace.collectives import annotate_transfers
+
+    cols = ["collective", "group_size", "size_bytes", "time_us", "ranks", "source"]
+    c = ops[(ops["op_class"] == "communication") & ops["msg_bytes"].notna() & ops["collective"].notna()]
     if c.empty:
-        return pd.DataFrame(columns=["collective", "group_size", "size_bytes", "time_us", "ranks"])
-    c["collective"] = c["collective"].astype(str)
-    c["end_us"] = c["start_us"] + c["dur_us"]
+        return pd.DataFrame(columns=cols)
+    if default_group_size and c["group_size"].isna().any():
+        ops = ops.copy()
+        ops["group_size"] = ops["group_size"].fillna(default_group_size)
+        c = None
+    if "transfer_us" not in ops.columns or ops.loc[(ops["op_class"] == "communication") & ops["collective"].notna(), "transfer_us"].isna().all():
+        ops = annotate_transfers(ops.copy())
+        c = None
+    if c is None:
+        c = ops[(ops["op_class"] == "communication") & ops["msg_bytes"].notna() & ops["collective"].notna()]
+    c = c[c["transfer_us"].notna()]
     rows = []
-    for (coll, size), sub in c.groupby(["collective", "msg_bytes"], observed=True, sort=True):
-        sub = sub.sort_values("start_us", kind="stable")
-        st, en, rk = sub["start_us"].to_numpy(), sub["end_us"].to_numpy(), sub["rank"].to_numpy()
-        gs = sub["group_size"].to_numpy(dtype=float, na_value=np.nan)
-        # Sweep: a component of overlapping intervals is one instance (one per distinct rank).
-        i = 0
-        while i < len(st):
-            j = i + 1
-            end = en[i]
-            while j < len(st) and st[j] <= end and rk[j] not in rk[i:j]:
-                end = max(end, en[j])
-                j += 1
-            members = slice(i, j)
-            last = i + int(np.argmax(st[members]))
-            n_found = j - i
-            g = gs[i] if np.isfinite(gs[i]) else (default_group_size or n_found)
-            if n_found >= min(int(g), 2) or ops["rank"].nunique() == 1:
-                rows.append((coll, int(g), int(size), float(en[last] - st[last]), n_found))
-            i = j
-    return pd.DataFrame(rows, columns=["collective", "group_size", "size_bytes", "time_us", "ranks"])
+    inst = c[c["transfer_source"] == "instance"]
+    if len(inst):
+        g = inst.groupby("coll_instance", observed=True).agg(
+            collective=("collective", "first"), group_size=("group_size", "first"), size_bytes=("msg_bytes", "first"),
+            time_us=("transfer_us", "min"), ranks=("rank", "nunique"))
+        for r in g.itertuples(index=False):
+            gs = int(r.group_size) if not pd.isna(r.group_size) else int(r.ranks)
+            rows.append((str(r.collective), gs, int(r.size_bytes), float(r.time_us), int(r.ranks), "instance"))
+    env = c[c["transfer_source"] != "instance"]
+    env = env[env["group_size"].notna()]
+    if len(env):
+        g = env.groupby(["collective", "msg_bytes", "group_size"], observed=True).agg(
+            time_us=("transfer_us", "min"), ranks=("rank", "nunique"))
+        for (coll, size, gs), r in g.iterrows():
+            rows.append((str(coll), int(gs), int(size), float(r["time_us"]), int(r["ranks"]), "envelope"))
+    return pd.DataFrame(rows, columns=cols)

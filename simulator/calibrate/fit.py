@@ -24,6 +24,7 @@ import pandas as pd
 
 from simulator.calibrate.comm_fit import collectives_from_ops, fit_collectives, large_message_busbw
 from simulator.calibrate.compute_fit import ClassFit, fit_compute
+from simulator.calibrate.physics import FEW_SAMPLES, Notes, check_collective, check_compute, identify_gpu
 from simulator.calibrate.profile import (
     OP_CLASSES,
     CollectiveFit,
@@ -61,6 +62,10 @@ class Sources:
     train_bundles: list[tuple[Path, object]] = field(default_factory=list)  # (path, manifest) with scenario + step times
     notes: list[str] = field(default_factory=list)
     nccl_logs: list[Path] = field(default_factory=list)  # nccl-tests logs, for the NCCL model fit
+    device_props: list[dict] = field(default_factory=list)  # deviceProperties of the traced GPUs
+    # measured time (µs) and kernels per op class whose ops carry no FLOPs or bytes
+    unsized: dict[str, list[float]] = field(default_factory=dict)
+    nccl_tests: list[dict] = field(default_factory=list)  # per log: path, hosts, nranks, gpus per host
 
 
 def sha256_file(path: Path) -> str:
@@ -79,18 +84,18 @@ def _files_record(path: Path, files: list[Path]) -> dict:
 # reading sources
 # ---------------------------------------------------------------------------------------------
 
-def read_sources(paths: list[Path], topology: TopologySpec | None) -> Sources:
+def read_sources(paths: list[Path], topology: TopologySpec | None, mesh=None, collective: str | None = None) -> Sources:
     src = Sources()
     for p in paths:
         p = Path(p)
         if not p.exists():
             raise UserError(f"calibration input {str(p)!r} does not exist: give trace bundles, Kineto traces or nccl-tests logs")
         if p.is_dir():
-            _read_dir(p, src, topology)
+            _read_dir(p, src, topology, mesh)
         elif p.name.endswith((".json", ".json.gz")):
-            _read_traces(p, src, topology, record=_files_record(p, [p]))
+            _read_traces(p, src, topology, record=_files_record(p, [p]), mesh=mesh)
         elif p.suffix in _NCCL_TESTS_SUFFIXES or p.suffix == "":
-            _read_nccl_tests(p, src, topology)
+            _read_nccl_tests(p, src, topology, collective)
         else:
             raise UserError(
                 f"calibration input {str(p)!r} is neither a bundle folder, a Kineto .json/.json.gz trace nor an nccl-tests log (.txt/.log)"
@@ -98,13 +103,14 @@ def read_sources(paths: list[Path], topology: TopologySpec | None) -> Sources:
     return src
 
 
-def _read_dir(p: Path, src: Sources, topology: TopologySpec | None) -> None:
+def _read_dir(p: Path, src: Sources, topology: TopologySpec | None, mesh=None) -> None:
     from simulator.trace.bundle import MANIFEST_NAME, load_manifest
+    from simulator.trace.loader import _BUNDLE_TRACE_RE, find_trace_files
 
-    if not (p / MANIFEST_NAME).exists():
-        # A folder of per-rank Kineto files from one job (load_trace says what is wrong otherwise).
-        files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith((".json", ".json.gz")))
-        _read_traces(p, src, topology, record=_files_record(p, files))
+    if not (p / MANIFEST_NAME).exists() and not any(_BUNDLE_TRACE_RE.match(f.name) for f in p.iterdir() if f.is_file()):
+        # A folder of per-rank Kineto files from one job, at any depth (load_trace says what is wrong otherwise).
+        files, _ = find_trace_files(p)
+        _read_traces(p, src, topology, record=_files_record(p, files), mesh=mesh)
         return
     m = load_manifest(p)
     files = sorted(f for f in p.iterdir() if f.is_file())
@@ -155,13 +161,19 @@ def _read_dir(p: Path, src: Sources, topology: TopologySpec | None) -> None:
 
 
 def _read_traces(p: Path, src: Sources, topology: TopologySpec | None, record: dict | None,
-                 ranks_per_host: int | None = None, default_group: int | None = None) -> None:
+                 ranks_per_host: int | None = None, default_group: int | None = None, mesh=None) -> None:
     from simulator.trace.loader import load_trace
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ts = load_trace(p)
+        ts = load_trace(p, mesh=mesh)
     ops = ts.ops
+    src.notes.extend(ts.warnings[:1] if ts.warnings and ts.warnings[0].startswith("skipped") else [])
+    for t in ts.traces:
+        for dp in t.device_properties or []:
+            if isinstance(dp, dict) and dp.get("name"):
+                src.device_props.append(dp)
+                break
     if record is not None:
         record.update({"devices": sorted(set(ts.devices)), "world_size": ts.world_size, "backend": ts.backend})
         src.records.append(record)
@@ -172,14 +184,28 @@ def _read_traces(p: Path, src: Sources, topology: TopologySpec | None, record: d
         raise UserError(f"{str(p)!r} holds no ops with timings: capture with torch.profiler around the work")
     src.traces.append(ops)
     comp = ops[ops["op_class"].isin(OP_CLASSES) & (ops["dur_us"] > 0)]
+    gpu = (ops["device"] >= 0).any()
+    if gpu and len(comp) and not comp["shapes_known"].any():
+        raise UserError(
+            f"{str(p)!r} recorded no op shapes, so no FLOPs or bytes can be fitted: re-profile with "
+            "torch.profiler(record_shapes=True), or calibrate from a trace that has them")
     cls = comp["op_class"].astype(str).to_numpy()
     # The importer counts the whole score matrix of an attention op; the workload's exec FLOPs
     # (and the compute sweep) count the causal half that fused kernels compute. Training traces
     # are causal decoders.
     scale = np.where(cls == "attention", CAUSAL_FRACTION, 1.0)
-    src.compute.append(pd.DataFrame({"op_class": cls, "flops": comp["flops"].to_numpy(float) * scale,
-                                     "bytes": comp["bytes"].to_numpy(float),
-                                     "time_us": comp["dur_us"].to_numpy(float)}))
+    flops = comp["flops"].to_numpy(float)
+    nbytes = comp["bytes"].to_numpy(float)
+    # Time of ops with neither FLOPs nor bytes is kept per class: it is measured, and reported.
+    unsized = ~(np.isfinite(flops) & (flops > 0)) & ~(np.isfinite(nbytes) & (nbytes > 0))
+    for c, grp in pd.DataFrame({"c": cls[unsized], "t": comp["dur_us"].to_numpy(float)[unsized]}).groupby("c"):
+        acc = src.unsized.setdefault(str(c), [0.0, 0])
+        acc[0] += float(grp["t"].sum())
+        acc[1] += int(len(grp))
+    src.compute.append(pd.DataFrame({"op_class": cls, "flops": flops * scale, "bytes": nbytes,
+                                     "time_us": comp["dur_us"].to_numpy(float),
+                                     "op": comp["cpu_op"].astype(object).fillna(comp["name"].astype(object)).astype(str).to_numpy(),
+                                     "dtype": comp["dtype"].astype(object).to_numpy()}))
     coll = collectives_from_ops(ops, default_group)
     if len(coll):
         if ranks_per_host is None:
@@ -187,18 +213,25 @@ def _read_traces(p: Path, src: Sources, topology: TopologySpec | None, record: d
             ranks_per_host = gpn
         coll["tier"] = np.where(coll["group_size"] <= ranks_per_host, "intra", "inter")
         src.comm.append(coll[["collective", "group_size", "tier", "size_bytes", "time_us"]])
-        if ops["rank"].nunique() == 1:
-            src.notes.append(f"{p.name}: one rank only, so collective times include waiting for peers (upper bounds)")
+        n_env = int((coll["source"] == "envelope").sum())
+        if n_env:
+            why = "one rank only" if ops["rank"].nunique() == 1 else "groups not all in the set or not known"
+            src.notes.append(
+                f"{p.name}: {n_env} collective size(s) timed by the lower envelope of their calls ({why}): "
+                "the waiting a single rank cannot see may remain (pass the other ranks' traces, or --scenario for the groups)")
 
 
-def _read_nccl_tests(p: Path, src: Sources, topology: TopologySpec | None) -> None:
+def _read_nccl_tests(p: Path, src: Sources, topology: TopologySpec | None, collective: str | None = None) -> None:
     from simulator.trace.nccl_tests import import_nccl_tests
 
-    res = import_nccl_tests(p)
+    res = import_nccl_tests(p, collective=collective)
     t = res.table
     if t.empty:
         raise UserError(f"nccl-tests log {str(p)!r} has no result rows: give the complete output of an nccl-tests run")
-    n = int(res.nranks or t["nranks"].dropna().max())
+    if not res.nranks:
+        raise UserError(f"nccl-tests log {str(p)!r}: cannot tell how many ranks ran it (no '# Rank' lines or nThread/nGpus "
+                        "header, and busbw/algbw does not fix it): give the whole log, header included")
+    n = int(res.nranks)
     hosts = len(res.hosts)
     gpn = topology.node.gpus_per_node if topology else 8
     tier = "inter" if (hosts > 1 or (hosts == 0 and n > gpn)) else "intra"
@@ -211,6 +244,7 @@ def _read_nccl_tests(p: Path, src: Sources, topology: TopologySpec | None) -> No
     src.devices += res.devices
     src.backends.append("nccl")
     src.nccl_logs.append(p)
+    src.nccl_tests.append({"path": p, "hosts": hosts, "nranks": n})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,7 +314,7 @@ def _group(fit: CollectiveFit, gpn: int) -> tuple[np.ndarray, int]:
     return ids[None, :], int(ids.max()) + 1
 
 
-def derive_link_model(fits: list[CollectiveFit], topo: TopologySpec) -> dict:
+def derive_link_model(fits: list[CollectiveFit], topo: TopologySpec, notes: Notes | None = None) -> dict:
     """nvlink/nic efficiency and per-step latencies that make the simulator's network reproduce
     the fitted curves: efficiency from the largest messages (bandwidth part), latencies by
     non-negative least squares over every fit's alpha = launch + steps_intra x a_i + steps_inter x a_e."""
@@ -302,7 +336,8 @@ def derive_link_model(fits: list[CollectiveFit], topo: TopologySpec) -> dict:
             units_i = _network(topo, n_gpus, 1.0, 0.0).collective_time_s(req0) * 1e6
             units_e = _network(topo, n_gpus, 0.0, 1.0).collective_time_s(req0) * 1e6
         except (UserError, ValueError) as exc:
-            warnings.warn(f"cannot map {op} x {f.group_size} ({f.tier}) onto topology {topo.name!r}: {exc}", stacklevel=2)
+            if notes is not None:
+                notes.add(f"cannot map {op} x {f.group_size} ({f.tier}) onto topology {topo.name!r}: {exc}")
             continue
         measured_bw_s = (float(f.time_us(s_big)) - f.alpha_us) * 1e-6
         if ideal > 0 and measured_bw_s > 0:
@@ -329,18 +364,9 @@ def default_topology_name(device: str, backend: str | None) -> str:
     d = device.lower()
     if backend == "gloo" or d.startswith("cpu"):
         return "cpu-loopback"
-    if "h100" in d or "h200" in d:
+    if "h100" in d or "h200" in d or "h800" in d:
         return "dgx-h100-fattree"
     return "dgx-a100-fattree"
-
-
-def _default_base(device: str) -> Profile | None:
-    d = device.lower()
-    if "h100" in d or "h200" in d:
-        return load_profile("h100-sxm-80gb")
-    if "a100" in d:
-        return load_profile("a100-sxm-80gb")
-    return None
 
 
 def fit_host_overhead(profile: Profile, bundles: list[tuple[Path, object]]) -> tuple[float, str]:
@@ -389,14 +415,44 @@ def calibrate(
     topology: str | Path | None = None,
     fit_host: bool = True,
     host_cores: int | None = None,
+    notes: Notes | None = None,
+    mesh=None,
+    collective: str | None = None,
 ) -> Profile:
+    """Fit a profile from the inputs. ``notes`` collects readable lines about low-confidence
+    fits and substitutions (the CLI prints them); ``mesh`` (a placement.Mesh) tells collective
+    groups that the traces do not record; ``collective`` names the collective of nccl-tests logs
+    that do not say."""
+    notes = notes if notes is not None else Notes()
     if not paths:
         raise UserError("calibrate needs at least one input: a trace bundle, a Kineto trace or an nccl-tests log")
     topo_pre = load_topology(topology) if topology else None
-    src = read_sources([Path(p) for p in paths], topo_pre)
+    src = read_sources([Path(p) for p in paths], topo_pre, mesh=mesh, collective=collective)
     device = next((d for d in src.devices if d and d != "unknown"), None)
     backend = src.backends[0] if src.backends else None
-    base_profile = load_profile(base) if base else (_default_base(device) if device else None)
+    mem_gib = None
+    if base:
+        base_profile = load_profile(base)
+    elif src.device_props:
+        dp = src.device_props[0]
+        match = identify_gpu(str(dp.get("name")), dp.get("totalGlobalMem"), dp.get("numSms"))
+        base_profile, mem_gib = match.profile, match.memory_gib
+        if match.note:
+            notes.add(match.note)
+        notes.add(f"GPU {dp.get('name')!r} identified as profile {base_profile.name!r} (its spec numbers are the base)")
+    elif device and _is_gpu_name(device):
+        base_profile = identify_gpu(device).profile
+    elif device and device.startswith("GPU ") and "unnamed" in device:
+        raise UserError(
+            f"the traces do not name their GPU (no deviceProperties): pass --base PROFILE "
+            f"(e.g. a100-sxm-80gb) so that fitted numbers can be checked against its spec")
+    else:
+        base_profile = None
+    if src.device_props and mem_gib is None:
+        mems = [d.get("totalGlobalMem") for d in src.device_props if isinstance(d.get("totalGlobalMem"), (int, float))]
+        mem_gib = min(mems) / (1 << 30) if mems else None
+    if device and device.startswith("GPU ") and "unnamed" in device and base_profile is not None:
+        device = base_profile.device  # the trace does not name it; --base does
     device = device or (base_profile.device if base_profile else "unknown")
     topo = topo_pre or load_topology(default_topology_name(device, backend))
     items: list[ProvenanceItem] = []
@@ -406,6 +462,7 @@ def calibrate(
     samples = pd.concat(src.compute, ignore_index=True) if src.compute else pd.DataFrame(
         columns=["op_class", "flops", "bytes", "time_us"])
     samples = samples[np.isfinite(samples["time_us"].to_numpy(float))]
+    samples = _compute_dtype_samples(samples, base_profile, notes)
     fits: dict[str, ClassFit] = fit_compute(samples) if len(samples) else {}
     if not fits and base_profile is None:
         if src.compute and not len(samples):
@@ -425,6 +482,17 @@ def calibrate(
         items.append(ProvenanceItem(field="compute.hbm_GBps", value=hbm, source=f"best achieved byte rate of the captured ops ({src_names})"))
     classes: dict[str, OpClassModel] = {}
     for cls, f in fits.items():
+        if base_profile is not None and _is_gpu_name(base_profile.device):
+            sub = samples[samples["op_class"] == cls]
+            limit = peak
+            fp8 = base_profile.compute.peak_tflops_fp8
+            if fp8 and "dtype" in sub and sub["dtype"].astype(str).str.startswith("float8").any():
+                limit = fp8  # FP8 matrix work runs up to the FP8 tensor-core peak
+            check_compute(cls, f, sub, limit, hbm, base_profile.device)
+        if f.n_samples < FEW_SAMPLES:
+            notes.add(f"{cls}: fitted on only {f.n_samples} ops: low confidence")
+        if f.size_range[1] < 2.0 * f.size_range[0]:
+            notes.add(f"{cls}: every fitted op has about {f.size_range[0]:.3g} {f.basis}: other sizes extrapolate flat from it")
         classes[cls] = f.to_model(peak, hbm)
         items.append(ProvenanceItem(
             field=f"compute.classes.{cls}", value=f"{f.n_samples} ops, {f.basis} {f.size_range[0]:.3g}..{f.size_range[1]:.3g}",
@@ -435,7 +503,14 @@ def calibrate(
             continue
         if base_profile is not None and cls in base_profile.compute.classes:
             classes[cls] = base_profile.compute.classes[cls]
-            items.append(ProvenanceItem(field=f"compute.classes.{cls}", value="from base", source=f"base profile {base_profile.name}"))
+            measured = src.unsized.get(cls)
+            why = (f"the trace measured {measured[0] / 1e3:.4g} ms in {measured[1]} kernels of it, without FLOPs or bytes"
+                   if measured else "no ops of this class with FLOPs or bytes were captured")
+            items.append(ProvenanceItem(field=f"compute.classes.{cls}", value="from base",
+                                        source=f"base profile {base_profile.name}: {why}"))
+            if measured:
+                notes.add(f"{cls}: {measured[0] / 1e3:.4g} ms measured in {measured[1]} kernels whose ops carry no FLOPs or bytes "
+                          f"(no shapes, or shapes that do not tell): kept {base_profile.name}'s spec model for it")
             continue
         # Nothing captured: borrow the closest fitted class (memory-bound ones from each other).
         order = ("elementwise", "norm", "optimizer", "other", "gemm", "attention") if cls not in ("gemm", "attention") else (
@@ -456,21 +531,39 @@ def calibrate(
 
     # --- communication ---
     comm_samples = pd.concat(src.comm, ignore_index=True) if src.comm else pd.DataFrame(columns=["collective", "group_size", "tier", "size_bytes", "time_us"])
-    cfits = fit_collectives(comm_samples, source=src_names) if len(comm_samples) else []
+    # Physics bounds apply to GPUs with a spec; a CPU "device" has nominal links only.
+    physics = base_profile is not None and _is_gpu_name(base_profile.device)
+    link_bw = {"intra": topo.node.nvlink_GBps} if physics else None
+    cfits = fit_collectives(comm_samples, source=src_names, max_busbw_GBps=link_bw) if len(comm_samples) else []
     base_comm = base_profile.comm if base_profile is not None else CommModel(
         nvlink_efficiency=1.0, nic_efficiency=1.0, intra_node_latency_us=topo.node.nvlink_latency_us,
         inter_node_latency_us=topo.node.nic_latency_us, launch_overhead_us=0.0)
     comm_kw = base_comm.model_dump(exclude={"collectives"})
     if cfits:
-        link = derive_link_model(cfits, topo)
+        for f in cfits:
+            lim = topo.node.nvlink_GBps if f.tier == "intra" else topo.node.nic_GBps_per_gpu
+            if physics:
+                check_collective(f, lim, f.tier, topo.name, notes)
+            if f.alpha_us > ALPHA_SUSPECT_US:
+                notes.add(f"{f.collective} x{f.group_size} ({f.tier}): fitted latency {f.alpha_us:.4g} us is far above NCCL's "
+                          f"launch and hop latencies (~10-50 us): the calls likely still include waiting for peers")
+        link = derive_link_model(cfits, topo, notes)
         for tier, key, link_name in (("intra", "nvlink_efficiency", "nvlink_GBps"), ("inter", "nic_efficiency", "nic")):
             raw = link["raw_efficiency"][tier]
             if raw is None:
                 continue
             if raw > 1.0:
-                warnings.warn(
+                notes.add(
                     f"measured {tier}-node bandwidth is {raw:.2f}x what topology {topo.name!r} allows; efficiency capped at 1 "
-                    f"(raise the topology's {link_name} or use the fitted per-collective curves)", stacklevel=2)
+                    f"(pass --topology with the real {link_name}, or rely on the fitted per-collective curves)")
+            elif raw < LOW_EFFICIENCY:
+                logs = [r for r in src.nccl_tests]
+                what = f" ({', '.join(Path(r['path']).name for r in logs)})" if logs else ""
+                notes.add(
+                    f"{'nic' if tier == 'inter' else 'nvlink'}_efficiency {raw:.2f}: the measured {tier}-node bandwidth{what} is "
+                    f"{raw:.0%} of what topology {topo.name!r} offers "
+                    f"({topo.node.nic_GBps_per_gpu if tier == 'inter' else topo.node.nvlink_GBps:.4g} GB/s per GPU): the inputs "
+                    "likely ran on another fabric (or the topology models it poorly); pass --topology matching it")
             comm_kw[key] = float(min(1.0, max(raw, 1e-6)))
             items.append(ProvenanceItem(field=f"comm.{key}", value=comm_kw[key],
                                         source=f"large-message bus bandwidth of {src_names} through topology {topo.name!r} (raw {raw:.3f})"))
@@ -494,10 +587,13 @@ def calibrate(
             comm = comm.model_copy(update={"nccl": ncal})
             items += nitems
 
+    if mem_gib is not None:
+        items.append(ProvenanceItem(field="hbm_gib", value=round(mem_gib, 2),
+                                    source="deviceProperties.totalGlobalMem of the traced GPU"))
     prof_kw = dict(
         name=name,
         device=device,
-        hbm_gib=base_profile.hbm_gib if base_profile is not None else _host_memory_gib(device),
+        hbm_gib=round(mem_gib, 2) if mem_gib is not None else (base_profile.hbm_gib if base_profile is not None else _host_memory_gib(device)),
         usable_memory_fraction=base_profile.usable_memory_fraction if base_profile is not None else 0.95,
         compute=compute,
         comm=comm,
@@ -510,15 +606,57 @@ def calibrate(
                                     source=f"makes the simulated step time match the measured median step time of {detail}"))
 
     method = "fitted" if base_profile is None else "mixed"
-    notes = [f"fitted by clustersim calibrate from {len(src.records)} source(s); topology for link efficiencies: {topo.name}"]
-    notes += src.notes
+    for line in src.notes:
+        notes.add(line)
+    prov_notes = [f"fitted by clustersim calibrate from {len(src.records)} source(s); topology for link efficiencies: {topo.name}"]
+    prov_notes += notes.lines
     if base_profile is not None:
-        notes.append(f"unfitted numbers from base profile {base_profile.name!r}")
+        prov_notes.append(f"unfitted numbers from base profile {base_profile.name!r}")
     return Profile(
         **{**prof_kw, "compute": compute},
         provenance=Provenance(method=method, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                              items=items, bundles=src.records, notes="; ".join(notes)),
+                              items=items, bundles=src.records, notes="; ".join(prov_notes)),
     )
+
+
+# A collective latency above this is not launch + hops; it is waiting left in the samples.
+ALPHA_SUSPECT_US = 100.0
+# A link efficiency below this says the inputs and the topology describe different fabrics.
+LOW_EFFICIENCY = 0.5
+# Only 16-bit (and 8-bit) matrix work sets the tensor-core curves the simulator uses; FP32 GEMMs
+# run on the FP32/TF32 pipes at a fraction of peak_tflops.
+_TENSOR_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+
+
+def _is_gpu_name(name: str) -> bool:
+    from simulator.calibrate.physics import _model_and_form
+
+    return _model_and_form(name)[0] is not None
+
+
+def _compute_dtype_samples(samples: pd.DataFrame, base: Profile | None, notes: Notes) -> pd.DataFrame:
+    """Keep the FLOP-class samples in the dtypes the simulator's peak_tflops refers to (16-bit
+    tensor-core math). A class traced only in float32 is not fitted (its spec model stays) and
+    said so: an FP32 curve at ~5% of the BF16 peak would set every BF16 GEMM."""
+    if "dtype" not in samples or base is None:
+        return samples
+    keep = np.ones(len(samples), dtype=bool)
+    cls = samples["op_class"].astype(str).to_numpy()
+    dt = samples["dtype"].astype(object).to_numpy()
+    fl = samples["flops"].to_numpy(float)
+    for c in ("gemm", "attention"):
+        sel = (cls == c) & np.isfinite(fl) & (fl > 0)
+        if not sel.any():
+            continue
+        tensor = sel & np.isin(dt, _TENSOR_DTYPES)
+        if tensor.any():
+            keep &= ~(sel & ~tensor)
+            continue
+        found = sorted({str(x) for x in dt[sel] if x is not None}) or ["unknown dtype"]
+        keep &= ~(cls == c)
+        notes.add(f"{c}: the {int(sel.sum())} {c} ops with FLOPs are {', '.join(found)}, not 16-bit tensor-core math: "
+                  f"a curve from them would not hold for bf16 work; kept {base.name}'s spec model")
+    return samples[keep]
 
 
 def _capture_host_cores(device: str, src: Sources) -> int | None:

@@ -40,7 +40,8 @@ def summarise_traces(ts: TraceSet) -> dict[str, Any]:
     colls = []
     if len(comm):
         g = comm.groupby(["collective", "msg_bytes", "group_size"], observed=True, dropna=False)
-        agg = g.agg(count=("dur_us", "size"), total_us=("dur_us", "sum")).reset_index()
+        agg = g.agg(count=("dur_us", "size"), total_us=("dur_us", "sum"), transfer_us=("transfer_us", "sum"),
+                    wait_us=("wait_us", "sum")).reset_index()
         for r in agg.itertuples(index=False):
             colls.append({
                 "name": str(r.collective),
@@ -48,6 +49,9 @@ def summarise_traces(ts: TraceSet) -> dict[str, Any]:
                 "bytes": None if pd.isna(r.msg_bytes) else int(r.msg_bytes),
                 "group_size": None if pd.isna(r.group_size) else int(r.group_size),
                 "total_us": round(float(r.total_us), 3),
+                # the calls' transfer part and the time they waited for peers (simulator.trace.collectives)
+                "transfer_us": round(float(r.transfer_us), 3),
+                "wait_us": round(float(r.wait_us), 3),
             })
         colls.sort(key=lambda c: (c["name"], c["bytes"] if c["bytes"] is not None else -1, c["group_size"] or 0))
     return {
@@ -116,10 +120,12 @@ def _print_rich(info: dict[str, Any]) -> None:
         con.print(t)
     if info["collectives"]:
         t = Table(title="collectives")
-        for col, just in (("name", "left"), ("message", "right"), ("group", "right"), ("count", "right")):
+        for col, just in (("name", "left"), ("message", "right"), ("group", "right"), ("count", "right"),
+                          ("total ms", "right"), ("waiting ms", "right")):
             t.add_column(col, justify=just)
         for c in info["collectives"]:
-            t.add_row(for_rich(c["name"]), _fmt_bytes(c["bytes"]), str(c["group_size"] or "?"), str(c["count"]))
+            t.add_row(for_rich(c["name"]), _fmt_bytes(c["bytes"]), str(c["group_size"] or "?"), str(c["count"]),
+                      f"{c['total_us'] / 1e3:.3f}", "-" if c.get("wait_us") is None else f"{c['wait_us'] / 1e3:.3f}")
         con.print(t)
     for w in info.get("warnings", []):
         con.print(f"[yellow]warning:[/yellow] {for_rich(w)}")
@@ -129,13 +135,14 @@ def _print_rich(info: dict[str, Any]) -> None:
 def info(
     path: Path = typer.Argument(..., help="A trace bundle, a Kineto trace (.json/.json.gz), a folder of per-rank traces, or an nccl-tests log."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    collective: str = typer.Option(None, "--collective", help="nccl-tests logs that do not name their collective: which one (all_reduce, all_gather, ...)."),
 ) -> None:
     """Print what PATH holds: ranks, devices, op classes with total time, collectives, time span."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # they are part of the summary
             if path.is_file() and path.name.endswith(_NCCL_TESTS_SUFFIXES):
-                data = summarise_nccl_tests(import_nccl_tests(path), path)
+                data = summarise_nccl_tests(import_nccl_tests(path, collective=collective), path)
             else:
                 data = summarise_traces(load_trace(path))
     except UserError as exc:

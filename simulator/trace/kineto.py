@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.errors import UserError
+from simulator.trace import kernel_classes as KC
 from simulator.trace import kineto_fields as K
 from simulator.trace.jsonstream import stream_trace
 from simulator.trace.optable import make_optable
@@ -112,10 +113,118 @@ def _matmul_flops(a: list[int], b: list[int]) -> tuple[int, int, int, int] | Non
     return batch, m, k, n
 
 
+def _tensor_args(dims: list, types: list) -> list[tuple[int, int]] | None:
+    """(elements, bytes per element) of each tensor argument; 0 bytes where the dtype is unknown.
+
+    Kineto writes one Input Dims / Input type entry per argument: a dtype name for a tensor (its
+    dims [] for a 0-d tensor), 'Scalar' / '' / 'ScalarList' for non-tensors, 'TensorList' with a
+    list of shapes (or [] when the list's shapes were not recorded) for tensor lists."""
+    out = []
+    for k, d in enumerate(dims):
+        t = types[k] if k < len(types) else None
+        if t == "TensorList" or (isinstance(d, list) and d and isinstance(d[0], list)):
+            subs = [sub for sub in d if _is_shape(sub)] if isinstance(d, list) else []
+            if not subs:
+                return None  # a tensor list whose shapes were not recorded: the op's bytes are unknown
+            for sub in subs:
+                out.append((_prod(sub) if sub else 1, 0))
+            continue
+        if not isinstance(t, str) or not _is_shape(d):
+            continue
+        dt = K.canonical_dtype(t)
+        if dt is None:
+            continue  # Scalar, '', ScalarList, Device, ...
+        out.append((_prod(d) if d else 1, K.DTYPE_BYTES.get(dt, 0)))
+    return out
+
+
+# Ops that only write their first argument (nothing read); ops that read every input and write a
+# result the size of one (reductions write far less and are counted as reads only).
+_WRITE_ONLY_OPS = frozenset({"fill_", "zero_", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
+                             "new_zeros", "new_full", "normal_", "uniform_",
+                             "bernoulli_", "random_"})
+_READ_ONLY_OPS = frozenset({"sum", "mean", "norm", "linalg_vector_norm", "max", "min", "amax", "amin", "argmax",
+                            "argmin", "prod", "var", "std", "var_mean", "std_mean", "any", "all", "nll_loss",
+                            "nll_loss_forward", "_local_scalar_dense", "item", "equal"})
+# Tensor inputs of common elementwise ops; a further trailing tensor the size of the output is the
+# out= argument of the op's .out overload (Kineto records it as an input): written, not read.
+_UNARY_OPS = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "neg", "sigmoid", "tanh", "relu", "gelu",
+                        "silu", "sqrt", "rsqrt", "abs", "cos", "sin", "erf", "reciprocal", "sign", "floor", "ceil", "round",
+                        "trunc", "square", "nan_to_num", "hardtanh", "leaky_relu", "elu", "softplus", "mish", "hardswish",
+                        "hardsigmoid", "clamp", "clamp_min", "clamp_max", "_softmax", "softmax", "_log_softmax",
+                        "log_softmax", "bitwise_not", "logical_not", "dropout", "native_dropout", "_to_copy", "to",
+                        "clone", "contiguous"})
+_BINARY_OPS = frozenset({"add", "sub", "mul", "div", "pow", "maximum", "minimum", "masked_fill", "threshold_backward",
+                         "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "eq", "ne", "lt", "le",
+                         "gt", "ge", "logical_and", "logical_or", "bitwise_and", "bitwise_or", "atan2", "fmod",
+                         "remainder", "_softmax_backward_data", "_log_softmax_backward_data", "native_dropout_backward",
+                         "rsub", "xlogy"})
+_TERNARY_OPS = frozenset({"where", "lerp", "addcmul", "addcdiv"})
+# Gathers read only the rows their indices pick, which shapes do not tell.
+_GATHER_OPS = frozenset({"index_select", "index", "gather", "take", "embedding", "embedding_backward",
+                         "embedding_dense_backward", "_embedding_bag", "_embedding_bag_backward", "embedding_bag",
+                         "index_put_", "_index_put_impl_", "index_put", "scatter", "scatter_", "scatter_add",
+                         "scatter_add_", "scatter_reduce", "index_add_", "index_copy_", "masked_select",
+                         "masked_scatter_", "nonzero"})
+# Fused optimizers update params, exp_avg, exp_avg_sq (lists 0, 2, 3) and read the grads (list 1).
+_FUSED_ADAM_OPS = frozenset({"_fused_adam_", "_fused_adamw_", "_fused_adam", "_fused_adamw"})
+
+
+def _rw_bytes(short: str, dims: list, types: list, fallback_itemsize: int) -> float:
+    """Bytes an op really reads and writes: its tensor inputs once, plus its output once.
+
+    An in-place op (name ending in '_') writes over its first argument; an out-of-place op writes
+    a new tensor the size of its largest input (broadcasting) in its first input's dtype; fill_
+    and the factories only write; reductions are counted as the reads they are dominated by."""
+    if short in _GATHER_OPS or short.startswith(("embedding", "_embedding")):
+        return math.nan
+    tens = _tensor_args(dims, types)
+    if not tens:  # None (unknown) or no tensors
+        return math.nan
+    sized = [(n, b or fallback_itemsize) for n, b in tens]
+    if any(b == 0 for _, b in sized):
+        return math.nan
+    base = short.rstrip("_")
+    arity = 1 if base in _UNARY_OPS else 2 if base in _BINARY_OPS else 3 if base in _TERNARY_OPS else None
+    if arity is not None and len(sized) > arity and not short.endswith("_"):
+        out_n, out_b = sized[-1]
+        if out_n >= max(n for n, _ in sized[:arity]):
+            # .out overload: inputs read once, the out tensor written once
+            return float(sum(n * b for n, b in sized[:arity]) + out_n * out_b)
+    if short in _FUSED_ADAM_OPS and isinstance(dims, list) and len(dims) >= 4:
+        lists = [[_prod(x) if x else 1 for x in d if _is_shape(x)] if isinstance(d, list) else [] for d in dims[:4]]
+        if all(lists[:4]):
+            isz = fallback_itemsize or 4
+            read = sum(sum(lst) for lst in lists[:4])
+            written = sum(lists[0]) + sum(lists[2]) + sum(lists[3])
+            return float(isz * (read + written))
+    first_n, first_b = sized[0]
+    if short in _WRITE_ONLY_OPS:
+        return float(first_n * first_b)
+    read = sum(n * b for n, b in sized)
+    if short in _READ_ONLY_OPS:
+        return float(read)
+    if short.endswith("_") and not short.endswith("__"):
+        if short.startswith("_foreach_"):
+            # in place on the first list: its tensors are written back
+            lst = dims[0] if isinstance(dims, list) and dims and isinstance(dims[0], list) else []
+            n0 = sum(_prod(x) if x else 1 for x in lst if _is_shape(x))
+            return float(read + n0 * first_b) if n0 else float(read + first_n * first_b)
+        if short == "copy_" and len(sized) >= 2:
+            # copy_(dst, src): src read, dst written (in its own dtype)
+            return float(sized[1][0] * sized[1][1] + first_n * first_b)
+        return float(read + first_n * first_b)
+    out_n = max(n for n, _ in sized)
+    return float(read + out_n * first_b)
+
+
 def op_flops_bytes(name: str, cls: str, args: dict) -> tuple[float, float, str | None]:
-    """(FLOPs, bytes read+written, dtype) of one CPU op from its recorded shapes; NaN if unknown."""
+    """(FLOPs, bytes read+written, dtype) of one CPU op from its recorded shapes; NaN if unknown.
+
+    Bytes are what the op reads and writes, each tensor once (see _rw_bytes); ``cls`` is the
+    kernel class of the op (simulator.trace.kernel_classes)."""
     dims = args.get(K.ARG_INPUT_DIMS)
-    types = args.get(K.ARG_INPUT_TYPE)
+    types = args.get(K.ARG_INPUT_TYPE) or []
     dtype = _first_dtype(types)
     itemsize = K.DTYPE_BYTES.get(dtype or "", 0)
     flops = math.nan
@@ -140,24 +249,25 @@ def op_flops_bytes(name: str, cls: str, args: dict) -> tuple[float, float, str |
                 batch, m, k, n = mkn
                 flops = 2.0 * batch * m * k * n
                 if itemsize:
-                    nbytes = float(itemsize * batch * (m * k + k * n + m * n))
+                    # A and B read, C written (a bias, when there is one, is read once more)
+                    bias = _prod(shapes[0]) if short in ("addmm",) and shapes[0] else 0
+                    nbytes = float(itemsize * (batch * (m * k + k * n + m * n) + bias))
         elif cls == "attention":
             # Forward inputs are (q, k, v, ...); backward ops put grad_out first.
-            qkv = shapes[1:4] if short.endswith("backward") else shapes[0:3]
+            bwd = short.endswith("backward")
+            qkv = shapes[1:4] if bwd else shapes[0:3]
             if len(qkv) == 3 and all(s and len(s) == 4 for s in qkv):
                 q, k, v = qkv
                 b, h, sq, d = q
                 sk, dv = k[2], v[3]
                 fwd = 2.0 * b * h * sq * sk * (d + dv)
-                flops = 2.0 * fwd if short.endswith("backward") else fwd
+                flops = 2.0 * fwd if bwd else fwd
                 if itemsize:
-                    nbytes = float(itemsize * (_prod(q) + _prod(k) + _prod(v) + b * h * sq * dv))
-        elif cls in ("elementwise", "norm", "optimizer"):
-            numel = sum(_numel_nested(d) for d in dims)
-            first = _numel_nested(dims[0]) if dims else 0
-            if itemsize and numel:
-                # inputs read plus an output the size of the first input
-                nbytes = float(itemsize * (numel + first))
+                    o = b * h * sq * dv
+                    # forward: q, k, v read, o written; backward: dO, q, k, v, o read, dq, dk, dv written
+                    nbytes = float(itemsize * ((_prod(q) + _prod(k) + _prod(v)) * (2 if bwd else 1) + o * (2 if bwd else 1)))
+        elif cls not in ("communication", "other", "embedding"):
+            nbytes = _rw_bytes(short, dims, types, itemsize)
     except (TypeError, ValueError, IndexError):
         pass
     f = args.get(K.ARG_FLOPS)
@@ -180,6 +290,7 @@ class _Collector:
         self.threads: list[tuple] = []
         # per name code, decided once
         self.name_cls: list[int] = []
+        self.name_kcls: list[str | None] = []   # kernel class a CPU op of this name establishes
         self.name_flags: list[int] = []
         # GPU activity
         self.g_cat = array("b")
@@ -205,6 +316,11 @@ class _Collector:
         self.h_flops = array("d")
         self.h_bytes = array("d")
         self.h_dtype = array("l")
+        self.h_sig = array("l")          # op signature code: name + shapes + types (name alone without shapes)
+        self.h_shapes = array("b")       # 1 when the op recorded Input Dims
+        self.sig_codes: dict[str, int] = {}
+        self.sig_names: list[str] = []
+        self.sig_work: dict[int, tuple] = {}
         self.h_coll_args: dict[int, dict] = {}
         self.dtype_codes: dict[str | None, int] = {None: -1}
         self.dtype_names: list[str] = []
@@ -234,9 +350,11 @@ class _Collector:
                 flags |= self.F_RPC
             if name.startswith(K.PROFILER_STEP_PREFIX):
                 flags |= self.F_STEP
-            if cls in ("gemm", "attention", "norm", "elementwise", "optimizer"):
+            kcls = KC.op_name_class(name)
+            if kcls is not None or cls in ("gemm", "attention", "norm", "elementwise", "optimizer"):
                 flags |= self.F_WANT_SHAPES
             self.name_cls.append(_CLASS_CODES[cls])
+            self.name_kcls.append(kcls or K.OP_CLASSES[_CLASS_CODES[cls]])
             self.name_flags.append(flags)
         return code
 
@@ -301,8 +419,26 @@ class _Collector:
         flags = self.name_flags[code]
         flops = nbytes = math.nan
         dt = None
+        dims = args.get(K.ARG_INPUT_DIMS)
+        if kind == _KIND_CPU_OP and dims is not None:
+            sig = f"{name}|{dims}|{args.get(K.ARG_INPUT_TYPE)}"
+            self.h_shapes.append(1)
+        else:
+            sig = name
+            self.h_shapes.append(0)
+        sc = self.sig_codes.get(sig)
+        if sc is None:
+            sc = self.sig_codes[sig] = len(self.sig_names)
+            self.sig_names.append(sig)
+        self.h_sig.append(sc)
         if flags & self.F_WANT_SHAPES:
-            flops, nbytes, dt = op_flops_bytes(name, K.OP_CLASSES[self.name_cls[code]], args)
+            # ops repeat with the same shapes every layer and step: compute each signature once
+            hit = self.sig_work.get(sc) if dims is not None else None
+            if hit is None:
+                hit = op_flops_bytes(name, self.name_kcls[code], args)
+                if dims is not None and K.ARG_FLOPS not in args:
+                    self.sig_work[sc] = hit
+            flops, nbytes, dt = hit
         elif flags & (self.F_COMM_SPAN | self.F_C10D | self.F_RPC):
             # Collective ops are few; keep the args that carry their metadata.
             keep = {k: args[k] for k in _COLL_ARG_KEYS if k in args}
@@ -702,33 +838,64 @@ def _gpu_rows(col: _Collector, default_group: int | None, warn: list[str], path:
         )
 
     h_name = _np(col.h_name, np.int64)
-    name_cls = np.asarray(col.name_cls, dtype=np.int64)
-    kname_cls = np.array(
-        [_CLASS_CODES.get(K.classify_kernel_name(nm) or "", -1) for nm in col.names], dtype=np.int64
-    )
-    k_cls = kname_cls[g_name]
-    op_cls = np.where(op >= 0, name_cls[h_name[np.maximum(op, 0)]], _OTHER)
-    # An op of class communication (c10d/record_param_comms) says nothing about a compute kernel.
-    op_cls = np.where(op_cls == _COMM, _OTHER, op_cls)
-    definitive = np.isin(k_cls, [_CLASS_CODES["communication"], _CLASS_CODES["gemm"], _CLASS_CODES["attention"]])
-    cls = np.where(ctx_cls == _OPT, _OPT, np.where(op_cls != _OTHER, op_cls, ctx_cls))
-    cls = np.where(cls == _OTHER, np.where(k_cls >= 0, k_cls, _OTHER), cls)
-    cls = np.where(definitive, k_cls, cls)
+    # Kernel class from the kernel's name family and its launching op (kernel_classes), decided
+    # once per distinct (kernel name, op name, optimizer context, enclosing class, category).
+    op_name_code = np.where(op >= 0, h_name[np.maximum(op, 0)], -1)
+    in_opt = ctx_cls == _OPT
+    kcls_codes = {c: i for i, c in enumerate(KC.KERNEL_CLASSES)}
+    ctx_kcls = {_CLASS_CODES["attention"]: "attention", _CLASS_CODES["norm"]: "norm"}
+    cache: dict[tuple, int] = {}
+    kcls = np.empty(n, dtype=np.int64)
+    for i, key in enumerate(zip(g_name.tolist(), op_name_code.tolist(), in_opt.tolist(), ctx_cls.tolist(), g_cat.tolist())):
+        v = cache.get(key)
+        if v is None:
+            kn, on, opt, cx, gc = key
+            onm = col.names[on] if on >= 0 else None
+            # c10d / record_param_comms say nothing about a compute kernel's class
+            if onm is not None and K.is_comm_op_name(onm):
+                onm = None
+            v = kcls_codes[KC.classify_kernel(col.names[kn], onm, bool(opt), _GPU_CAT_NAMES[gc], ctx_kcls.get(cx))]
+            cache[key] = v
+        kcls[i] = v
+    kcls_names = list(KC.KERNEL_CLASSES)
+    to_op = np.array([_CLASS_CODES[KC.KERNEL_TO_OP_CLASS[c]] for c in kcls_names], dtype=np.int64)
+    cls = to_op[kcls]
+    # Kernels that copy or fill are memory-bound SM work like elementwise kernels; only the DMA
+    # engine's memcpy/memset events are charged to memcpy.
+    cls = np.where(np.isin(kcls, [kcls_codes["copy"], kcls_codes["memset"]]), _CLASS_CODES["elementwise"], cls)
     cls = np.where(g_cat != _GPU_CAT_KERNEL, _CLASS_CODES["memcpy"], cls)
 
-    # FLOPs / bytes / dtype of an op go to the first GPU event it launched, so sums stay right.
+    # An op's FLOPs and bytes are counted once, spread over the kernels it launched in proportion
+    # to their durations; only over its kernels of its own class where it has any (a convolution's
+    # layout transposes do no multiply-adds).
     flops = np.full(n, np.nan)
     nbytes = np.full(n, np.nan)
     dtype_code = np.full(n, -1, dtype=np.int64)
+    g_dur = _np(col.g_dur, np.float64)
     linked = np.flatnonzero(op >= 0)
     if len(linked):
-        by_time = linked[np.argsort(g_ts[linked], kind="stable")]
-        _, first = np.unique(op[by_time], return_index=True)
-        first_rows = by_time[first]
-        src = op[first_rows]
-        flops[first_rows] = _np(col.h_flops, np.float64)[src]
-        nbytes[first_rows] = _np(col.h_bytes, np.float64)[src]
-        dtype_code[linked] = _np(col.h_dtype, np.int64)[op[linked]]
+        h_flops, h_bytes = _np(col.h_flops, np.float64), _np(col.h_bytes, np.float64)
+        name_kcls = col.name_kcls
+        own = np.array([_CLASS_CODES.get(KC.KERNEL_TO_OP_CLASS.get(name_kcls[h_name[o]] or "", "other"), _OTHER)
+                        for o in op[linked].tolist()], dtype=np.int64)
+        same = cls[linked] == own
+        df = pd.DataFrame({"op": op[linked], "same": same, "dur": np.maximum(g_dur[linked], 0.0)})
+        any_same = df.groupby("op")["same"].transform("any").to_numpy()
+        take = np.where(any_same, same, True)
+        w = np.where(take, df["dur"].to_numpy(), 0.0)
+        n_take = pd.Series(take.astype(float)).groupby(df["op"].to_numpy()).transform("sum").to_numpy()
+        tot = pd.Series(w).groupby(df["op"].to_numpy()).transform("sum").to_numpy()
+        # zero-duration kernels: equal shares
+        share = np.where(tot > 0, w / np.where(tot > 0, tot, 1.0), np.where(take, 1.0 / np.maximum(n_take, 1.0), 0.0))
+        src = op[linked]
+        flops[linked] = np.where(take, h_flops[src] * share, np.nan)
+        nbytes[linked] = np.where(take, h_bytes[src] * share, np.nan)
+        dtype_code[linked] = _np(col.h_dtype, np.int64)[src]
+    h_sig, h_shapes = _np(col.h_sig, np.int64), _np(col.h_shapes, np.int64)
+    # Signature of the launching op (its name, shapes and types), else the kernel's own name.
+    sig = np.where(op >= 0, h_sig[np.maximum(op, 0)] if len(h_sig) else -1, -1)
+    op_sig = [col.sig_names[c] if c >= 0 else col.names[k] for c, k in zip(sig.tolist(), g_name.tolist())]
+    shapes_known = np.where(op >= 0, h_shapes[np.maximum(op, 0)] if len(h_shapes) else 0, 0).astype(bool)
     dtypes = [None if c < 0 else col.dtype_names[c] for c in dtype_code.tolist()]
 
     # collective metadata for communication kernels
@@ -773,7 +940,11 @@ def _gpu_rows(col: _Collector, default_group: int | None, warn: list[str], path:
         "name": pd.Categorical.from_codes(g_name, categories=col.names),
         "cpu_op": cpu_op_names,
         "op_class": pd.Categorical.from_codes(cls, categories=list(K.OP_CLASSES)),
-        "dur_us": _np(col.g_dur, np.float64),
+        "kernel_class": pd.Categorical.from_codes(kcls, categories=kcls_names),
+        "op_id": op,
+        "op_sig": op_sig,
+        "shapes_known": shapes_known,
+        "dur_us": g_dur,
         "step": step.astype(np.int32),
         "flops": flops,
         "bytes": nbytes,
@@ -1056,6 +1227,11 @@ def _cpu_rows(col: _Collector, default_group: int | None, warn: list[str], path:
         "name": [col.names[c] for c in h_name[rows].tolist()],
         "cpu_op": [col.names[c] for c in h_name[rows].tolist()],
         "op_class": pd.Categorical.from_codes(row_cls, categories=list(K.OP_CLASSES)),
+        "kernel_class": [("communication" if row_comm[k] else (col.name_kcls[c] if col.name_kcls[c] in KC.KERNEL_CLASSES else "other"))
+                         for k, c in enumerate(h_name[rows].tolist())],
+        "op_id": rows.astype(np.int64),
+        "op_sig": [col.sig_names[c] for c in _np(col.h_sig, np.int64)[rows].tolist()],
+        "shapes_known": _np(col.h_shapes, np.int64)[rows].astype(bool),
         "dur_us": h_dur[rows],
         "step": step,
         "flops": row_flops,

@@ -180,26 +180,14 @@ def normalise_collective(name: str) -> str | None:
 # --- op classes -------------------------------------------------------------------------------
 OP_CLASSES = ("gemm", "attention", "elementwise", "norm", "optimizer", "communication", "memcpy", "other")
 
-# Kernel names that say what they compute on their own (checked in this order).
-KERNEL_CLASS_PATTERNS = (
-    ("attention", re.compile(r"flash|fmha|attention|_attn|sdpa|mha_|cudnn_?mha", re.I)),
-    ("gemm", re.compile(r"gemm|cutlass|cublas|xmma|nvjet|matmul|s\d{3,4}gemm|ampere_[sh]|volta_[sh]|turing_[sh]|sm\d+_xmma", re.I)),
-    ("norm", re.compile(r"layer_?norm|rms_?norm|batch_?norm|bn_fw|bn_bw|GammaBeta|group_?norm", re.I)),
-    ("optimizer", re.compile(r"adam|sgd|lamb|adagrad", re.I)),
-    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|triton|gelu|silu|softmax|activation|pointwise|_copy|copy_kernel|fill|where|cat|index", re.I)),
-)
-# CPU op names (aten and friends); matched against the full op name.
-CPU_OP_CLASS_PATTERNS = (
-    ("optimizer", re.compile(r"^Optimizer\.step|^aten::_fused_(adam|sgd)|^aten::_foreach_|adam", re.I)),
-    ("attention", re.compile(r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|_flash_attention|fmha|multi_head_attention", re.I)),
-    ("gemm", re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addbmm|einsum|_grouped_mm|mv|dot|addmv|convolution|_convolution|cudnn_convolution|conv\dd)$")),
-    ("norm", re.compile(r"^aten::(native_)?(layer_norm|rms_norm|group_norm|batch_norm|_fused_rms_norm|_batch_norm_impl_index|cudnn_batch_norm)(_backward)?$|norm_backward$|^fb::rms_norm")),
-    ("elementwise", re.compile(r"^aten::(add|sub|mul|div|gelu|silu|relu|sigmoid|tanh|exp|log|pow|sqrt|rsqrt|neg|abs|clamp|where|copy|fill|zero|softmax|_softmax|log_softmax|_log_softmax|dropout|native_dropout|masked_fill|erf|cos|sin|lerp|addcmul|addcdiv|maximum|minimum|threshold|mean|sum|gelu_backward|silu_backward|threshold_backward|_softmax_backward_data|_log_softmax_backward_data|sigmoid_backward|tanh_backward|cross_entropy_loss|nll_loss\w*|to|_to_copy|clone|contiguous|cat|stack|index_select|embedding\w*)_?$")),
-)
+# The name patterns that classify kernels and CPU ops live in simulator/trace/kernel_classes.py.
 
 
 def classify_cpu_op(name: str) -> str:
-    for cls, rx in CPU_OP_CLASS_PATTERNS:
+    """The op class (OP_CLASSES) of a CPU op by its name (kernel_classes.CPU_TRACE_OP_PATTERNS)."""
+    from simulator.trace import kernel_classes as KC
+
+    for cls, rx in KC.CPU_TRACE_OP_PATTERNS:
         if rx.search(name):
             return cls
     if is_comm_op_name(name):
@@ -208,13 +196,11 @@ def classify_cpu_op(name: str) -> str:
 
 
 def classify_kernel_name(name: str) -> str | None:
-    """Class a kernel name alone establishes, or None when only its launching op can tell."""
-    if COMM_KERNEL_RE.search(name):
-        return "communication"
-    for cls, rx in KERNEL_CLASS_PATTERNS:
-        if rx.search(name):
-            return cls
-    return None
+    """The op class a kernel name alone establishes, or None when only its launching op can tell."""
+    from simulator.trace import kernel_classes as KC
+
+    k = KC.kernel_name_class(name)
+    return None if k is None else KC.KERNEL_TO_OP_CLASS[k]
 
 
 def is_comm_op_name(name: str) -> bool:

@@ -57,7 +57,13 @@ class NcclTestsResult:
     warnings: list[str] = field(default_factory=list)
 
 
-_PREFIX = re.compile(r"^\s*(?:\d+:\s?|\[\d+,\d+\]<std(?:out|err)>:\s?)")
+_PREFIX = re.compile(r"^\s*(?:(\d+):\s?|\[\d+,(\d+)\]<std(?:out|err)>:\s?)")
+# A launcher line (mpirun -np P / srun -n P / --ntasks P ... *_perf ... -g G) and an explicit
+# "nranks N" say the world size outright.
+_NP = re.compile(r"(?:^|\s)(?:-np|-n|--np|--ntasks|--nproc_per_node)[\s=]+(\d+)")
+_G = re.compile(r"_perf\S*\s.*?(?:^|\s)-g[\s=]*(\d+)")
+_NRANKS = re.compile(r"\bnranks[\s=:]+(\d+)", re.I)
+_THREADS = re.compile(r"#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
 _START = re.compile(r"#\s*Collective test starting:\s*(\S+)")
 _VERSION = re.compile(r"#\s*nccl-tests version (\S+)")
 _RANK = re.compile(r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.*?)\s*$")
@@ -97,11 +103,25 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: i
     rank_lines: dict[int, tuple[str, str]] = {}
     has_root: bool | None = None
     bad_rows = 0
+    procs_seen: set[int] = set()
+    per_proc = None
+    launched: int | None = None
+    said: int | None = None
     for raw in text.splitlines():
+        pm = _PREFIX.match(raw)
+        if pm:
+            procs_seen.add(int(pm.group(1) or pm.group(2)))
         line = _PREFIX.sub("", raw, count=1).rstrip()
         if not line.strip():
             continue
+        if "_perf" in line and (mg := _G.search(line)):
+            mp = _NP.search(line)
+            launched = int(mg.group(1)) * (int(mp.group(1)) if mp else 1)
+        if m := _NRANKS.search(line):
+            said = int(m.group(1))
         if line.lstrip().startswith("#"):
+            if m := _THREADS.search(line):
+                per_proc = int(m.group(1)) * int(m.group(2))
             if m := _START.search(line):
                 coll = _prog_collective(m.group(1)) or coll
             elif m := _VERSION.search(line):
@@ -131,7 +151,7 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: i
     if bad_rows:
         result.warnings.append(f"{path.name}: skipped {bad_rows} lines that look like rows but do not parse")
     if coll is None:
-        raise UserError(f"{str(path)!r}: cannot tell which collective this log measured: pass collective= (e.g. 'all_reduce')")
+        raise UserError(f"{str(path)!r}: the log does not say which collective it measured: pass --collective NAME (e.g. all_reduce)")
     if rank_lines:
         result.devices = [rank_lines[r][1] for r in sorted(rank_lines)]
         hosts: list[str] = []
@@ -139,13 +159,10 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: i
             if rank_lines[r][0] not in hosts:
                 hosts.append(rank_lines[r][0])
         result.hosts = hosts
-        if result.nranks is None:
-            result.nranks = len(rank_lines)
     df = pd.DataFrame(rows)
     if result.nranks is None:
-        result.nranks = _infer_nranks(df, coll)
-        if result.nranks is None:
-            result.warnings.append(f"{path.name}: no '# Rank' lines and busbw/algbw does not fix the rank count; nranks left empty")
+        result.nranks = _world_size(df, coll, rank_lines, per_proc, procs_seen, path.name, result.warnings,
+                                    said if said is not None else launched)
     df["nranks"] = result.nranks if result.nranks is not None else pd.NA
     result.table = df.astype(COLLECTIVE_TABLE_COLUMNS)[list(COLLECTIVE_TABLE_COLUMNS)]
     return result
@@ -183,6 +200,43 @@ def _parse_row(tok: list[str], has_root: bool | None):
         halves.append(tuple(vals))
     dtype = canonical_dtype(head[2]) or head[2]
     return size, count, dtype, head[3], halves
+
+
+def _world_size(df: pd.DataFrame, coll: str, rank_lines: dict, per_proc: int | None, procs_seen: set[int],
+                name: str, warn: list[str], stated: int | None = None) -> int | None:
+    """The number of ranks that ran the test.
+
+    busbw/algbw = factor(n) is exact where the figures have enough digits, and wins. Otherwise the
+    largest of: the '# Rank' lines (their highest index + 1: a log may list only some ranks),
+    nThread x nGpus per process x the processes whose launcher prefix ([1,K]<stdout>, K:) shows.
+    """
+    from_ratio = _infer_nranks(df, coll)
+    if stated:
+        # "nranks N" or the launcher's -np P x -g G
+        if from_ratio is not None and from_ratio != stated:
+            warn.append(f"{name}: the log states {stated} ranks but busbw/algbw says {from_ratio}: using {from_ratio}")
+            return from_ratio
+        return stated
+    lower = 0
+    if rank_lines:
+        lower = max(len(rank_lines), max(rank_lines) + 1)
+    if per_proc:
+        lower = max(lower, per_proc * max(1, len(procs_seen)))
+    if from_ratio is not None:
+        if lower and from_ratio != lower:
+            warn.append(f"{name}: the header suggests {lower} ranks ('# Rank' lines, nThread x nGpus, launcher prefixes) but "
+                        f"busbw/algbw says {from_ratio}: using {from_ratio}")
+        return from_ratio
+    if lower and (rank_lines or procs_seen):
+        if not rank_lines and len(procs_seen) <= 1:
+            warn.append(f"{name}: only nThread x nGpus = {per_proc} per process is known and busbw/algbw cannot tell the "
+                        "process count: assuming one process")
+        return lower
+    if lower:
+        return lower
+    warn.append(f"{name}: cannot tell how many ranks ran it: no '# Rank' lines, no nThread/nGpus header, and busbw/algbw "
+                "does not fix it; give the whole log")
+    return None
 
 
 def _infer_nranks(df: pd.DataFrame, coll: str) -> int | None:

@@ -17,12 +17,24 @@ OPTABLE_COLUMNS: dict[str, str] = {
     "name": "category",
     "cpu_op": "category",         # the CPU op the kernel was launched from (itself for CPU rows)
     "op_class": "category",       # gemm attention elementwise norm optimizer communication memcpy other
+    # The fine class of the kernel (simulator.trace.kernel_classes.KERNEL_CLASSES: gemm attention
+    # norm softmax elementwise reduce optimizer copy memset communication embedding other); op_class
+    # is the cost-model class it is charged to.
+    "kernel_class": "category",
+    "op_id": "int64",             # the launching CPU op (row of the rank's host ops), shared by its kernels; -1 none
+    # The launching op's signature: "name|Input Dims|Input type" when it recorded shapes, else its
+    # name (or, with no launching op, the kernel's name). Measured time per signature and class
+    # survives where shapes (and so FLOPs/bytes) are missing.
+    "op_sig": "category",
+    "shapes_known": "bool",       # the launching op recorded Input Dims
     "start_us": "float64",        # from the earliest event of the job (all ranks loaded together)
     "dur_us": "float64",
     "start_abs_ns": "int64",      # Unix epoch ns, comparable across ranks
     "step": "int32",              # ProfilerStep#N around the (launching) CPU op; -1 outside steps
+    # The launching op's FLOPs and bytes (inputs read + outputs written, each tensor once), spread
+    # over its kernels by duration share, so a sum over kernels counts each op once. NaN: unknown.
     "flops": "float64",
-    "bytes": "float64",           # bytes the op reads and writes, where shapes allow
+    "bytes": "float64",
     "dtype": "category",
     "collective": "category",     # normalised: all_reduce all_gather reduce_scatter all_to_all broadcast ...
     "msg_bytes": "Int64",         # nccl-tests 'size': max(send, recv) bytes of one rank's call
@@ -33,6 +45,13 @@ OPTABLE_COLUMNS: dict[str, str] = {
     "pg_name": "category",
     "seq": "Int64",               # collective sequence number (Kineto 'Seq', else per rank+stream order)
     "coll_source": "category",    # where the collective metadata came from
+    # Collectives only (NaN elsewhere), filled by simulator.trace.collectives when a set is loaded:
+    # the transfer part of the call (the instance's last member's start to its end with all ranks;
+    # the lower envelope per (collective, size, group) otherwise) and the rest, spent waiting.
+    "transfer_us": "float64",
+    "wait_us": "float64",
+    "coll_instance": "Int64",     # id of the matched instance across ranks (<NA>: not matched)
+    "transfer_source": "category",  # "instance" (all members found) or "envelope"
     "external_id": "int64",
     "correlation": "int64",
 }
@@ -55,6 +74,8 @@ def make_optable(cols: dict[str, object], n: int) -> pd.DataFrame:
                 v = pd.array([pd.NA] * n, dtype=t)
             elif t == "float64":
                 v = np.full(n, np.nan)
+            elif t == "bool":
+                v = np.zeros(n, dtype=bool)
             else:
                 v = np.full(n, -1, dtype=t)
         col = pd.Series(v).astype(t)

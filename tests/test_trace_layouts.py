@@ -1,0 +1,175 @@
+"""Layouts people have (per-rank subfolders at any depth, gz or not, ranks from distributedInfo
+or the path), bad rank sets as one line + exit 2, nccl-tests world sizes, and collectives
+split into transfer and waiting on the real traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from simulator.cli import app
+from simulator.errors import UserError
+from simulator.topology.placement import Mesh
+from simulator.trace.collectives import annotate_transfers
+from simulator.trace.loader import load_trace, rank_from_path
+from simulator.trace.nccl_tests import import_nccl_tests
+from simulator.trace.optable import make_optable
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = ROOT / "tests" / "data" / "reference"
+KIN = REF / "kineto"
+sys.path.insert(0, str(ROOT))
+from bench.make_rank_set import make_rank_set  # noqa: E402
+
+
+def _quiet(fn, *a, **k):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*a, **k)
+
+
+@pytest.fixture(scope="module")
+def two_rank_set(tmp_path_factory):
+    """The real 2-rank nccl_data trace as ranks 0 and 1 of its own job, in rank_k/ folders."""
+    d = tmp_path_factory.mktemp("two")
+    make_rank_set(KIN / "hta_nccl_data_a100_rank0of2.json.gz", d / "prof", 2, "logs/rank_{k}")
+    return d / "prof"
+
+
+def test_nested_rank_folders_and_skipped_files(two_rank_set):
+    (two_rank_set / "logs" / "config.json").write_text('{"lr": 0.1}')
+    ts = _quiet(load_trace, two_rank_set)
+    assert ts.ranks == [0, 1] and ts.world_size == 2
+    assert ts.warnings[0] == "skipped 1 file(s) that are not Kineto traces: logs/config.json"
+    assert ts.ops.groupby("rank").size().to_dict() == {0: 3774, 1: 3774}
+
+
+def test_rank_from_path_when_distributed_info_is_missing(tmp_path):
+    with gzip.open(KIN / "hta_sampled_rank0of128.json.gz", "rt") as f:
+        d = json.load(f)
+    d.pop("distributedInfo")
+    for k, sub in enumerate(("worker0", "worker1")):
+        p = tmp_path / "tb" / sub
+        p.mkdir(parents=True)
+        target = p / "host_1.pt.trace.json"   # plain JSON next to gz elsewhere
+        target.write_text(json.dumps(d))
+    ts = _quiet(load_trace, tmp_path / "tb")
+    assert ts.ranks == [0, 1] and ts.world_size is None
+    assert rank_from_path(Path("/x/run/rank3of16.json.gz"), Path("/x")) == (3, 16)
+    assert rank_from_path(Path("/x/iteration_10/rank_5/a.pt.trace.json"), Path("/x")) == (5, None)
+    assert rank_from_path(Path("/x/traces/7/a.json"), Path("/x")) == (7, None)
+
+
+def test_rank_gap_duplicate_truncated_are_one_line_exit_2(tmp_path):
+    gap = tmp_path / "gap"
+    make_rank_set(KIN / "hta_sampled_rank0of128.json.gz", gap, 3, "rank_{k}")
+    shutil.rmtree(gap / "rank_1")
+    with pytest.raises(UserError, match=r"holds ranks 0\.\.2 but not rank\(s\) 1"):
+        _quiet(load_trace, gap)
+    dup = tmp_path / "dup"
+    for sub in ("step_1", "step_2"):
+        (dup / sub).mkdir(parents=True)
+        shutil.copy(KIN / "hta_sampled_rank0of128.json.gz", dup / sub / "trace.json.gz")
+    with pytest.raises(UserError, match="both hold rank 0"):
+        _quiet(load_trace, dup)
+    trunc = tmp_path / "trunc"
+    (trunc / "rank_0").mkdir(parents=True)
+    raw = (KIN / "hta_sampled_rank0of128.json.gz").read_bytes()
+    (trunc / "rank_0" / "t.json.gz").write_bytes(raw[: len(raw) // 2])
+    runner = CliRunner()
+    for bad in (gap, dup, trunc):
+        r = runner.invoke(app, ["trace", "info", str(bad)])
+        assert r.exit_code == 2, r.output
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.output
+
+
+def test_nccl_tests_world_size_from_header(tmp_path):
+    # a 16-rank log that lists only 4 '# Rank' lines is still 16 ranks (busbw/algbw says so)
+    src = (REF / "nccl-tests" / "azure-ndv4-a100-40gb-16gpu_all_reduce_perf.txt").read_text().splitlines()
+    kept = [ln for ln in src if "#   Rank" not in ln or any(f"Rank  {k} " in ln for k in range(4))]
+    p = tmp_path / "cut_all_reduce_perf.txt"
+    p.write_text("\n".join(kept) + "\n")
+    r = import_nccl_tests(p)
+    assert r.nranks == 16 and any("busbw/algbw says 16" in w for w in r.warnings)
+    # no collective in the log or its name: one line naming --collective, then --collective works
+    anon = tmp_path / "run.log"
+    anon.write_text((REF / "nccl-tests" / "p5-2nodes-16gpu_all_reduce_perf.txt").read_text())
+    with pytest.raises(UserError, match="pass --collective"):
+        import_nccl_tests(anon)
+    assert import_nccl_tests(anon, collective="all_reduce").nranks == 16
+    out = CliRunner().invoke(app, ["trace", "info", str(anon), "--collective", "all_reduce", "--json"])
+    assert out.exit_code == 0 and json.loads(out.output)["world_size"] == 16
+    # 4 processes x nGpus 4 by mpirun prefixes, a collective whose busbw does not tell n
+    lines = ["[1,%d]<stdout>:# nThread 1 nGpus 4 minBytes 8 maxBytes 8 step: 2(factor)" % k for k in range(4)]
+    lines += ["[1,0]<stdout>:#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
+              "[1,0]<stdout>:     1048576        262144     float    none       0    50.00   20.97   20.97      0    50.00   20.97   20.97      0"]
+    b = tmp_path / "broadcast_perf.txt"
+    b.write_text("\n".join(lines) + "\n")
+    assert import_nccl_tests(b).nranks == 16
+    # the launcher's command line: -np 4 processes x -g 4 GPUs, no prefixes, no Rank lines
+    cmd = ["$ mpirun -np 4 --host a:2,b:2 ./build/broadcast_perf -b 1M -e 1M -g 4",
+           "# nThread 1 nGpus 4 minBytes 1048576 maxBytes 1048576 step: 2(factor)"] + [ln.split(">:", 1)[1] for ln in lines[4:]]
+    c = tmp_path / "cmd.log"
+    c.write_text("\n".join(cmd) + "\n")
+    assert import_nccl_tests(c, collective="broadcast").nranks == 16
+    # nothing tells: a clear line, and calibrate refuses it in one line
+    bare = tmp_path / "bare.log"
+    bare.write_text("\n".join(ln.split(">:", 1)[1] for ln in lines[4:]) + "\n")
+    r = import_nccl_tests(bare, collective="broadcast")
+    assert r.nranks is None and any("cannot tell how many ranks" in w for w in r.warnings)
+
+
+def test_single_rank_lower_envelope_on_real_trace():
+    ts = _quiet(load_trace, KIN / "hta_nccl_data_a100_rank0of2.json.gz")
+    c = ts.ops[ts.ops["op_class"] == "communication"]
+    assert set(c["transfer_source"].astype(str)) == {"envelope"}
+    env = c.groupby(["collective", "msg_bytes"], observed=True)["dur_us"].transform("min")
+    assert np.allclose(c["transfer_us"], env)
+    assert np.allclose(c["transfer_us"] + c["wait_us"], c["dur_us"]) and (c["wait_us"] >= 0).all()
+    # 5 all-reduce sizes x 3 calls: their shortest calls waited least
+    assert round(float(c.loc[c["msg_bytes"] == 8196000, "transfer_us"].iloc[0]), 3) == round(7561.821 / 3, 3)
+
+
+def test_all_ranks_instances_from_pg_config(two_rank_set):
+    ts = _quiet(load_trace, two_rank_set)
+    c = ts.ops[ts.ops["op_class"] == "communication"]
+    assert set(c["transfer_source"].astype(str)) == {"instance"}
+    assert c["coll_instance"].nunique() == 21 and c.groupby("coll_instance").size().eq(2).all()
+
+
+def _calls(rank, start, dur, size, ranks=None, gsize=2, coll="all_reduce"):
+    n = len(rank)
+    return make_optable({
+        "rank": np.asarray(rank, dtype=np.int32), "op_class": pd.Categorical(["communication"] * n),
+        "collective": pd.Categorical([coll] * n), "msg_bytes": pd.array([size] * n, dtype="Int64"),
+        "group_size": pd.array([gsize] * n, dtype="Int32"),
+        "group_ranks": pd.Categorical(ranks if ranks else [None] * n),
+        "start_us": np.asarray(start, float), "dur_us": np.asarray(dur, float)}, n)
+
+
+def test_concurrent_same_size_calls_of_different_groups_are_not_merged():
+    # Two TP pairs (0,1) and (2,3) all-reduce the same size at the same time; rank 1 and rank 3 arrive late.
+    ops = _calls([0, 1, 2, 3], [0, 300, 10, 200], [400, 100, 290, 100], 4096,
+                 ["[0, 1]", "[0, 1]", "[2, 3]", "[2, 3]"])
+    annotate_transfers(ops)
+    assert ops["coll_instance"].nunique() == 2
+    assert ops["transfer_us"].tolist() == [100.0, 100.0, 100.0, 100.0]
+    assert ops["wait_us"].tolist() == [300.0, 0.0, 190.0, 0.0]
+    # No group records: the layout tells (tp=2 x dp=4: only TP groups have 2 ranks) ...
+    bare = _calls([0, 1, 2, 3], [0, 300, 10, 200], [400, 100, 290, 100], 4096)
+    annotate_transfers(bare, mesh=Mesh(tp=2, cp=1, ep=1, dp=4, pp=1))
+    assert bare["coll_instance"].nunique() == 2 and set(bare["transfer_source"].astype(str)) == {"instance"}
+    # ... but with tp=2 and dp=2 both of size 2 it cannot: the lower envelope, never a merge
+    amb = _calls([0, 1, 2, 3], [0, 300, 10, 200], [400, 100, 290, 100], 4096)
+    annotate_transfers(amb, mesh=Mesh(tp=2, cp=1, ep=1, dp=2, pp=1))
+    assert set(amb["transfer_source"].astype(str)) == {"envelope"} and amb["transfer_us"].tolist() == [100.0] * 4
