@@ -582,7 +582,7 @@ def calibrate(
     if src.nccl_logs:
         from simulator.calibrate.nccl_fit import calibrate_nccl
 
-        ncal, nitems = calibrate_nccl(src.nccl_logs, topo, device, hbm)
+        ncal, nitems = calibrate_nccl(src.nccl_logs, topo, device, hbm, note=notes.add)
         if ncal is not None:
             comm = comm.model_copy(update={"nccl": ncal})
             items += nitems

@@ -102,7 +102,7 @@ def physical_bounds(system: NcclSystem) -> tuple[float, float]:
 
 
 def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None = None,
-               system_name: str = "") -> NcclCalibration:
+               system_name: str = "", note=None) -> NcclCalibration:
     """The system's constants from all its logs (see the module docstring)."""
     from scipy.optimize import least_squares
 
@@ -178,7 +178,9 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
         # effectively never used it); at the upper: held at its physical limit, the logs want more.
         parts = ([f"{', '.join(at_lo)} at the lower bound (read: not seen in these logs)"] if at_lo else []) + \
                 ([f"{', '.join(at_hi)} held at the physical limit"] if at_hi else [])
-        warnings.warn(f"NCCL fit for {system_name or 'this system'}: " + "; ".join(parts), stacklevel=2)
+        line = f"NCCL fit for {system_name or 'this system'}: " + "; ".join(parts)
+        # calibrate prints low-confidence facts as readable lines; library callers get a warning
+        note(line) if note is not None else warnings.warn(line, stacklevel=2)
     model = NcclModel(system, tn)
     worst = {l.name: float(np.max(np.abs(errors(model, l)))) for l in logs}
     return NcclCalibration(latency_scale=tn.latency_scale, intra_latency_scale=tn.intra_latency_scale,
@@ -205,7 +207,7 @@ def error_table(model: NcclModel, logs: list[NcclLog]) -> list[dict]:
     return rows
 
 
-def calibrate_nccl(paths: list[Path], topology, device: str, hbm_GBps: float | None):
+def calibrate_nccl(paths: list[Path], topology, device: str, hbm_GBps: float | None, note=None):
     """(NcclCalibration, provenance items) from the nccl-tests logs of one system, or (None, [])
     when the device is not a GPU NCCL's model describes."""
     from simulator.calibrate.profile import ProvenanceItem
@@ -214,7 +216,7 @@ def calibrate_nccl(paths: list[Path], topology, device: str, hbm_GBps: float | N
     if system is None or not paths:
         return None, []
     logs = [read_log(p, topology.node.gpus_per_node) for p in paths]
-    cal = fit_system(system, logs, hbm_GBps, topology.name)
+    cal = fit_system(system, logs, hbm_GBps, topology.name, note=note)
     names = ", ".join(l.name for l in logs)
     src = f"fitted by simulator.calibrate.nccl_fit on {names} through topology {topology.name!r} (NCCL 2.28 tuner model)"
     items = [ProvenanceItem(field=f"comm.nccl.{k}", value=float(v), source=src)
