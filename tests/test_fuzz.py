@@ -258,7 +258,7 @@ event_edit = st.tuples(
 )
 
 
-@FUZZ
+@settings(FUZZ, max_examples=80)
 @given(edits=st.lists(event_edit, min_size=1, max_size=8), drop_base=st.booleans())
 def test_fuzz_kineto_traces(workdir, edits, drop_base):
     trace = copy.deepcopy(KINETO)

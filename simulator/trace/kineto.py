@@ -67,6 +67,12 @@ _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 # per-op FLOPs and bytes from Input Dims / Input type
 # ---------------------------------------------------------------------------------------------
 
+
+def _args_of(event: dict) -> dict:
+    """An event's ``args``; anything but a mapping (a hand-edited or corrupt trace) counts as none."""
+    args = event.get("args")
+    return args if isinstance(args, dict) else {}
+
 def _prod(dims) -> int:
     p = 1
     for d in dims:
@@ -379,7 +385,7 @@ class _Collector:
         ph = e.get("ph")
         if ph != "X":
             if ph == "M" and e.get("name") == "process_labels":
-                label = (e.get("args") or {}).get("labels")
+                label = _args_of(e).get("labels")
                 if isinstance(label, str):
                     self.gpu_labels[e.get("pid")] = label
             return
@@ -388,7 +394,7 @@ class _Collector:
             if cat in K.CAT_CPU_OP or cat in K.CAT_USER_ANNOTATION:
                 self._host(e, _KIND_CPU_OP if cat in K.CAT_CPU_OP else _KIND_ANNOTATION)
             elif cat in K.CAT_RUNTIME:
-                args = e.get("args") or {}
+                args = _args_of(e)
                 corr = args.get(K.ARG_CORRELATION)
                 if corr is None:
                     return
@@ -408,7 +414,7 @@ class _Collector:
         ts = float(e["ts"])
         dur = float(e.get("dur", 0.0))
         code = self._name(name)
-        args = e.get("args") or {}
+        args = _args_of(e)
         i = len(self.h_ts)
         self.h_kind.append(kind)
         self.h_name.append(code)
@@ -452,7 +458,7 @@ class _Collector:
         name = e.get("name")
         if not isinstance(name, str):
             raise TypeError
-        args = e.get("args") or {}
+        args = _args_of(e)
         ts = float(e["ts"])
         dur = float(e.get("dur", 0.0))
         i = len(self.g_ts)
