@@ -399,3 +399,25 @@ def test_capture_numbers_checked_before_any_rank_starts(workdir, flags, match):
     code, err = run_cli(["capture", "collectives", "--out", workdir / "b", *flags])
     assert code == 2 and match in err, err
     assert not (workdir / "b").exists()
+
+
+@pytest.mark.parametrize("field, value", [("dur", -5000.0), ("dur", float("nan")), ("dur", 1e30), ("ts", float("inf"))])
+def test_corrupt_kernel_times_are_skipped_and_counted_not_summed(workdir, field, value):
+    with gzip.open(REF / "kineto" / "hta_sampled_rank0of128.json.gz", "rt") as f:
+        full = json.load(f)
+    clean = workdir / "clean.json"
+    clean.write_text(json.dumps(full))
+    trace = copy.deepcopy(full)
+    kernels = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "kernel"]
+    kernels[3][field] = value
+    bad = workdir / "bad.json"
+    bad.write_text(json.dumps(trace))
+    infos = []
+    for path in (clean, bad):
+        result = CliRunner().invoke(app, ["trace", "info", str(path), "--json"], catch_exceptions=False)
+        assert result.exit_code == 0
+        infos.append(json.loads(result.stdout))
+    removed = kernels[3]["dur"] if field == "ts" else full["traceEvents"][trace["traceEvents"].index(kernels[3])]["dur"]
+    assert sum(infos[1]["op_classes"].values()) == pytest.approx(sum(infos[0]["op_classes"].values()) - removed)
+    assert infos[1]["span_us"] <= infos[0]["span_us"]
+    assert any("skipped 1 event" in w for w in infos[1]["warnings"]), infos[1]["warnings"]

@@ -68,6 +68,21 @@ _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 # ---------------------------------------------------------------------------------------------
 
 
+# Kineto's ts is microseconds, relative to baseTimeNanoseconds or since the epoch (~1.7e15 in 2024);
+# no profiled op lasts a day. Values outside these are corrupt and skipped, and counted.
+_MAX_TS_US = 1e17
+_MAX_DUR_US = 86_400e6
+
+
+def _span(event: dict) -> tuple[float, float]:
+    """(ts, dur) in µs, or ValueError for a negative, non-finite or absurd one."""
+    ts = float(event["ts"])
+    dur = float(event.get("dur", 0.0))
+    if not (math.isfinite(ts) and math.isfinite(dur)) or abs(ts) > _MAX_TS_US or not 0.0 <= dur <= _MAX_DUR_US:
+        raise ValueError("bad span")
+    return ts, dur
+
+
 def _args_of(event: dict) -> dict:
     """An event's ``args``; anything but a mapping (a hand-edited or corrupt trace) counts as none."""
     args = event.get("args")
@@ -398,9 +413,11 @@ class _Collector:
                 corr = args.get(K.ARG_CORRELATION)
                 if corr is None:
                     return
-                ts = float(e["ts"])
-                self.r_corr.append(int(corr))
-                self.r_thread.append(self._thread(e.get("pid"), e.get("tid")))
+                ts, _ = _span(e)
+                corr = int(corr)
+                thread = self._thread(e.get("pid"), e.get("tid"))
+                self.r_corr.append(corr)
+                self.r_thread.append(thread)
                 self.r_ts.append(ts)
             elif cat in K.CAT_GPU:
                 self._gpu(e, cat)
@@ -411,17 +428,19 @@ class _Collector:
         name = e.get("name")
         if not isinstance(name, str):
             raise TypeError
-        ts = float(e["ts"])
-        dur = float(e.get("dur", 0.0))
-        code = self._name(name)
+        ts, dur = _span(e)
         args = _args_of(e)
+        # Everything that can fail is read before the first append: the columns stay aligned.
+        ext = int(args.get(K.ARG_EXTERNAL_ID, -1))
+        thread = self._thread(e.get("pid"), e.get("tid"))
+        code = self._name(name)
         i = len(self.h_ts)
         self.h_kind.append(kind)
         self.h_name.append(code)
-        self.h_thread.append(self._thread(e.get("pid"), e.get("tid")))
+        self.h_thread.append(thread)
         self.h_ts.append(ts)
         self.h_dur.append(dur)
-        self.h_ext.append(int(args.get(K.ARG_EXTERNAL_ID, -1)))
+        self.h_ext.append(ext)
         flags = self.name_flags[code]
         flops = nbytes = math.nan
         dt = None
@@ -459,20 +478,24 @@ class _Collector:
         if not isinstance(name, str):
             raise TypeError
         args = _args_of(e)
-        ts = float(e["ts"])
-        dur = float(e.get("dur", 0.0))
+        ts, dur = _span(e)
+        # Everything that can fail is read before the first append: the columns stay aligned.
+        dev = args.get(K.ARG_DEVICE, e.get("pid"))
+        dev = int(dev) if isinstance(dev, (int, float)) else -1
+        stream = args.get(K.ARG_STREAM, e.get("tid"))
+        stream = int(stream) if isinstance(stream, (int, float)) else -1
+        ext = int(args.get(K.ARG_EXTERNAL_ID, -1))
+        corr = int(args.get(K.ARG_CORRELATION, -1))
         i = len(self.g_ts)
         gcat = _GPU_CAT_KERNEL if cat in K.CAT_KERNEL else _GPU_CAT_MEMCPY if cat in K.CAT_MEMCPY else _GPU_CAT_MEMSET
         self.g_cat.append(gcat)
         self.g_name.append(self._name(name))
-        dev = args.get(K.ARG_DEVICE, e.get("pid"))
-        self.g_dev.append(int(dev) if isinstance(dev, (int, float)) else -1)
-        stream = args.get(K.ARG_STREAM, e.get("tid"))
-        self.g_stream.append(int(stream) if isinstance(stream, (int, float)) else -1)
+        self.g_dev.append(dev)
+        self.g_stream.append(stream)
         self.g_ts.append(ts)
         self.g_dur.append(dur)
-        self.g_ext.append(int(args.get(K.ARG_EXTERNAL_ID, -1)))
-        self.g_corr.append(int(args.get(K.ARG_CORRELATION, -1)))
+        self.g_ext.append(ext)
+        self.g_corr.append(corr)
         if K.ARG_COLL_NAME in args:
             self.g_coll_args[i] = {k: args[k] for k in _COLL_ARG_KEYS if k in args}
 
@@ -630,7 +653,8 @@ def import_kineto(path: str | Path, rank: int | None = None) -> KinetoTrace:
     base_ns = top.get(K.BASE_TIME_NS)
     base_ns = int(base_ns) if isinstance(base_ns, (int, float)) else 0
     if col.malformed:
-        warn.append(f"{path.name}: skipped {col.malformed} events without a usable ts/dur/name")
+        noun = "event" if col.malformed == 1 else "events"
+        warn.append(f"{path.name}: skipped {col.malformed} {noun} without a usable ts, dur or name (negative, non-finite or absurd)")
     default_group = _default_group_size(di)
 
     if len(col.g_ts):
