@@ -137,6 +137,15 @@ _ELEMENTWISE = frozenset({
 })
 
 
+_CASTS = frozenset({"to", "type", "type_as", "float", "half", "bfloat16"})
+_P_RE = re.compile(r"'p':\s*([0-9.eE+-]+)")
+
+
+def _dropout_p(args, kwargs) -> float | None:
+    m = _P_RE.search(str(kwargs)) or _P_RE.search(str(args))
+    return float(m.group(1)) if m else None
+
+
 def _dtype_bytes(s) -> int | None:
     if not isinstance(s, str) or not s:
         return None
@@ -192,7 +201,8 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
             rows.append(dict(row=i, name=str(r.get("Name", r["target"])), op_type=op_type, module=mods[-1][0] if mods else "",
                              modules=mods, in_shapes=in_shapes, out_shape=tuple(out_shape) if isinstance(out_shape, (tuple, list)) else None,
                              dtype=str(r.get("dtype", "")), fw_us=float(r["fw_latency"]) * 1e3, bw_us=float(r["bw_latency"]) * 1e3,
-                             acc_us=float(r.get("acc_latency", 0.0) or 0.0) * 1e3, in_layer0=in_layer0, count_given=None))
+                             acc_us=float(r.get("acc_latency", 0.0) or 0.0) * 1e3, in_layer0=in_layer0, count_given=None,
+                             dropout_p=_dropout_p(r.get("_args", ""), r.get("_kwargs", ""))))
     else:
         for i, r in raw.iterrows():
             in_shapes = _literal(r["input_shapes"], "input_shapes", path, i)
@@ -202,7 +212,8 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
                              modules=[(module, "Attention" if _ATTN_RE.search(module) else "")] if module else [],
                              in_shapes=in_shapes, out_shape=tuple(out_shape) if out_shape else (tuple(in_shapes[0]) if in_shapes else None),
                              dtype=str(r.get("dtype", "")), fw_us=float(r["fw_ms"]) * 1e3, bw_us=float(r["bw_ms"]) * 1e3,
-                             acc_us=0.0, in_layer0=False, count_given=int(r["count"]) if "count" in raw.columns else 1))
+                             acc_us=0.0, in_layer0=False, count_given=int(r["count"]) if "count" in raw.columns else 1,
+                             dropout_p=None))
 
     bad = [r for r in rows if not np.isfinite(r["fw_us"]) or not np.isfinite(r["bw_us"]) or r["fw_us"] < 0 or r["bw_us"] < 0]
     if bad:
@@ -229,6 +240,10 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
         if r["op_type"] in EMBED_OPS and r["op_type"] == "Embedding":
             table_rows = vocab if vocab and re.search(r"(wte|embed_tokens|word)", r["module"]) else (seq or 0)
         has_bias = "lm_head" not in r["module"]
+        if r["op_type"] in _CASTS and _dtype_bytes(r["dtype"]) == dt:
+            cls = r["op_class"] = "host"  # a cast to the dtype the tensor has is a no-op
+        if r["op_type"] in DROPOUT_OPS and r["dropout_p"] == 0.0:
+            cls = r["op_class"] = "host"  # dropout with p = 0 (OPT's attention) launches nothing
         fw, bw = op_kernels(r["op_type"], cls, r["in_shapes"], r["out_shape"], dt, has_bias=has_bias, table_rows=table_rows)
         r["flops"] = sum(k.flops for k in fw)
         r["bytes"] = sum(k.bytes for k in fw)
@@ -237,6 +252,6 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
         r["fw_kernels"] = len(fw)
         r["bw_kernels"] = len(bw)
         kernels += [(j, "fw", k) for k in fw] + [(j, "bw", k) for k in bw]
-    ops = pd.DataFrame(rows).drop(columns=["count_given", "modules"])
+    ops = pd.DataFrame(rows).drop(columns=["count_given", "modules", "dropout_p"])
     return MeasuredOpTable(path=path, ops=ops, device=device, model=model, seq=seq, batch=batch, dtype=dtype,
                            num_layers=num_layers, step_ms=step_ms, kernels=kernels)
