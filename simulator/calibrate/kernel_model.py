@@ -253,3 +253,37 @@ def fit_kernel_model(profile: Profile, tables: list, base: KernelModel | None = 
             errs.setdefault(cls, []).append(e["median_abs_op_error"])
     src = ", ".join(f"{t.path.parent.name}/{t.path.name}" for t in tables)
     return km.model_copy(update={"fit_error": {c: float(np.nanmedian(v)) for c, v in errs.items()}, "fit_source": src})
+
+
+# Device names as NeuSight's folders and the driver report them -> shipped spec profiles.
+_SPEC_FOR_DEVICE = {"NVIDIA H100 80GB HBM3": "h100-sxm-80gb", "NVIDIA A100 80GB PCIe": "a100-pcie-80gb",
+                    "NVIDIA A100-SXM4-80GB": "a100-sxm-80gb"}
+
+
+def spec_profile_for(device: str) -> Profile:
+    from simulator.calibrate.profile import load_profile
+
+    name = _SPEC_FOR_DEVICE.get(device)
+    if name is None:
+        raise UserError(f"no spec profile for device {device!r}: give --profile (one of the shipped profiles or a profile JSON)")
+    return load_profile(name)
+
+
+def calibrate_from_tables(tables: list, base: Profile | None = None) -> Profile:
+    """A profile whose kernel model is fitted on measured op tables of one device."""
+    devices = sorted({t.device for t in tables})
+    if len(devices) > 1:
+        raise UserError(f"op tables from different devices ({', '.join(devices)}): calibrate each device on its own")
+    base = base or spec_profile_for(devices[0])
+    km = fit_kernel_model(base, tables)
+    from datetime import date
+
+    from simulator.calibrate.profile import ProvenanceItem
+
+    items = list(base.provenance.items) + [
+        ProvenanceItem(field=f"compute.kernels.{k}", value=str(v), source=f"fitted on {km.fit_source}")
+        for k, v in (("gemm_efficiency", km.gemm_efficiency), ("gemm_k_overhead", round(km.gemm_k_overhead, 2)),
+                     ("launch_floor_us", round(km.launch_floor_us, 2)), ("mem_efficiency", km.mem_efficiency))]
+    prov = base.provenance.model_copy(update={"method": "mixed", "created": date.today().isoformat(), "items": items})
+    return base.model_copy(update={"name": f"{base.name}-fitted", "compute": base.compute.model_copy(update={"kernels": km}),
+                                   "provenance": prov})

@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 
 from simulator.scenario import Scenario
+from simulator.workload.kernels import Kernel, op_kernels
 
 Phase = Literal["F", "I", "W"]
 
@@ -49,6 +50,8 @@ class Op:
     bytes: float = 0.0
     comm: Comm | None = None  # a collective instead of a kernel
     params: float = 0.0  # parameters whose gradient this op produces (W phase) or owns (F)
+    # One kernel timed by shape (simulator.calibrate.kernel_model); None: by class, FLOPs and bytes.
+    kernel: Kernel | None = None
 
 
 @dataclass
@@ -58,9 +61,13 @@ class LayerOps:
     kind: str  # "dense", "moe", "embedding", "head"
     forward: list[Op] = field(default_factory=list)
     params: float = 0.0  # parameters of this layer on one rank (after TP/EP sharding)
+    # Backward given kernel by kernel (hf-eager layers): (input-grad ops, weight-grad ops).
+    explicit_backward: tuple[list[Op], list[Op]] | None = None
 
     def backward(self) -> tuple[list[Op], list[Op]]:
         """(input-grad ops, weight-grad ops) in execution order (reverse of forward)."""
+        if self.explicit_backward is not None:
+            return list(self.explicit_backward[0]), list(self.explicit_backward[1])
         i_ops: list[Op] = []
         w_ops: list[Op] = []
         for op in reversed(self.forward):
@@ -101,6 +108,8 @@ CONJUGATE: dict[str, str | None] = {
 
 
 def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
+    if sc.implementation == "hf-eager":
+        return build_hf_eager_layer_ops(sc)
     m, p = sc.model, sc.parallelism
     t, cp = p.tp, p.cp
     sp = p.sequence_parallel and t > 1
@@ -309,3 +318,171 @@ def total_parameters(sc: Scenario) -> float:
     per_layer = [kinds["moe" if m.is_moe and L >= m.num_dense_layers else "dense"].params for L in range(m.num_layers)]
     # With pp=1 a tied LM head shares the embedding's matrix, so the head counts its norm only.
     return kinds["embedding"].params + sum(per_layer) + kinds["head"].params
+
+
+# ---------------------------------------------------------------------------------------------
+# HuggingFace eager PyTorch: every op of the model's forward is its own kernel (or several), and
+# autograd runs each op's backward kernels (simulator.workload.kernels). This is what NeuSight's
+# per-operator tables measure, row for row.
+# ---------------------------------------------------------------------------------------------
+
+def _hf_ops(records: list[tuple], dt: int) -> tuple[list[Op], list[Op], list[Op], float]:
+    """records: (name, op_type, op_class, in_shapes, out_shape, has_bias) or ("comm", Comm).
+    Returns forward ops, input-grad ops, weight-grad ops (both in backward order) and params."""
+    fwd: list[Op] = []
+    bwd_i: list[Op] = []
+    bwd_w: list[Op] = []
+    params = 0.0
+    for rec in records:
+        if rec[0] == "comm":
+            fwd.append(Op(rec[1].dim + "_" + rec[1].op, "other", "F", comm=rec[1]))
+            continue
+        name, op_type, cls, ins, out, bias = rec[:6]
+        fk, bk = op_kernels(op_type, cls, ins, out, dt, has_bias=bias,
+                            table_rows=rec[6] if len(rec) > 6 else 0)
+        for j, k in enumerate(fk):
+            fwd.append(Op(f"{name}" + (f".{j}" if j else ""), cls, "F", k.flops, k.flops if k.kind == "gemm" else 0.0,
+                          k.bytes, kernel=k))
+        ib, wb = [], []
+        for j, k in enumerate(bk):
+            if k.param_numel > 0:
+                params += k.param_numel
+                wb.append(Op(f"{name}.wgrad{j}", cls, "W", k.flops, k.flops if k.kind == "gemm" else 0.0, k.bytes,
+                             params=k.param_numel, kernel=k))
+            else:
+                ib.append(Op(f"{name}.bwd{j}", cls, "I", k.flops, k.flops if k.kind == "gemm" else 0.0, k.bytes, kernel=k))
+        bwd_i.append(ib)
+        bwd_w.append(wb)
+    # Backward runs in reverse op order; collectives turn into their conjugates.
+    i_ops: list[Op] = []
+    w_ops: list[Op] = []
+    k = len(bwd_i)
+    for rec in reversed(records):
+        if rec[0] == "comm":
+            conj = CONJUGATE.get(rec[1].op)
+            if conj is not None:
+                i_ops.append(Op(rec[1].dim + "_" + conj + ".bwd", "other", "I", comm=replace(rec[1], op=conj)))
+            continue
+        k -= 1
+        i_ops += bwd_i[k]
+        w_ops += bwd_w[k]
+    return fwd, i_ops, w_ops, params
+
+
+def build_hf_eager_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
+    """Layers of an HF GPT-2 (GPT-2/GPT-3 shapes) or OPT model as eager PyTorch runs them.
+
+    Tensor parallelism splits heads and MLP columns as Megatron does (all-reduce after the
+    row-parallel projections, and of the input gradient before the column-parallel ones); norms,
+    dropout and residuals run on every token of every TP rank.
+    """
+    from simulator.errors import UserError
+
+    m, p = sc.model, sc.parallelism
+    arch = m.hf_model_type or "gpt2"
+    if arch not in ("gpt2", "opt"):
+        raise UserError(f"implementation hf-eager models HF gpt2 and opt layers, not {arch!r}: use implementation megatron")
+    if p.cp > 1 or m.is_moe or m.is_mla:
+        raise UserError("implementation hf-eager has no context parallelism, MoE or MLA: use implementation megatron")
+    t = p.tp
+    b, s = sc.batch.micro_batch_size, sc.batch.seq_length
+    h, a, d = m.hidden_size, m.num_attention_heads // t, m.dim_head
+    f = m.ffn_hidden_size // t
+    V = m.vocab_size
+    T = b * s
+    dt = sc.dtype_bytes
+    act = T * h * dt
+    x = [b, s, h]
+    scores = [b, a, s, s]
+    drop = m.attention_dropout > 0
+    tp_in = [("comm", Comm("tp", "identity_ar", act))] if t > 1 else []
+    tp_out = [("comm", Comm("tp", "all_reduce", act))] if t > 1 else []
+    if arch == "gpt2":
+        attn = [("ln_1", "LayerNorm", "norm", [x], x, True), *tp_in,
+                ("c_attn", "addmm", "gemm", [[3 * a * d], [T, h], [h, 3 * a * d]], [T, 3 * a * d], True),
+                ("q_k", "matmul", "attention", [[b, a, s, d], [b, a, d, s]], scores, False),
+                ("scale", "truediv", "attention", [scores, [1]], scores, False),
+                ("causal_mask", "where", "attention", [[1, 1, s, s], scores, [1]], scores, False),
+                ("softmax", "softmax", "attention", [scores], scores, False)]
+        attn += [("attn_dropout", "Dropout", "attention", [scores], scores, False)] if drop else []
+        attn += [("p_v", "matmul", "attention", [scores, [b, a, s, d]], [b, a, s, d], False),
+                 ("merge_heads", "contiguous", "elementwise", [[b, s, a, d]], [b, s, a, d], False),
+                 ("attn_c_proj", "addmm", "gemm", [[h], [T, a * d], [a * d, h]], [T, h], True), *tp_out,
+                 ("resid_dropout", "Dropout", "elementwise", [x], x, False),
+                 ("attn_residual", "add", "elementwise", [x, x], x, False)]
+        y = [b, s, f]
+        # gelu_new, as HF writes it: 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))), op by op.
+        mlp = [("ln_2", "LayerNorm", "norm", [x], x, True), *tp_in,
+               ("c_fc", "addmm", "gemm", [[f], [T, h], [h, f]], [T, f], True),
+               ("gelu_half", "mul", "elementwise", [y, [1]], y, False), ("gelu_pow", "pow", "elementwise", [y, [1]], y, False),
+               ("gelu_cube_scale", "mul", "elementwise", [y, [1]], y, False), ("gelu_add", "add", "elementwise", [y, y], y, False),
+               ("gelu_scale", "mul", "elementwise", [y, [1]], y, False), ("gelu_tanh", "tanh", "elementwise", [y], y, False),
+               ("gelu_one", "add", "elementwise", [y, [1]], y, False), ("gelu_mul", "mul", "elementwise", [y, y], y, False),
+               ("mlp_c_proj", "addmm", "gemm", [[h], [T, f], [f, h]], [T, h], True), *tp_out,
+               ("mlp_dropout", "Dropout", "elementwise", [x], x, False), ("mlp_residual", "add", "elementwise", [x, x], x, False)]
+        emb = [("wte", "Embedding", "embedding", [[b, s]], x, False, V),
+               ("wpe", "Embedding", "embedding", [[1, s]], [1, s, h], False, s),
+               ("pos_add", "add", "elementwise", [x, [1, s, h]], x, False),
+               ("emb_dropout", "Dropout", "elementwise", [x], x, False)]
+        head = [("ln_f", "LayerNorm", "norm", [x], x, True), *tp_in,
+                ("lm_head", "Linear", "gemm", [x], [b, s, V // t], False)]
+    else:
+        flat = [b * a, s, s]
+        attn = [("self_attn_layer_norm", "LayerNorm", "norm", [x], x, True), *tp_in,
+                ("q_proj", "Linear", "gemm", [x], [b, s, a * d], True),
+                ("q_scale", "mul", "elementwise", [[b, s, a * d], [1]], [b, s, a * d], False),
+                ("k_proj", "Linear", "gemm", [x], [b, s, a * d], True),
+                ("k_heads", "contiguous", "elementwise", [[b, a, s, d]], [b, a, s, d], False),
+                ("v_proj", "Linear", "gemm", [x], [b, s, a * d], True),
+                ("v_heads", "contiguous", "elementwise", [[b, a, s, d]], [b, a, s, d], False),
+                ("q_heads", "contiguous", "elementwise", [[b, a, s, d]], [b, a, s, d], False),
+                ("q_k", "bmm", "attention", [[b * a, s, d], [b * a, d, s]], flat, False),
+                ("mask_add", "add", "attention", [scores, [b, 1, s, s]], scores, False),
+                ("mask_max", "max", "attention", [scores, [1]], scores, False),
+                ("softmax", "softmax", "attention", [flat], flat, False)]
+        attn += [("attn_dropout", "dropout", "attention", [flat], flat, False)] if drop else []
+        attn += [("p_v", "bmm", "attention", [flat, [b * a, s, d]], [b * a, s, d], False),
+                 ("out_proj", "Linear", "gemm", [[b, s, a * d]], x, True), *tp_out,
+                 ("resid_dropout", "dropout", "elementwise", [x], x, False),
+                 ("attn_residual", "add", "elementwise", [x, x], x, False)]
+        mlp = [("final_layer_norm", "LayerNorm", "norm", [[T, h]], [T, h], True), *tp_in,
+               ("fc1", "Linear", "gemm", [[T, h]], [T, f], True),
+               ("relu", "ReLU", "elementwise", [[T, f]], [T, f], False),
+               ("fc2", "Linear", "gemm", [[T, f]], [T, h], True), *tp_out,
+               ("mlp_dropout", "dropout", "elementwise", [[T, h]], [T, h], False),
+               ("mlp_residual", "add", "elementwise", [[T, h], [T, h]], [T, h], False)]
+        emb = [("embed_tokens", "Embedding", "embedding", [[b, s]], x, False, V),
+               ("embed_positions", "embedding", "embedding", [[b, s], [m.max_position_embeddings + 2, h]], x, False),
+               ("pos_add", "add", "elementwise", [x, x], x, False)]
+        head = [("final_layer_norm", "LayerNorm", "norm", [x], x, True), *tp_in,
+                ("lm_head", "Linear", "gemm", [x], [b, s, V // t], False)]
+
+    layers: dict[str, LayerOps] = {}
+    fwd, i_ops, w_ops, params = _hf_ops(attn + mlp, dt)
+    layers["dense"] = LayerOps("dense", fwd, params, explicit_backward=(i_ops, w_ops))
+    fwd, i_ops, w_ops, params = _hf_ops(emb, dt)
+    # The token table is split over tp (vocab-parallel) as the LM head is.
+    params = V * h / t + (params - V * h)
+    layers["embedding"] = LayerOps("embedding", fwd, params, explicit_backward=(i_ops, w_ops))
+    fwd, i_ops, w_ops, params = _hf_ops(head, dt)
+    if m.tied_embeddings and p.pp == 1:
+        # The tied LM head's weight gradient lands in the embedding's; count the matrix once.
+        w_ops = [replace(o, params=0.0) if o.name.startswith("lm_head") else o for o in w_ops]
+        params = sum(o.params for o in w_ops)
+    layers["head"] = LayerOps("head", fwd, params, explicit_backward=(i_ops, w_ops))
+    return layers
+
+
+def op_durations_s(profile, ops: list[Op], dtype: str) -> np.ndarray:
+    """Kernel time of each op: shape-aware for ops that carry a kernel, else by class curves."""
+    from simulator.calibrate.kernel_model import kernels_time_s
+
+    out = np.zeros(len(ops))
+    with_k = np.array([o.kernel is not None for o in ops], dtype=bool)
+    if with_k.any():
+        out[with_k] = kernels_time_s(profile, [o.kernel for o in ops if o.kernel is not None], dtype)
+    if (~with_k).any():
+        rest = [o for o in ops if o.kernel is None]
+        out[~with_k] = profile.compute_time_s(np.array([o.op_class for o in rest]), np.array([o.exec_flops for o in rest]),
+                                              np.array([o.bytes for o in rest]))
+    return out

@@ -19,7 +19,7 @@ from simulator.errors import UserError
 from simulator.scenario import Scenario
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
-from simulator.workload.ops import Comm, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor
+from simulator.workload.ops import Comm, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor, op_durations_s
 
 # Megatron keeps fp32 main gradients and reduces them in fp32 when training in bf16.
 GRAD_REDUCE_BYTES = 4
@@ -168,8 +168,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     for kind, lo in layer_kinds.items():
         all_ops += lo.forward + bwd[kind][0] + bwd[kind][1]
     kernels = [o for o in all_ops if o.comm is None]
-    dur = profile.compute_time_s(np.array([o.op_class for o in kernels]), np.array([o.exec_flops for o in kernels]),
-                                 np.array([o.bytes for o in kernels]))
+    dur = op_durations_s(profile, kernels, sc.dtype)
     times = {id(o): float(t) for o, t in zip(kernels, dur)}
 
     def kind_of(layer: int) -> str:
