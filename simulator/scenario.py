@@ -310,7 +310,7 @@ def resolve_model(name_or_path: str) -> ModelConfig:
     )
 
 
-HF_MODEL_TYPES = ("gpt2", "opt", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3")
+HF_MODEL_TYPES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3", "opt")
 
 
 def model_from_hf_config(path: Path) -> ModelConfig:

@@ -140,14 +140,19 @@ def kernels_time_s(profile: Profile, kernels: list[Kernel], dtype: str, km: Kern
     out = np.zeros(len(kernels))
     if not kernels:
         return out
+    is_flash = np.array([k.kind == "flash" for k in kernels])
+    for i in np.flatnonzero(is_flash):
+        k = kernels[i]
+        out[i] = flash_attention_time_s(profile, k.batch, 1, k.m, k.n, k.k, k.causal, k.backward, dtype, km)
     is_gemm = np.array([k.kind == "gemm" for k in kernels])
     if is_gemm.any():
         g = [k for k in kernels if k.kind == "gemm"]
         out[is_gemm] = gemm_time_s(profile, [k.batch for k in g], [k.m for k in g], [k.n for k in g], [k.k for k in g],
                                    dtype, km)
-    if (~is_gemm).any():
-        mk = [k for k in kernels if k.kind != "gemm"]
-        out[~is_gemm] = mem_time_s(profile, [k.op_class for k in mk], [k.bytes for k in mk], km)
+    is_mem = ~is_gemm & ~is_flash
+    if is_mem.any():
+        mk = [k for k in kernels if k.kind == "mem"]
+        out[is_mem] = mem_time_s(profile, [k.op_class for k in mk], [k.bytes for k in mk], km)
     return out
 
 

@@ -410,7 +410,7 @@ def predicted_op_classes(sc, profile: Profile, schedule) -> dict[str, float]:
     for kind, lo in kinds.items():
         i_ops, w_ops = lo.backward()
         ops = [o for o in lo.forward + i_ops + w_ops if o.comm is None]
-        dur = op_durations_s(profile, ops, sc.dtype)
+        dur = op_durations_s(profile, ops, sc)
         acc: dict[str, float] = {}
         for o, t in zip(ops, dur):
             acc[o.op_class] = acc.get(o.op_class, 0.0) + float(t)

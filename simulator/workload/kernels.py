@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-KernelKind = Literal["gemm", "mem"]
+KernelKind = Literal["gemm", "mem", "flash"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class Kernel:
     n: int = 0
     k: int = 0
     param_numel: float = 0.0  # parameters whose gradient this kernel produces (weight-grad kernels)
+    # Fused attention (kind "flash"): batch = sequences x heads, m = query rows, n = keys, k = head dim.
+    causal: bool = False
+    backward: bool = False
 
 
 def numel(shape) -> int:
@@ -54,6 +57,30 @@ def gemm_kernel(op_class: str, batch: int, m: int, n: int, k: int, dt: int, a_ba
     c = batch * m * n
     return Kernel("gemm", op_class, bytes=float((a + b + c) * dt), flops=2.0 * batch * m * n * k, batch=batch, m=m, n=n, k=k,
                   param_numel=param_numel)
+
+
+def flash_kernel(batch_heads: int, s_q: int, s_k: int, head_dim: int, causal: bool, flops: float, bytes_: float) -> Kernel:
+    return Kernel("flash", "attention", bytes=float(bytes_), flops=float(flops), batch=batch_heads, m=s_q, n=s_k, k=head_dim,
+                  causal=causal)
+
+
+# Adam through multi_tensor_apply (apex / torch._foreach fused Adam): one launch covers at most
+# 36 tensors (depth 4: param, grad, exp_avg, exp_avg_sq) and 320 blocks x 65,536 elements
+# (apex csrc/multi_tensor_apply.cuh: depth_to_max_tensors[3] = 36, depth_to_max_blocks = 320,
+# chunk_size 65536 in apex.optimizers.FusedAdam).
+ADAM_MAX_TENSORS_PER_LAUNCH = 36
+ADAM_MAX_ELEMENTS_PER_LAUNCH = 320 * 65536
+
+
+def adam_kernels(params: float, tensors: int, bytes_per_param: float) -> list[Kernel]:
+    """The launches of one multi-tensor Adam step over ``params`` in ``tensors`` tensors, each
+    moving its share of params x bytes_per_param (master, grad, two moments read; written back)."""
+    import math as _m
+
+    if params <= 0:
+        return []
+    n = max(_m.ceil(tensors / ADAM_MAX_TENSORS_PER_LAUNCH), _m.ceil(params / ADAM_MAX_ELEMENTS_PER_LAUNCH), 1)
+    return [mem_kernel("optimizer", params * bytes_per_param / n, 10.0 * params / n) for _ in range(n)]
 
 
 def mem_kernel(op_class: str, bytes_: float, flops: float = 0.0, param_numel: float = 0.0) -> Kernel:

@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 
 from simulator.scenario import Scenario
-from simulator.workload.kernels import Kernel, op_kernels
+from simulator.workload.kernels import Kernel, adam_kernels, flash_kernel, gemm_kernel, mem_kernel, op_kernels
 
 Phase = Literal["F", "I", "W"]
 
@@ -63,6 +63,8 @@ class LayerOps:
     params: float = 0.0  # parameters of this layer on one rank (after TP/EP sharding)
     # Backward given kernel by kernel (hf-eager layers): (input-grad ops, weight-grad ops).
     explicit_backward: tuple[list[Op], list[Op]] | None = None
+    # Megatron sequence parallelism: all-gather a column-parallel GEMM's input again in backward.
+    sp_regather: bool = False
 
     def backward(self) -> tuple[list[Op], list[Op]]:
         """(input-grad ops, weight-grad ops) in execution order (reverse of forward)."""
@@ -70,20 +72,36 @@ class LayerOps:
             return list(self.explicit_backward[0]), list(self.explicit_backward[1])
         i_ops: list[Op] = []
         w_ops: list[Op] = []
-        for op in reversed(self.forward):
+        sp_regather = self.sp_regather
+        for i in range(len(self.forward) - 1, -1, -1):
+            op = self.forward[i]
             if op.comm is not None:
                 conj = CONJUGATE.get(op.comm.op)
                 if conj is not None:
                     i_ops.append(replace(op, name=op.name + ".bwd", phase="I", comm=replace(op.comm, op=conj)))
                 continue
             if op.op_class == "gemm":
-                i_ops.append(replace(op, name=op.name + ".dgrad", phase="I"))
+                k = op.kernel
+                # dgrad: G[M, N] @ W^T -> [M, K]; wgrad: X^T[K, M] @ G[M, N] -> [K, N].
+                dk = replace(k, n=k.k, k=k.n) if k is not None and k.kind == "gemm" else None
+                wk = replace(k, m=k.k, k=k.m) if k is not None and k.kind == "gemm" else None
+                if sp_regather and i > 0 and self.forward[i - 1].comm is not None and self.forward[i - 1].comm.op == "all_gather" \
+                        and self.forward[i - 1].comm.dim == "tp" and op.params > 0:
+                    # Megatron SP keeps only its 1/tp slice of the input: gather it again for the
+                    # weight gradient, overlapped with the input-grad GEMM (Megatron
+                    # LinearWithGradAccumulationAndAsyncCommunication.backward).
+                    prev = self.forward[i - 1].comm
+                    i_ops.append(Op(op.name + ".input_regather", "other", "I", comm=replace(prev, overlap=True)))
+                i_ops.append(replace(op, name=op.name + ".dgrad", phase="I", kernel=dk))
                 if op.params > 0:
-                    w_ops.append(replace(op, name=op.name + ".wgrad", phase="W"))
+                    w_ops.append(replace(op, name=op.name + ".wgrad", phase="W", kernel=wk))
             elif op.op_class == "attention":
                 # dQ, dK, dV: twice the forward matmul work.
+                k = op.kernel
+                bk = replace(k, backward=True, flops=2 * k.flops) if k is not None and k.kind == "flash" else (
+                    replace(k, batch=2 * k.batch) if k is not None else None)
                 i_ops.append(replace(op, name=op.name + ".bwd", phase="I", exec_flops=2 * op.exec_flops,
-                                     model_flops=2 * op.model_flops, bytes=2 * op.bytes))
+                                     model_flops=2 * op.model_flops, bytes=2 * op.bytes, kernel=bk))
             else:
                 i_ops.append(replace(op, name=op.name + ".bwd", phase="I", bytes=2 * op.bytes,
                                      exec_flops=2 * op.exec_flops, model_flops=0.0, params=0.0))
@@ -126,7 +144,8 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
 
     def gemm(name: str, tokens: int, k: int, n: int) -> Op:
         flops = 2.0 * tokens * k * n
-        return Op(name, "gemm", "F", flops, flops, (tokens * k + k * n + tokens * n) * dt, params=k * n)
+        return Op(name, "gemm", "F", flops, flops, (tokens * k + k * n + tokens * n) * dt, params=k * n,
+                  kernel=gemm_kernel("gemm", 1, tokens, n, k, dt, b_batched=False))
 
     def tp_in(name: str) -> list[Op]:
         """Entering a column-parallel block."""
@@ -185,7 +204,12 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
             # Llama-3-style CP: all-gather K and V of the whole sequence before attention.
             kv_bytes = 2 * b * s_full * max(g // t, 1) * d * dt
             attn.append(Op("cp_kv_all_gather", "other", "F", comm=Comm("cp", "all_gather", kv_bytes)))
-        attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes))
+        if sc.flash_attention:
+            kern = flash_kernel(b * max(a // t, 1), s, s_full, d if not m.is_mla else dqk, True, core_model * causal, io_bytes)
+        else:
+            # Materialised scores: QK^T and PV as batched GEMMs of equal work (b x heads each).
+            kern = gemm_kernel("attention", 2 * b * max(a // t, 1), s, s_full, d, dt)
+        attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes, kernel=kern))
     if not sc.flash_attention:
         # Materialised scores: baddbmm write, fused scale-mask-softmax read+write, dropout, bmm read.
         score_elems = b * (a / t) * s * s_full
@@ -209,7 +233,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
            residual("mlp_residual")]
 
     layers: dict[str, LayerOps] = {}
-    dense = LayerOps("dense", attn + mlp)
+    dense = LayerOps("dense", attn + mlp, sp_regather=sp)
     dense.params = sum(o.params for o in dense.forward)
     layers["dense"] = dense
 
@@ -236,6 +260,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     head = LayerOps("head", head_ops, head_params + norm_params)
     if head_params == 0.0:
         head.forward = [replace(o, params=0.0) if o.name == "lm_head" else o for o in head.forward]
+    head.sp_regather = sp
     layers["head"] = head
     return layers
 
@@ -274,7 +299,7 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
         # (dense_mlp divides the width by tp; the shared experts here are not tensor-parallel.)
         ops += dense_mlp("shared_", m.num_shared_experts * ffn * p.tp, Tn)
     ops.append(residual("mlp_residual"))
-    layer = LayerOps("moe", attn + ops)
+    layer = LayerOps("moe", attn + ops, sp_regather=p.sequence_parallel and p.tp > 1)
     layer.params = sum(o.params for o in layer.forward)
     return layer
 
@@ -473,16 +498,34 @@ def build_hf_eager_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     return layers
 
 
-def op_durations_s(profile, ops: list[Op], dtype: str) -> np.ndarray:
-    """Kernel time of each op: shape-aware for ops that carry a kernel, else by class curves."""
+def op_durations_s(profile, ops: list[Op], sc: Scenario) -> np.ndarray:
+    """Kernel time of each op. hf-eager ops are always timed by shape; Megatron ops by shape when
+    the profile carries a kernel model (fitted or sourced), else by the class curves."""
     from simulator.calibrate.kernel_model import kernels_time_s
 
+    shape_aware = sc.implementation == "hf-eager" or profile.compute.kernels is not None
+    kern: list[Kernel | None] = []
+    for o in ops:
+        k = o.kernel if shape_aware else None
+        if shape_aware and k is None and o.op_class in ("elementwise", "norm", "other", "optimizer") and o.bytes > 0:
+            k = mem_kernel(o.op_class, o.bytes, o.exec_flops)
+        kern.append(k)
     out = np.zeros(len(ops))
-    with_k = np.array([o.kernel is not None for o in ops], dtype=bool)
+    with_k = np.array([k is not None for k in kern], dtype=bool)
     if with_k.any():
-        out[with_k] = kernels_time_s(profile, [o.kernel for o in ops if o.kernel is not None], dtype)
+        out[with_k] = kernels_time_s(profile, [k for k in kern if k is not None], sc.dtype)
     if (~with_k).any():
-        rest = [o for o in ops if o.kernel is None]
+        rest = [o for o, k in zip(ops, kern) if k is None]
         out[~with_k] = profile.compute_time_s(np.array([o.op_class for o in rest]), np.array([o.exec_flops for o in rest]),
                                               np.array([o.bytes for o in rest]))
     return out
+
+
+def optimizer_time_s(profile, params: float, tensors: int, bytes_per_param: float, sc: Scenario) -> float:
+    """One Adam step over this rank's params: multi-tensor launches by shape when the profile has
+    a kernel model (each pays the launch floor), else the optimizer class curve over the bytes."""
+    from simulator.calibrate.kernel_model import kernels_time_s
+
+    if profile.compute.kernels is None and sc.implementation != "hf-eager":
+        return float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]), np.array([params * bytes_per_param]))[0])
+    return float(kernels_time_s(profile, adam_kernels(params, tensors, bytes_per_param), sc.dtype).sum())

@@ -19,7 +19,7 @@ from simulator.errors import UserError
 from simulator.scenario import Scenario
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
-from simulator.workload.ops import Comm, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor, op_durations_s
+from simulator.workload.ops import Comm, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor, op_durations_s, optimizer_time_s
 
 # Megatron keeps fp32 main gradients and reduces them in fp32 when training in bf16.
 GRAD_REDUCE_BYTES = 4
@@ -168,7 +168,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     for kind, lo in layer_kinds.items():
         all_ops += lo.forward + bwd[kind][0] + bwd[kind][1]
     kernels = [o for o in all_ops if o.comm is None]
-    dur = op_durations_s(profile, kernels, sc.dtype)
+    dur = op_durations_s(profile, kernels, sc)
     times = {id(o): float(t) for o, t in zip(kernels, dur)}
 
     def kind_of(layer: int) -> str:
@@ -252,8 +252,9 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         expert = sum(stage_expert_params[q] for q in positions_r)
         dense = sum(stage_params[q] for q in positions_r) - expert
         opt_params_max = max(opt_params_max, dense / shard + expert / expert_shard)
-    opt_bytes = opt_params_max * ADAM_BYTES_PER_PARAM
-    optimizer_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]), np.array([opt_bytes]))[0])
+    # Parameter tensors per layer (about 12: QKV, out, fc1, fc2 weights and biases, two norms x 2).
+    optimizer_s = optimizer_time_s(profile, opt_params_max, 12 * max(1, m.num_layers // max(1, p.pp)) + 4,
+                                   ADAM_BYTES_PER_PARAM, sc)
 
     return Program(
         scenario=sc, mesh=mesh, schedule=schedule, segments=segments, position_layers=positions,
