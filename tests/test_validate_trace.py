@@ -143,3 +143,34 @@ def test_cli_json_and_exit_2(tmp_path):
                            str(SCN / "gpt2_large-h100-1024-4-dp4.yaml")]
     p = subprocess.run(step_only, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert p.returncode == 2 and "give --profile" in p.stderr
+
+
+KINETO = ROOT / "tests" / "data" / "reference" / "kineto" / "hta_a100_rank0of16.json.gz"
+
+
+def test_kineto_trace_set_measured_side():
+    """A real 16-rank A100 trace (rank 0): the step from ProfilerStep boundaries on the GPU
+    timeline, compute per class, exposed communication per dimension; same names as predicted."""
+    r = validate_trace(KINETO, ROOT / "tests" / "data" / "scenarios" / "hta16-a100.yaml", "a100-sxm-80gb")
+    assert r["mode"] == "predict"
+    assert 0.20 < r["measured_step_time_s"] < 0.23  # ~216 ms between ProfilerStep starts
+    assert r["op_classes"]["gemm"]["measured_time_s"] > 0
+    assert set(r["exposed_comm"]) == {"tp", "cp", "ep", "pp", "dp"}
+    assert r["exposed_comm"]["dp"]["measured_time_s"] > 0
+    meas = r["measured_per_rank"][0]
+    assert meas["compute_s"] + sum(meas["exposed_comm_s"].values()) + meas["bubble_s"] == pytest.approx(meas["step_s"])
+
+
+def test_kineto_trace_layout_disagreement(tmp_path):
+    import yaml
+
+    data = yaml.safe_load((ROOT / "tests" / "data" / "scenarios" / "hta16-a100.yaml").read_text())
+    data["parallelism"]["tp"] = 1
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(UserError, match="groups of 8 ranks"):
+        validate_trace(KINETO, tmp_path / "s.yaml", "a100-sxm-80gb")
+    data["cluster"]["gpus"] = 8
+    data["parallelism"]["tp"] = 8
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(UserError, match="job of 16"):
+        validate_trace(KINETO, tmp_path / "s.yaml", "a100-sxm-80gb")

@@ -441,14 +441,26 @@ def validate_trace(trace: str | Path, scenario: str | Path, profile: str | Path 
     path = Path(trace)
     if not path.exists():
         raise UserError(f"{str(path)!r} does not exist: give an op table (.csv), a NeuSight step JSON or a trace folder")
-    meas = measured_from_path(path)
     sc = load_scenario(scenario)
     if topology:
         sc = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"topology": topology})})
-    check_scenario_against(sc, meas)
+    is_trace = path.is_dir() or path.name.endswith(".json.gz") or (
+        path.suffix == ".json" and b'"traceEvents"' in path.open("rb").read(1 << 16))
+    if is_trace:
+        meas = measured_from_trace_set(path, sc)
+    else:
+        meas = measured_from_path(path)
+        check_scenario_against(sc, meas)
     if profile is not None:
         prof = load_profile(profile)
         mode = "predict"
+    elif is_trace:
+        from simulator.calibrate.fit import calibrate
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prof = calibrate([path], f"{path.stem}-self")
+        mode = "self-consistency"
     else:
         if meas.table is None:
             raise UserError(f"{path.name!r} holds a step time but no ops to calibrate on: give --profile (e.g. one fitted "
@@ -463,6 +475,8 @@ def validate_trace(trace: str | Path, scenario: str | Path, profile: str | Path 
         tl = Engine(prog, make_network(sc, topo, prof), mode="reduced").run()
         pred_cls = predicted_op_classes(sc, prof, sched)
     pred_step = float(tl.step_time_s) - (0.0 if meas.includes_optimizer else prog.optimizer_s)
+    if meas.includes_optimizer and prog.optimizer_s > 0:
+        pred_cls["optimizer"] = pred_cls.get("optimizer", 0.0) + prog.optimizer_s
     ranks = list(tl.ranks)
     exposed = {d: float(np.mean([tl.exposed_s[r].get(d, 0.0) for r in ranks])) for d in COMM_DIMS}
     bubble = float(np.mean([rank_bubble_fraction(tl, r) for r in ranks])) * float(tl.step_time_s)
@@ -485,8 +499,9 @@ def validate_trace(trace: str | Path, scenario: str | Path, profile: str | Path 
         "step_includes_optimizer": meas.includes_optimizer,
         "op_classes": {c: row((meas.classes or {}).get(c), pred_cls.get(c)) for c in cls_keys},
         # A one-GPU measurement has no communication: measured 0 in every dimension.
-        "exposed_comm": {d: row(0.0 if single else None, exposed[d]) for d in COMM_DIMS},
-        "bubble": row(0.0 if single else None, bubble),
+        "exposed_comm": {d: row(getattr(meas, "exposed", {}).get(d, 0.0 if single else None), exposed[d]) for d in COMM_DIMS},
+        "bubble": row(getattr(meas, "bubble", 0.0 if single else None), bubble),
+        "measured_per_rank": getattr(meas, "per_rank", None),
         "per_rank": [{"rank": int(r), "pp_rank": int(tl.pp_rank_of.get(r, 0)), "compute_s": float(tl.busy_compute_s[r]),
                       "exposed_comm_s": {d: float(tl.exposed_s[r].get(d, 0.0)) for d in COMM_DIMS},
                       "bubble_s": rank_bubble_fraction(tl, r) * float(tl.step_time_s)} for r in ranks],
@@ -519,3 +534,107 @@ def print_trace_validation(res: dict[str, Any]) -> None:
     con.print("per class, dimension and bubble: seconds per step on one rank, mean over ranks")
     for n in res["notes"]:
         con.print(f"note: {n}")
+
+
+def _union_length(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merged intervals (sorted, disjoint) of [starts, ends)."""
+    if len(starts) == 0:
+        return np.zeros(0), np.zeros(0)
+    o = np.argsort(starts)
+    s, e = starts[o], ends[o]
+    ms, me = [s[0]], [e[0]]
+    for a, b in zip(s[1:], e[1:]):
+        if a <= me[-1]:
+            me[-1] = max(me[-1], b)
+        else:
+            ms.append(a)
+            me.append(b)
+    return np.array(ms), np.array(me)
+
+
+def _exposed_us(cs: np.ndarray, ce: np.ndarray, us: np.ndarray, ue: np.ndarray) -> float:
+    """Length of the comm intervals [cs, ce) not covered by the merged compute intervals [us, ue)."""
+    ms, me = _union_length(cs, ce)
+    total = float((me - ms).sum())
+    covered = 0.0
+    for a, b in zip(ms, me):
+        lo = np.maximum(us, a)
+        hi = np.minimum(ue, b)
+        covered += float(np.clip(hi - lo, 0, None).sum())
+    return max(0.0, total - covered)
+
+
+def _dim_of(coll: str, group: int | None, sc) -> str:
+    """Which mesh dimension a measured collective belongs to (by group size, then by kind)."""
+    p = sc.parallelism
+    sizes = {"tp": p.tp, "cp": p.cp, "ep": p.ep, "dp": sc.dp, "pp": p.pp}
+    if coll in ("send_recv", "send", "recv"):
+        return "pp" if p.pp > 1 else "ep"
+    if coll == "all_to_all":
+        return "ep" if p.ep > 1 else "cp"
+    if group:
+        for d in ("tp", "cp", "ep", "dp"):
+            if sizes[d] == group and group > 1:
+                return d
+    return "dp" if coll == "all_reduce" and sc.dp > 1 else ("tp" if p.tp > 1 else "dp")
+
+
+def measured_from_trace_set(path: Path, sc) -> Measured:
+    """Step, compute per class, exposed communication per dimension and bubble per rank, from
+    Kineto traces (ProfilerStep boundaries; kernels on the GPU timeline)."""
+    from simulator.trace.loader import load_trace
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ts = load_trace(path)
+    ops = ts.ops
+    if ops.empty:
+        raise UserError(f"{str(path)!r} holds no timed GPU ops: give Kineto traces with CUDA activities")
+    world = ts.world_size or len(ts.ranks)
+    if sc.cluster.gpus != world:
+        raise UserError(f"scenario runs on {sc.cluster.gpus} GPUs but the traces in {str(path)!r} come from a job of "
+                        f"{world}: set cluster.gpus: {world}")
+    groups = sorted({int(g) for g in ops["group_size"].dropna().unique()} - {1})
+    p = sc.parallelism
+    allowed = {p.tp, p.cp, p.ep, sc.dp, p.pp, sc.dp * p.cp, sc.dp // max(p.ep, 1), world}
+    odd = [g for g in groups if g not in allowed]
+    if odd:
+        raise UserError(f"the traces hold collectives over groups of {odd[0]} ranks, which the scenario's layout "
+                        f"(tp={p.tp} cp={p.cp} ep={p.ep} dp={sc.dp} pp={p.pp}) has none of: set the layout the job ran")
+    stepped = ops[ops["step"] >= 0]
+    if stepped.empty:
+        raise UserError(f"{str(path)!r} has no ProfilerStep boundaries: profile with torch.profiler's schedule (step())")
+    per_rank, classes = [], {}
+    gpu = stepped[stepped["device"] >= 0]
+    for r, g in gpu.groupby("rank"):
+        starts = g.groupby("step")["start_us"].min().sort_values()
+        steps = sorted(g["step"].unique())
+        if len(starts) >= 2:
+            step_us = float(np.median(np.diff(starts.to_numpy())))
+        else:
+            step_us = float((g["start_us"] + g["dur_us"]).max() - g["start_us"].min())
+        n = len(steps)
+        comp = g[~g["op_class"].isin(["communication"])]
+        for c, v in comp.groupby(comp["op_class"].astype(str))["dur_us"].sum().items():
+            classes.setdefault(c, []).append(float(v) * 1e-6 / n)
+        cs, ce = _union_length(comp["start_us"].to_numpy(float), (comp["start_us"] + comp["dur_us"]).to_numpy(float))
+        comm = g[g["op_class"] == "communication"]
+        exposed = dict.fromkeys(COMM_DIMS, 0.0)
+        if not comm.empty:
+            dims = [_dim_of(str(c), None if pd.isna(s) else int(s), sc) for c, s in zip(comm["collective"], comm["group_size"])]
+            comm = comm.assign(dim=dims)
+            for d, cg in comm.groupby("dim"):
+                exposed[d] = _exposed_us(cg["start_us"].to_numpy(float), (cg["start_us"] + cg["dur_us"]).to_numpy(float),
+                                         cs, ce) * 1e-6 / n
+        busy = float((ce - cs).sum()) * 1e-6 / n
+        per_rank.append({"rank": int(r), "step_s": step_us * 1e-6, "compute_s": busy, "exposed_comm_s": exposed,
+                         "bubble_s": max(0.0, step_us * 1e-6 - busy - sum(exposed.values()))})
+    meas = Measured(str(path), float(np.median([x["step_s"] for x in per_rank])), world,
+                    {"tp": p.tp, "pp": p.pp, "dp": sc.dp, "cp": p.cp, "ep": p.ep},
+                    {c: float(np.mean(v)) for c, v in classes.items()}, True, None, None, None,
+                    ts.devices[0] if ts.devices else None,
+                    [f"{len(ts.ranks)} of {world} ranks traced; step from ProfilerStep starts on the GPU timeline"])
+    meas.per_rank = per_rank
+    meas.exposed = {d: float(np.mean([x["exposed_comm_s"][d] for x in per_rank])) for d in COMM_DIMS}
+    meas.bubble = float(np.mean([x["bubble_s"] for x in per_rank]))
+    return meas
