@@ -174,3 +174,22 @@ def test_kineto_trace_layout_disagreement(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(UserError, match="job of 16"):
         validate_trace(KINETO, tmp_path / "s.yaml", "a100-sxm-80gb")
+
+
+def test_calibrate_cli_on_op_table(tmp_path):
+    from simulator.calibrate.profile import load_profile
+
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    out = tmp_path / "h100-neusight.json"
+    cmd = [sys.executable, "-m", "simulator.cli", "calibrate", str(NEU / GPUS["h100"] / "gpt2_large-train-1024-4.csv"),
+           "--out", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    prof = load_profile(out)
+    km = prof.compute.kernels
+    assert prof.device == "NVIDIA H100 80GB HBM3" and prof.provenance.method == "mixed"
+    # Physics: fp32 GEMMs below the FP32 peak, HBM below the datasheet.
+    assert 0.5 < km.gemm_efficiency["fp32"] <= 1.0 and all(v <= 0.92 for v in km.mem_efficiency.values())
+    assert "gpt2_large-train-1024-4.csv" in km.fit_source
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert p.returncode == 2 and "already exists" in p.stderr

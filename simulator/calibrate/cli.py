@@ -43,6 +43,9 @@ def calibrate_command(
         print(f"{prof.name}: {prof.device}: GEMM efficiency {km.gemm_efficiency}, k overhead {km.gemm_k_overhead:.1f}, "
               f"launch floor {km.launch_floor_us:.1f} us, HBM efficiency {', '.join(f'{k} {v:.2f}' for k, v in km.mem_efficiency.items())}; "
               f"median |op error| {', '.join(f'{k} {v:.0%}' for k, v in (km.fit_error or {}).items())}; wrote {out}", file=sys.stderr)
+        if km.fit_source and "low confidence" in km.fit_source:
+            print(f"note: {km.fit_source.split('; low confidence: ', 1)[1]} (the fit wanted beyond physics; "
+                  f"the bound is used)", file=sys.stderr)
         return
     if any(Path(i).suffix == ".csv" for i in inputs):
         raise UserError("op tables (.csv) calibrate on their own: give only .csv inputs, or only traces and logs")

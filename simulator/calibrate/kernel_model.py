@@ -252,12 +252,17 @@ def fit_kernel_model(profile: Profile, tables: list, base: KernelModel | None = 
 
     sol = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", max_nfev=200)
     km = model(sol.x)
+    # A constant pinned at its physical bound is a low-confidence fit: say so, in one line each.
+    at_bound = [f"{n} = {v:.3g} sits at its bound {b:.3g}" for n, v, b in zip(names, sol.x, hi)
+                if v >= b * 0.999 and n != "k_overhead"]
+    at_bound += [f"{n} = {v:.3g} sits at its bound {b:.3g}" for n, v, b in zip(names, sol.x, lo) if v <= b + 1e-9 and b > 0]
     errs = {}
     for t in tables:
         for cls, e in class_errors(predict_table(profile, t, km)).items():
             errs.setdefault(cls, []).append(e["median_abs_op_error"])
     src = ", ".join(f"{t.path.parent.name}/{t.path.name}" for t in tables)
-    return km.model_copy(update={"fit_error": {c: float(np.nanmedian(v)) for c, v in errs.items()}, "fit_source": src})
+    notes = f"; low confidence: {'; '.join(at_bound)}" if at_bound else ""
+    return km.model_copy(update={"fit_error": {c: float(np.nanmedian(v)) for c, v in errs.items()}, "fit_source": src + notes})
 
 
 # Device names as NeuSight's folders and the driver report them -> shipped spec profiles.
