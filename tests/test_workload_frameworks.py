@@ -32,6 +32,9 @@ def test_megatron_sp_gathers_six_times_per_layer():
     ops = dense.forward + i_ops + w_ops
     assert _collectives(ops).count("all_gather") == 6
     assert _collectives(ops).count("reduce_scatter") == 4
+    # Norm weights saw 1/tp of the tokens: their fp32 gradients are all-reduced over tp.
+    ar = [o for o in w_ops if o.comm is not None and o.comm.op == "all_reduce"]
+    assert len(ar) == 1 and ar[0].comm.dim == "tp" and ar[0].comm.size_bytes == 2 * 4096 * 4
     regather = [o for o in i_ops if o.name.endswith(".input_regather")]
     assert len(regather) == 2 and all(o.comm.overlap for o in regather)
     # Each re-gather comes right before the input-grad GEMM it overlaps.
@@ -41,6 +44,7 @@ def test_megatron_sp_gathers_six_times_per_layer():
     # Without SP there is nothing to re-gather.
     no_sp = build_layer_ops(_sc(parallelism={"tp": 2, "sequence_parallel": False}))["dense"]
     assert "all_gather" not in _collectives(no_sp.forward + no_sp.backward()[0])
+    assert not any(o.comm is not None for o in no_sp.backward()[1])
 
 
 def test_gemm_kernels_transpose_in_backward():

@@ -65,11 +65,23 @@ class LayerOps:
     explicit_backward: tuple[list[Op], list[Op]] | None = None
     # Megatron sequence parallelism: all-gather a column-parallel GEMM's input again in backward.
     sp_regather: bool = False
+    # Megatron SP: norm weights see 1/tp of the tokens, so their gradients are all-reduced over tp
+    # (finalize_model_grads._allreduce_layernorm_grads); bytes of this layer's share, fp32.
+    tp_norm_grad_bytes: float = 0.0
 
     def backward(self) -> tuple[list[Op], list[Op]]:
         """(input-grad ops, weight-grad ops) in execution order (reverse of forward)."""
         if self.explicit_backward is not None:
             return list(self.explicit_backward[0]), list(self.explicit_backward[1])
+        i_ops, w_ops = self._backward()
+        if self.tp_norm_grad_bytes > 0:
+            # Megatron coalesces these into one call after backward; one small asynchronous call
+            # per layer, overlapped with the next layer's backward, costs about the same.
+            w_ops.append(Op("norm_grads_allreduce", "other", "W",
+                            comm=Comm("tp", "all_reduce", self.tp_norm_grad_bytes, overlap=True)))
+        return i_ops, w_ops
+
+    def _backward(self) -> tuple[list[Op], list[Op]]:
         i_ops: list[Op] = []
         w_ops: list[Op] = []
         sp_regather = self.sp_regather
@@ -233,7 +245,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
            residual("mlp_residual")]
 
     layers: dict[str, LayerOps] = {}
-    dense = LayerOps("dense", attn + mlp, sp_regather=sp)
+    dense = LayerOps("dense", attn + mlp, sp_regather=sp, tp_norm_grad_bytes=2 * norm_params * 4.0 if sp else 0.0)
     dense.params = sum(o.params for o in dense.forward)
     layers["dense"] = dense
 
@@ -299,7 +311,9 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
         # (dense_mlp divides the width by tp; the shared experts here are not tensor-parallel.)
         ops += dense_mlp("shared_", m.num_shared_experts * ffn * p.tp, Tn)
     ops.append(residual("mlp_residual"))
-    layer = LayerOps("moe", attn + ops, sp_regather=p.sequence_parallel and p.tp > 1)
+    sp = p.sequence_parallel and p.tp > 1
+    layer = LayerOps("moe", attn + ops, sp_regather=sp,
+                     tp_norm_grad_bytes=2 * (2 * h if m.mlp == "gelu" else h) * 4.0 if sp else 0.0)
     layer.params = sum(o.params for o in layer.forward)
     return layer
 
