@@ -339,8 +339,14 @@ def measured_from_path(path: Path) -> Measured:
     if path.suffix == ".csv":
         t = load_op_table(path)
         cls = t.class_times_s()
-        kernel_classes = {k: v for k, v in cls.items() if k not in ("host", "grad_accumulate")}
+        net = t.class_times_s(net=True)
+        kernel_classes = {k: v for k, v in net.items() if k not in ("host", "grad_accumulate")}
         notes = []
+        if t.timer_floor_us > 0:
+            raw = sum(v for k, v in cls.items() if k not in ("host", "grad_accumulate"))
+            notes.append(f"the table's per-op timer adds {t.timer_floor_us:.1f} us to every op (its median for ops that "
+                         f"launch no kernel); class times are measured less that floor ({sum(kernel_classes.values()) * 1e3:.1f} "
+                         f"of {raw * 1e3:.1f} ms per step)")
         if "host" in cls:
             notes.append(f"ops that launch no kernel (views, shape arithmetic) measured {cls['host'] * 1e3:.1f} ms per step "
                          f"(the per-op timer's floor); not GPU work, left out of the classes")
