@@ -3,7 +3,6 @@ measured per-op latencies and checked per class."""
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from simulator.calibrate.kernel_model import (MAX_MEM_EFFICIENCY, class_errors, fit_kernel_model, flash_attention_time_s,

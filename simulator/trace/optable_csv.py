@@ -15,7 +15,6 @@ it launches forward and backward (simulator.workload.kernels), which is what cal
 from __future__ import annotations
 
 import ast
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.errors import UserError
+from simulator.errors import UserError, read_json
 from simulator.workload.kernels import (DROPOUT_OPS, EMBED_OPS, GEMM_OPS, LOSS_OPS, NORM_OPS, SOFTMAX_OPS, VIEW_OPS,
                                         Kernel, numel, op_kernels)
 
 TABLE_CLASSES = ("gemm", "attention", "norm", "softmax", "elementwise", "embedding", "loss", "other")
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "float16": 2, "half": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
                "float64": 8, "int64": 8, "long": 8, "int32": 4, "bool": 1, "uint8": 1, "float8_e4m3fn": 1}
-# NeuSight folder names -> the device name the driver reports.
+# NeuSight file names: <model>-<train|inf>-<seq>-<batch>.csv
 _NEUSIGHT_NAME_RE = re.compile(r"^(?P<model>.+)-(?P<mode>train|inf)-(?P<seq>\d+)-(?P<batch>\d+)$")
 _MODULE_RE = re.compile(r"\('([^']+)', <class '([^']+)'>\)")
 _LAYER0_RE = re.compile(r"\.(h|layers|layer|blocks)\.0$")
@@ -199,8 +198,6 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
     step_ms: dict[str, float] = {}
     side = path.with_suffix(".json")
     if side.exists():
-        from simulator.errors import read_json
-
         j = read_json(side, "op table step file", fix="fix it or remove it")
         if isinstance(j, dict):
             if num_layers is None and isinstance(j.get("num_layer"), int) and j["num_layer"] > 0:

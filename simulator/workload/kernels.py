@@ -75,11 +75,9 @@ ADAM_MAX_ELEMENTS_PER_LAUNCH = 320 * 65536
 def adam_kernels(params: float, tensors: int, bytes_per_param: float) -> list[Kernel]:
     """The launches of one multi-tensor Adam step over ``params`` in ``tensors`` tensors, each
     moving its share of params x bytes_per_param (master, grad, two moments read; written back)."""
-    import math as _m
-
     if params <= 0:
         return []
-    n = max(_m.ceil(tensors / ADAM_MAX_TENSORS_PER_LAUNCH), _m.ceil(params / ADAM_MAX_ELEMENTS_PER_LAUNCH), 1)
+    n = max(math.ceil(tensors / ADAM_MAX_TENSORS_PER_LAUNCH), math.ceil(params / ADAM_MAX_ELEMENTS_PER_LAUNCH), 1)
     return [mem_kernel("optimizer", params * bytes_per_param / n, 10.0 * params / n) for _ in range(n)]
 
 
