@@ -479,7 +479,11 @@ def validate_trace(trace: str | Path, scenario: str | Path, profile: str | Path 
         if meas.table is None:
             raise UserError(f"{path.name!r} holds a step time but no ops to calibrate on: give --profile (e.g. one fitted "
                             f"with 'clustersim calibrate' on an op table of the same GPU)")
-        prof = calibrate_from_tables([meas.table])
+        from simulator.calibrate.kernel_model import _SPEC_FOR_DEVICE
+
+        # A table that does not name its GPU calibrates on the scenario's GPU profile.
+        base = None if meas.table.device in _SPEC_FOR_DEVICE else load_profile(sc.cluster.gpu)
+        prof = calibrate_from_tables([meas.table], base)
         mode = "self-consistency"
     topo = load_topology(sc.cluster.topology)
     sched = resolve_schedule(sc)
