@@ -63,6 +63,9 @@ class ModelConfig(BaseModel):
     moe_ffn_hidden_size: int | None = Field(None, ge=1, le=4 * MAX_WIDTH, description="Inner width of one expert; defaults to ffn_hidden_size.")
     num_shared_experts: int = Field(0, ge=0, le=MAX_EXPERTS, description="Always-active shared experts per MoE layer.")
     num_dense_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="First layers that use a dense MLP instead of experts.")
+    # HuggingFace architecture whose eager kernels `implementation: hf-eager` replays (gpt2, opt).
+    hf_model_type: str | None = Field(None, description="HuggingFace model_type (gpt2, opt) for hf-eager kernels; None: generic.")
+    attention_dropout: float = Field(0.1, ge=0, lt=1, description="Dropout on attention probabilities (hf-eager; 0 launches no kernel).")
 
     @property
     def kv_heads(self) -> int:
@@ -279,6 +282,9 @@ class Scenario(BaseModel):
     flash_attention: bool = Field(
         True, description="Fused attention that skips masked causal blocks and stores no s x s scores."
     )
+    implementation: Literal["megatron", "hf-eager"] = Field(
+        "megatron", description="Kernels the framework runs: Megatron's fused layers, or HuggingFace eager PyTorch (every op its own kernel)."
+    )
 
     @field_validator("model", mode="before")
     @classmethod
@@ -444,7 +450,7 @@ def resolve_model(name_or_path: str) -> ModelConfig:
     )
 
 
-HF_MODEL_TYPES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3")
+HF_MODEL_TYPES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3", "opt")
 
 
 def model_from_hf_config(path: Path) -> ModelConfig:
@@ -489,6 +495,18 @@ def model_from_hf_config(path: Path) -> ModelConfig:
                 name=str(name), num_layers=need("n_layer"), hidden_size=h, ffn_hidden_size=opt("n_inner") or 4 * h,
                 num_attention_heads=need("n_head"), vocab_size=need("vocab_size"), mlp="gelu", tied_embeddings=True,
                 learned_position_embeddings=True, max_position_embeddings=opt("n_positions", 1024),
+                hf_model_type="gpt2", attention_dropout=cfg.get("attn_pdrop", 0.1),
+            )
+        if mt == "opt":
+            h = need("hidden_size")
+            if cfg.get("word_embed_proj_dim", h) != h or not cfg.get("do_layer_norm_before", True):
+                raise UserError(f"model config {str(path)!r}: OPT with word_embed_proj_dim != hidden_size or post-LN (OPT-350M) is not modelled")
+            return ModelConfig(
+                name=str(name), num_layers=need("num_hidden_layers"), hidden_size=h, ffn_hidden_size=need("ffn_dim"),
+                num_attention_heads=need("num_attention_heads"), vocab_size=need("vocab_size"), mlp="gelu",
+                tied_embeddings=flag("tie_word_embeddings", True), learned_position_embeddings=True,
+                max_position_embeddings=need("max_position_embeddings"), hf_model_type="opt",
+                attention_dropout=cfg.get("attention_dropout", 0.0),
             )
         common = dict(
             name=str(name), num_layers=need("num_hidden_layers"), hidden_size=need("hidden_size"),

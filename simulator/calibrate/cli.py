@@ -32,6 +32,25 @@ def calibrate_command(
         raise UserError(f"--out {str(out)!r} must be a .json file, e.g. calibration/my-gpu.json")
     if out.exists() and not force:
         raise UserError(f"--out {str(out)!r} already exists: choose another path or pass --force")
+    if inputs and all(Path(i).suffix == ".csv" for i in inputs):
+        # Per-operator latency tables (NeuSight's or plain): fit the kernel model's constants.
+        from simulator.calibrate.kernel_model import calibrate_from_tables
+        from simulator.calibrate.profile import load_profile
+        from simulator.trace.optable_csv import load_op_table
+
+        prof = calibrate_from_tables([load_op_table(i) for i in inputs], load_profile(base) if base else None)
+        prof = prof.model_copy(update={"name": name or out.stem})
+        write_atomic(out, prof.model_dump_json(indent=2, exclude_none=True) + "\n")
+        km = prof.compute.kernels
+        print(f"{prof.name}: {prof.device}: GEMM efficiency {km.gemm_efficiency}, k overhead {km.gemm_k_overhead:.1f}, "
+              f"launch floor {km.launch_floor_us:.1f} us, HBM efficiency {', '.join(f'{k} {v:.2f}' for k, v in km.mem_efficiency.items())}; "
+              f"median |op error| {', '.join(f'{k} {v:.0%}' for k, v in (km.fit_error or {}).items())}; wrote {out}", file=sys.stderr)
+        if km.fit_source and "low confidence" in km.fit_source:
+            print(f"note: {km.fit_source.split('; low confidence: ', 1)[1]} (the fit wanted beyond physics; "
+                  f"the bound is used)", file=sys.stderr)
+        return
+    if any(Path(i).suffix == ".csv" for i in inputs):
+        raise UserError("op tables (.csv) calibrate on their own: give only .csv inputs, or only traces and logs")
     from simulator.calibrate.physics import Notes
 
     mesh = None

@@ -56,6 +56,30 @@ class OpClassModel(BaseModel):
     fit_samples: int | None = Field(None, description="Captured ops the fit used.")
 
 
+class KernelModel(BaseModel):
+    """Kernels by shape (simulator.calibrate.kernel_model): GEMMs by M, N, K and dtype with tile and
+    wave quantization on the SMs; memory-bound kernels by bytes at achievable HBM bandwidth;
+    FlashAttention by sequence, head dim and mask; a launch floor per kernel. The few free
+    constants are fitted by calibration from measured ops; spec profiles carry sourced defaults."""
+
+    model_config = _STRICT
+
+    gemm_efficiency: dict[str, float] = Field(
+        description="dtype -> fraction of that dtype's peak a full wave of large (128x128) tiles reaches.")
+    gemm_k_overhead: float = Field(32.0, ge=0, description="Per-tile prologue/epilogue cost, in units of K (the reduction depth).")
+    gemm_tiles: list[tuple[int, int]] = Field(
+        default_factory=lambda: [(128, 128), (128, 256), (256, 128), (128, 64), (64, 128), (64, 64)],
+        description="Threadblock tiles (M x N) the GEMM library chooses among (the fastest is taken).")
+    gemm_split_k: list[int] = Field(default_factory=lambda: [1, 2, 4], description="Split-K factors the library may use.")
+    mem_efficiency: dict[str, float] = Field(
+        description="op class -> fraction of HBM bandwidth its memory-bound kernels reach ('default' for the rest).")
+    attention_efficiency: float = Field(0.5, gt=0, le=1, description="FlashAttention forward: fraction of peak FLOP/s on full tiles.")
+    attention_bwd_efficiency: float = Field(0.4, gt=0, le=1, description="FlashAttention backward: fraction of peak FLOP/s.")
+    launch_floor_us: float = Field(3.0, ge=0, description="Time of an empty kernel: launch, ramp and tail, µs.")
+    fit_error: dict[str, float] | None = Field(None, description="Median |relative error| per op class on the fitted ops.")
+    fit_source: str | None = Field(None, description="What the constants were fitted on.")
+
+
 class ComputeModel(BaseModel):
     model_config = _STRICT
 
@@ -65,6 +89,10 @@ class ComputeModel(BaseModel):
     sm_count: int | None = Field(None, ge=1, description="Streaming multiprocessors on the device (None: unknown).")
     # FP8 tensor-core peak (dense); None = the device has no FP8 tensor cores (A100, V100).
     peak_tflops_fp8: float | None = Field(None, gt=0, description="Peak dense FP8 TFLOP/s (None: no FP8 tensor cores).")
+    # FP32 (non-tensor-core) peak: fp32 GEMMs without TF32 (PyTorch's default since 1.12) run here.
+    peak_tflops_fp32: float | None = Field(None, gt=0, description="Peak FP32 TFLOP/s without tensor cores (None: unknown).")
+    # Shape-aware kernel model; None: derived from the class curves (simulator.calibrate.kernel_model).
+    kernels: KernelModel | None = Field(None, description="Kernels by shape: GEMM tiles and waves, HBM bytes, launch floor.")
     # Block-scaled MXFP8 (OCP microscaling) tensor-core peak; None = the device has none (Hopper and older).
     peak_tflops_mxfp8: float | None = Field(None, gt=0, description="Peak dense MXFP8 TFLOP/s (None: no MXFP8 tensor cores).")
     classes: dict[str, OpClassModel] = Field(description="Cost model per op class; must include 'other', the fallback.")

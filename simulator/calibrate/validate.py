@@ -86,6 +86,14 @@ def predicted_class_times(sc, profile: Profile, schedule) -> dict[str, float]:
     """Seconds per step per rank (mean over pipeline ranks) of each op class."""
     from simulator.workload.program import build_program
 
+    if profile.compute.kernels is not None or sc.implementation == "hf-eager":
+        # Shape-timed ops do not go through the class curves: sum the ops' own times per class.
+        out = predicted_op_classes(sc, profile, schedule)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prog = build_program(sc, profile, schedule)
+        out["optimizer"] = out.get("optimizer", 0.0) + prog.optimizer_s
+        return {c: v for c, v in out.items() if c in OP_CLASSES}
     out = {}
     for cls in OP_CLASSES:
         # Kernel time only: the measured per-class times are op durations, which do not hold
@@ -261,8 +269,10 @@ def validate_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
     published: Annotated[Optional[str], typer.Option("--published", help="Validate against a published table instead, e.g. megatron-2021.")] = None,
     topology: Annotated[Optional[str], typer.Option("--topology", help="Topology to simulate on; default from the bundle's host kind.")] = None,
+    scenario: Annotated[Optional[Path], typer.Option("--scenario", help="Scenario the measurement ran (needed for op tables and step files).")] = None,
 ) -> None:
-    """Simulate the scenario a bundle recorded and compare with what it measured."""
+    """Simulate what a measurement ran and compare: a captured bundle, a per-operator latency
+    table (.csv, e.g. NeuSight's) or a step JSON with --scenario, or a published table."""
     if published is not None:
         if bundle is not None:
             raise UserError(f"give either a bundle ({str(bundle)!r}) or --published {published!r}, not both")
@@ -279,6 +289,15 @@ def validate_command(
         return
     if bundle is None:
         raise UserError("validate needs a BUNDLE (a traces/<name> folder) or --published NAME")
+    if scenario is not None or bundle.suffix in (".csv", ".json"):
+        if scenario is None:
+            raise UserError(f"validate {str(bundle)!r} needs --scenario S.yaml: the model, layout and batch it measured")
+        res = validate_trace(bundle, scenario, profile, topology)
+        if as_json:
+            print(json.dumps(res))
+        else:
+            print_trace_validation(res)
+        return
     if profile is None:
         raise UserError(f"validate {str(bundle)!r} needs --profile: a shipped profile name or a profile JSON fitted with 'clustersim calibrate'")
     with warnings.catch_warnings():
@@ -293,3 +312,350 @@ def validate_command(
 
 validate_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 validate_app.command("validate")(validate_command)
+
+
+# ---------------------------------------------------------------------------------------------
+# validate TRACE --scenario S.yaml: any imported measurement (a per-operator latency table, a
+# NeuSight step JSON) against the simulation of the scenario the user says it ran.
+# ---------------------------------------------------------------------------------------------
+
+# The names both sides use: compute per op class, exposed communication per dimension, bubble.
+COMM_DIMS = ("tp", "cp", "ep", "pp", "dp")
+_NEUSIGHT_STEP_RE = __import__("re").compile(
+    r"^(?P<model>.+)-(?P<mode>train|inf)-(?P<seq>\d+)-(?P<batch>\d+)(?:-(?P<par>dp|tp|pp)(?P<n>\d+)(?:_(?P<mb>\d+))?)?$")
+
+
+class Measured:
+    """What one measurement holds, in the names validate compares."""
+
+    def __init__(self, source: str, step_s: float | None, world_size: int, layout: dict[str, int],
+                 classes: dict[str, float] | None, includes_optimizer: bool, table=None, seq: int | None = None,
+                 batch: int | None = None, device: str | None = None, notes: list[str] | None = None):
+        self.source, self.step_s, self.world_size, self.layout = source, step_s, world_size, layout
+        self.classes, self.includes_optimizer, self.table = classes, includes_optimizer, table
+        self.seq, self.batch, self.device, self.notes = seq, batch, device, notes or []
+
+
+def measured_from_path(path: Path) -> Measured:
+    from simulator.trace.optable_csv import load_op_table
+
+    if path.suffix == ".csv":
+        t = load_op_table(path)
+        cls = t.class_times_s()
+        net = t.class_times_s(net=True)
+        kernel_classes = {k: v for k, v in net.items() if k not in ("host", "grad_accumulate")}
+        notes = []
+        if t.timer_floor_us > 0:
+            raw = sum(v for k, v in cls.items() if k not in ("host", "grad_accumulate"))
+            notes.append(f"the table's per-op timer adds {t.timer_floor_us:.1f} us to every op (its median for ops that "
+                         f"launch no kernel); class times are measured less that floor ({sum(kernel_classes.values()) * 1e3:.1f} "
+                         f"of {raw * 1e3:.1f} ms per step)")
+        if "host" in cls:
+            notes.append(f"ops that launch no kernel (views, shape arithmetic) measured {cls['host'] * 1e3:.1f} ms per step "
+                         f"(the per-op timer's floor); not GPU work, left out of the classes")
+        if "grad_accumulate" in cls:
+            notes.append(f"gradient accumulation into .grad measured {cls['grad_accumulate'] * 1e3:.1f} ms per step apart from the classes")
+        step = t.measured_step_s
+        if step is None:
+            step = sum(kernel_classes.values())
+            notes.append("no step time beside the table: the measured step is the sum of its ops")
+        # NeuSight's step is forward + backward (e2e = fw + bwall): no optimizer.
+        return Measured(str(path), step, 1, {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1}, kernel_classes, False, t,
+                        t.seq, t.batch, t.device, notes)
+    if path.suffix == ".json":
+        from simulator.errors import read_json
+
+        j = read_json(path, "step file", fix="give a NeuSight step JSON")
+        if not isinstance(j, dict) or not isinstance(j.get("e2e_latency"), (int, float)):
+            raise UserError(f"{str(path)!r} holds no e2e_latency: give a NeuSight step JSON, an op table CSV or a trace folder")
+        m = _NEUSIGHT_STEP_RE.match(path.stem)
+        layout = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1}
+        world = 1
+        seq = batch = None
+        if m:
+            seq, batch = int(m["seq"]), int(m["batch"])
+            if m["par"]:
+                layout[m["par"]] = world = int(m["n"])
+        return Measured(str(path), float(j["e2e_latency"]) * 1e-3, world, layout, None, False, None, seq, batch,
+                        path.parent.name.replace("_", " "), [])
+    raise UserError(f"{str(path)!r} is not a measurement validate reads: give an op table (.csv), a NeuSight step JSON "
+                    f"or a bundle folder written by 'clustersim capture'")
+
+
+def check_scenario_against(sc, meas: Measured) -> None:
+    """One line naming the first thing the scenario says differently from the measurement."""
+    p = sc.parallelism
+    name = Path(meas.source).name
+    if sc.cluster.gpus != meas.world_size:
+        raise UserError(f"scenario runs on {sc.cluster.gpus} GPUs but {name!r} measured {meas.world_size}: "
+                        f"set cluster.gpus: {meas.world_size}")
+    said = {"tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep, "dp": sc.dp}
+    for dim, n in meas.layout.items():
+        if said[dim] != n:
+            raise UserError(f"scenario has {dim}={said[dim]} but {name!r} measured {dim}={n}: set parallelism.{dim}: {n}")
+    if meas.seq is not None and sc.batch.seq_length != meas.seq:
+        raise UserError(f"scenario has seq_length={sc.batch.seq_length} but {name!r} measured {meas.seq}: set batch.seq_length: {meas.seq}")
+    if meas.batch is not None and sc.batch.global_batch_size != meas.batch:
+        raise UserError(f"scenario has global_batch_size={sc.batch.global_batch_size} but {name!r} measured a batch of "
+                        f"{meas.batch}: set batch.global_batch_size: {meas.batch}")
+    t = meas.table
+    if t is None:
+        return
+    if t.num_layers is not None and sc.model.num_layers != t.num_layers:
+        raise UserError(f"scenario's model has {sc.model.num_layers} layers but {name!r} measured {t.num_layers}: "
+                        f"use the model the table measured")
+    d = t.ops
+    norms = d[d["op_class"] == "norm"]
+    if len(norms) and norms.iloc[0]["out_shape"] and norms.iloc[0]["out_shape"][-1] != sc.model.hidden_size:
+        raise UserError(f"scenario's model has hidden_size={sc.model.hidden_size} but {name!r} measured "
+                        f"{norms.iloc[0]['out_shape'][-1]}: use the model the table measured")
+    from simulator.calibrate.kernel_model import normalize_dtype
+
+    if normalize_dtype(t.dtype) != sc.dtype:
+        raise UserError(f"scenario has dtype {sc.dtype} but {name!r} measured {normalize_dtype(t.dtype)}: set dtype: {normalize_dtype(t.dtype)}")
+
+
+def predicted_op_classes(sc, profile: Profile, schedule) -> dict[str, float]:
+    """Kernel seconds per step per rank of each op class (mean over pipeline ranks), from the
+    same ops the program times (forward, recomputation, backward)."""
+    from simulator.workload.ops import build_layer_ops, op_durations_s
+    from simulator.workload.program import split_layers
+
+    m = sc.model
+    kinds = build_layer_ops(sc)
+    per_kind: dict[str, dict[str, float]] = {}
+    for kind, lo in kinds.items():
+        i_ops, w_ops = lo.backward()
+        ops = [o for o in lo.forward + i_ops + w_ops if o.comm is None]
+        dur = op_durations_s(profile, ops, sc)
+        acc: dict[str, float] = {}
+        for o, t in zip(ops, dur):
+            acc[o.op_class] = acc.get(o.op_class, 0.0) + float(t)
+        per_kind[kind] = acc
+    positions = split_layers(m.num_layers, schedule.num_positions, sc.parallelism.pp_layer_split)
+    total: dict[str, float] = {}
+    for pos, layers in enumerate(positions):
+        chain = (["embedding"] if pos == 0 else []) + [("moe" if m.is_moe and L >= m.num_dense_layers else "dense") for L in layers]
+        chain += ["head"] if pos == len(positions) - 1 else []
+        for kind in chain:
+            for c, v in per_kind[kind].items():
+                total[c] = total.get(c, 0.0) + v * sc.num_microbatches
+    ranks = schedule.num_ranks
+    return {c: v / ranks for c, v in total.items()}
+
+
+def validate_trace(trace: str | Path, scenario: str | Path, profile: str | Path | None = None,
+                   topology: str | None = None) -> dict[str, Any]:
+    """Measured vs predicted step, op classes, exposed communication per dimension and bubble."""
+    from simulator.calibrate.kernel_model import calibrate_from_tables
+    from simulator.engine.core import Engine
+    from simulator.report.metrics import rank_bubble_fraction
+    from simulator.scenario import load_scenario
+    from simulator.simulate import make_network, resolve_schedule
+    from simulator.topology import load_topology
+    from simulator.workload.program import build_program
+
+    path = Path(trace)
+    if not path.exists():
+        raise UserError(f"{str(path)!r} does not exist: give an op table (.csv), a NeuSight step JSON or a trace folder")
+    sc = load_scenario(scenario)
+    if topology:
+        sc = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"topology": topology})})
+    is_trace = path.is_dir() or path.name.endswith(".json.gz") or (
+        path.suffix == ".json" and b'"traceEvents"' in path.open("rb").read(1 << 16))
+    if is_trace:
+        meas = measured_from_trace_set(path, sc)
+    else:
+        meas = measured_from_path(path)
+        check_scenario_against(sc, meas)
+    if profile is not None:
+        prof = load_profile(profile)
+        mode = "predict"
+    elif is_trace:
+        from simulator.calibrate.fit import calibrate
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prof = calibrate([path], f"{path.stem}-self")
+        mode = "self-consistency"
+    else:
+        if meas.table is None:
+            raise UserError(f"{path.name!r} holds a step time but no ops to calibrate on: give --profile (e.g. one fitted "
+                            f"with 'clustersim calibrate' on an op table of the same GPU)")
+        from simulator.calibrate.kernel_model import _SPEC_FOR_DEVICE
+
+        # A table that does not name its GPU calibrates on the scenario's GPU profile.
+        base = None if meas.table.device in _SPEC_FOR_DEVICE else load_profile(sc.cluster.gpu)
+        prof = calibrate_from_tables([meas.table], base)
+        mode = "self-consistency"
+    topo = load_topology(sc.cluster.topology)
+    sched = resolve_schedule(sc)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prog = build_program(sc, prof, sched)
+        tl = Engine(prog, make_network(sc, topo, prof), mode="reduced").run()
+        pred_cls = predicted_op_classes(sc, prof, sched)
+    pred_step = float(tl.step_time_s) - (0.0 if meas.includes_optimizer else prog.optimizer_s)
+    if meas.includes_optimizer and prog.optimizer_s > 0:
+        pred_cls["optimizer"] = pred_cls.get("optimizer", 0.0) + prog.optimizer_s
+    ranks = list(tl.ranks)
+    exposed = {d: float(np.mean([tl.exposed_s[r].get(d, 0.0) for r in ranks])) for d in COMM_DIMS}
+    bubble = float(np.mean([rank_bubble_fraction(tl, r) for r in ranks])) * float(tl.step_time_s)
+
+    def row(meas_v, pred_v):
+        return {"measured_time_s": meas_v, "predicted_time_s": pred_v, "error": _err(pred_v, meas_v)}
+
+    cls_keys = sorted(set(meas.classes or {}) | set(pred_cls), key=lambda c: (c not in OP_CLASSES, c))
+    single = meas.world_size == 1
+    return {
+        "trace": str(path),
+        "mode": mode,
+        "profile": prof.name,
+        "kernel_model": prof.compute.kernels.model_dump(mode="json") if prof.compute.kernels else None,
+        "scenario": sc.model_dump(mode="json"),
+        "measured_step_time_s": meas.step_s,
+        "predicted_step_time_s": pred_step,
+        "step_time_error": _err(pred_step, meas.step_s),
+        "predicted_optimizer_s": prog.optimizer_s,
+        "step_includes_optimizer": meas.includes_optimizer,
+        "op_classes": {c: row((meas.classes or {}).get(c), pred_cls.get(c)) for c in cls_keys},
+        # A one-GPU measurement has no communication: measured 0 in every dimension.
+        "exposed_comm": {d: row(getattr(meas, "exposed", {}).get(d, 0.0 if single else None), exposed[d]) for d in COMM_DIMS},
+        "bubble": row(getattr(meas, "bubble", 0.0 if single else None), bubble),
+        "measured_per_rank": getattr(meas, "per_rank", None),
+        "per_rank": [{"rank": int(r), "pp_rank": int(tl.pp_rank_of.get(r, 0)), "compute_s": float(tl.busy_compute_s[r]),
+                      "exposed_comm_s": {d: float(tl.exposed_s[r].get(d, 0.0)) for d in COMM_DIMS},
+                      "bubble_s": rank_bubble_fraction(tl, r) * float(tl.step_time_s)} for r in ranks],
+        "notes": meas.notes + ([] if meas.includes_optimizer else
+                               [f"the measured step holds forward and backward only; the predicted optimizer step "
+                                f"({prog.optimizer_s * 1e3:.1f} ms) is left out of the predicted step"]),
+        "warnings": [],
+    }
+
+
+def print_trace_validation(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"validate {Path(res['trace']).name} ({res['mode']}, profile {res['profile']})")
+    for col, j in (("", "left"), ("measured", "right"), ("predicted", "right"), ("error", "right")):
+        t.add_column(col, justify=j)
+    t.add_row("[bold]step time[/bold]", _fmt_s(res["measured_step_time_s"]), _fmt_s(res["predicted_step_time_s"]),
+              _fmt_e(res["step_time_error"]))
+    t.add_section()
+    for name, r in res["op_classes"].items():
+        t.add_row(f"compute {name}", _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
+    t.add_section()
+    for name, r in res["exposed_comm"].items():
+        t.add_row(f"exposed comm {name}", _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
+    r = res["bubble"]
+    t.add_row("bubble", _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
+    con.print(t)
+    con.print("per class, dimension and bubble: seconds per step on one rank, mean over ranks")
+    for n in res["notes"]:
+        con.print(f"note: {n}")
+
+
+def _union_length(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merged intervals (sorted, disjoint) of [starts, ends)."""
+    if len(starts) == 0:
+        return np.zeros(0), np.zeros(0)
+    o = np.argsort(starts)
+    s, e = starts[o], ends[o]
+    ms, me = [s[0]], [e[0]]
+    for a, b in zip(s[1:], e[1:]):
+        if a <= me[-1]:
+            me[-1] = max(me[-1], b)
+        else:
+            ms.append(a)
+            me.append(b)
+    return np.array(ms), np.array(me)
+
+
+def _exposed_us(cs: np.ndarray, ce: np.ndarray, us: np.ndarray, ue: np.ndarray) -> float:
+    """Length of the comm intervals [cs, ce) not covered by the merged compute intervals [us, ue)."""
+    ms, me = _union_length(cs, ce)
+    total = float((me - ms).sum())
+    covered = 0.0
+    for a, b in zip(ms, me):
+        lo = np.maximum(us, a)
+        hi = np.minimum(ue, b)
+        covered += float(np.clip(hi - lo, 0, None).sum())
+    return max(0.0, total - covered)
+
+
+def _dim_of(coll: str, group: int | None, sc) -> str:
+    """Which mesh dimension a measured collective belongs to (by group size, then by kind)."""
+    p = sc.parallelism
+    sizes = {"tp": p.tp, "cp": p.cp, "ep": p.ep, "dp": sc.dp, "pp": p.pp}
+    if coll in ("send_recv", "send", "recv"):
+        return "pp" if p.pp > 1 else "ep"
+    if coll == "all_to_all":
+        return "ep" if p.ep > 1 else "cp"
+    if group:
+        for d in ("tp", "cp", "ep", "dp"):
+            if sizes[d] == group and group > 1:
+                return d
+    return "dp" if coll == "all_reduce" and sc.dp > 1 else ("tp" if p.tp > 1 else "dp")
+
+
+def measured_from_trace_set(path: Path, sc) -> Measured:
+    """Step, compute per class, exposed communication per dimension and bubble per rank, from
+    Kineto traces (ProfilerStep boundaries; kernels on the GPU timeline)."""
+    from simulator.trace.loader import load_trace
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ts = load_trace(path)
+    ops = ts.ops
+    if ops.empty:
+        raise UserError(f"{str(path)!r} holds no timed GPU ops: give Kineto traces with CUDA activities")
+    world = ts.world_size or len(ts.ranks)
+    if sc.cluster.gpus != world:
+        raise UserError(f"scenario runs on {sc.cluster.gpus} GPUs but the traces in {str(path)!r} come from a job of "
+                        f"{world}: set cluster.gpus: {world}")
+    groups = sorted({int(g) for g in ops["group_size"].dropna().unique()} - {1})
+    p = sc.parallelism
+    allowed = {p.tp, p.cp, p.ep, sc.dp, p.pp, sc.dp * p.cp, sc.dp // max(p.ep, 1), world}
+    odd = [g for g in groups if g not in allowed]
+    if odd:
+        raise UserError(f"the traces hold collectives over groups of {odd[0]} ranks, which the scenario's layout "
+                        f"(tp={p.tp} cp={p.cp} ep={p.ep} dp={sc.dp} pp={p.pp}) has none of: set the layout the job ran")
+    stepped = ops[ops["step"] >= 0]
+    if stepped.empty:
+        raise UserError(f"{str(path)!r} has no ProfilerStep boundaries: profile with torch.profiler's schedule (step())")
+    per_rank, classes = [], {}
+    gpu = stepped[stepped["device"] >= 0]
+    for r, g in gpu.groupby("rank"):
+        starts = g.groupby("step")["start_us"].min().sort_values()
+        steps = sorted(g["step"].unique())
+        if len(starts) >= 2:
+            step_us = float(np.median(np.diff(starts.to_numpy())))
+        else:
+            step_us = float((g["start_us"] + g["dur_us"]).max() - g["start_us"].min())
+        n = len(steps)
+        comp = g[~g["op_class"].isin(["communication"])]
+        for c, v in comp.groupby(comp["op_class"].astype(str))["dur_us"].sum().items():
+            classes.setdefault(c, []).append(float(v) * 1e-6 / n)
+        cs, ce = _union_length(comp["start_us"].to_numpy(float), (comp["start_us"] + comp["dur_us"]).to_numpy(float))
+        comm = g[g["op_class"] == "communication"]
+        exposed = dict.fromkeys(COMM_DIMS, 0.0)
+        if not comm.empty:
+            dims = [_dim_of(str(c), None if pd.isna(s) else int(s), sc) for c, s in zip(comm["collective"], comm["group_size"])]
+            comm = comm.assign(dim=dims)
+            for d, cg in comm.groupby("dim"):
+                exposed[d] = _exposed_us(cg["start_us"].to_numpy(float), (cg["start_us"] + cg["dur_us"]).to_numpy(float),
+                                         cs, ce) * 1e-6 / n
+        busy = float((ce - cs).sum()) * 1e-6 / n
+        per_rank.append({"rank": int(r), "step_s": step_us * 1e-6, "compute_s": busy, "exposed_comm_s": exposed,
+                         "bubble_s": max(0.0, step_us * 1e-6 - busy - sum(exposed.values()))})
+    meas = Measured(str(path), float(np.median([x["step_s"] for x in per_rank])), world,
+                    {"tp": p.tp, "pp": p.pp, "dp": sc.dp, "cp": p.cp, "ep": p.ep},
+                    {c: float(np.mean(v)) for c, v in classes.items()}, True, None, None, None,
+                    ts.devices[0] if ts.devices else None,
+                    [f"{len(ts.ranks)} of {world} ranks traced; step from ProfilerStep starts on the GPU timeline"])
+    meas.per_rank = per_rank
+    meas.exposed = {d: float(np.mean([x["exposed_comm_s"][d] for x in per_rank])) for d in COMM_DIMS}
+    meas.bubble = float(np.mean([x["bubble_s"] for x in per_rank]))
+    return meas

@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 
 from simulator.scenario import Scenario
+from simulator.workload.kernels import Kernel, adam_kernels, flash_kernel, gemm_kernel, mem_kernel, op_kernels
 
 Phase = Literal["F", "I", "W"]
 
@@ -51,6 +52,8 @@ class Op:
     params: float = 0.0  # parameters whose gradient this op produces (W phase) or owns (F)
     fp8: bool = False  # a GEMM (or attention) on FP8 tensor cores: timed at the profile's FP8 peak
     bwd_bytes: float | None = None  # memory-bound op whose backward moves these bytes (not 2x forward)
+    # One kernel timed by shape (simulator.calibrate.kernel_model); None: by class, FLOPs and bytes.
+    kernel: Kernel | None = None
 
 
 @dataclass
@@ -60,25 +63,59 @@ class LayerOps:
     kind: str  # "dense", "moe", "embedding", "head"
     forward: list[Op] = field(default_factory=list)
     params: float = 0.0  # parameters of this layer on one rank (after TP/EP sharding)
+    # Backward given kernel by kernel (hf-eager layers): (input-grad ops, weight-grad ops).
+    explicit_backward: tuple[list[Op], list[Op]] | None = None
+    # Megatron sequence parallelism: all-gather a column-parallel GEMM's input again in backward.
+    sp_regather: bool = False
+    # Megatron SP: norm weights see 1/tp of the tokens, so their gradients are all-reduced over tp
+    # (finalize_model_grads._allreduce_layernorm_grads); bytes of this layer's share, fp32.
+    tp_norm_grad_bytes: float = 0.0
 
     def backward(self) -> tuple[list[Op], list[Op]]:
         """(input-grad ops, weight-grad ops) in execution order (reverse of forward)."""
+        if self.explicit_backward is not None:
+            return list(self.explicit_backward[0]), list(self.explicit_backward[1])
+        i_ops, w_ops = self._backward()
+        if self.tp_norm_grad_bytes > 0:
+            # Megatron coalesces these into one call after backward; one small asynchronous call
+            # per layer, overlapped with the next layer's backward, costs about the same.
+            w_ops.append(Op("norm_grads_allreduce", "other", "W",
+                            comm=Comm("tp", "all_reduce", self.tp_norm_grad_bytes, overlap=True)))
+        return i_ops, w_ops
+
+    def _backward(self) -> tuple[list[Op], list[Op]]:
         i_ops: list[Op] = []
         w_ops: list[Op] = []
-        for op in reversed(self.forward):
+        sp_regather = self.sp_regather
+        for i in range(len(self.forward) - 1, -1, -1):
+            op = self.forward[i]
             if op.comm is not None:
                 conj = CONJUGATE.get(op.comm.op)
                 if conj is not None:
                     i_ops.append(replace(op, name=op.name + ".bwd", phase="I", comm=replace(op.comm, op=conj)))
                 continue
             if op.op_class == "gemm":
-                i_ops.append(replace(op, name=op.name + ".dgrad", phase="I"))
+                k = op.kernel
+                # dgrad: G[M, N] @ W^T -> [M, K]; wgrad: X^T[K, M] @ G[M, N] -> [K, N].
+                dk = replace(k, n=k.k, k=k.n) if k is not None and k.kind == "gemm" else None
+                wk = replace(k, m=k.k, k=k.m) if k is not None and k.kind == "gemm" else None
+                if sp_regather and i > 0 and self.forward[i - 1].comm is not None and self.forward[i - 1].comm.op == "all_gather" \
+                        and self.forward[i - 1].comm.dim == "tp" and op.params > 0:
+                    # Megatron SP keeps only its 1/tp slice of the input: gather it again for the
+                    # weight gradient, overlapped with the input-grad GEMM (Megatron
+                    # LinearWithGradAccumulationAndAsyncCommunication.backward).
+                    prev = self.forward[i - 1].comm
+                    i_ops.append(Op(op.name + ".input_regather", "other", "I", comm=replace(prev, overlap=True)))
+                i_ops.append(replace(op, name=op.name + ".dgrad", phase="I", kernel=dk))
                 if op.params > 0:
-                    w_ops.append(replace(op, name=op.name + ".wgrad", phase="W"))
+                    w_ops.append(replace(op, name=op.name + ".wgrad", phase="W", kernel=wk))
             elif op.op_class == "attention":
                 # dQ, dK, dV: twice the forward matmul work.
+                k = op.kernel
+                bk = replace(k, backward=True, flops=2 * k.flops) if k is not None and k.kind == "flash" else (
+                    replace(k, batch=2 * k.batch) if k is not None else None)
                 i_ops.append(replace(op, name=op.name + ".bwd", phase="I", exec_flops=2 * op.exec_flops,
-                                     model_flops=2 * op.model_flops, bytes=2 * op.bytes))
+                                     model_flops=2 * op.model_flops, bytes=2 * op.bytes, kernel=bk))
             elif op.bwd_bytes is not None:
                 # FP8 casts: the backward quantizes the output gradient, with its own size.
                 if op.bwd_bytes > 0:
@@ -108,6 +145,8 @@ CONJUGATE: dict[str, str | None] = {
 
 
 def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
+    if sc.implementation == "hf-eager":
+        return build_hf_eager_layer_ops(sc)
     m, p = sc.model, sc.parallelism
     t, cp = p.tp, p.cp
     sp = p.sequence_parallel and t > 1
@@ -128,7 +167,8 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
 
     def gemm(name: str, tokens: int, k: int, n: int) -> Op:
         flops = 2.0 * tokens * k * n
-        return Op(name, "gemm", "F", flops, flops, (tokens * k + k * n + tokens * n) * dt, params=k * n)
+        return Op(name, "gemm", "F", flops, flops, (tokens * k + k * n + tokens * n) * dt, params=k * n,
+                  kernel=gemm_kernel("gemm", 1, tokens, n, k, dt, b_batched=False))
 
     def linear(name: str, tokens: int, k: int, n: int) -> list[Op]:
         """A linear layer: one GEMM, and under FP8 its quantization kernels first."""
@@ -199,7 +239,12 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
             # Llama-3-style CP: all-gather K and V of the whole sequence before attention.
             kv_bytes = 2 * b * s_full * max(g // t, 1) * d * dt
             attn.append(Op("cp_kv_all_gather", "other", "F", comm=Comm("cp", "all_gather", kv_bytes)))
-        attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes,
+        if sc.flash_attention:
+            kern = flash_kernel(b * max(a // t, 1), s, s_full, d if not m.is_mla else dqk, True, core_model * causal, io_bytes)
+        else:
+            # Materialised scores: QK^T and PV as batched GEMMs of equal work (b x heads each).
+            kern = gemm_kernel("attention", 2 * b * max(a // t, 1), s, s_full, d, dt)
+        attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes, kernel=kern,
                        fp8=fp8 and sc.fp8.attention))
     if not sc.flash_attention:
         # Materialised scores: baddbmm write, fused scale-mask-softmax read+write, dropout, bmm read.
@@ -224,7 +269,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
            residual("mlp_residual")]
 
     layers: dict[str, LayerOps] = {}
-    dense = LayerOps("dense", attn + mlp)
+    dense = LayerOps("dense", attn + mlp, sp_regather=sp, tp_norm_grad_bytes=2 * norm_params * 4.0 if sp else 0.0)
     dense.params = sum(o.params for o in dense.forward)
     layers["dense"] = dense
 
@@ -254,6 +299,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     head = LayerOps("head", head_ops, head_params + norm_params)
     if head_params == 0.0:
         head.forward = [replace(o, params=0.0) if o.name == "lm_head" else o for o in head.forward]
+    head.sp_regather = sp
     layers["head"] = head
     return layers
 
@@ -308,7 +354,9 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
         # (dense_mlp divides the width by tp; the shared experts here are not tensor-parallel.)
         ops += dense_mlp("shared_", m.num_shared_experts * ffn * p.tp, Tn)
     ops.append(residual("mlp_residual"))
-    layer = LayerOps("moe", attn + ops)
+    sp = p.sequence_parallel and p.tp > 1
+    layer = LayerOps("moe", attn + ops, sp_regather=sp,
+                     tp_norm_grad_bytes=2 * (2 * h if m.mlp == "gelu" else h) * 4.0 if sp else 0.0)
     layer.params = sum(o.params for o in layer.forward)
     return layer
 
@@ -390,3 +438,200 @@ def fp8_cast_bytes_per_elem(recipe: str, num_microbatches: int, sc: Scenario) ->
         # Cast on the shard before the all-gather (torchtitan precompute_float8_dynamic_scale_for_fsdp).
         w_f = w_f / (p.fsdp_shard_size or sc.dp)
     return act, act, w_f, w_b
+
+
+# ---------------------------------------------------------------------------------------------
+# HuggingFace eager PyTorch: every op of the model's forward is its own kernel (or several), and
+# autograd runs each op's backward kernels (simulator.workload.kernels). This is what NeuSight's
+# per-operator tables measure, row for row.
+# ---------------------------------------------------------------------------------------------
+
+def _hf_ops(records: list[tuple], dt: int) -> tuple[list[Op], list[Op], list[Op], float]:
+    """records: (name, op_type, op_class, in_shapes, out_shape, has_bias) or ("comm", Comm).
+    Returns forward ops, input-grad ops, weight-grad ops (both in backward order) and params."""
+    fwd: list[Op] = []
+    bwd_i: list[Op] = []
+    bwd_w: list[Op] = []
+    params = 0.0
+    for rec in records:
+        if rec[0] == "comm":
+            fwd.append(Op(rec[1].dim + "_" + rec[1].op, "other", "F", comm=rec[1]))
+            continue
+        name, op_type, cls, ins, out, bias = rec[:6]
+        fk, bk = op_kernels(op_type, cls, ins, out, dt, has_bias=bias,
+                            table_rows=rec[6] if len(rec) > 6 else 0)
+        for j, k in enumerate(fk):
+            fwd.append(Op(f"{name}" + (f".{j}" if j else ""), cls, "F", k.flops, k.flops if k.kind == "gemm" else 0.0,
+                          k.bytes, kernel=k))
+        ib, wb = [], []
+        for j, k in enumerate(bk):
+            if k.param_numel > 0:
+                params += k.param_numel
+                wb.append(Op(f"{name}.wgrad{j}", cls, "W", k.flops, k.flops if k.kind == "gemm" else 0.0, k.bytes,
+                             params=k.param_numel, kernel=k))
+            else:
+                ib.append(Op(f"{name}.bwd{j}", cls, "I", k.flops, k.flops if k.kind == "gemm" else 0.0, k.bytes, kernel=k))
+        bwd_i.append(ib)
+        bwd_w.append(wb)
+    # Backward runs in reverse op order; collectives turn into their conjugates.
+    i_ops: list[Op] = []
+    w_ops: list[Op] = []
+    k = len(bwd_i)
+    for rec in reversed(records):
+        if rec[0] == "comm":
+            conj = CONJUGATE.get(rec[1].op)
+            if conj is not None:
+                i_ops.append(Op(rec[1].dim + "_" + conj + ".bwd", "other", "I", comm=replace(rec[1], op=conj)))
+            continue
+        k -= 1
+        i_ops += bwd_i[k]
+        w_ops += bwd_w[k]
+    return fwd, i_ops, w_ops, params
+
+
+def build_hf_eager_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
+    """Layers of an HF GPT-2 (GPT-2/GPT-3 shapes) or OPT model as eager PyTorch runs them.
+
+    Tensor parallelism splits heads and MLP columns as Megatron does (all-reduce after the
+    row-parallel projections, and of the input gradient before the column-parallel ones); norms,
+    dropout and residuals run on every token of every TP rank.
+    """
+    from simulator.errors import UserError
+
+    m, p = sc.model, sc.parallelism
+    arch = m.hf_model_type or "gpt2"
+    if arch not in ("gpt2", "opt"):
+        raise UserError(f"implementation hf-eager models HF gpt2 and opt layers, not {arch!r}: use implementation megatron")
+    if p.cp > 1 or m.is_moe or m.is_mla:
+        raise UserError("implementation hf-eager has no context parallelism, MoE or MLA: use implementation megatron")
+    t = p.tp
+    b, s = sc.batch.micro_batch_size, sc.batch.seq_length
+    h, a, d = m.hidden_size, m.num_attention_heads // t, m.dim_head
+    f = m.ffn_hidden_size // t
+    V = m.vocab_size
+    T = b * s
+    dt = sc.dtype_bytes
+    act = T * h * dt
+    x = [b, s, h]
+    scores = [b, a, s, s]
+    drop = m.attention_dropout > 0
+    tp_in = [("comm", Comm("tp", "identity_ar", act))] if t > 1 else []
+    tp_out = [("comm", Comm("tp", "all_reduce", act))] if t > 1 else []
+    if arch == "gpt2":
+        attn = [("ln_1", "LayerNorm", "norm", [x], x, True), *tp_in,
+                ("c_attn", "addmm", "gemm", [[3 * a * d], [T, h], [h, 3 * a * d]], [T, 3 * a * d], True),
+                ("q_k", "matmul", "attention", [[b, a, s, d], [b, a, d, s]], scores, False),
+                ("scale", "truediv", "attention", [scores, [1]], scores, False),
+                ("causal_mask", "where", "attention", [[1, 1, s, s], scores, [1]], scores, False),
+                ("softmax", "softmax", "attention", [scores], scores, False)]
+        attn += [("attn_dropout", "Dropout", "attention", [scores], scores, False)] if drop else []
+        attn += [("p_v", "matmul", "attention", [scores, [b, a, s, d]], [b, a, s, d], False),
+                 ("merge_heads", "contiguous", "elementwise", [[b, s, a, d]], [b, s, a, d], False),
+                 ("attn_c_proj", "addmm", "gemm", [[h], [T, a * d], [a * d, h]], [T, h], True), *tp_out,
+                 ("resid_dropout", "Dropout", "elementwise", [x], x, False),
+                 ("attn_residual", "add", "elementwise", [x, x], x, False)]
+        y = [b, s, f]
+        # gelu_new, as HF writes it: 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))), op by op.
+        mlp = [("ln_2", "LayerNorm", "norm", [x], x, True), *tp_in,
+               ("c_fc", "addmm", "gemm", [[f], [T, h], [h, f]], [T, f], True),
+               ("gelu_half", "mul", "elementwise", [y, [1]], y, False), ("gelu_pow", "pow", "elementwise", [y, [1]], y, False),
+               ("gelu_cube_scale", "mul", "elementwise", [y, [1]], y, False), ("gelu_add", "add", "elementwise", [y, y], y, False),
+               ("gelu_scale", "mul", "elementwise", [y, [1]], y, False), ("gelu_tanh", "tanh", "elementwise", [y], y, False),
+               ("gelu_one", "add", "elementwise", [y, [1]], y, False), ("gelu_mul", "mul", "elementwise", [y, y], y, False),
+               ("mlp_c_proj", "addmm", "gemm", [[h], [T, f], [f, h]], [T, h], True), *tp_out,
+               ("mlp_dropout", "Dropout", "elementwise", [x], x, False), ("mlp_residual", "add", "elementwise", [x, x], x, False)]
+        emb = [("wte", "Embedding", "embedding", [[b, s]], x, False, V),
+               ("wpe", "Embedding", "embedding", [[1, s]], [1, s, h], False, s),
+               ("pos_add", "add", "elementwise", [x, [1, s, h]], x, False),
+               ("emb_dropout", "Dropout", "elementwise", [x], x, False)]
+        head = [("ln_f", "LayerNorm", "norm", [x], x, True), *tp_in,
+                ("lm_head", "Linear", "gemm", [x], [b, s, V // t], False)]
+    else:
+        flat = [b * a, s, s]
+        attn = [("self_attn_layer_norm", "LayerNorm", "norm", [x], x, True), *tp_in,
+                ("q_proj", "Linear", "gemm", [x], [b, s, a * d], True),
+                ("q_scale", "mul", "elementwise", [[b, s, a * d], [1]], [b, s, a * d], False),
+                ("k_proj", "Linear", "gemm", [x], [b, s, a * d], True),
+                ("k_heads", "contiguous", "elementwise", [[b, a, s, d]], [b, a, s, d], False),
+                ("v_proj", "Linear", "gemm", [x], [b, s, a * d], True),
+                ("v_heads", "contiguous", "elementwise", [[b, a, s, d]], [b, a, s, d], False),
+                ("q_heads", "contiguous", "elementwise", [[b, a, s, d]], [b, a, s, d], False),
+                ("q_k", "bmm", "attention", [[b * a, s, d], [b * a, d, s]], flat, False),
+                ("mask_add", "add", "attention", [scores, [b, 1, s, s]], scores, False),
+                ("mask_max", "max", "attention", [scores, [1]], scores, False),
+                ("softmax", "softmax", "attention", [flat], flat, False)]
+        attn += [("attn_dropout", "dropout", "attention", [flat], flat, False)] if drop else []
+        attn += [("p_v", "bmm", "attention", [flat, [b * a, s, d]], [b * a, s, d], False),
+                 ("out_proj", "Linear", "gemm", [[b, s, a * d]], x, True), *tp_out,
+                 ("resid_dropout", "dropout", "elementwise", [x], x, False),
+                 ("attn_residual", "add", "elementwise", [x, x], x, False)]
+        mlp = [("final_layer_norm", "LayerNorm", "norm", [[T, h]], [T, h], True), *tp_in,
+               ("fc1", "Linear", "gemm", [[T, h]], [T, f], True),
+               ("relu", "ReLU", "elementwise", [[T, f]], [T, f], False),
+               ("fc2", "Linear", "gemm", [[T, f]], [T, h], True), *tp_out,
+               ("mlp_dropout", "dropout", "elementwise", [[T, h]], [T, h], False),
+               ("mlp_residual", "add", "elementwise", [[T, h], [T, h]], [T, h], False)]
+        emb = [("embed_tokens", "Embedding", "embedding", [[b, s]], x, False, V),
+               ("embed_positions", "embedding", "embedding", [[b, s], [m.max_position_embeddings + 2, h]], x, False),
+               ("pos_add", "add", "elementwise", [x, x], x, False)]
+        head = [("final_layer_norm", "LayerNorm", "norm", [x], x, True), *tp_in,
+                ("lm_head", "Linear", "gemm", [x], [b, s, V // t], False)]
+
+    layers: dict[str, LayerOps] = {}
+    fwd, i_ops, w_ops, params = _hf_ops(attn + mlp, dt)
+    layers["dense"] = LayerOps("dense", fwd, params, explicit_backward=(i_ops, w_ops))
+    fwd, i_ops, w_ops, params = _hf_ops(emb, dt)
+    # The token table is split over tp (vocab-parallel) as the LM head is.
+    params = V * h / t + (params - V * h)
+    layers["embedding"] = LayerOps("embedding", fwd, params, explicit_backward=(i_ops, w_ops))
+    fwd, i_ops, w_ops, params = _hf_ops(head, dt)
+    if m.tied_embeddings and p.pp == 1:
+        # The tied LM head's weight gradient lands in the embedding's; count the matrix once.
+        w_ops = [replace(o, params=0.0) if o.name.startswith("lm_head") else o for o in w_ops]
+        params = sum(o.params for o in w_ops)
+    layers["head"] = LayerOps("head", fwd, params, explicit_backward=(i_ops, w_ops))
+    return layers
+
+
+def op_durations_s(profile, ops: list[Op], sc: Scenario, fp8_speedup: float = 1.0) -> np.ndarray:
+    """Kernel time of each op. hf-eager ops are always timed by shape; Megatron ops by shape when
+    the profile carries a kernel model (fitted or sourced), else by the class curves.
+
+    FP8 runs only the ops marked ``fp8`` (the linears; attention unless asked) on FP8 tensor cores;
+    everything else keeps bf16. By shape, an FP8 GEMM is timed at the FP8 (or MXFP8) peak; by
+    class curve, its FLOPs are divided by ``fp8_speedup`` so the curve's fixed per-kernel cost stays.
+    """
+    from simulator.calibrate.kernel_model import kernels_time_s
+
+    shape_aware = sc.implementation == "hf-eager" or profile.compute.kernels is not None
+    kern: list[Kernel | None] = []
+    for o in ops:
+        k = o.kernel if shape_aware else None
+        if shape_aware and k is None and o.op_class in ("elementwise", "norm", "other", "optimizer") and o.bytes > 0:
+            k = mem_kernel(o.op_class, o.bytes, o.exec_flops)
+        kern.append(k)
+    out = np.zeros(len(ops))
+    with_k = np.array([k is not None for k in kern], dtype=bool)
+    base_dtype = "bf16" if sc.dtype == "fp8" else sc.dtype
+    fp8_dtype = "mxfp8" if sc.dtype == "fp8" and sc.fp8.recipe == "mxfp8" else "fp8"
+    is_fp8 = np.array([bool(o.fp8) and sc.dtype == "fp8" for o in ops], dtype=bool)
+    for sel, dtype in ((with_k & ~is_fp8, base_dtype), (with_k & is_fp8, fp8_dtype)):
+        if sel.any():
+            out[sel] = kernels_time_s(profile, [kern[i] for i in np.flatnonzero(sel)], dtype)
+    if (~with_k).any():
+        rest = [o for o, k in zip(ops, kern) if k is None]
+        out[~with_k] = profile.compute_time_s(
+            np.array([o.op_class for o in rest]),
+            np.array([o.exec_flops / (fp8_speedup if (o.fp8 and sc.dtype == "fp8") else 1.0) for o in rest]),
+            np.array([o.bytes for o in rest]))
+    return out
+
+
+def optimizer_time_s(profile, params: float, tensors: int, bytes_per_param: float, sc: Scenario) -> float:
+    """One Adam step over this rank's params: multi-tensor launches by shape when the profile has
+    a kernel model (each pays the launch floor), else the optimizer class curve over the bytes."""
+    from simulator.calibrate.kernel_model import kernels_time_s
+
+    if profile.compute.kernels is None and sc.implementation != "hf-eager":
+        return float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]), np.array([params * bytes_per_param]))[0])
+    return float(kernels_time_s(profile, adam_kernels(params, tensors, bytes_per_param), sc.dtype).sum())

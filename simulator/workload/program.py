@@ -19,7 +19,7 @@ from simulator.errors import UserError
 from simulator.scenario import Scenario
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
-from simulator.workload.ops import Comm, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor
+from simulator.workload.ops import Comm, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor, op_durations_s, optimizer_time_s
 
 # Megatron keeps fp32 main gradients and reduces them in fp32 when training in bf16.
 GRAD_REDUCE_BYTES = 4
@@ -218,14 +218,10 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     for kind, lo in layer_kinds.items():
         all_ops += lo.forward + bwd[kind][0] + bwd[kind][1]
     kernels = [o for o in all_ops if o.comm is None]
-    # FP8 GEMMs: the tensor cores do the FLOPs `fp8_speedup` times faster; handing the cost
-    # model speedup-scaled FLOPs keeps its fixed per-kernel cost (the half-efficiency FLOPs:
-    # latency, wave tails) as it is, so a large compute-bound GEMM gets ~2x faster and a small
-    # one, bound by that fixed cost or by its bytes, does not.
+    # FP8 GEMMs run on the FP8 tensor cores (op_durations_s); fp8_speedup also refuses a GPU
+    # that has none, with one line.
     speedup = fp8_speedup(sc, profile)
-    dur = profile.compute_time_s(np.array([o.op_class for o in kernels]),
-                                 np.array([o.exec_flops / (speedup if o.fp8 else 1.0) for o in kernels]),
-                                 np.array([o.bytes for o in kernels]))
+    dur = op_durations_s(profile, kernels, sc, fp8_speedup=speedup)
     times = {id(o): float(t) for o, t in zip(kernels, dur)}
 
     def kind_of(layer: int) -> str:
@@ -324,8 +320,9 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         expert = sum(stage_expert_params[q] for q in positions_r)
         dense = sum(stage_params[q] for q in positions_r) - expert
         opt_params_max = max(opt_params_max, dense / shard + expert / expert_shard)
-    opt_bytes = opt_params_max * ADAM_BYTES_PER_PARAM
-    optimizer_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]), np.array([opt_bytes]))[0])
+    # Parameter tensors per layer (about 12: QKV, out, fc1, fc2 weights and biases, two norms x 2).
+    optimizer_s = optimizer_time_s(profile, opt_params_max, 12 * max(1, m.num_layers // max(1, p.pp)) + 4,
+                                   ADAM_BYTES_PER_PARAM, sc)
 
     step = step_terms(sc, profile, stage_params, opt_params_max, shard)
     return Program(

@@ -1,0 +1,307 @@
+"""Kernels by shape: the time of one GPU kernel from what it computes, not from one efficiency
+curve over FLOPs.
+
+GEMM (C[b, M, N] = A @ B, inner K): the library tiles C into threadblock tiles (tm x tn) and runs
+them in waves of one tile per SM (CUTLASS/cuBLAS: one persistent CTA per SM for large tiles):
+
+    tiles  = b * ceil(M / tm) * ceil(N / tn) * split_k
+    waves  = ceil(tiles / sm_count)
+    t_tile = 2 * tm * tn * (ceil(K / split_k) + k_overhead) / (peak_per_SM * eff[dtype] * tile_eff(tm, tn))
+    t      = waves * t_tile (+ split-K partials through HBM) , the fastest tile / split choice
+
+``k_overhead`` is the prologue (pipeline fill) and epilogue (writing the tile) of each tile in
+units of K, so short-K GEMMs (attention's q.k with K = head dim) run below peak.
+``tile_eff`` = min(1, I(tm, tn) / I(128, 128)) with I = tm*tn / (tm + tn) the tile's arithmetic
+intensity (operand bytes re-read per FLOP grow as tiles shrink). A GEMM is never faster than
+moving its operands: t >= bytes / (HBM x efficiency).
+
+Memory-bound kernels: bytes / (HBM x mem_efficiency[op class]).
+FlashAttention-2/3 (fused): 4 b h s_q s_k d FLOPs forward (x 0.5 causal), 2.5x that backward
+(five matmuls against two, Dao 2023 Sec. 3.1), tiled by 128 query rows per CTA.
+Every kernel pays ``launch_floor_us``.
+
+The free constants (GEMM efficiency per dtype, k_overhead, memory efficiency per class, launch
+floor) are fitted by ``fit_kernel_model`` from measured per-op tables; the shipped spec profiles
+carry sourced defaults.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from simulator.calibrate.profile import KernelModel, Profile
+from simulator.errors import UserError
+from simulator.workload.kernels import Kernel
+
+# CUTLASS's default large tile (128x128) is the reference intensity; the tile menu follows
+# CUTLASS 2.x/3.x defaults for Ampere/Hopper (128x128, 128x256, 256x128, 128x64, 64x64).
+_REF_INTENSITY = 128 * 128 / 256
+DTYPES = ("fp32", "bf16", "fp16", "fp8")
+# Streaming kernels (BabelStream copy/triad) reach 0.85-0.92 of the datasheet HBM bandwidth on
+# A100 and H100 (Deakin et al., BabelStream results; NVIDIA's STREAM figures): the fit's bound.
+MAX_MEM_EFFICIENCY = 0.92
+
+
+def normalize_dtype(dtype: str) -> str:
+    d = str(dtype).replace("torch.", "").lower()
+    return {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+            "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}.get(d, d)
+
+
+def peak_flops(profile: Profile, dtype: str) -> float:
+    """Dense peak FLOP/s of the device in dtype."""
+    c = profile.compute
+    d = normalize_dtype(dtype)
+    if d == "fp32":
+        if c.peak_tflops_fp32 is None:
+            raise UserError(f"profile {profile.name!r} has no peak_tflops_fp32: add the device's FP32 peak (datasheet) to simulate fp32")
+        return c.peak_tflops_fp32 * 1e12
+    if d == "mxfp8":
+        return (c.peak_tflops_mxfp8 or c.peak_tflops_fp8 or c.peak_tflops) * 1e12
+    if d == "fp8":
+        return (c.peak_tflops_fp8 or c.peak_tflops) * 1e12
+    return c.peak_tflops * 1e12
+
+
+def kernel_model_of(profile: Profile) -> KernelModel:
+    """The profile's kernel model, or one derived from its class curves (old profiles)."""
+    if profile.compute.kernels is not None:
+        return profile.compute.kernels
+    cls = profile.compute.classes
+    g = cls["gemm"]
+    eff = g.peak_efficiency
+    mem = {name: m.bandwidth_efficiency for name, m in cls.items()}
+    mem["default"] = cls.get("elementwise", g).bandwidth_efficiency
+    return KernelModel(gemm_efficiency={"bf16": eff, "fp16": eff, "fp8": eff, "fp32": eff}, mem_efficiency=mem,
+                       attention_efficiency=cls.get("attention", g).peak_efficiency,
+                       attention_bwd_efficiency=0.8 * cls.get("attention", g).peak_efficiency,
+                       launch_floor_us=max(g.overhead_us, 1.0))
+
+
+def _sm_count(profile: Profile) -> int:
+    # Without an SM count, assume 108 (A100) so waves still quantize; spec profiles carry theirs.
+    return profile.compute.sm_count or 108
+
+
+def gemm_time_s(profile: Profile, batch, m, n, k, dtype: str, km: KernelModel | None = None,
+                with_floor: bool = True) -> np.ndarray:
+    """Seconds of GEMMs C[batch, m, n] (inner k) in dtype; arrays broadcast."""
+    km = km or kernel_model_of(profile)
+    B, M, N, K = (np.asarray(x, dtype=float) for x in np.broadcast_arrays(batch, m, n, k))
+    d = normalize_dtype(dtype)
+    eff = km.gemm_efficiency.get(d) or km.gemm_efficiency.get("bf16") or next(iter(km.gemm_efficiency.values()))
+    sms = _sm_count(profile)
+    per_sm = peak_flops(profile, d) / sms
+    hbm = profile.compute.hbm_GBps * 1e9 * km.mem_efficiency.get("gemm", km.mem_efficiency.get("default", 0.8))
+    elem = 4 if d == "fp32" else (1 if d in ("fp8", "mxfp8") else 2)
+    best = np.full(M.shape, np.inf)
+    for tm, tn in km.gemm_tiles:
+        tile_eff = min(1.0, (tm * tn / (tm + tn)) / _REF_INTENSITY)
+        for sk in km.gemm_split_k:
+            tiles = B * np.ceil(M / tm) * np.ceil(N / tn) * sk
+            waves = np.ceil(tiles / sms)
+            kk = np.ceil(K / sk)
+            t = waves * 2.0 * tm * tn * (kk + km.gemm_k_overhead) / (per_sm * eff * tile_eff)
+            if sk > 1:
+                t = t + 2.0 * sk * B * M * N * 4 / hbm  # fp32 partials written and reduced
+            best = np.minimum(best, t)
+    io = (B * M * K + K * N + B * M * N) * elem / hbm
+    t = np.maximum(best, io)
+    t = np.where(M * N * K * B > 0, t, 0.0)
+    return t + (km.launch_floor_us * 1e-6 if with_floor else 0.0)
+
+
+def mem_time_s(profile: Profile, op_class, bytes_, km: KernelModel | None = None, with_floor: bool = True) -> np.ndarray:
+    km = km or kernel_model_of(profile)
+    b = np.asarray(bytes_, dtype=float)
+    cls = np.broadcast_to(np.asarray(op_class), b.shape)
+    eff = np.array([km.mem_efficiency.get(str(c), km.mem_efficiency.get("default", 0.8)) for c in cls.ravel()]).reshape(b.shape)
+    return b / (profile.compute.hbm_GBps * 1e9 * eff) + (km.launch_floor_us * 1e-6 if with_floor else 0.0)
+
+
+def flash_attention_time_s(profile: Profile, batch: int, heads: int, s_q: int, s_k: int, head_dim: int, causal: bool,
+                           backward: bool, dtype: str = "bf16", km: KernelModel | None = None) -> float:
+    """One fused attention kernel (FlashAttention-2/3 or cuDNN's): CTAs of 128 query rows per
+    (batch, head), in waves over the SMs; causal masks skip the upper half of the key blocks."""
+    km = km or kernel_model_of(profile)
+    blocks = batch * heads * math.ceil(s_q / 128)
+    waves = math.ceil(blocks / _sm_count(profile))
+    # Work of one CTA: 128 query rows against s_k keys (half on average when causal).
+    keys = s_k * (0.5 if causal else 1.0)
+    flops_cta = 4.0 * 128 * keys * head_dim * (2.5 if backward else 1.0)
+    eff = km.attention_bwd_efficiency if backward else km.attention_efficiency
+    t = waves * flops_cta / (peak_flops(profile, dtype) / _sm_count(profile) * eff)
+    return t + km.launch_floor_us * 1e-6
+
+
+def kernels_time_s(profile: Profile, kernels: list[Kernel], dtype: str, km: KernelModel | None = None) -> np.ndarray:
+    """Seconds of each kernel."""
+    km = km or kernel_model_of(profile)
+    out = np.zeros(len(kernels))
+    if not kernels:
+        return out
+    is_flash = np.array([k.kind == "flash" for k in kernels])
+    for i in np.flatnonzero(is_flash):
+        k = kernels[i]
+        out[i] = flash_attention_time_s(profile, k.batch, 1, k.m, k.n, k.k, k.causal, k.backward, dtype, km)
+    is_gemm = np.array([k.kind == "gemm" for k in kernels])
+    if is_gemm.any():
+        g = [k for k in kernels if k.kind == "gemm"]
+        out[is_gemm] = gemm_time_s(profile, [k.batch for k in g], [k.m for k in g], [k.n for k in g], [k.k for k in g],
+                                   dtype, km)
+    is_mem = ~is_gemm & ~is_flash
+    if is_mem.any():
+        mk = [k for k in kernels if k.kind == "mem"]
+        out[is_mem] = mem_time_s(profile, [k.op_class for k in mk], [k.bytes for k in mk], km)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Fitting from measured per-op tables
+# ---------------------------------------------------------------------------------------------
+
+def _row_predictions(profile: Profile, table, km: KernelModel) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted forward µs, predicted backward µs) per row of a MeasuredOpTable."""
+    n = len(table.ops)
+    fw = np.zeros(n)
+    bw = np.zeros(n)
+    if table.kernels:
+        t = kernels_time_s(profile, [k for _, _, k in table.kernels], table.dtype, km) * 1e6
+        for (row, phase, _), dt in zip(table.kernels, t):
+            (fw if phase == "fw" else bw)[row] += dt
+    return fw, bw
+
+
+def predict_table(profile: Profile, table, km: KernelModel | None = None) -> "pd.DataFrame":  # noqa: F821
+    """The table's ops with predicted fw/bw µs beside the measured ones (measured without the
+    per-op timer's floor; the raw values stay in raw_fw_us / raw_bw_us)."""
+    km = km or kernel_model_of(profile)
+    fw, bw = _row_predictions(profile, table, km)
+    d = table.ops.copy()
+    d["raw_fw_us"], d["raw_bw_us"] = d["fw_us"], d["bw_us"]
+    d["fw_us"], d["bw_us"] = table.net_times_us()
+    d["pred_fw_us"] = fw
+    d["pred_bw_us"] = bw
+    return d
+
+
+def class_errors(pred) -> dict[str, dict[str, float]]:
+    """Per class: measured and predicted seconds per step, error of the total, and the median
+    |relative error| of the individual ops (forward and backward each)."""
+    out = {}
+    d = pred[pred["op_class"] != "host"]
+    for cls, g in d.groupby("op_class"):
+        meas = float(((g["fw_us"] + g["bw_us"]) * g["count"]).sum() * 1e-6)
+        prd = float(((g["pred_fw_us"] + g["pred_bw_us"]) * g["count"]).sum() * 1e-6)
+        rel = []
+        for a, b in (("fw_us", "pred_fw_us"), ("bw_us", "pred_bw_us")):
+            sel = (g[a] > 0) & (g[b] > 0)
+            rel += list(np.abs(g.loc[sel, b] / g.loc[sel, a] - 1.0))
+        out[str(cls)] = {"measured_s": meas, "predicted_s": prd, "error": (prd - meas) / meas if meas else float("nan"),
+                         "median_abs_op_error": float(np.median(rel)) if rel else float("nan"), "ops": int(len(g))}
+    return out
+
+
+def fit_kernel_model(profile: Profile, tables: list, base: KernelModel | None = None) -> KernelModel:
+    """Fit the free constants of the kernel model to measured per-op tables (all of one device
+    and dtype): GEMM efficiency for the dtype, k_overhead, memory efficiency per class present,
+    launch floor. Least squares on log(predicted / measured), each op weighted by its share of
+    the step's time, so class totals are matched first. Fitted values are checked against
+    physics (efficiencies in (0, 1], floor >= 0)."""
+    from scipy.optimize import least_squares
+
+    if not tables:
+        raise UserError("no measured op tables to fit the kernel model on")
+    base = base or kernel_model_of(profile)
+    dtype = normalize_dtype(tables[0].dtype)
+    mem_classes = sorted({k.op_class for t in tables for _, _, k in t.kernels if k.kind == "mem"})
+    names = ["gemm_eff", "k_overhead", "floor_us"] + [f"mem:{c}" for c in mem_classes]
+    x0 = np.array([base.gemm_efficiency.get(dtype, 0.7), base.gemm_k_overhead, base.launch_floor_us]
+                  + [base.mem_efficiency.get(c, base.mem_efficiency.get("default", 0.8)) for c in mem_classes])
+    lo = np.array([0.05, 0.0, 0.0] + [0.05] * len(mem_classes))
+    # Physics: no kernel beats the datasheet; streaming kernels reach ~90% of HBM bandwidth at
+    # best (BabelStream on A100/H100: 0.85-0.92 of the datasheet figure).
+    hi = np.array([1.0, 512.0, 50.0] + [MAX_MEM_EFFICIENCY] * len(mem_classes))
+    x0 = np.clip(x0, lo + 1e-6, hi - 1e-6)
+
+    meas, weights = [], []
+    for t in tables:
+        d = t.ops
+        has_fw = (d["fw_kernels"] > 0) & (d["fw_us"] > 0)
+        has_bw = (d["bw_kernels"] > 0) & (d["bw_us"] > 0)
+        total = float(((d["fw_us"] + d["bw_us"]) * d["count"]).sum())
+        # The per-op timer adds its own floor to every measurement (NeuSight times each op in
+        # isolation); a training step runs the kernels back to back without it.
+        fw_m, bw_m = t.net_times_us()
+        meas.append((np.where(has_fw, fw_m, np.nan), np.where(has_bw, bw_m, np.nan)))
+        weights.append((d["fw_us"] * d["count"] / total, d["bw_us"] * d["count"] / total))
+
+    def model(x) -> KernelModel:
+        mem = dict(base.mem_efficiency)
+        mem.update({c: float(v) for c, v in zip(mem_classes, x[3:])})
+        eff = dict(base.gemm_efficiency)
+        eff[dtype] = float(x[0])
+        return base.model_copy(update={"gemm_efficiency": eff, "gemm_k_overhead": float(x[1]), "launch_floor_us": float(x[2]),
+                                       "mem_efficiency": mem})
+
+    def residuals(x):
+        km = model(x)
+        res = []
+        for t, (mf, mb), (wf, wb) in zip(tables, meas, weights):
+            pf, pb = _row_predictions(profile, t, km)
+            for m, p, w in ((mf, pf, wf), (mb, pb, wb)):
+                ok = np.isfinite(m) & (p > 0)
+                # sqrt(weight) x log error, plus a small unweighted term so small ops still count.
+                res.append(np.sqrt(w[ok]) * np.log(p[ok] / m[ok]))
+                res.append(0.02 * np.log(p[ok] / m[ok]))
+        return np.concatenate(res)
+
+    sol = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", max_nfev=200)
+    km = model(sol.x)
+    # A constant pinned at its physical bound is a low-confidence fit: say so, in one line each.
+    at_bound = [f"{n} = {v:.3g} sits at its bound {b:.3g}" for n, v, b in zip(names, sol.x, hi)
+                if v >= b * 0.999 and n != "k_overhead"]
+    at_bound += [f"{n} = {v:.3g} sits at its bound {b:.3g}" for n, v, b in zip(names, sol.x, lo) if v <= b + 1e-9 and b > 0]
+    errs = {}
+    for t in tables:
+        for cls, e in class_errors(predict_table(profile, t, km)).items():
+            errs.setdefault(cls, []).append(e["median_abs_op_error"])
+    src = ", ".join(f"{t.path.parent.name}/{t.path.name}" for t in tables)
+    notes = f"; low confidence: {'; '.join(at_bound)}" if at_bound else ""
+    return km.model_copy(update={"fit_error": {c: float(np.nanmedian(v)) for c, v in errs.items()}, "fit_source": src + notes})
+
+
+# Device names as NeuSight's folders and the driver report them -> shipped spec profiles.
+_SPEC_FOR_DEVICE = {"NVIDIA H100 80GB HBM3": "h100-sxm-80gb", "NVIDIA A100 80GB PCIe": "a100-pcie-80gb",
+                    "NVIDIA A100-SXM4-80GB": "a100-sxm-80gb"}
+
+
+def spec_profile_for(device: str) -> Profile:
+    from simulator.calibrate.profile import load_profile
+
+    name = _SPEC_FOR_DEVICE.get(device)
+    if name is None:
+        raise UserError(f"no spec profile for device {device!r}: give --profile (one of the shipped profiles or a profile JSON)")
+    return load_profile(name)
+
+
+def calibrate_from_tables(tables: list, base: Profile | None = None) -> Profile:
+    """A profile whose kernel model is fitted on measured op tables of one device."""
+    devices = sorted({t.device for t in tables})
+    if len(devices) > 1:
+        raise UserError(f"op tables from different devices ({', '.join(devices)}): calibrate each device on its own")
+    base = base or spec_profile_for(devices[0])
+    km = fit_kernel_model(base, tables)
+    from datetime import date
+
+    from simulator.calibrate.profile import ProvenanceItem
+
+    items = list(base.provenance.items) + [
+        ProvenanceItem(field=f"compute.kernels.{k}", value=str(v), source=f"fitted on {km.fit_source}")
+        for k, v in (("gemm_efficiency", km.gemm_efficiency), ("gemm_k_overhead", round(km.gemm_k_overhead, 2)),
+                     ("launch_floor_us", round(km.launch_floor_us, 2)), ("mem_efficiency", km.mem_efficiency))]
+    prov = base.provenance.model_copy(update={"method": "mixed", "created": date.today().isoformat(), "items": items})
+    return base.model_copy(update={"name": f"{base.name}-fitted", "compute": base.compute.model_copy(update={"kernels": km}),
+                                   "provenance": prov})

@@ -1,0 +1,69 @@
+"""Kernels by shape: GEMM tiles and waves, memory-bound kernels by bytes, fitted on NeuSight's
+measured per-op latencies and checked per class."""
+
+from pathlib import Path
+
+import pytest
+
+from simulator.calibrate.kernel_model import (MAX_MEM_EFFICIENCY, class_errors, fit_kernel_model, flash_attention_time_s,
+                                              gemm_time_s, kernel_model_of, mem_time_s, predict_table)
+from simulator.calibrate.profile import load_profile
+from simulator.trace.optable_csv import load_op_table
+
+NEU = Path(__file__).parent / "data" / "reference" / "neusight"
+GPUS = {"h100-sxm-80gb": "NVIDIA_H100_80GB_HBM3", "a100-pcie-80gb": "NVIDIA_A100_80GB_PCIe"}
+
+
+def test_wave_quantization():
+    p = load_profile("h100-sxm-80gb")  # 132 SMs
+    km = kernel_model_of(p).model_copy(update={"gemm_tiles": [(128, 128)], "gemm_split_k": [1]})
+    one_wave = gemm_time_s(p, 1, 128 * 12, 128 * 11, 4096, "bf16", km, with_floor=False)   # 132 tiles
+    just_over = gemm_time_s(p, 1, 128 * 12, 128 * 11 + 1, 4096, "bf16", km, with_floor=False)  # 144 tiles
+    assert just_over[()] == pytest.approx(2 * one_wave[()], rel=1e-9)
+    # A full wave of large tiles runs at the fitted fraction of peak (less the K overhead).
+    flops = 2.0 * 128 * 12 * 128 * 11 * 4096
+    eff = km.gemm_efficiency["bf16"] * 4096 / (4096 + km.gemm_k_overhead)
+    assert flops / one_wave[()] == pytest.approx(p.compute.peak_tflops * 1e12 * eff, rel=1e-9)
+    # fp32 GEMMs (no TF32) run on the FP32 peak, 15x below BF16 tensor cores on H100.
+    fp32 = gemm_time_s(p, 1, 4096, 4096, 4096, "fp32", km, with_floor=False)[()]
+    assert fp32 > 10 * gemm_time_s(p, 1, 4096, 4096, 4096, "bf16", km, with_floor=False)[()]
+
+
+def test_memory_bound_and_floor():
+    p = load_profile("h100-sxm-80gb")
+    km = kernel_model_of(p)
+    t = mem_time_s(p, ["elementwise", "elementwise"], [0.0, 1e9], km)
+    assert t[0] == pytest.approx(km.launch_floor_us * 1e-6)
+    assert t[1] - t[0] == pytest.approx(1e9 / (p.compute.hbm_GBps * 1e9 * km.mem_efficiency["elementwise"]))
+    # A skinny GEMM is bounded by moving its operands, not by its FLOPs.
+    skinny = gemm_time_s(p, 1, 8, 8192, 8192, "bf16", km, with_floor=False)[()]
+    assert skinny >= 8192 * 8192 * 2 / (p.compute.hbm_GBps * 1e9)
+
+
+def test_flash_attention_causal_and_backward():
+    p = load_profile("h100-sxm-80gb")
+    full = flash_attention_time_s(p, 1, 32, 8192, 8192, 128, causal=False, backward=False)
+    causal = flash_attention_time_s(p, 1, 32, 8192, 8192, 128, causal=True, backward=False)
+    bwd = flash_attention_time_s(p, 1, 32, 8192, 8192, 128, causal=True, backward=True)
+    assert causal < 0.6 * full and bwd > 2 * causal
+
+
+@pytest.mark.parametrize("profile", list(GPUS))
+def test_fit_on_gpt2_large_matches_classes_and_physics(profile):
+    """Calibrated on GPT-2 Large (batch 4) of one GPU: each class's total within 15% on that run,
+    GEMMs within 10% per op (median), and the fitted constants within physics."""
+    p = load_profile(profile)
+    gpt2 = load_op_table(NEU / GPUS[profile] / "gpt2_large-train-1024-4.csv")
+    km = fit_kernel_model(p, [gpt2])
+    assert 0 < km.gemm_efficiency["fp32"] <= 1.0
+    assert all(0 < v <= MAX_MEM_EFFICIENCY for k, v in km.mem_efficiency.items())
+    assert 0 <= km.launch_floor_us <= 50
+    errs = class_errors(predict_table(p, gpt2, km))
+    for cls, e in errs.items():
+        assert abs(e["error"]) <= 0.15, (cls, e)
+    assert errs["gemm"]["median_abs_op_error"] <= 0.10
+    # The same constants predict other models' GEMMs (other shapes) per op within 10% (median).
+    for other in ("gpt3_xl-train-2048-1", "opt_13-train-2048-1"):
+        e = class_errors(predict_table(p, load_op_table(NEU / GPUS[profile] / f"{other}.csv"), km))
+        assert e["gemm"]["median_abs_op_error"] <= 0.10, (other, e["gemm"])
+        assert abs(e["gemm"]["error"]) <= 0.10 and abs(e["attention"]["error"]) <= 0.15, (other, e)

@@ -1,0 +1,77 @@
+"""Per-operator latency tables (NeuSight's label CSVs) import as measured op tables."""
+
+from pathlib import Path
+
+import pytest
+
+from simulator.errors import UserError
+from simulator.trace.optable_csv import load_op_table
+
+NEU = Path(__file__).parent / "data" / "reference" / "neusight"
+H100 = NEU / "NVIDIA_H100_80GB_HBM3"
+
+
+def test_gpt2_large_rows_classified_and_counted():
+    t = load_op_table(H100 / "gpt2_large-train-1024-4.csv")
+    assert (t.model, t.seq, t.batch, t.num_layers, t.dtype) == ("gpt2_large", 1024, 4, 36, "float32")
+    assert t.step_ms["e2e"] == pytest.approx(638.8086, rel=1e-6)
+    ops = t.ops.set_index("name")
+    # HF GPT-2 Conv1D projections are addmm; the lm_head a Linear module: GEMMs with shapes.
+    assert ops.loc["addmm", "op_class"] == "gemm" and ops.loc["addmm", "count"] == 36
+    assert ops.loc["addmm", "flops"] == 2.0 * 4096 * 1280 * 3840
+    assert ops.loc["lm_head", "flops"] == 2.0 * 4096 * 1280 * 50257 and ops.loc["lm_head", "count"] == 1
+    # Eager attention: q.k matmul, scale, causal where, softmax, dropout and matmul with v.
+    for name in ("matmul", "truediv", "where", "softmax", "transformer_h_0_attn_attn_dropout", "matmul_1"):
+        assert ops.loc[name, "op_class"] == "attention", name
+    assert ops.loc["transformer_h_0_ln_1", "op_class"] == "norm"
+    assert ops.loc["transformer_wte", "op_class"] == "embedding"
+    assert ops.loc["tanh", "op_class"] == "elementwise"
+    assert ops.loc["view", "op_class"] == "host" and ops.loc["size", "op_class"] == "host"
+    # A GEMM's backward is two GEMMs (+ the bias reduction): twice the forward FLOPs.
+    assert ops.loc["addmm", "bw_flops"] == pytest.approx(2 * ops.loc["addmm", "flops"], rel=1e-3)
+    cls = t.class_times_s()
+    # What the table measured per step (ops x layers) is the step the JSON measured, within 5%
+    # (the table's per-op timing adds a few µs to each op).
+    kernels = sum(v for k, v in cls.items() if k not in ("host", "grad_accumulate"))
+    assert kernels == pytest.approx(t.measured_step_s, rel=0.05)
+    assert cls["gemm"] > cls["attention"] > cls["elementwise"] > cls["norm"]
+
+
+def test_opt_rows_classified():
+    t = load_op_table(H100 / "opt_13-train-2048-1.csv")
+    ops = t.ops.set_index("name")
+    assert ops.loc["model_decoder_layers_0_fc1", "op_class"] == "gemm"
+    assert ops.loc["bmm", "op_class"] == "attention" and ops.loc["add_6", "op_class"] == "attention"
+    # h = s = 2048: the projections' [1, 2048, 2048] outputs are not attention scores.
+    assert ops.loc["mul_1", "op_class"] == "elementwise"
+
+
+def test_plain_csv(tmp_path):
+    p = tmp_path / "ops.csv"
+    p.write_text('op,input_shapes,dtype,fw_ms,bw_ms,count\nmatmul,"[[8, 1024, 64], [8, 64, 1024]]",bf16,0.1,0.2,4\n'
+                 'softmax,"[[8, 1024, 1024]]",bf16,0.05,0.1,4\n')
+    t = load_op_table(p)
+    assert list(t.ops["op_class"]) == ["gemm", "softmax"]
+    assert t.ops["flops"].iloc[0] == 2.0 * 8 * 1024 * 1024 * 64
+    assert t.class_times_s()["gemm"] == pytest.approx(4 * 0.3e-3)
+
+
+@pytest.mark.parametrize("text,what", [
+    ("a,b\n1,2\n", "lacks the columns"),
+    ('op,input_shapes,dtype,fw_ms,bw_ms\nmatmul,"[[8, 64",bf16,0.1,0.2\n', "is not a list of shapes"),
+    ('op,input_shapes,dtype,fw_ms,bw_ms\nmatmul,"[[8, 64]]",bf16,-1,0.2\n', "non-negative"),
+])
+def test_bad_tables(tmp_path, text, what):
+    p = tmp_path / "t.csv"
+    p.write_text(text)
+    with pytest.raises(UserError, match=what):
+        load_op_table(p)
+
+
+def test_layer_table_without_layer_count(tmp_path):
+    src = (H100 / "gpt2_large-train-1024-4.csv").read_text()
+    p = tmp_path / "gpt2_large-train-1024-4.csv"
+    p.write_text(src)
+    with pytest.raises(UserError, match="num_layer"):
+        load_op_table(p)
+    assert load_op_table(p, num_layers=36).num_layers == 36

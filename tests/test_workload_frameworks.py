@@ -1,0 +1,97 @@
+"""The workload runs what frameworks run: Megatron SP's backward re-gather, multi-tensor Adam
+launches, HF eager layers kernel by kernel, shape-aware timing under a kernel model."""
+
+from pathlib import Path
+
+import pytest
+
+from simulator.calibrate.kernel_model import kernel_model_of
+from simulator.calibrate.profile import load_profile
+from simulator.scenario import build_scenario
+from simulator.workload.kernels import adam_kernels
+from simulator.workload.ops import build_layer_ops, op_durations_s
+
+HF = Path(__file__).parent / "data" / "hf" / "neusight"
+
+
+def _sc(**over):
+    data = {"model": "llama3-8b", "parallelism": {"tp": 2, "pp": 1, "sequence_parallel": True},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 4, "seq_length": 4096},
+            "cluster": {"gpus": 2, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}
+    data.update(over)
+    return build_scenario(data)
+
+
+def _collectives(ops):
+    return [o.comm.op for o in ops if o.comm is not None and o.comm.op != "identity_ar"]
+
+
+def test_megatron_sp_gathers_six_times_per_layer():
+    dense = build_layer_ops(_sc())["dense"]
+    i_ops, w_ops = dense.backward()
+    ops = dense.forward + i_ops + w_ops
+    assert _collectives(ops).count("all_gather") == 6
+    assert _collectives(ops).count("reduce_scatter") == 4
+    # Norm weights saw 1/tp of the tokens: their fp32 gradients are all-reduced over tp.
+    ar = [o for o in w_ops if o.comm is not None and o.comm.op == "all_reduce"]
+    assert len(ar) == 1 and ar[0].comm.dim == "tp" and ar[0].comm.size_bytes == 2 * 4096 * 4
+    regather = [o for o in i_ops if o.name.endswith(".input_regather")]
+    assert len(regather) == 2 and all(o.comm.overlap for o in regather)
+    # Each re-gather comes right before the input-grad GEMM it overlaps.
+    names = [o.name for o in i_ops]
+    for o in regather:
+        assert names[names.index(o.name) + 1].endswith(".dgrad")
+    # Without SP there is nothing to re-gather.
+    no_sp = build_layer_ops(_sc(parallelism={"tp": 2, "sequence_parallel": False}))["dense"]
+    assert "all_gather" not in _collectives(no_sp.forward + no_sp.backward()[0])
+    assert not any(o.comm is not None for o in no_sp.backward()[1])
+
+
+def test_gemm_kernels_transpose_in_backward():
+    dense = build_layer_ops(_sc())["dense"]
+    fwd = next(o for o in dense.forward if o.name == "qkv_proj").kernel
+    i_ops, w_ops = dense.backward()
+    dgrad = next(o for o in i_ops if o.name == "qkv_proj.dgrad").kernel
+    wgrad = next(o for o in w_ops if o.name == "qkv_proj.wgrad").kernel
+    assert (dgrad.m, dgrad.n, dgrad.k) == (fwd.m, fwd.k, fwd.n)
+    assert (wgrad.m, wgrad.n, wgrad.k) == (fwd.k, fwd.n, fwd.m)
+
+
+def test_adam_launches():
+    # 1.3B parameters in 296 tensors: limited by elements per launch (21M), not tensors (36).
+    ks = adam_kernels(1.3e9, 296, 16.0)
+    assert len(ks) == 62 and sum(k.bytes for k in ks) == pytest.approx(1.3e9 * 16)
+    # A small model: limited by tensors per launch.
+    assert len(adam_kernels(1e6, 100, 16.0)) == 3
+
+
+def test_launch_floor_dominates_small_models():
+    p = load_profile("h100-sxm-80gb")
+    floor = kernel_model_of(p).launch_floor_us * 1e-6
+
+    def floor_share(seq, batch):
+        sc = _sc(model=str(HF / "gpt2-large.json"), implementation="hf-eager", flash_attention=False, dtype="fp32",
+                 parallelism={"tp": 1}, batch={"micro_batch_size": batch, "global_batch_size": batch, "seq_length": seq},
+                 cluster={"gpus": 1, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"})
+        dense = build_layer_ops(sc)["dense"]
+        ops = [o for o in dense.forward + dense.backward()[0] if o.comm is None]
+        return floor * len(ops) / op_durations_s(p, ops, sc).sum()
+
+    small, large = floor_share(32, 1), floor_share(1024, 4)
+    assert small > 0.1 and large < 0.03 and small > 10 * large
+
+
+def test_hf_eager_gpt2_layer_matches_hf_ops():
+    sc = _sc(model=str(HF / "gpt2-large.json"), implementation="hf-eager", flash_attention=False, dtype="fp32",
+             parallelism={"tp": 1}, batch={"micro_batch_size": 4, "global_batch_size": 4, "seq_length": 1024},
+             cluster={"gpus": 1, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"})
+    layers = build_layer_ops(sc)
+    dense = layers["dense"]
+    # HF GPT-2 block: 4 Conv1D GEMMs, 2 attention matmuls, 8 gelu_new kernels, 3 dropouts.
+    fwd = dense.forward
+    assert sum(o.op_class == "gemm" for o in fwd) == 4
+    assert sum(o.kernel.kind == "gemm" and o.op_class == "attention" for o in fwd) == 2
+    assert sum(o.name.startswith("gelu") for o in fwd) == 8
+    # Parameters of one layer: 12 h^2 + 13 h (weights, biases and two LayerNorms).
+    h = 1280
+    assert dense.params == 12 * h * h + 13 * h
