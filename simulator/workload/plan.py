@@ -1,0 +1,383 @@
+"""The communication plan: what each pipeline rank does, in order, computed before the event loop.
+
+``build_plan(program)`` turns a Program (durations per segment) and its schedule into one
+``RankPlan`` per pipeline rank — a *rank class*: every rank with the same pipeline rank runs the
+same plan, which is what reduced mode relies on. A plan is a flat list of typed instructions:
+
+  Recv        wait for an input (activation or gradient) of an action; names its source rank
+  Compute     a stretch of kernels on the compute stream
+  Collective  a collective (or a chain of them) on a named stream, over a named group; either
+              blocking (the compute stream waits for it) or asynchronous with a handle, which a
+              later Wait joins; the compute between the two is what it may overlap
+  Wait        join an asynchronous collective; the wait is exposed communication of a dimension
+  Complete    an action's output is ready: wakes local consumers and sends it to other ranks
+
+All parallelism policy lives here: ZeRO-1/2 parameter gathers, the FSDP/ZeRO-3 gather plan with
+prefetch and resharding, gradient bucketing, the HSDP reduce-scatter + all-reduce split, expert
+data parallelism, overlapped F&B pairs, the optimizer step. The engine replays instructions.
+The shared formulas (pipeline bytes, bucket size, optimizer sharding) are functions here so the
+closed-form estimate uses the same ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulator.schedules.base import Action, PipelineSchedule, required_inputs
+from simulator.topology.placement import Mesh
+from simulator.vocabulary import CollectiveOp, Dim, Stream
+
+# ----------------------------------------------------------------------------- instructions
+
+Step = tuple[Dim, CollectiveOp, float]  # (group dimension, op, nccl-tests size in bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Recv:
+    stage: int
+    kind: str  # "F" (activation) or "BI" (input gradient)
+    microbatch: int
+    src_pp: int  # pipeline rank producing it
+    local: bool  # produced on this rank (no transfer)
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    seconds: float
+    kind: str  # F, B, I, W or opt
+    label: str
+    microbatch: int = -1
+    stage: int = -1
+    layer: int = -1
+    counted: bool = True  # counts as a simulation event (segments do; the optimizer step never did)
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    stream: Stream
+    steps: tuple[Step, ...]  # run back to back on the stream (HSDP: reduce-scatter then all-reduce)
+    handle: int  # -1: blocking (the compute stream waits); else joined by Wait(handle)
+    # timeline row: kind column, name, microbatch, stage, layer, bytes
+    row_kind: str
+    name: str
+    microbatch: int = -1
+    stage: int = -1
+    layer: int = -1
+    row_bytes: float = 0.0
+    reason: str = ""  # what a blocked compute stream reports while it waits
+
+    @property
+    def blocking(self) -> bool:
+        return self.handle < 0
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    handle: int
+    dim: Dim  # exposed time goes to this (base) dimension
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    stream: Stream
+    dst_pp: int
+    size_bytes: float
+    gather_bytes: float  # > 0: the receiver rebuilds the tensor with a tp all-gather of this size
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    stage: int
+    kind: str  # "F" or "BI"
+    microbatch: int
+    sends: tuple[Send, ...]
+
+
+Instr = Recv | Compute | Collective | Wait | Complete
+
+
+@dataclass
+class RankPlan:
+    pp_rank: int
+    instrs: list[Instr]
+    num_handles: int
+
+    @property
+    def streams(self) -> set[Stream]:
+        out = {i.stream for i in self.instrs if isinstance(i, Collective)}
+        for i in self.instrs:
+            if isinstance(i, Complete):
+                out.update(s.stream for s in i.sends)
+        return out
+
+    def collectives(self) -> list[Collective]:
+        return [i for i in self.instrs if isinstance(i, Collective)]
+
+
+@dataclass
+class Plan:
+    mesh: Mesh
+    schedule: PipelineSchedule
+    ranks: list[RankPlan]  # one per pipeline rank
+    groups: dict[Dim, np.ndarray] = field(default_factory=dict)  # dim -> (n_groups, group_size) GPU ids
+
+
+# ----------------------------------------------------------------------------- shared formulas
+
+def pp_message_bytes(micro_batch_size: int, seq_length: int, cp: int, hidden_size: int, dtype_bytes: int, tp: int,
+                     sequence_parallel: bool, scatter_gather: bool) -> tuple[float, float]:
+    """(bytes each pipeline send carries, bytes of the receiver's tp all-gather afterwards).
+
+    One activation (or its gradient) of a microbatch: b x s/cp x h; sequence parallelism leaves
+    each TP rank 1/tp of it; Megatron's scatter/gather sends 1/tp and rebuilds it over NVLink."""
+    sp = sequence_parallel and tp > 1
+    nbytes = micro_batch_size * (seq_length // cp) * hidden_size * dtype_bytes / (tp if sp else 1)
+    if scatter_gather and tp > 1 and not sp:
+        return nbytes / tp, nbytes
+    return nbytes, 0.0
+
+
+def optimizer_shards(zero: int, dp: int, ep: int, fsdp_shard_size: int | None) -> tuple[int, int]:
+    """(ranks the dense optimizer state is sharded over, ranks the expert state is sharded over).
+
+    ZeRO >= 1 shards over the data-parallel group, or over the HSDP shard group; expert
+    parameters are replicated only over the expert-data-parallel group (dp / ep)."""
+    if zero < 1:
+        return 1, 1
+    shard = fsdp_shard_size or dp
+    return shard, max(1, shard // ep)
+
+
+def grad_reduction_steps(zero: int, size_bytes: float, expert: bool, hsdp_shard: int | None) -> tuple[Step, ...]:
+    """The collectives that reduce one gradient bucket.
+
+    DDP all-reduces; ZeRO >= 1 reduce-scatters; HSDP reduce-scatters inside the shard group and
+    all-reduces the shard across replicas; expert gradients go over the expert-data-parallel group."""
+    if expert:
+        return ((Dim.EDP, CollectiveOp.ALL_REDUCE if zero == 0 else CollectiveOp.REDUCE_SCATTER, size_bytes),)
+    if zero == 0:
+        return ((Dim.DP, CollectiveOp.ALL_REDUCE, size_bytes),)
+    if hsdp_shard is not None:
+        return ((Dim.DP_SHARD, CollectiveOp.REDUCE_SCATTER, size_bytes), (Dim.DP_REP, CollectiveOp.ALL_REDUCE, size_bytes / hsdp_shard))
+    return ((Dim.DP, CollectiveOp.REDUCE_SCATTER, size_bytes),)
+
+
+def hsdp_shard_of(zero: int, fsdp_shard_size: int | None, dp: int) -> int | None:
+    """The HSDP shard group size, or None when parameters shard over the whole dp group."""
+    if zero >= 3 and fsdp_shard_size is not None and fsdp_shard_size < dp:
+        return fsdp_shard_size
+    return None
+
+
+def communication_groups(mesh: Mesh, fsdp_shard_size: int | None) -> dict[Dim, np.ndarray]:
+    """Every group a plan may name. HSDP: shard inside consecutive blocks of the DP group,
+    replicate across blocks."""
+    groups = {Dim(d): mesh.groups(d) for d in (Dim.TP, Dim.CP, Dim.EP, Dim.DP, Dim.EDP, Dim.PP)}
+    shard = fsdp_shard_size or mesh.dp
+    dp_groups = groups[Dim.DP]
+    groups[Dim.DP_SHARD] = dp_groups.reshape(-1, shard)
+    groups[Dim.DP_REP] = dp_groups.reshape(len(dp_groups), -1, shard).transpose(0, 2, 1).reshape(-1, mesh.dp // shard)
+    return groups
+
+
+# ----------------------------------------------------------------------------- the planner
+
+def build_plan(prog) -> Plan:
+    """The plan of every pipeline rank of ``prog`` (a ``simulator.workload.program.Program``)."""
+    sched = prog.schedule
+    ranks = [_plan_rank(prog, r) for r in range(sched.num_ranks)]
+    return Plan(mesh=prog.mesh, schedule=sched, ranks=ranks, groups=communication_groups(prog.mesh, prog.fsdp_shard_size))
+
+
+def _subs(a: Action) -> tuple[Action, ...]:
+    return a.sub if a.kind == "FB" else (a,)
+
+
+def _plan_rank(prog, pp_rank: int) -> RankPlan:
+    sched = prog.schedule
+    mesh = prog.mesh
+    actions = sched.actions[pp_rank]
+    out: list[Instr] = []
+    n_handles = [0]
+
+    def new_handle() -> int:
+        n_handles[0] += 1
+        return n_handles[0] - 1
+
+    # Which action is the last backward (B or W) of each stage: gradient buckets fill there.
+    last_grad_action: dict[int, int] = {}
+    for idx, a in enumerate(actions):
+        for sub in _subs(a):
+            if sub.kind in ("B", "W"):
+                last_grad_action[sub.stage] = idx
+    zb = any(a.kind == "W" for a in actions)
+    use_dp = mesh.dp > 1
+    zero3 = prog.zero >= 3
+    hsdp_shard = hsdp_shard_of(prog.zero, prog.fsdp_shard_size, mesh.dp)
+    use_edp = mesh.edp > 1
+    pending_dp: list[int] = []
+    bucket = [0.0, 0.0]  # dense, expert gradient bytes waiting to be reduced
+
+    def flush(label: str) -> None:
+        for i, expert, on in ((0, False, use_dp), (1, True, use_edp)):
+            if bucket[i] > 0 and on:
+                h = new_handle()
+                pending_dp.append(h)
+                steps = grad_reduction_steps(prog.zero, bucket[i], expert, hsdp_shard)
+                out.append(Collective(Stream.DP, steps, h, "dp", f"{steps[0][1]} {label}", row_bytes=steps[0][2]))
+            bucket[i] = 0.0
+
+    # ZeRO-1/2: the updated parameters are all-gathered; Megatron overlaps that with the next
+    # step's forward, so a stage's first forward waits for its own gather.
+    param_ready: dict[int, int] = {}
+    if 1 <= prog.zero <= 2 and use_dp:
+        for st in sched.stages_of_rank(pp_rank):
+            h = new_handle()
+            param_ready[st] = h
+            pos = sched.stage_position[st]
+            expert = prog.stage_expert_params[pos] if prog.stage_expert_params else 0.0
+            # Dense parameters are sharded over dp, expert parameters over edp.
+            steps: tuple[Step, ...] = ((Dim.DP, CollectiveOp.ALL_GATHER, (prog.stage_params[pos] - expert) * prog.param_bytes),)
+            if expert > 0 and use_edp:
+                steps += ((Dim.EDP, CollectiveOp.ALL_GATHER, expert * prog.param_bytes),)
+            out.append(Collective(Stream.DP_AG, steps, h, "dp", f"all_gather params stage {st}", row_bytes=steps[0][2]))
+
+    # ZeRO-3 / FSDP: every unit (layer) is all-gathered before it runs, forward and (when
+    # resharded after forward) backward, `fsdp_prefetch` units ahead on its own stream.
+    gathers: list[tuple[int, int, float]] = []  # (action index, layer, bytes) in execution order
+    ag_dim = Dim.DP_SHARD if hsdp_shard is not None else Dim.DP
+    if zero3 and use_dp:
+        gathered: set[tuple[int, int]] = set()
+        for idx, a in enumerate(actions):
+            for sub in _subs(a):
+                if sub.kind == "W" or (sub.kind != "F" and not prog.fsdp_reshard_after_forward):
+                    continue
+                seg = prog.segments[(sched.stage_position[sub.stage], sub.kind)]
+                for L in dict.fromkeys(int(x) for x in seg.layer):
+                    if prog.fsdp_reshard_after_forward or (sub.stage, L) not in gathered:
+                        gathered.add((sub.stage, L))
+                        gathers.append((idx, L, prog.unit_params.get(L, 0.0) * prog.param_bytes))
+    gather_handles = [new_handle() for _ in gathers]
+    next_gather = [0, 0]  # [next to wait for, next to issue]
+
+    def issue_gathers(upto: int) -> None:
+        while next_gather[1] < min(upto, len(gathers)):
+            i = next_gather[1]
+            _, L, nbytes = gathers[i]
+            out.append(Collective(Stream.DP_AG, ((ag_dim, CollectiveOp.ALL_GATHER, nbytes),), gather_handles[i], "dp",
+                                  f"all_gather params layer {L}", row_bytes=nbytes))
+            next_gather[1] += 1
+
+    issue_gathers(1 + prog.fsdp_prefetch)
+
+    def wait_gather(idx: int, layer: int) -> None:
+        i = next_gather[0]
+        if i >= len(gathers) or gathers[i][0] != idx or gathers[i][1] != layer:
+            return
+        next_gather[0] += 1
+        issue_gathers(i + 1 + prog.fsdp_prefetch)
+        out.append(Wait(gather_handles[i], Dim.DP, f"dp all_gather of layer {layer} parameters"))
+
+    def wait_pending(pending: list[tuple[Dim, int]]) -> None:
+        for dim, h in pending:
+            out.append(Wait(h, dim.base, f"overlapped {dim} communication"))
+        pending.clear()
+
+    def run_segments(a: Action, idx: int, grads_here: bool, blocking: bool) -> None:
+        pos = sched.stage_position[a.stage]
+        seg = prog.segments[(pos, a.kind)]
+        pending: list[tuple[Dim, int]] = []  # overlapped collectives in flight
+        deferred: list[tuple[Dim, int]] = []  # collectives of an overlapped F&B pair, joined at its end
+        layer = None
+        expert_grads = seg.expert_grad_bytes
+        n = len(seg.compute_s)
+        for j in range(n):
+            lj = int(seg.layer[j])
+            if gathers and lj != layer:
+                layer = lj
+                wait_gather(idx, layer)
+            c = float(seg.compute_s[j])
+            if c > 0:
+                out.append(Compute(c, a.kind, seg.label[j], a.microbatch, a.stage, lj))
+            if grads_here and prog.overlap_grad_reduce:
+                bucket[0] += seg.grad_bytes[j]
+                if expert_grads is not None:
+                    bucket[1] += expert_grads[j]
+                # FSDP reduces per unit; DDP/ZeRO-1/2 per bucket.
+                unit_done = zero3 and (j + 1 == n or int(seg.layer[j + 1]) != lj)
+                if bucket[0] + bucket[1] >= prog.grad_bucket_bytes or (unit_done and bucket[0] + bucket[1] > 0):
+                    flush(f"grads stage {a.stage}")
+            comm = seg.comm[j]
+            if comm is None:
+                continue
+            wait_pending(pending)
+            dim = Dim(comm.dim)
+            step = ((dim, CollectiveOp(comm.op), comm.size_bytes),)
+            name = f"{comm.op} {seg.label[j]}"
+            if blocking and not comm.overlap:
+                out.append(Collective(Stream(dim), step, -1, dim.value, name, a.microbatch, a.stage, lj, comm.size_bytes,
+                                      reason=f"{dim} {comm.op} in {a}"))
+                continue
+            h = new_handle()
+            out.append(Collective(Stream(dim), step, h, dim.value, name, a.microbatch, a.stage, lj, comm.size_bytes))
+            (pending if blocking else deferred).append((dim, h))
+        wait_pending(pending)
+        # Overlapped F&B: what the pair's compute could not hide is exposed at its end.
+        wait_pending(deferred)
+
+    def sends_of(a: Action, kind: str) -> tuple[Send, ...]:
+        consumer = sched.stage_next[a.stage] if kind == "F" else sched.stage_prev[a.stage]
+        if consumer < 0:
+            return ()
+        dst_pp = sched.stage_rank[consumer]
+        if dst_pp == pp_rank:
+            return ()
+        stream = Stream.PP_SEND_F if kind == "F" else Stream.PP_SEND_B
+        return (Send(stream, dst_pp, prog.pp_bytes, prog.pp_gather_bytes),)
+
+    def complete(a: Action) -> None:
+        kind = "F" if a.kind == "F" else "BI" if a.kind in ("B", "I") else None
+        if kind is not None:
+            out.append(Complete(a.stage, kind, a.microbatch, sends_of(a, kind)))
+
+    waited_params: set[int] = set()
+    for idx, a in enumerate(actions):
+        subs = _subs(a)
+        for sub in subs:
+            for (st, kind, mb) in required_inputs(sched, sub):
+                src_pp = sched.stage_rank[st]
+                if src_pp == pp_rank:
+                    out.append(Recv(st, kind, mb, src_pp, True, f"{st}{kind}{mb} (same rank) before {sub}"))
+                else:
+                    what = "activation" if kind == "F" else "gradient"
+                    out.append(Recv(st, kind, mb, src_pp, False, f"{what} of {st}{kind}{mb} from pp rank {src_pp} before {sub}"))
+            if sub.kind == "F" and sub.stage in param_ready and sub.stage not in waited_params:
+                waited_params.add(sub.stage)
+                out.append(Wait(param_ready[sub.stage], Dim.DP, f"dp all_gather of stage {sub.stage} parameters"))
+        for sub in subs:
+            g = last_grad_action.get(sub.stage) == idx and sub.kind in (("W",) if zb else ("B", "W"))
+            run_segments(sub, idx, g, blocking=a.kind != "FB")
+            complete(sub)
+            if g and prog.overlap_grad_reduce:
+                flush(f"grads stage {sub.stage}")
+
+    # Gradient reduction not overlapped with backward: all buckets after the last backward.
+    if not prog.overlap_grad_reduce:
+        for st in sched.stages_of_rank(pp_rank):
+            w = prog.segments[(sched.stage_position[st], "W")]
+            dense = float(w.grad_bytes.sum())
+            expert = float(w.expert_grad_bytes.sum()) if w.expert_grad_bytes is not None else 0.0
+            n_buckets = max(1, int(np.ceil((dense + expert) / prog.grad_bucket_bytes)))
+            for _ in range(n_buckets):
+                bucket[0], bucket[1] = dense / n_buckets, expert / n_buckets
+                flush(f"grads stage {st}")
+    for h in pending_dp:
+        out.append(Wait(h, Dim.DP, "dp gradient reduction"))
+    # Optimizer step on this rank's (ZeRO-sharded) parameters.
+    if prog.optimizer_s > 0:
+        out.append(Compute(prog.optimizer_s, "opt", "optimizer step", counted=False))
+    return RankPlan(pp_rank, out, n_handles[0])
