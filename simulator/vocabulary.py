@@ -32,6 +32,7 @@ _BASE = {Dim.EDP: Dim.DP, Dim.DP_SHARD: Dim.DP, Dim.DP_REP: Dim.DP}
 
 # The dimensions a report shows, in this order (innermost first, as the default mesh order).
 REPORT_DIMS: tuple[Dim, ...] = (Dim.TP, Dim.CP, Dim.EP, Dim.PP, Dim.DP)
+DIM_NAMES: tuple[str, ...] = tuple(d.value for d in REPORT_DIMS)  # plain strings, for tables and JSON
 # Every group the engine can be asked to build.
 GROUP_DIMS: tuple[Dim, ...] = (Dim.TP, Dim.CP, Dim.EP, Dim.DP, Dim.EDP, Dim.PP, Dim.DP_SHARD, Dim.DP_REP)
 
@@ -57,6 +58,7 @@ class Stream(StrEnum):
 
 # Display order of the streams (dashboards, Perfetto).
 STREAM_ORDER: tuple[Stream, ...] = tuple(Stream)
+STREAM_NAMES: tuple[str, ...] = tuple(s.value for s in STREAM_ORDER)
 COMM_STREAMS: tuple[Stream, ...] = tuple(s for s in Stream if s is not Stream.COMPUTE)
 RECV_STREAM_OF = {Stream.PP_SEND_F: Stream.PP_RECV_F, Stream.PP_SEND_B: Stream.PP_RECV_B}
 

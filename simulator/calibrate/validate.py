@@ -30,10 +30,12 @@ import typer
 
 from simulator.calibrate.profile import OP_CLASSES, OpClassModel, Profile, load_profile
 from simulator.errors import UserError
+from simulator.vocabulary import COMM_STREAMS, Stream
 
 # Capture schedule names (simulator.capture.spec.SCHEDULES) -> simulator schedule names.
 _SCHEDULE_ALIASES = {"interleaved-zb": "zb-h1"}
-_COMM_STREAMS = ("tp", "cp", "ep", "dp", "pp-send-f", "pp-send-b", "pp-recv-f", "pp-recv-b")
+# Streams whose rows are communication (dp-ag excluded: parameter gathers are not compared).
+_COMM_STREAMS = tuple(s.value for s in COMM_STREAMS if s is not Stream.DP_AG)
 
 
 def _topology_for(manifest, profile: Profile) -> str:
