@@ -128,6 +128,12 @@ class Plan:
 
 # ----------------------------------------------------------------------------- shared formulas
 
+# Megatron keeps fp32 main gradients and reduces them in fp32 when training in bf16.
+GRAD_REDUCE_BYTES = 4
+# Adam step per parameter: read fp32 master, grad, m, v; write master, m, v; write bf16 copy.
+ADAM_BYTES_PER_PARAM = 30
+
+
 def pp_message_bytes(micro_batch_size: int, seq_length: int, cp: int, hidden_size: int, dtype_bytes: int, tp: int,
                      sequence_parallel: bool, scatter_gather: bool) -> tuple[float, float]:
     """(bytes each pipeline send carries, bytes of the receiver's tp all-gather afterwards).
@@ -166,6 +172,13 @@ def grad_reduction_steps(zero: int, size_bytes: float, expert: bool, hsdp_shard:
     return ((Dim.DP, CollectiveOp.REDUCE_SCATTER, size_bytes),)
 
 
+def optimizer_state_bytes(dense_params: float, expert_params: float, zero: int, dp: int, ep: int,
+                          fsdp_shard_size: int | None) -> float:
+    """Bytes the optimizer step of one rank streams through HBM (Adam, ZeRO-sharded)."""
+    shard, expert_shard = optimizer_shards(zero, dp, ep, fsdp_shard_size)
+    return (dense_params / shard + expert_params / expert_shard) * ADAM_BYTES_PER_PARAM
+
+
 def hsdp_shard_of(zero: int, fsdp_shard_size: int | None, dp: int) -> int | None:
     """The HSDP shard group size, or None when parameters shard over the whole dp group."""
     if zero >= 3 and fsdp_shard_size is not None and fsdp_shard_size < dp:
@@ -184,6 +197,93 @@ def communication_groups(mesh: Mesh, fsdp_shard_size: int | None) -> dict[Dim, n
     return groups
 
 
+class GradBuckets:
+    """Gradient buckets: filled as backward produces gradients, reduced when full (DDP/Megatron)
+    or when an FSDP unit's gradients are complete; dense over dp (or HSDP), expert over edp."""
+
+    def __init__(self, out: list, new_handle, zero: int, bucket_bytes: float, use_dp: bool, use_edp: bool,
+                 hsdp_shard: int | None):
+        self.out, self.new_handle = out, new_handle
+        self.zero, self.bucket_bytes, self.hsdp_shard = zero, bucket_bytes, hsdp_shard
+        self.on = (use_dp, use_edp)
+        self.fill = [0.0, 0.0]  # dense, expert bytes waiting
+        self.pending: list[int] = []
+
+    def flush(self, label: str) -> None:
+        for i, expert in ((0, False), (1, True)):
+            if self.fill[i] > 0 and self.on[i]:
+                h = self.new_handle()
+                self.pending.append(h)
+                steps = grad_reduction_steps(self.zero, self.fill[i], expert, self.hsdp_shard)
+                self.out.append(Collective(Stream.DP, steps, h, "dp", f"{steps[0][1]} {label}", row_bytes=steps[0][2]))
+            self.fill[i] = 0.0
+
+    def add(self, a: Action, j: int, seg, last: bool) -> None:
+        self.fill[0] += seg.grad_bytes[j]
+        if seg.expert_grad_bytes is not None:
+            self.fill[1] += seg.expert_grad_bytes[j]
+        # FSDP reduces per unit; DDP/ZeRO-1/2 per bucket.
+        unit_done = self.zero >= 3 and (last or int(seg.layer[j + 1]) != int(seg.layer[j]))
+        total = self.fill[0] + self.fill[1]
+        if total >= self.bucket_bytes or (unit_done and total > 0):
+            self.flush(f"grads stage {a.stage}")
+
+    def split(self, dense: float, expert: float, label: str) -> None:
+        """Reduce ``dense`` + ``expert`` bytes in equal buckets (no overlap with backward)."""
+        n_buckets = max(1, int(np.ceil((dense + expert) / self.bucket_bytes)))
+        for _ in range(n_buckets):
+            self.fill[0], self.fill[1] = dense / n_buckets, expert / n_buckets
+            self.flush(label)
+
+    def join(self) -> None:
+        for h in self.pending:
+            self.out.append(Wait(h, Dim.DP, "dp gradient reduction"))
+        self.pending.clear()
+
+
+@dataclass
+class LinearCost:
+    end_s: float
+    busy_s: float
+    exposed_s: dict[Dim, float]  # by base dimension
+
+
+def linear_replay(instrs, coll_time) -> LinearCost:
+    """Replay one rank's instructions alone: what the engine does with inputs always ready.
+
+    ``coll_time(dim, op, size_bytes)`` prices a collective (the network's isolated time). Streams
+    are FIFO queues as in the engine; cross-rank dependencies (Recv) are ignored, so this is the
+    engine's answer exactly for a rank that never waits on a peer, and the per-action cost the
+    closed-form estimate composes into a pipeline."""
+    now = busy = 0.0
+    exposed: dict[Dim, float] = {}
+    stream_free: dict[Stream, float] = {}
+    done: dict[int, float] = {}
+    for ins in instrs:
+        t = type(ins)
+        if t is Compute:
+            now += ins.seconds
+            busy += ins.seconds
+        elif t is Collective:
+            dur = 0.0
+            for d, op, size in ins.steps:
+                dur += coll_time(d, op, size)
+            end = max(now, stream_free.get(ins.stream, 0.0)) + dur
+            stream_free[ins.stream] = end
+            if ins.handle < 0:
+                b = ins.steps[0][0].base
+                exposed[b] = exposed.get(b, 0.0) + end - now
+                now = end
+            else:
+                done[ins.handle] = end
+        elif t is Wait:
+            end = done[ins.handle]
+            if end > now:
+                exposed[ins.dim] = exposed.get(ins.dim, 0.0) + end - now
+                now = end
+    return LinearCost(now, busy, exposed)
+
+
 # ----------------------------------------------------------------------------- the planner
 
 def build_plan(prog) -> Plan:
@@ -195,6 +295,53 @@ def build_plan(prog) -> Plan:
 
 def _subs(a: Action) -> tuple[Action, ...]:
     return a.sub if a.kind == "FB" else (a,)
+
+
+def emit_action(out: list, seg, a: Action, blocking: bool, new_handle, idx: int = 0, on_layer=None, on_grads=None) -> None:
+    """The instructions of one action: its segments' compute and collectives.
+
+    A blocking collective stops the compute stream; an ``overlap`` one runs beside the next
+    segment and is joined before the next collective or at the action's end; in an overlapped
+    F&B pair (``blocking=False``) every collective is joined at the end of its half. ``on_layer``
+    runs where a new layer starts (FSDP gathers), ``on_grads`` after each segment's compute
+    (gradient buckets)."""
+    pending: list[tuple[Dim, int]] = []  # overlapped collectives in flight
+    deferred: list[tuple[Dim, int]] = []  # collectives of an overlapped F&B pair, joined at its end
+
+    def join(lst: list[tuple[Dim, int]]) -> None:
+        for dim, h in lst:
+            out.append(Wait(h, dim.base, f"overlapped {dim} communication"))
+        lst.clear()
+
+    layer = None
+    n = len(seg.compute_s)
+    for j in range(n):
+        lj = int(seg.layer[j])
+        if on_layer is not None and lj != layer:
+            layer = lj
+            on_layer(idx, layer)
+        c = float(seg.compute_s[j])
+        if c > 0:
+            out.append(Compute(c, a.kind, seg.label[j], a.microbatch, a.stage, lj))
+        if on_grads is not None:
+            on_grads(a, j, seg, j + 1 == n)
+        comm = seg.comm[j]
+        if comm is None:
+            continue
+        join(pending)
+        dim = Dim(comm.dim)
+        step = ((dim, CollectiveOp(comm.op), comm.size_bytes),)
+        name = f"{comm.op} {seg.label[j]}"
+        if blocking and not comm.overlap:
+            out.append(Collective(Stream(dim), step, -1, dim.value, name, a.microbatch, a.stage, lj, comm.size_bytes,
+                                  reason=f"{dim} {comm.op} in {a}"))
+            continue
+        h = new_handle()
+        out.append(Collective(Stream(dim), step, h, dim.value, name, a.microbatch, a.stage, lj, comm.size_bytes))
+        (pending if blocking else deferred).append((dim, h))
+    join(pending)
+    # Overlapped F&B: what the pair's compute could not hide is exposed at its end.
+    join(deferred)
 
 
 def _plan_rank(prog, pp_rank: int) -> RankPlan:
@@ -219,17 +366,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     zero3 = prog.zero >= 3
     hsdp_shard = hsdp_shard_of(prog.zero, prog.fsdp_shard_size, mesh.dp)
     use_edp = mesh.edp > 1
-    pending_dp: list[int] = []
-    bucket = [0.0, 0.0]  # dense, expert gradient bytes waiting to be reduced
-
-    def flush(label: str) -> None:
-        for i, expert, on in ((0, False, use_dp), (1, True, use_edp)):
-            if bucket[i] > 0 and on:
-                h = new_handle()
-                pending_dp.append(h)
-                steps = grad_reduction_steps(prog.zero, bucket[i], expert, hsdp_shard)
-                out.append(Collective(Stream.DP, steps, h, "dp", f"{steps[0][1]} {label}", row_bytes=steps[0][2]))
-            bucket[i] = 0.0
+    buckets = GradBuckets(out, new_handle, prog.zero, prog.grad_bucket_bytes, use_dp, use_edp, hsdp_shard)
 
     # ZeRO-1/2: the updated parameters are all-gathered; Megatron overlaps that with the next
     # step's forward, so a stage's first forward waits for its own gather.
@@ -282,52 +419,14 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
         issue_gathers(i + 1 + prog.fsdp_prefetch)
         out.append(Wait(gather_handles[i], Dim.DP, f"dp all_gather of layer {layer} parameters"))
 
-    def wait_pending(pending: list[tuple[Dim, int]]) -> None:
-        for dim, h in pending:
-            out.append(Wait(h, dim.base, f"overlapped {dim} communication"))
-        pending.clear()
+    def on_layer(idx: int, layer: int) -> None:
+        if gathers:
+            wait_gather(idx, layer)
 
     def run_segments(a: Action, idx: int, grads_here: bool, blocking: bool) -> None:
-        pos = sched.stage_position[a.stage]
-        seg = prog.segments[(pos, a.kind)]
-        pending: list[tuple[Dim, int]] = []  # overlapped collectives in flight
-        deferred: list[tuple[Dim, int]] = []  # collectives of an overlapped F&B pair, joined at its end
-        layer = None
-        expert_grads = seg.expert_grad_bytes
-        n = len(seg.compute_s)
-        for j in range(n):
-            lj = int(seg.layer[j])
-            if gathers and lj != layer:
-                layer = lj
-                wait_gather(idx, layer)
-            c = float(seg.compute_s[j])
-            if c > 0:
-                out.append(Compute(c, a.kind, seg.label[j], a.microbatch, a.stage, lj))
-            if grads_here and prog.overlap_grad_reduce:
-                bucket[0] += seg.grad_bytes[j]
-                if expert_grads is not None:
-                    bucket[1] += expert_grads[j]
-                # FSDP reduces per unit; DDP/ZeRO-1/2 per bucket.
-                unit_done = zero3 and (j + 1 == n or int(seg.layer[j + 1]) != lj)
-                if bucket[0] + bucket[1] >= prog.grad_bucket_bytes or (unit_done and bucket[0] + bucket[1] > 0):
-                    flush(f"grads stage {a.stage}")
-            comm = seg.comm[j]
-            if comm is None:
-                continue
-            wait_pending(pending)
-            dim = Dim(comm.dim)
-            step = ((dim, CollectiveOp(comm.op), comm.size_bytes),)
-            name = f"{comm.op} {seg.label[j]}"
-            if blocking and not comm.overlap:
-                out.append(Collective(Stream(dim), step, -1, dim.value, name, a.microbatch, a.stage, lj, comm.size_bytes,
-                                      reason=f"{dim} {comm.op} in {a}"))
-                continue
-            h = new_handle()
-            out.append(Collective(Stream(dim), step, h, dim.value, name, a.microbatch, a.stage, lj, comm.size_bytes))
-            (pending if blocking else deferred).append((dim, h))
-        wait_pending(pending)
-        # Overlapped F&B: what the pair's compute could not hide is exposed at its end.
-        wait_pending(deferred)
+        seg = prog.segments[(sched.stage_position[a.stage], a.kind)]
+        emit_action(out, seg, a, blocking, new_handle, idx=idx, on_layer=on_layer if gathers else None,
+                    on_grads=buckets.add if grads_here and prog.overlap_grad_reduce else None)
 
     def sends_of(a: Action, kind: str) -> tuple[Send, ...]:
         consumer = sched.stage_next[a.stage] if kind == "F" else sched.stage_prev[a.stage]
@@ -363,7 +462,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
             run_segments(sub, idx, g, blocking=a.kind != "FB")
             complete(sub)
             if g and prog.overlap_grad_reduce:
-                flush(f"grads stage {sub.stage}")
+                buckets.flush(f"grads stage {sub.stage}")
 
     # Gradient reduction not overlapped with backward: all buckets after the last backward.
     if not prog.overlap_grad_reduce:
@@ -371,12 +470,8 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
             w = prog.segments[(sched.stage_position[st], "W")]
             dense = float(w.grad_bytes.sum())
             expert = float(w.expert_grad_bytes.sum()) if w.expert_grad_bytes is not None else 0.0
-            n_buckets = max(1, int(np.ceil((dense + expert) / prog.grad_bucket_bytes)))
-            for _ in range(n_buckets):
-                bucket[0], bucket[1] = dense / n_buckets, expert / n_buckets
-                flush(f"grads stage {st}")
-    for h in pending_dp:
-        out.append(Wait(h, Dim.DP, "dp gradient reduction"))
+            buckets.split(dense, expert, f"grads stage {st}")
+    buckets.join()
     # Optimizer step on this rank's (ZeRO-sharded) parameters.
     if prog.optimizer_s > 0:
         out.append(Compute(prog.optimizer_s, "opt", "optimizer step", counted=False))
