@@ -180,7 +180,7 @@ class Engine:
         self.busy = {r: 0.0 for r in self.ranks}
         self.exposed = {r: dict.fromkeys(DIMS, 0.0) for r in self.ranks}
         self.comm_bytes = {r: dict.fromkeys(DIMS, 0.0) for r in self.ranks}
-        self.waiting_on: dict[int, str] = {}
+        self.waiting_on: dict[int, object] = {}  # rank -> the instruction it waits on
         self.finished: set[int] = set()
         self.end_time: dict[int, float] = {}
 
@@ -201,7 +201,7 @@ class Engine:
         env.run()
         if len(self.finished) < len(self.ranks):
             stuck = [r for r in self.ranks if r not in self.finished]
-            detail = "; ".join(f"rank {r} (pp {int(self.coords[r, 0])}) waits on {self.waiting_on.get(r, '?')}" for r in stuck[:6])
+            detail = "; ".join(f"rank {r} (pp {int(self.coords[r, 0])}) waits on {self._waiting(r)}" for r in stuck[:6])
             more = f" and {len(stuck) - 6} more" if len(stuck) > 6 else ""
             raise SimulationStalled(
                 f"simulation stalled at t={env.now:.6f}s: {detail}{more}: the schedule has a dependency cycle; fix the schedule"
@@ -218,6 +218,10 @@ class Engine:
             sim_wall_s=time.perf_counter() - t_wall, num_events=self.n_events, mode=self.mode,
             network_report=report,
         )
+
+    def _waiting(self, rank: int) -> str:
+        w = self.waiting_on.get(rank)
+        return "?" if w is None else w if isinstance(w, str) else w.describe()
 
     # ------------------------------------------------------------------ streams
 
@@ -319,7 +323,7 @@ class Engine:
                     continue
                 dim, op, size_bytes = ins.steps[0]
                 t0 = env.now
-                self.waiting_on[rank] = ins.reason
+                self.waiting_on[rank] = ins
                 if not outstanding[sk] and len(ins.steps) == 1:
                     # The stream is idle and compute blocks on it anyway: run the collective in
                     # place (same timing, a third of the events of a hand-over).
@@ -337,7 +341,7 @@ class Engine:
                 ev = handles[ins.handle]
                 if not ev.triggered:
                     t0 = env.now
-                    self.waiting_on[rank] = ins.reason
+                    self.waiting_on[rank] = ins
                     yield ev
                     exposed[ins.dim] += env.now - t0
             elif t is Recv:
@@ -346,7 +350,7 @@ class Engine:
                 if ev.triggered:
                     continue
                 t0 = env.now
-                self.waiting_on[rank] = ins.reason
+                self.waiting_on[rank] = ins
                 yield ev
                 if ins.local:
                     continue

@@ -41,7 +41,13 @@ class Recv:
     microbatch: int
     src_pp: int  # pipeline rank producing it
     local: bool  # produced on this rank (no transfer)
-    reason: str
+    before: Action  # the action that needs it
+
+    def describe(self) -> str:
+        if self.local:
+            return f"{self.stage}{self.kind}{self.microbatch} (same rank) before {self.before}"
+        what = "activation" if self.kind == "F" else "gradient"
+        return f"{what} of {self.stage}{self.kind}{self.microbatch} from pp rank {self.src_pp} before {self.before}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +73,15 @@ class Collective:
     stage: int = -1
     layer: int = -1
     row_bytes: float = 0.0
-    reason: str = ""  # what a blocked compute stream reports while it waits
+    action: Action | None = None  # the action a blocking collective belongs to
 
     @property
     def blocking(self) -> bool:
         return self.handle < 0
+
+    def describe(self) -> str:
+        dim, op, _ = self.steps[0]
+        return f"{dim} {op} in {self.action}" if self.action is not None else f"{dim} {op} {self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +89,9 @@ class Wait:
     handle: int
     dim: Dim  # exposed time goes to this (base) dimension
     reason: str
+
+    def describe(self) -> str:
+        return self.reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +310,23 @@ def _subs(a: Action) -> tuple[Action, ...]:
     return a.sub if a.kind == "FB" else (a,)
 
 
+def _template(seg) -> list[tuple]:
+    """Per segment, what every action of this (position, kind) emits: parsed once per Segments."""
+    tpl = getattr(seg, "_plan_template", None)
+    if tpl is None:
+        tpl = []
+        for j in range(len(seg.compute_s)):
+            comm = seg.comm[j]
+            c_info = None
+            if comm is not None:
+                dim = Dim(comm.dim)
+                c_info = (dim, Stream(dim), ((dim, CollectiveOp(comm.op), comm.size_bytes),), f"{comm.op} {seg.label[j]}",
+                          comm.overlap, comm.size_bytes, Wait(-1, dim.base, f"overlapped {dim} communication"))
+            tpl.append((float(seg.compute_s[j]), seg.label[j], int(seg.layer[j]), c_info))
+        seg._plan_template = tpl
+    return tpl
+
+
 def emit_action(out: list, seg, a: Action, blocking: bool, new_handle, idx: int = 0, on_layer=None, on_grads=None) -> None:
     """The instructions of one action: its segments' compute and collectives.
 
@@ -305,43 +335,40 @@ def emit_action(out: list, seg, a: Action, blocking: bool, new_handle, idx: int 
     F&B pair (``blocking=False``) every collective is joined at the end of its half. ``on_layer``
     runs where a new layer starts (FSDP gathers), ``on_grads`` after each segment's compute
     (gradient buckets)."""
-    pending: list[tuple[Dim, int]] = []  # overlapped collectives in flight
-    deferred: list[tuple[Dim, int]] = []  # collectives of an overlapped F&B pair, joined at its end
-
-    def join(lst: list[tuple[Dim, int]]) -> None:
-        for dim, h in lst:
-            out.append(Wait(h, dim.base, f"overlapped {dim} communication"))
-        lst.clear()
-
+    pending: list[tuple[Wait, int]] = []  # overlapped collectives in flight
+    deferred: list[tuple[Wait, int]] = []  # collectives of an overlapped F&B pair, joined at its end
+    append = out.append
+    kind, mb, stage = a.kind, a.microbatch, a.stage
     layer = None
-    n = len(seg.compute_s)
+    tpl = _template(seg)
+    n = len(tpl)
     for j in range(n):
-        lj = int(seg.layer[j])
+        c, label, lj, c_info = tpl[j]
         if on_layer is not None and lj != layer:
             layer = lj
             on_layer(idx, layer)
-        c = float(seg.compute_s[j])
         if c > 0:
-            out.append(Compute(c, a.kind, seg.label[j], a.microbatch, a.stage, lj))
+            append(Compute(c, kind, label, mb, stage, lj))
         if on_grads is not None:
             on_grads(a, j, seg, j + 1 == n)
-        comm = seg.comm[j]
-        if comm is None:
+        if c_info is None:
             continue
-        join(pending)
-        dim = Dim(comm.dim)
-        step = ((dim, CollectiveOp(comm.op), comm.size_bytes),)
-        name = f"{comm.op} {seg.label[j]}"
-        if blocking and not comm.overlap:
-            out.append(Collective(Stream(dim), step, -1, dim.value, name, a.microbatch, a.stage, lj, comm.size_bytes,
-                                  reason=f"{dim} {comm.op} in {a}"))
+        if pending:
+            for w, h in pending:
+                append(Wait(h, w.dim, w.reason))
+            pending.clear()
+        dim, stream, step, name, overlap, size, w = c_info
+        if blocking and not overlap:
+            append(Collective(stream, step, -1, dim.value, name, mb, stage, lj, size, a))
             continue
         h = new_handle()
-        out.append(Collective(Stream(dim), step, h, dim.value, name, a.microbatch, a.stage, lj, comm.size_bytes))
-        (pending if blocking else deferred).append((dim, h))
-    join(pending)
+        append(Collective(stream, step, h, dim.value, name, mb, stage, lj, size))
+        (pending if blocking else deferred).append((w, h))
+    for w, h in pending:
+        append(Wait(h, w.dim, w.reason))
     # Overlapped F&B: what the pair's compute could not hide is exposed at its end.
-    join(deferred)
+    for w, h in deferred:
+        append(Wait(h, w.dim, w.reason))
 
 
 def _plan_rank(prog, pp_rank: int) -> RankPlan:
@@ -449,11 +476,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
         for sub in subs:
             for (st, kind, mb) in required_inputs(sched, sub):
                 src_pp = sched.stage_rank[st]
-                if src_pp == pp_rank:
-                    out.append(Recv(st, kind, mb, src_pp, True, f"{st}{kind}{mb} (same rank) before {sub}"))
-                else:
-                    what = "activation" if kind == "F" else "gradient"
-                    out.append(Recv(st, kind, mb, src_pp, False, f"{what} of {st}{kind}{mb} from pp rank {src_pp} before {sub}"))
+                out.append(Recv(st, kind, mb, src_pp, src_pp == pp_rank, sub))
             if sub.kind == "F" and sub.stage in param_ready and sub.stage not in waited_params:
                 waited_params.add(sub.stage)
                 out.append(Wait(param_ready[sub.stage], Dim.DP, f"dp all_gather of stage {sub.stage} parameters"))
