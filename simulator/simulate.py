@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
 
-from simulator.calibrate.profile import Profile, load_profile
+from simulator.profile import Profile, load_profile
 from simulator.engine.core import Engine, Mode, Timeline
 from simulator.errors import UserError
 from simulator.network.alpha_beta import TierNetwork

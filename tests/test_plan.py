@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from simulator.calibrate.profile import load_profile
+from simulator.profile import load_profile
 from simulator.engine import core
 from simulator.scenario import build_scenario
 from simulator.simulate import resolve_schedule, simulate

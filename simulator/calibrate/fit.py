@@ -24,7 +24,7 @@ import pandas as pd
 
 from simulator.calibrate.comm_fit import collectives_from_ops, fit_collectives, large_message_busbw
 from simulator.calibrate.compute_fit import ClassFit, fit_compute
-from simulator.calibrate.profile import (
+from simulator.profile import (
     OP_CLASSES,
     CollectiveFit,
     CommModel,

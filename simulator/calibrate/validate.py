@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import typer
 
-from simulator.calibrate.profile import OP_CLASSES, OpClassModel, Profile, load_profile
+from simulator.profile import OP_CLASSES, OpClassModel, Profile, load_profile
 from simulator.errors import UserError
 from simulator.vocabulary import COMM_STREAMS, Stream
 

@@ -60,7 +60,7 @@ def network_kwargs_for_profile(gpu: str | None) -> tuple[dict[str, Any], str]:
     if not gpu:
         return {}, "no GPU profile: link efficiency 1.0, step latencies from the topology"
     try:
-        from simulator.calibrate.profile import load_profile
+        from simulator.profile import load_profile
     except ImportError:
         return {}, f"profile loading is not available yet: {gpu!r} ignored, link efficiency 1.0, step latencies from the topology"
     profile = load_profile(gpu)

@@ -754,7 +754,7 @@ class FlowNetwork:
 
 
 def comm_kwargs(profile: Any) -> dict[str, Any]:
-    """FlowNetwork keyword arguments from a GPU profile (simulator.calibrate.profile.Profile):
+    """FlowNetwork keyword arguments from a GPU profile (simulator.profile.Profile):
     its ``comm`` model has exactly these fields."""
     comm = getattr(profile, "comm", profile)
     return {

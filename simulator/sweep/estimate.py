@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.calibrate.profile import Profile, load_profile
+from simulator.profile import Profile, load_profile
 from simulator.errors import UserError
 from simulator.network.alpha_beta import TierNetwork
 from simulator.network.base import CollectiveRequest

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.calibrate.profile import Profile
+from simulator.profile import Profile
 from simulator.errors import UserError
 from simulator.scenario import Scenario
 from simulator.schedules.base import PipelineSchedule
