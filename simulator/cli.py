@@ -8,9 +8,7 @@ logs go to stderr.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -18,6 +16,7 @@ from typing import Optional
 import typer
 
 from simulator.errors import UserError
+from simulator.files import write_atomic
 
 app = typer.Typer(
     name="clustersim",
@@ -71,20 +70,6 @@ class Recompute(str, Enum):
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder, then rename: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a dashboard is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _parse_set(values: list[str]) -> dict:

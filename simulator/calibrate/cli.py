@@ -24,7 +24,7 @@ def calibrate_command(
 ) -> None:
     """Fit a profile (compute, communication, overlap, provenance) from captured timings."""
     from simulator.calibrate.fit import calibrate
-    from simulator.cli import write_atomic
+    from simulator.files import write_atomic
 
     if out.suffix != ".json":
         raise UserError(f"--out {str(out)!r} must be a .json file, e.g. calibration/my-gpu.json")

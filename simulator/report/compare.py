@@ -203,7 +203,7 @@ def compare_command(
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
 ) -> None:
     """Compare two scenarios or two reports side by side in one dashboard."""
-    from simulator.cli import write_atomic
+    from simulator.files import write_atomic
 
     side_a = load_side("A", a, mode.value)
     side_b = load_side("B", b, mode.value)
