@@ -71,7 +71,7 @@ def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], Non
     if progress is not None:
         progress(f"simulating {sc.name}: {sc.model.name} on {sc.cluster.gpus} x {sc.cluster.gpu}, "
                  f"{sched.name} with {sched.num_microbatches} microbatches ({mode} mode)")
-    tl = Engine(prog, net, mode=mode, plan=plan).run()
+    tl = Engine(prog, net, mode=mode, plan=plan, sm_count=profile.compute.sm_count).run()
     mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
     report = build_report(sc.name, prog, tl, mem, profile.compute.peak_tflops, sc.cluster.gpus)
     return SimulationResult(sc, profile, topo, prog, tl, mem, report, plan)

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from simulator.contention import P2P_CTAS, collective_ctas, compute_slowdown
 from simulator.errors import SimulationStalled
 from simulator.network.base import CollectiveRequest, Network
 from simulator.vocabulary import GROUP_DIMS, REPORT_DIMS, RECV_STREAM_OF, CollectiveOp, Dim, Stream, bus_factor
@@ -59,6 +60,8 @@ class Timeline:
     num_events: int
     mode: str
     network_report: list[dict] = field(default_factory=list)
+    # rank -> seconds compute took longer because communication kernels held SMs (contention)
+    contention_s: dict[int, float] = field(default_factory=dict)
 
 
 class _Rendezvous:
@@ -73,7 +76,11 @@ class _Rendezvous:
 
 
 class Engine:
-    def __init__(self, program: Program, network: Network, mode: Mode = "reduced", plan: Plan | None = None):
+    def __init__(self, program: Program, network: Network, mode: Mode = "reduced", plan: Plan | None = None,
+                 sm_count: int | None = None):
+        """``sm_count``: the GPU's SMs; given, compute that overlaps in-flight communication
+        kernels slows down by the SMs they hold (``simulator.contention``); None: no contention."""
+        self.sm_count = sm_count
         self.prog = program
         self.plan = plan if plan is not None else build_plan(program)
         self.net = network
@@ -180,6 +187,8 @@ class Engine:
         self.busy = {r: 0.0 for r in self.ranks}
         self.exposed = {r: dict.fromkeys(DIMS, 0.0) for r in self.ranks}
         self.comm_bytes = {r: dict.fromkeys(DIMS, 0.0) for r in self.ranks}
+        self.sms_taken = dict.fromkeys(self.ranks, 0)  # SMs held by this rank's running NCCL kernels
+        self.contention = dict.fromkeys(self.ranks, 0.0)
         self.waiting_on: dict[int, object] = {}  # rank -> the instruction it waits on
         self.finished: set[int] = set()
         self.end_time: dict[int, float] = {}
@@ -216,7 +225,7 @@ class Engine:
             pp_rank_of={r: int(self.coords[r, 0]) for r in self.ranks},
             busy_compute_s=self.busy, exposed_s=self.exposed, comm_bytes=self.comm_bytes,
             sim_wall_s=time.perf_counter() - t_wall, num_events=self.n_events, mode=self.mode,
-            network_report=report,
+            network_report=report, contention_s=self.contention,
         )
 
     def _waiting(self, rank: int) -> str:
@@ -265,11 +274,16 @@ class Engine:
         sname = stream.value
         sk = (rank, stream)
         while True:
-            ins, done = yield store.get()
+            ins, done, counted = yield store.get()
             t0 = env.now
-            # An instruction may chain collectives; they run back to back on this stream.
-            for dim, op, size_bytes in ins.steps:
+            # An instruction may chain collectives; they run back to back on this stream. Its
+            # NCCL kernel holds SMs from launch (waiting for peers included) to completion.
+            for i, (dim, op, size_bytes) in enumerate(ins.steps):
+                ctas = collective_ctas(op)
+                if not (counted and i == 0):
+                    self.sms_taken[rank] += ctas
                 yield self._collective(rank, dim, op, size_bytes)
+                self.sms_taken[rank] -= ctas
                 self.n_events += 2
             self.rows.append((rank, sname, ins.row_kind, ins.name, t0, env.now, ins.microbatch, ins.stage, ins.layer,
                               ins.row_bytes))
@@ -280,12 +294,15 @@ class Engine:
         env = self.env
         sname, rname = stream.value, RECV_STREAM_OF[stream].value
         while True:
-            send, dst, key, mb, stage, kind = yield store.get()
+            send, dst, key, mb, stage, kind, counted = yield store.get()
             t0 = env.now
             self.transfer_start[(dst, key)] = t0
             req = self._p2p_request(rank, dst, send.size_bytes)
             self.comm_bytes[rank]["pp"] += send.size_bytes
+            if not counted:
+                self.sms_taken[rank] += P2P_CTAS
             yield self.net.start(env, req)
+            self.sms_taken[rank] -= P2P_CTAS
             self.n_events += 2
             if send.gather_bytes > 0:
                 # Megatron's scatter/gather: the slices arrive, then an all-gather over NVLink.
@@ -294,7 +311,19 @@ class Engine:
                 self.n_events += 1
             self.rows.append((rank, sname, "pp", f"send {kind} mb{mb}", t0, env.now, mb, stage, -1, send.size_bytes))
             self.rows.append((dst, rname, "pp", f"recv {kind} mb{mb}", t0, env.now, mb, stage, -1, send.size_bytes))
+            self.outstanding[(rank, stream)] -= 1
             self._event((dst, key)).succeed()
+
+    def _issue(self, rank: int, stream: Stream, item: tuple, ctas: int) -> None:
+        """Hand work to a stream. On an idle stream the kernel launches now: its SMs are taken
+        before the compute stream's next segment starts (the stream process runs later in the
+        same instant)."""
+        sk = (rank, stream)
+        idle = not self.outstanding[sk]
+        if idle:
+            self.sms_taken[rank] += ctas
+        self.outstanding[sk] += 1
+        self.stores[sk].put(item + (idle,))
 
     def _replay(self, rank: int):
         """Walk the rank's plan: no decisions here beyond 'is the stream idle' and 'has it arrived'."""
@@ -309,17 +338,22 @@ class Engine:
             t = type(ins)
             if t is Compute:
                 t0 = env.now
-                yield env.timeout(ins.seconds)
+                sec = ins.seconds
+                if self.sms_taken[rank] and self.sm_count:
+                    # Overlapped with communication kernels: fewer SMs for this segment.
+                    slowed = sec * compute_slowdown(self.sm_count, self.sms_taken[rank])
+                    self.contention[rank] += slowed - sec
+                    sec = slowed
+                yield env.timeout(sec)
                 if ins.counted:
                     self.n_events += 1
-                self.busy[rank] += ins.seconds
+                self.busy[rank] += sec
                 rows.append((rank, "compute", ins.kind, ins.label, t0, env.now, ins.microbatch, ins.stage, ins.layer, 0.0))
             elif t is Collective:
                 sk = (rank, ins.stream)
                 if ins.handle >= 0:
                     ev = handles[ins.handle] = env.event()
-                    outstanding[sk] += 1
-                    stores[sk].put((ins, ev))
+                    self._issue(rank, ins.stream, (ins, ev), collective_ctas(ins.steps[0][1]))
                     continue
                 dim, op, size_bytes = ins.steps[0]
                 t0 = env.now
@@ -333,8 +367,7 @@ class Engine:
                                  ins.layer, ins.row_bytes))
                 else:
                     ev = env.event()
-                    outstanding[sk] += 1
-                    stores[sk].put((ins, ev))
+                    self._issue(rank, ins.stream, (ins, ev), collective_ctas(ins.steps[0][1]))
                     yield ev
                 exposed[BASE_DIM[dim]] += env.now - t0
             elif t is Wait:
@@ -364,7 +397,7 @@ class Engine:
                 self._event((rank, key)).succeed()
                 for send in ins.sends:
                     dst = self._peer(rank, send.dst_pp)
-                    stores[(rank, send.stream)].put((send, dst, key, ins.microbatch, ins.stage, ins.kind))
+                    self._issue(rank, send.stream, (send, dst, key, ins.microbatch, ins.stage, ins.kind), P2P_CTAS)
             else:  # pragma: no cover - a plan only holds the instruction types above
                 raise TypeError(f"unknown plan instruction {ins!r}")
         self.finished.add(rank)

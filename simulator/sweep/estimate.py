@@ -42,6 +42,7 @@ from simulator.schedules.base import PipelineSchedule
 from simulator.topology import load_topology
 from simulator.topology.placement import Mesh
 from simulator.workload.memory import memory_report
+from simulator.contention import collective_ctas, compute_slowdown
 from simulator.schedules.base import Action
 from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim
 from simulator.workload.plan import (
@@ -358,7 +359,8 @@ class Estimator:
                         rkey = (k, blocking, seg.compute_s.tobytes(), tuple(seg.comm))
                         lc = replayed.get(rkey)
                         if lc is None:
-                            lc = replayed[rkey] = linear_replay(self._action_instrs(prog, pos, k, blocking=blocking), coll)
+                            lc = replayed[rkey] = linear_replay(self._action_instrs(prog, pos, k, blocking=blocking), coll,
+                                                            prof.compute.sm_count)
                         costs[k][pos] = lc.end_s
                         for d, v in lc.exposed_s.items():
                             if v:
@@ -378,12 +380,18 @@ class Estimator:
                 start_gather = float(ag[0])
                 kinds = ("F", "B", "I") if p.fsdp_reshard_after_forward else ("F",)
                 for k in kinds:
-                    behind = np.roll(layer_cost[k], 1 if k == "F" else -1) if p.fsdp_prefetch > 0 else 0.0
-                    extra = np.maximum(0.0, ag - behind)
+                    behind = np.roll(layer_cost[k], 1 if k == "F" else -1) if p.fsdp_prefetch > 0 else np.zeros(n)
+                    # While the gather runs, the compute behind it runs slowed by the SMs the
+                    # gather's kernel holds (simulator.contention): in time ag it does ag / f of
+                    # work; the unit then waits for whatever of the gather is left.
+                    f_c = compute_slowdown(prof.compute.sm_count, collective_ctas(CollectiveOp.ALL_GATHER))
+                    extra = np.where(behind >= ag / f_c, ag * (1 - 1 / f_c), ag - behind)
+                    extra = np.maximum(extra, 0.0)
+                    wait = np.maximum(0.0, ag - behind * f_c)
                     layer_cost[k] = layer_cost[k] + extra
                     layer_cost_nb[k] = layer_cost_nb[k] + extra
-                    by_dim.setdefault("dp", np.zeros((n, len(KINDS))))[:, KINDS.index(k)] += extra
-                    by_dim_nb.setdefault("dp", np.zeros((n, len(KINDS))))[:, KINDS.index(k)] += extra
+                    by_dim.setdefault("dp", np.zeros((n, len(KINDS))))[:, KINDS.index(k)] += wait
+                    by_dim_nb.setdefault("dp", np.zeros((n, len(KINDS))))[:, KINDS.index(k)] += wait
             hit = self._costs[ckey] = (layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather)
         layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather = hit
         if tab.per_layer:
@@ -474,6 +482,7 @@ class Estimator:
                         return handles[0]
 
                     gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp > 1, use_edp, hsdp)
+                    bare: list = []  # the same actions without buckets: the tail is the difference
                     if p.overlap_grad_reduce:
                         # From the first of the rank's last backwards to the end, as the plan runs it.
                         for kind, q0, g, blocking, stage in tail_actions:
@@ -483,6 +492,7 @@ class Estimator:
                             for q in order:
                                 emit_action(out, prog.segments[(q, kind)], leaf, blocking, new_handle,
                                             on_grads=gb.add if g else None)
+                                emit_action(bare, prog.segments[(q, kind)], leaf, blocking, new_handle)
                             if g:
                                 gb.flush("grads")
                     else:
@@ -490,8 +500,10 @@ class Estimator:
                             lo, hi = bounds[stage_pos[st]]
                             gb.split(float(tab.grad_bytes[lo:hi].sum()), float(tab.expert_grad_bytes[lo:hi].sum()), "grads")
                     gb.join()
-                    lc = linear_replay(out, coll)
-                    tail = self._tails[tkey] = lc.exposed_s.get(Dim.DP, 0.0)
+                    # What the buckets add: their exposed wait and the compute their kernels slow.
+                    lc = linear_replay(out, coll, prof.compute.sm_count)
+                    lc0 = linear_replay(bare, coll, prof.compute.sm_count)
+                    tail = self._tails[tkey] = max(0.0, lc.end_s - lc0.end_s)
                 end_dp = max(end_dp, tail)
         exposed["dp"] = exposed.get("dp", 0.0) + start_s + end_dp
         opt_bytes = 0.0

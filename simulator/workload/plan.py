@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simulator.contention import collective_ctas, compute_slowdown
 from simulator.schedules.base import Action, PipelineSchedule, required_inputs
 from simulator.topology.placement import Mesh
 from simulator.vocabulary import CollectiveOp, Dim, Stream
@@ -261,27 +262,38 @@ class LinearCost:
     exposed_s: dict[Dim, float]  # by base dimension
 
 
-def linear_replay(instrs, coll_time) -> LinearCost:
+def linear_replay(instrs, coll_time, sm_count: int | None = None) -> LinearCost:
     """Replay one rank's instructions alone: what the engine does with inputs always ready.
 
     ``coll_time(dim, op, size_bytes)`` prices a collective (the network's isolated time). Streams
     are FIFO queues as in the engine; cross-rank dependencies (Recv) are ignored, so this is the
     engine's answer exactly for a rank that never waits on a peer, and the per-action cost the
-    closed-form estimate composes into a pipeline."""
+    closed-form estimate composes into a pipeline. With ``sm_count``, compute that starts while
+    asynchronous collectives run is slowed by the SMs they hold, as in the engine."""
     now = busy = 0.0
+    running: list[tuple[float, float, int]] = []  # (start, end, CTAs) of asynchronous collectives
     exposed: dict[Dim, float] = {}
     stream_free: dict[Stream, float] = {}
     done: dict[int, float] = {}
     for ins in instrs:
         t = type(ins)
         if t is Compute:
-            now += ins.seconds
-            busy += ins.seconds
+            sec = ins.seconds
+            if sm_count and running:
+                running = [r for r in running if r[1] > now]
+                taken = sum(c for st, _, c in running if st <= now)
+                if taken:
+                    sec *= compute_slowdown(sm_count, taken)
+            now += sec
+            busy += sec
         elif t is Collective:
             dur = 0.0
             for d, op, size in ins.steps:
                 dur += coll_time(d, op, size)
-            end = max(now, stream_free.get(ins.stream, 0.0)) + dur
+            begin = max(now, stream_free.get(ins.stream, 0.0))
+            end = begin + dur
+            if sm_count and ins.handle >= 0:
+                running.append((begin, end, collective_ctas(ins.steps[0][1])))
             stream_free[ins.stream] = end
             if ins.handle < 0:
                 b = ins.steps[0][0].base
