@@ -94,3 +94,19 @@ def test_replay_of_the_plan_is_the_simulation():
         rp = plan.ranks[tl.pp_rank_of[r]]
         planned = sum(i.seconds for i in rp.instrs if isinstance(i, Compute))
         assert tl.busy_compute_s[r] == pytest.approx(planned + tl.contention_s[r], rel=1e-12)
+
+
+@pytest.mark.parametrize("gpus,net", [(64, "flow"), (256, "flow"), (256, "alpha-beta")])
+def test_reduced_and_full_modes_agree_on_symmetric_scenarios_up_to_256_gpus(gpus, net):
+    from agreement_scenarios import SMALL_DENSE
+
+    d = scenario(model=dict(SMALL_DENSE, num_layers=4), network=net,
+                 parallelism={"tp": 2, "pp": 2, "zero": 1}, batch={"global_batch_size": gpus // 4 * 2, "seq_length": 512},
+                 cluster={"gpus": gpus})
+    sc = build_scenario(d)
+    red, full = simulate(sc, "reduced"), simulate(sc, "full")
+    assert full.timeline.step_time_s == pytest.approx(red.timeline.step_time_s, rel=1e-3)
+    for dim in ("tp", "pp", "dp"):
+        assert full.report.exposed_comm_s[dim] == pytest.approx(red.report.exposed_comm_s[dim], rel=1e-3, abs=1e-7)
+    assert full.report.bubble_fraction == pytest.approx(red.report.bubble_fraction, rel=1e-3, abs=1e-6)
+    assert len(full.timeline.ranks) == gpus
