@@ -249,16 +249,19 @@ class Engine:
         if f is None:
             f = self._wire_factor[fkey] = bus_factor(op, self._groups[dim].shape[1])
         self.comm_bytes[rank][BASE_DIM[dim]] += f * size_bytes
+        needed = self._needed.get(gkey)
+        if needed is None:
+            needed = int(self.simulated[self._groups[dim][gkey[1]]].sum())
+            self._needed[gkey] = needed
+        if needed == 1:
+            # The only simulated member (reduced mode): no rendezvous, the network's event is it.
+            return self.net.start(self.env, req)
         sk = (rank, dim)
         seq = self.seq[sk]
         self.seq[sk] = seq + 1
         key = (gkey, seq)
         rv = self.rdv.get(key)
         if rv is None:
-            needed = self._needed.get(gkey)
-            if needed is None:
-                needed = int(self.simulated[self._groups[dim][gkey[1]]].sum())
-                self._needed[gkey] = needed
             rv = _Rendezvous(needed, self.env.event())
             self.rdv[key] = rv
         rv.arrived += 1
