@@ -333,8 +333,14 @@ class Estimator:
         mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=dp, pp=p.pp, order=p.mesh_order)
         hsdp = hsdp_shard_of(p.zero, p.fsdp_shard_size, dp)
 
+        local: dict[tuple, float] = {}
+
         def coll(dim: str, op: str, size: float) -> float:
-            return self._coll_time(net, netkey, mesh, hsdp, dim, op, size)
+            k = (dim, op, size)
+            t = local.get(k)
+            if t is None:
+                t = local[k] = self._coll_time(net, netkey, mesh, hsdp, dim, op, size)
+            return t
 
         # Per-position costs: the plan's own instructions for each action, replayed alone (compute,
         # blocking collectives, overlapped ones joined where the plan joins them).
@@ -366,6 +372,10 @@ class Estimator:
                             if v:
                                 dims.setdefault(d.value, np.zeros((n, len(KINDS))))[pos, ki] += v
             start_gather = 0.0
+            # Each layer's actions alone, before FSDP gathers: what a tail replay without
+            # buckets adds up to (every action joins its own collectives at its end).
+            bare_cost = {k: v.copy() for k, v in layer_cost.items()}
+            bare_cost_nb = {k: v.copy() for k, v in layer_cost_nb.items()}
             if fsdp and tab.per_layer:
                 # ZeRO-3: each unit's parameters are all-gathered before its forward (and again
                 # before its backward when resharded); with prefetch a unit's gather runs behind
@@ -392,8 +402,8 @@ class Estimator:
                     layer_cost_nb[k] = layer_cost_nb[k] + extra
                     by_dim.setdefault("dp", np.zeros((n, len(KINDS))))[:, KINDS.index(k)] += wait
                     by_dim_nb.setdefault("dp", np.zeros((n, len(KINDS))))[:, KINDS.index(k)] += wait
-            hit = self._costs[ckey] = (layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather)
-        layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather = hit
+            hit = self._costs[ckey] = (layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather, bare_cost, bare_cost_nb)
+        layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather, bare_cost, bare_cost_nb = hit
         if tab.per_layer:
             L = len(tab.params)
             split_key = (L, P, tuple(p.pp_layer_split) if p.pp_layer_split else None)
@@ -482,7 +492,7 @@ class Estimator:
                         return handles[0]
 
                     gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp > 1, use_edp, hsdp)
-                    bare: list = []  # the same actions without buckets: the tail is the difference
+                    bare_s = 0.0  # the same actions without buckets: the tail is the difference
                     if p.overlap_grad_reduce:
                         # From the first of the rank's last backwards to the end, as the plan runs it.
                         for kind, q0, g, blocking, stage in tail_actions:
@@ -492,7 +502,7 @@ class Estimator:
                             for q in order:
                                 emit_action(out, prog.segments[(q, kind)], leaf, blocking, new_handle,
                                             on_grads=gb.add if g else None)
-                                emit_action(bare, prog.segments[(q, kind)], leaf, blocking, new_handle)
+                                bare_s += (bare_cost if blocking else bare_cost_nb)[kind][q]
                             if g:
                                 gb.flush("grads")
                     else:
@@ -502,8 +512,7 @@ class Estimator:
                     gb.join()
                     # What the buckets add: their exposed wait and the compute their kernels slow.
                     lc = linear_replay(out, coll, prof.compute.sm_count)
-                    lc0 = linear_replay(bare, coll, prof.compute.sm_count)
-                    tail = self._tails[tkey] = max(0.0, lc.end_s - lc0.end_s)
+                    tail = self._tails[tkey] = max(0.0, lc.end_s - bare_s)
                 end_dp = max(end_dp, tail)
         exposed["dp"] = exposed.get("dp", 0.0) + start_s + end_dp
         opt_bytes = 0.0
