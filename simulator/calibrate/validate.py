@@ -115,7 +115,7 @@ def simulate_bundle_scenario(sc, profile: Profile):
     sched = resolve_schedule(sc)
     prog = build_program(sc, profile, sched)
     net = FittedNetwork(make_network(sc, topo, profile), profile.comm, topo.node.gpus_per_node)
-    tl = Engine(prog, net, mode="reduced").run()
+    tl = Engine(prog, net, mode="reduced", sm_count=profile.compute.sm_count).run()
     return prog, sched, tl
 
 
