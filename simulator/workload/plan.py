@@ -31,11 +31,13 @@ from simulator.topology.placement import Mesh
 from simulator.vocabulary import CollectiveOp, Dim, Stream
 
 # ----------------------------------------------------------------------------- instructions
+# Slotted, not frozen: a frozen dataclass's __init__ pays an object.__setattr__ per field, and a
+# plan holds up to millions of instructions. Nothing mutates them after planning.
 
 Step = tuple[Dim, CollectiveOp, float]  # (group dimension, op, nccl-tests size in bytes)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Recv:
     stage: int
     kind: str  # "F" (activation) or "BI" (input gradient)
@@ -51,7 +53,7 @@ class Recv:
         return f"{what} of {self.stage}{self.kind}{self.microbatch} from pp rank {self.src_pp} before {self.before}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Compute:
     seconds: float
     kind: str  # F, B, I, W or opt
@@ -62,7 +64,7 @@ class Compute:
     counted: bool = True  # counts as a simulation event (segments do; the optimizer step never did)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Collective:
     stream: Stream
     steps: tuple[Step, ...]  # run back to back on the stream (HSDP: reduce-scatter then all-reduce)
@@ -85,7 +87,7 @@ class Collective:
         return f"{dim} {op} in {self.action}" if self.action is not None else f"{dim} {op} {self.name}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Wait:
     handle: int
     dim: Dim  # exposed time goes to this (base) dimension
@@ -95,7 +97,7 @@ class Wait:
         return self.reason
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Send:
     stream: Stream
     dst_pp: int
@@ -103,7 +105,7 @@ class Send:
     gather_bytes: float  # > 0: the receiver rebuilds the tensor with a tp all-gather of this size
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Complete:
     stage: int
     kind: str  # "F" or "BI"
