@@ -63,7 +63,7 @@ def cases(which: str) -> list[tuple[str, dict, str]]:
     out: list[tuple[str, dict, str]] = []
     if which in ("quick", "full-mode", "all"):
         sizes = (64, 256) if which == "quick" else (64, 256, 1024)
-        out += [(f"llama3-70b TP8 PP8, 8 mb", llama70b(g, 8), "full") for g in sizes]
+        out += [("llama3-70b TP8 PP8, 8 mb", llama70b(g, 8), "full") for g in sizes]
     if which in ("quick", "all"):
         out.append(("llama3-405b TP8 PP16 (flow)", LLAMA405B_16K, "reduced"))
     if which in ("published", "all"):

@@ -333,7 +333,6 @@ class Engine:
         env = self.env
         rp = self.plan.ranks[int(self._pp_of[rank])]
         handles: list[simpy.Event | None] = [None] * rp.num_handles
-        stores = self.stores
         exposed = self.exposed[rank]
         rows = self.rows
         outstanding = self.outstanding
