@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from simulator.calibrate.profile import Profile, load_profile
+from simulator.profile import Profile, load_profile
 from simulator.errors import UserError, read_json, read_yaml, validation_error_line
 from simulator.topology.spec import TopologySpec, first_validation_error, load_topology
 

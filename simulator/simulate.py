@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
 
-from simulator.calibrate.profile import Profile, load_profile
+from simulator.profile import Profile, load_profile
 from simulator.engine.core import Engine, Mode, Timeline
 from simulator.errors import UserError
 from simulator.network.alpha_beta import TierNetwork
@@ -17,6 +17,7 @@ from simulator.schedules import build_schedule, load_schedule_csv, validate_sche
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology import TopologySpec, load_topology
 from simulator.workload.memory import MemoryReport, memory_report
+from simulator.workload.plan import Plan, build_plan
 from simulator.workload.program import Program, build_program
 
 
@@ -29,6 +30,7 @@ class SimulationResult:
     timeline: Timeline
     memory: MemoryReport
     report: Report
+    plan: Plan | None = None  # what every pipeline rank did, as the engine replayed it
 
 
 def resolve_schedule(sc: Scenario) -> PipelineSchedule:
@@ -74,12 +76,13 @@ def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], Non
     topo = load_topology(sc.cluster.topology)
     sched = resolve_schedule(sc)
     prog = build_program(sc, profile, sched)
+    plan = build_plan(prog)
     net = make_network(sc, topo, profile)
     if progress is not None:
         progress(f"simulating {sc.name}: {sc.model.name} on {sc.cluster.gpus} x {sc.cluster.gpu_name}, "
                  f"{Path(sc.schedule_file).name if sc.schedule_file else sched.name} with "
                  f"{plural(sched.num_microbatches, 'microbatch')} ({mode} mode)")
-    tl = Engine(prog, net, mode=mode).run()
+    tl = Engine(prog, net, mode=mode, plan=plan, sm_count=profile.compute.sm_count).run()
     mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
     report = build_report(sc.name, prog, tl, mem, profile.compute.peak_tflops, sc.cluster.gpus)
-    return SimulationResult(sc, profile, topo, prog, tl, mem, report)
+    return SimulationResult(sc, profile, topo, prog, tl, mem, report, plan)

@@ -16,7 +16,7 @@ from simulator.calibrate.cli import calibrate_app
 from simulator.calibrate.comm_fit import collectives_from_ops, fit_collectives
 from simulator.calibrate.compute_fit import fit_class
 from simulator.calibrate.fit import calibrate, fit_overlap
-from simulator.calibrate.profile import ExtrapolationWarning, Profile, load_profile
+from simulator.profile import ExtrapolationWarning, Profile, load_profile
 from simulator.errors import UserError
 from simulator.trace.bundle import Manifest, StepTiming
 from simulator.trace.nccl_tests import import_nccl_tests

@@ -20,7 +20,7 @@ from simulator.calibrate.comm_fit import collectives_from_ops, fit_collectives
 from simulator.calibrate.compute_fit import fit_class
 from simulator.calibrate.fit import calibrate
 from simulator.calibrate.physics import L2_BYTES, Notes, check_compute, identify_gpu, l2_bytes
-from simulator.calibrate.profile import Profile, available_profiles, load_profile
+from simulator.profile import Profile, available_profiles, load_profile
 from simulator.errors import UserError
 from simulator.trace.optable import make_optable
 

@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 import simulator.simulate
-from simulator.calibrate.profile import Profile
+from simulator.profile import Profile
 from simulator.cli import app, group_links
 from simulator.scenario import ParallelConfig, Scenario, load_scenario
 from simulator.topology.spec import TopologySpec

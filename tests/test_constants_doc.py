@@ -4,7 +4,7 @@ the generator makes of today's profiles (regenerate: python -m simulator.calibra
 from pathlib import Path
 
 from simulator.calibrate.constants_doc import profile_constants, render
-from simulator.calibrate.profile import available_profiles
+from simulator.profile import available_profiles
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "constants.md"
 

@@ -4,7 +4,7 @@ quantization kernels, FP8 weight all-gathers, memory, and refusal on GPUs withou
 import numpy as np
 import pytest
 
-from simulator.calibrate.profile import load_profile
+from simulator.profile import load_profile
 from simulator.errors import UserError
 from simulator.scenario import build_scenario
 from simulator.simulate import simulate

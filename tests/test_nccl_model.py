@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from simulator.calibrate.fit import calibrate
 from simulator.calibrate.nccl_fit import error_table, errors, fit_system, physical_bounds, read_log
-from simulator.calibrate.profile import load_profile
+from simulator.profile import load_profile
 from simulator.network.alpha_beta import TierNetwork
 from simulator.network.base import CollectiveRequest
 from simulator.network.cli import collective_app, simulate_sweep

@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 import simpy
 
-from simulator.calibrate.profile import load_profile
+from simulator.profile import load_profile
 from simulator.network.base import CollectiveRequest, bus_factor
 from simulator.network.fabric import FlowNetwork
 from simulator.network.maxmin import maxmin_rates

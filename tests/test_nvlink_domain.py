@@ -4,7 +4,7 @@ placement packs TP groups whole into it."""
 import numpy as np
 import pytest
 
-from simulator.calibrate.profile import load_profile
+from simulator.profile import load_profile
 from simulator.network.base import CollectiveRequest
 from simulator.scenario import build_scenario
 from simulator.simulate import make_network

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.calibrate.profile import load_profile
+from simulator.profile import load_profile
 from simulator.errors import UserError
 from simulator.scenario import build_scenario
 from simulator.schedules import build_schedule

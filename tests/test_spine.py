@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.calibrate.profile import load_profile
+from simulator.profile import load_profile
 from simulator.engine.core import Engine
 from simulator.errors import UserError
 from simulator.network.alpha_beta import IdealNetwork, TierNetwork

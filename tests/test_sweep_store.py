@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator.calibrate.profile import Profile, available_profiles, load_profile
+from simulator.profile import Profile, available_profiles, load_profile
 from simulator.data import data_dir
 from simulator.scenario import build_scenario
 from simulator.simulate import simulate

@@ -177,7 +177,7 @@ def test_kineto_trace_layout_disagreement(tmp_path):
 
 
 def test_calibrate_cli_on_op_table(tmp_path):
-    from simulator.calibrate.profile import load_profile
+    from simulator.profile import load_profile
 
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     out = tmp_path / "h100-neusight.json"

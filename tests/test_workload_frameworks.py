@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from simulator.calibrate.kernel_model import kernel_model_of
-from simulator.calibrate.profile import load_profile
+from simulator.profile import load_profile
 from simulator.scenario import build_scenario
 from simulator.workload.kernels import adam_kernels
 from simulator.workload.ops import build_layer_ops, op_durations_s

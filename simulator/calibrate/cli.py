@@ -26,7 +26,7 @@ def calibrate_command(
 ) -> None:
     """Fit a profile (compute, communication, overlap, provenance) from captured timings."""
     from simulator.calibrate.fit import calibrate
-    from simulator.cli import write_atomic
+    from simulator.files import write_atomic
 
     if out.suffix != ".json":
         raise UserError(f"--out {str(out)!r} must be a .json file, e.g. calibration/my-gpu.json")
@@ -35,7 +35,7 @@ def calibrate_command(
     if inputs and all(Path(i).suffix == ".csv" for i in inputs):
         # Per-operator latency tables (NeuSight's or plain): fit the kernel model's constants.
         from simulator.calibrate.kernel_model import calibrate_from_tables
-        from simulator.calibrate.profile import load_profile
+        from simulator.profile import load_profile
         from simulator.trace.optable_csv import load_op_table
 
         prof = calibrate_from_tables([load_op_table(i) for i in inputs], load_profile(base) if base else None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from simulator.calibrate.profile import CollectiveFit
+from simulator.profile import CollectiveFit
 from simulator.network.base import bus_factor
 
 COMM_SAMPLE_COLUMNS = ("collective", "group_size", "tier", "size_bytes", "time_us")

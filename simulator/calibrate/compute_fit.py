@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simulator.calibrate.profile import OP_CLASSES, OpClassModel
+from simulator.profile import OP_CLASSES, OpClassModel
 
 # Classes whose time follows FLOPs when the ops carry FLOPs; the rest follow bytes.
 FLOP_CLASSES = ("gemm", "attention")

@@ -8,7 +8,7 @@ tests/test_constants_doc.py checks the file equals this output.
 
 from __future__ import annotations
 
-from simulator.calibrate.profile import available_profiles, load_profile
+from simulator.profile import available_profiles, load_profile
 
 HEADER = """# Model constants per GPU
 

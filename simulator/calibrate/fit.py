@@ -25,7 +25,7 @@ import pandas as pd
 from simulator.calibrate.comm_fit import collectives_from_ops, fit_collectives, large_message_busbw
 from simulator.calibrate.compute_fit import ClassFit, fit_compute
 from simulator.calibrate.physics import FEW_SAMPLES, Notes, check_collective, check_compute, identify_gpu
-from simulator.calibrate.profile import (
+from simulator.profile import (
     OP_CLASSES,
     CollectiveFit,
     CommModel,

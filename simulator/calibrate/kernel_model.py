@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from simulator.calibrate.profile import KernelModel, Profile
+from simulator.profile import KernelModel, Profile
 from simulator.errors import UserError
 from simulator.workload.kernels import Kernel
 
@@ -279,7 +279,7 @@ _SPEC_FOR_DEVICE = {"NVIDIA H100 80GB HBM3": "h100-sxm-80gb", "NVIDIA A100 80GB 
 
 
 def spec_profile_for(device: str) -> Profile:
-    from simulator.calibrate.profile import load_profile
+    from simulator.profile import load_profile
 
     name = _SPEC_FOR_DEVICE.get(device)
     if name is None:
@@ -296,7 +296,7 @@ def calibrate_from_tables(tables: list, base: Profile | None = None) -> Profile:
     km = fit_kernel_model(base, tables)
     from datetime import date
 
-    from simulator.calibrate.profile import ProvenanceItem
+    from simulator.profile import ProvenanceItem
 
     items = list(base.provenance.items) + [
         ProvenanceItem(field=f"compute.kernels.{k}", value=str(v), source=f"fitted on {km.fit_source}")

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.calibrate.profile import NcclCalibration
+from simulator.profile import NcclCalibration
 from simulator.network.nccl import NcclModel, NcclSystem, NcclTuning
 
 _NGPUS = re.compile(r"nGpus\s+(\d+)")
@@ -210,7 +210,7 @@ def error_table(model: NcclModel, logs: list[NcclLog]) -> list[dict]:
 def calibrate_nccl(paths: list[Path], topology, device: str, hbm_GBps: float | None, note=None):
     """(NcclCalibration, provenance items) from the nccl-tests logs of one system, or (None, [])
     when the device is not a GPU NCCL's model describes."""
-    from simulator.calibrate.profile import ProvenanceItem
+    from simulator.profile import ProvenanceItem
 
     system = NcclSystem.from_specs(topology.node, device)
     if system is None or not paths:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from simulator.calibrate.profile import CommModel
+from simulator.profile import CommModel
 from simulator.network.base import CollectiveRequest
 
 

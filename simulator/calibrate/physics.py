@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from simulator.calibrate.profile import Profile, available_profiles, load_profile
+from simulator.profile import Profile, available_profiles, load_profile
 from simulator.errors import UserError
 
 GIB = float(1 << 30)

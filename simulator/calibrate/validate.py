@@ -28,12 +28,14 @@ import numpy as np
 import pandas as pd
 import typer
 
-from simulator.calibrate.profile import OP_CLASSES, OpClassModel, Profile, load_profile
+from simulator.profile import OP_CLASSES, OpClassModel, Profile, load_profile
 from simulator.errors import UserError
+from simulator.vocabulary import COMM_STREAMS, Stream
 
 # Capture schedule names (simulator.capture.spec.SCHEDULES) -> simulator schedule names.
 _SCHEDULE_ALIASES = {"interleaved-zb": "zb-h1"}
-_COMM_STREAMS = ("tp", "cp", "ep", "dp", "pp-send-f", "pp-send-b", "pp-recv-f", "pp-recv-b")
+# Streams whose rows are communication (dp-ag excluded: parameter gathers are not compared).
+_COMM_STREAMS = tuple(s.value for s in COMM_STREAMS if s is not Stream.DP_AG)
 
 
 def _topology_for(manifest, profile: Profile) -> str:
@@ -121,7 +123,7 @@ def simulate_bundle_scenario(sc, profile: Profile):
     sched = resolve_schedule(sc)
     prog = build_program(sc, profile, sched)
     net = FittedNetwork(make_network(sc, topo, profile), profile.comm, topo.node.gpus_per_node)
-    tl = Engine(prog, net, mode="reduced").run()
+    tl = Engine(prog, net, mode="reduced", sm_count=profile.compute.sm_count).run()
     return prog, sched, tl
 
 

@@ -16,14 +16,14 @@ with a real nccl-tests log:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 import simpy
 
-CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"]
-COLLECTIVE_OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
-Dim = Literal["tp", "cp", "ep", "pp", "dp"]
+from simulator.vocabulary import NETWORK_OPS, CollectiveOp, Dim, bus_factor  # noqa: F401  (one vocabulary, re-exported)
+
+COLLECTIVE_OPS: tuple[str, ...] = tuple(o.value for o in NETWORK_OPS)
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,17 +38,6 @@ class CollectiveRequest:
     @property
     def group_size(self) -> int:
         return int(self.groups.shape[1])
-
-
-def bus_factor(op: str, n: int) -> float:
-    """nccl-tests' busbw = algbw x factor (FORMATS.md §5.2)."""
-    if n <= 1:
-        return 0.0
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
 
 
 class Network(Protocol):

@@ -81,7 +81,7 @@ def network_kwargs_for_profile(gpu: str | None, topology: str | None = None, gpu
     if not gpu:
         return {}, "no GPU profile: link efficiency 1.0, step latencies from the topology (give --gpu for NCCL's model)"
     try:
-        from simulator.calibrate.profile import load_profile
+        from simulator.profile import load_profile
     except ImportError:
         return {}, f"profile loading is not available yet: {gpu!r} ignored, link efficiency 1.0, step latencies from the topology"
     profile = load_profile(gpu)

@@ -840,7 +840,7 @@ def nccl_model_for(spec: TopologySpec, profile: Any):
 
 
 def comm_kwargs(profile: Any) -> dict[str, Any]:
-    """FlowNetwork keyword arguments from a GPU profile (simulator.calibrate.profile.Profile):
+    """FlowNetwork keyword arguments from a GPU profile (simulator.profile.Profile):
     its ``comm`` model has exactly these fields."""
     comm = getattr(profile, "comm", profile)
     return {

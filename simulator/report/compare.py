@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from simulator.errors import UserError
+from simulator.vocabulary import DIM_NAMES
 from simulator.report.dashboard import (
     esc, figure_div, memory_figure, page, panel, scenario_line, stage_breakdown_figure, summary_cards,
     timeline_sections,
@@ -57,7 +58,7 @@ METRICS: list[tuple[str, Any, str, int]] = [
     ("pipeline bubble", lambda r: r.bubble_fraction, "{:.1%}", -1),
     ("bubble, worst stage", lambda r: r.bubble_fraction_worst, "{:.1%}", -1),
     *[(f"exposed {d} comm", (lambda r, d=d: r.exposed_comm_s.get(d, 0.0)), "{:.3f} s", -1)
-      for d in ("tp", "cp", "ep", "pp", "dp")],
+      for d in DIM_NAMES],
     ("peak memory", lambda r: r.peak_memory_gib, "{:.1f} GiB", -1),
     ("usable HBM", lambda r: r.memory_capacity_gib, "{:.1f} GiB", 0),
     ("fits in memory", lambda r: r.fits_in_memory, "{}", +1),
@@ -211,7 +212,7 @@ def compare_command(
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
 ) -> None:
     """Compare two scenarios or two reports: a per-metric table here, both side by side in a dashboard."""
-    from simulator.cli import write_atomic
+    from simulator.files import write_atomic
     from simulator.progress import progress
 
     path = output or Path("dashboards") / f"compare-{_slug(a.stem)}-vs-{_slug(b.stem)}.html"

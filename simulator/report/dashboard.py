@@ -24,6 +24,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from simulator.vocabulary import DIM_NAMES, STREAM_NAMES
+
 if TYPE_CHECKING:  # the report layer only reads results; importing simulate here would be circular
     from simulator.engine.core import Timeline
     from simulator.report.metrics import Report
@@ -38,9 +40,9 @@ KIND_LABELS = {
     "opt": "optimizer", "tp": "tp comm", "cp": "cp comm", "ep": "ep comm", "pp": "pp send/recv", "dp": "dp comm",
 }
 KIND_ORDER = list(KIND_COLORS)
-STREAM_ORDER = ["compute", "tp", "cp", "ep", "pp-send-f", "pp-recv-f", "pp-send-b", "pp-recv-b", "dp", "dp-ag"]
+STREAM_ORDER = list(STREAM_NAMES)
 IDLE_COLOR = "#F4C7C3"
-DIMS = ("tp", "cp", "ep", "pp", "dp")
+DIMS = DIM_NAMES
 
 # Budgets that keep the default scenario's page small and quick to build, and any scenario's
 # page bounded (the heatmap and the lane count do not grow with the GPU count).

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from simulator.vocabulary import STREAM_NAMES
+
 if TYPE_CHECKING:
     from simulator.engine.core import Timeline
 
-STREAM_ORDER = ["compute", "tp", "cp", "ep", "pp-send-f", "pp-recv-f", "pp-send-b", "pp-recv-b", "dp", "dp-ag"]
+STREAM_ORDER = list(STREAM_NAMES)
 # Beyond this many simulated ranks the default is one representative per pipeline rank: a full-mode
 # trace of thousands of ranks is too big for a browser tab to load.
 MAX_DEFAULT_RANKS = 64

@@ -117,7 +117,7 @@ def sweep_command(
                     exhaustive=exhaustive, estimate_only=estimate_only, batch_size=batch_size,
                     show_progress=not no_progress)
 
-    from simulator.cli import write_atomic
+    from simulator.files import write_atomic
 
     dash_path = None
     if not no_dashboard:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.calibrate.profile import Profile, load_profile
+from simulator.profile import Profile, load_profile
 from simulator.errors import UserError
 from simulator.network.alpha_beta import TierNetwork
 from simulator.network.base import CollectiveRequest
@@ -42,7 +42,14 @@ from simulator.schedules.base import PipelineSchedule
 from simulator.topology import load_topology
 from simulator.topology.placement import Mesh
 from simulator.workload.memory import memory_report
-from simulator.workload.program import ADAM_BYTES_PER_PARAM, Program, build_program, split_layers
+from simulator.contention import collective_ctas, compute_slowdown
+from simulator.schedules.base import Action
+from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim
+from simulator.workload.plan import (
+    GRAD_REDUCE_BYTES, GradBuckets, communication_groups, emit_action, hsdp_shard_of, linear_replay,
+    optimizer_state_bytes, pp_message_bytes,
+)
+from simulator.workload.program import Program, build_program, split_layers
 
 KINDS = ("F", "B", "I", "W")
 # Cost ratios are quantised so that one replay serves many points (error well under 1%).
@@ -73,11 +80,10 @@ class _Table:
     """Costs per reference position (one layer each on the fast path)."""
 
     comp: dict[str, np.ndarray]  # kind -> compute seconds per position
-    counts: dict[str, np.ndarray]  # kind -> (positions, comm types) collective counts
-    comm_types: list[tuple[str, str, float]]  # (dim, op, size_bytes)
     grad_bytes: np.ndarray  # dense gradient bytes per position (from its weight-grad pass)
     expert_grad_bytes: np.ndarray  # expert gradient bytes per position (reduced over edp)
     params: np.ndarray  # parameters per position on one rank
+    expert_params: np.ndarray  # the expert share of params (sharded over edp)
     model_flops_unit: float  # model FLOPs of one microbatch on one data-parallel replica
     program: Program
     per_layer: bool  # True: one position per layer (compose any split); False: the point's own
@@ -117,7 +123,9 @@ class Estimator:
         self._splits: dict[tuple, np.ndarray] = {}
         self._costs: dict[tuple, tuple[dict[str, np.ndarray], np.ndarray]] = {}
         self._coll: dict[tuple, float] = {}
-        self._groups: dict[tuple, np.ndarray] = {}
+        self._groups: dict[tuple, dict[Dim, np.ndarray]] = {}
+        self._tails: dict[tuple, float] = {}
+        self._tails_of: dict[tuple, list] = {}
         self._memory: dict[tuple, Any] = {}
         self.stats = {"reference_programs": 0, "schedules": 0, "replays": 0, "slow_path": 0}
 
@@ -155,31 +163,59 @@ class Estimator:
             raise s
         return s
 
-    def _schedule_info(self, key: tuple, sched: PipelineSchedule) -> tuple[np.ndarray, int, list[tuple[int, ...]]]:
-        """(actions per rank x position x kind, cross-rank boundaries along a chain, stages per rank)."""
+    def _schedule_info(self, key: tuple, sched: PipelineSchedule) -> tuple:
+        """(actions per rank x position x kind outside overlapped pairs, the same inside F&B pairs,
+        cross-rank boundaries along a chain, stages per rank)."""
         hit = self._sched_info.get(key)
         if hit is None:
             P = sched.num_positions
             counts = np.zeros((sched.num_ranks, P, len(KINDS)))
+            counts_fb = np.zeros((sched.num_ranks, P, len(KINDS)))
             pos_of = sched.stage_position
             for r, ops in enumerate(sched.actions):
                 for a in ops:
-                    for leaf in (a.sub if a.kind == "FB" and a.sub is not None else (a,)):
-                        counts[r, pos_of[leaf.stage], KINDS.index(leaf.kind)] += 1
+                    if a.kind == "FB" and a.sub is not None:
+                        for leaf in a.sub:
+                            counts_fb[r, pos_of[leaf.stage], KINDS.index(leaf.kind)] += 1
+                    else:
+                        counts[r, pos_of[a.stage], KINDS.index(a.kind)] += 1
             chain = sched.chains[0]
             hops = sum(sched.stage_rank[a] != sched.stage_rank[b] for a, b in zip(chain, chain[1:]))
             stages = [sched.stages_of_rank(r) for r in range(sched.num_ranks)]
-            hit = self._sched_info[key] = (counts, int(hops), stages)
+            hit = self._sched_info[key] = (counts, counts_fb, int(hops), stages)
         return hit
 
-    def _replay(self, key: tuple, sched: PipelineSchedule, rb: float, rw: float) -> float:
-        """Makespan of the schedule with F=1, B=rb, W=rw, in units of F."""
+    def _tail_actions(self, key: tuple, sched: PipelineSchedule, r: int) -> list[tuple[str, int, bool, bool, int]]:
+        """(kind, position, reduces gradients, blocking, stage) of rank r's actions from its first
+        last-backward to the end: the plan's gradient buckets fill there (the planner's rule)."""
+        tkey = (key, r)
+        hit = self._tails_of.get(tkey)
+        if hit is None:
+            actions = sched.actions[r]
+            last_grad: dict[int, int] = {}
+            for idx, a in enumerate(actions):
+                for leaf in (a.sub if a.kind == "FB" else (a,)):
+                    if leaf.kind in ("B", "W"):
+                        last_grad[leaf.stage] = idx
+            zb = any(a.kind == "W" for a in actions)
+            hit = []
+            for idx in range(min(last_grad.values(), default=len(actions)), len(actions)):
+                a = actions[idx]
+                for leaf in (a.sub if a.kind == "FB" else (a,)):
+                    g = last_grad.get(leaf.stage) == idx and leaf.kind in (("W",) if zb else ("B", "W"))
+                    hit.append((leaf.kind, sched.stage_position[leaf.stage], g, a.kind != "FB", leaf.stage))
+            self._tails_of[tkey] = hit
+        return hit
+
+    def _replay(self, key: tuple, sched: PipelineSchedule, rb: float, rw: float, rfb: float | None = None) -> float:
+        """Makespan of the schedule with F=1, B=rb, W=rw (and an overlapped F&B pair rfb), in units of F."""
         qb = max(RATIO_STEP, round(rb / RATIO_STEP) * RATIO_STEP)
         qw = min(qb, round(rw / RATIO_STEP) * RATIO_STEP)
-        rkey = (key, qb, qw)
+        qfb = None if rfb is None else max(RATIO_STEP, round(rfb / RATIO_STEP) * RATIO_STEP)
+        rkey = (key, qb, qw, qfb)
         hit = self._replays.get(rkey)
         if hit is None:
-            rep = replay_unit_costs(sched, 1.0, qb, qw)
+            rep = replay_unit_costs(sched, 1.0, qb, qw, FB=qfb)
             hit = self._replays[rkey] = (rep.makespan, float(np.mean(rep.busy)))
             self.stats["replays"] += 1
         return hit[0] * (1 + rb) / (1 + qb) if qb > 0 else hit[0]
@@ -224,57 +260,55 @@ class Estimator:
     @staticmethod
     def _make_table(prog: Program, sc: Scenario, per_layer: bool) -> _Table:
         P = len(prog.position_layers)
-        types: dict[tuple[str, str, float], int] = {}
-        comp: dict[str, np.ndarray] = {}
-        rows: dict[str, list[dict[int, int]]] = {}
-        grad = np.zeros(P)
+        comp = {k: np.array([prog.segments[(pos, k)].total_compute_s for pos in range(P)]) for k in KINDS}
+        grad = np.array([float(np.sum(prog.segments[(pos, "W")].grad_bytes)) for pos in range(P)])
         egrad = np.zeros(P)
-        for k in KINDS:
-            comp[k] = np.zeros(P)
-            rows[k] = []
-            for pos in range(P):
-                seg = prog.segments[(pos, k)]
-                comp[k][pos] = float(np.sum(seg.compute_s))
-                cnt: dict[int, int] = {}
-                for c in seg.comm:
-                    if c is None:
-                        continue
-                    t = types.setdefault((c.dim, c.op, float(c.size_bytes)), len(types))
-                    cnt[t] = cnt.get(t, 0) + 1
-                rows[k].append(cnt)
-                if k == "W":
-                    grad[pos] = float(np.sum(seg.grad_bytes))
-                    eg = getattr(seg, "expert_grad_bytes", None)
-                    egrad[pos] = float(np.sum(eg)) if eg is not None else 0.0
-        counts = {}
-        for k in KINDS:
-            m = np.zeros((P, max(1, len(types))))
-            for pos, cnt in enumerate(rows[k]):
-                for t, n in cnt.items():
-                    m[pos, t] = n
-            counts[k] = m
+        for pos in range(P):
+            eg = prog.segments[(pos, "W")].expert_grad_bytes
+            egrad[pos] = float(np.sum(eg)) if eg is not None else 0.0
+        eparams = np.asarray(prog.stage_expert_params or [0.0] * P, dtype=float)
         unit = prog.model_flops_per_step / max(1, sc.num_microbatches * sc.dp)
-        return _Table(comp, counts, list(types), grad, egrad, np.asarray(prog.stage_params, dtype=float), unit, prog, per_layer)
+        return _Table(comp, grad, egrad, np.asarray(prog.stage_params, dtype=float), eparams, unit, prog, per_layer)
 
     # ------------------------------------------------------------------ network
 
-    def _group(self, mesh: Mesh, dim: str) -> np.ndarray:
-        key = (mesh.tp, mesh.cp, mesh.ep, mesh.dp, mesh.pp, mesh.order, dim)
+    def _first_groups(self, mesh: Mesh, shard: int | None) -> dict[Dim, np.ndarray]:
+        """The first group of every dimension the plan may name (the network prices one)."""
+        key = (mesh.tp, mesh.cp, mesh.ep, mesh.dp, mesh.pp, mesh.order, shard)
         g = self._groups.get(key)
         if g is None:
-            g = self._groups[key] = mesh.groups(dim)[:1].copy()
+            g = self._groups[key] = {d: v[:1].copy() for d, v in communication_groups(mesh, shard).items()}
         return g
 
-    def _coll_time(self, net: TierNetwork, netkey: tuple, mesh: Mesh, dim: str, op: str, size: float) -> float:
-        key = (netkey, mesh.tp, mesh.cp, mesh.ep, mesh.dp, mesh.pp, mesh.order, dim, op, size)
+    def _coll_time(self, net: TierNetwork, netkey: tuple, mesh: Mesh, shard: int | None, dim: str, op: str,
+                   size: float) -> float:
+        key = (netkey, mesh.tp, mesh.cp, mesh.ep, mesh.dp, mesh.pp, mesh.order, shard, dim, op, size)
         t = self._coll.get(key)
         if t is None:
-            if dim == "pp":
-                g = self._group(mesh, "pp")[:, :2] if mesh.pp > 1 else np.zeros((1, 1), dtype=np.int64)
+            groups = self._first_groups(mesh, shard)
+            if dim == Dim.PP:
+                g = groups[Dim.PP][:, :2] if mesh.pp > 1 else np.zeros((1, 1), dtype=np.int64)
             else:
-                g = self._group(mesh, dim)
+                g = groups[Dim(dim)]
+            if op == CollectiveOp.RING_STEP:
+                # Every member sends a block to the next one, at once (as the engine issues it).
+                g = np.stack([g, np.roll(g, -1, axis=1)], axis=-1).reshape(-1, 2)
+                op = CollectiveOp.SEND_RECV
             t = self._coll[key] = float(net.collective_time_s(CollectiveRequest(op, dim, g, size)))
         return t
+
+    @staticmethod
+    def _action_instrs(prog: Program, pos: int, kind: str, blocking: bool = True, on_grads=None, out=None) -> list:
+        """The plan's instructions for one action of a reference position (the same emitter)."""
+        out = [] if out is None else out
+        counter = [len(out)]
+
+        def new_handle() -> int:
+            counter[0] += 1
+            return 10**9 + counter[0]  # never clashes with the caller's handles
+
+        emit_action(out, prog.segments[(pos, kind)], Action(pos, kind, 0), blocking, new_handle, on_grads=on_grads)
+        return out
 
     # ------------------------------------------------------------------ the estimate
 
@@ -301,113 +335,202 @@ class Estimator:
                 "lower pp or pick another schedule"
             )
         tab = self._table(sc)
+        prog = tab.program
         mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=dp, pp=p.pp, order=p.mesh_order)
+        hsdp = hsdp_shard_of(p.zero, p.fsdp_shard_size, dp)
 
-        # Per-position costs: compute plus blocking collectives (by dimension for the report).
+        local: dict[tuple, float] = {}
+
+        def coll(dim: str, op: str, size: float) -> float:
+            k = (dim, op, size)
+            t = local.get(k)
+            if t is None:
+                t = local[k] = self._coll_time(net, netkey, mesh, hsdp, dim, op, size)
+            return t
+
+        # Per-position costs: the plan's own instructions for each action, replayed alone (compute,
+        # blocking collectives, overlapped ones joined where the plan joins them).
         fsdp = p.zero >= 3 and dp > 1
-        ckey = (id(tab), netkey, p.tp, p.cp, p.ep, dp, p.pp, p.mesh_order, fsdp)
+        ckey = (id(tab), netkey, p.tp, p.cp, p.ep, dp, p.pp, p.mesh_order, fsdp, hsdp, p.fsdp_prefetch,
+                p.fsdp_reshard_after_forward)
         hit = self._costs.get(ckey)
         if hit is None:
-            ct = np.array([self._coll_time(net, netkey, mesh, d, op, s) for d, op, s in tab.comm_types] or [0.0])
-            layer_cost = {k: tab.comp[k] + tab.counts[k] @ ct for k in KINDS}
+            n = len(tab.params)
+            layer_cost = {k: np.zeros(n) for k in KINDS}
+            layer_cost_nb = {k: np.zeros(n) for k in KINDS}  # as half of an overlapped F&B pair
+            by_dim: dict[str, np.ndarray] = {}
+            by_dim_nb: dict[str, np.ndarray] = {}
+            replayed: dict[tuple, object] = {}
+            for pos in range(n):
+                for ki, k in enumerate(KINDS):
+                    for blocking, costs, dims in ((True, layer_cost, by_dim), (False, layer_cost_nb, by_dim_nb)):
+                        if not blocking and k == "W":
+                            continue
+                        seg = prog.segments[(pos, k)]
+                        # Layers of one kind have identical segments: replay each shape once.
+                        rkey = (k, blocking, seg.compute_s.tobytes(), tuple(seg.comm))
+                        lc = replayed.get(rkey)
+                        if lc is None:
+                            lc = replayed[rkey] = linear_replay(self._action_instrs(prog, pos, k, blocking=blocking), coll,
+                                                            prof.compute.sm_count)
+                        costs[k][pos] = lc.end_s
+                        for d, v in lc.exposed_s.items():
+                            if v:
+                                dims.setdefault(d.value, np.zeros((n, len(KINDS))))[pos, ki] += v
+            start_gather = 0.0
+            # Each layer's actions alone, before FSDP gathers: what a tail replay without
+            # buckets adds up to (every action joins its own collectives at its end).
+            bare_cost = {k: v.copy() for k, v in layer_cost.items()}
+            bare_cost_nb = {k: v.copy() for k, v in layer_cost_nb.items()}
             if fsdp and tab.per_layer:
-                # ZeRO-3: each layer's parameters are all-gathered before its forward (and again
-                # before its backward when resharded), prefetched behind the previous layer's
-                # compute; what that compute cannot hide extends the action.
-                units = tab.program.unit_params or {}
-                n = len(tab.params)
+                # ZeRO-3: each unit's parameters are all-gathered before its forward (and again
+                # before its backward when resharded); with prefetch a unit's gather runs behind
+                # the previous unit's compute (the layer before in forward, after in backward).
+                units = prog.unit_params or {}
                 upar = np.array([units.get(i, 0.0) for i in range(n)], dtype=float)
                 upar[0] += units.get(-1, 0.0)
                 upar[-1] += units.get(n, 0.0)
-                ag = np.array([self._coll_time(net, netkey, mesh, "dp", "all_gather", float(x * sc.dtype_bytes))
-                               if x > 0 else 0.0 for x in upar])
+                ag_dim = Dim.DP_SHARD if hsdp else Dim.DP
+                ag = np.array([coll(ag_dim, CollectiveOp.ALL_GATHER, float(x * sc.dtype_bytes)) if x > 0 else 0.0
+                               for x in upar])
+                start_gather = float(ag[0])
                 kinds = ("F", "B", "I") if p.fsdp_reshard_after_forward else ("F",)
                 for k in kinds:
-                    layer_cost[k] = layer_cost[k] + np.maximum(0.0, ag - layer_cost[k])
-            dims = sorted({d for d, _, _ in tab.comm_types})
-            by_dim = {}
-            for d in dims:
-                mask = np.array([t[0] == d for t in tab.comm_types], dtype=float)
-                by_dim[d] = np.stack([tab.counts[k] @ (ct * mask) for k in KINDS], axis=1)  # layers x kinds
-            hit = self._costs[ckey] = (layer_cost, by_dim)
-        layer_cost, by_dim = hit
+                    behind = np.roll(layer_cost[k], 1 if k == "F" else -1) if p.fsdp_prefetch > 0 else np.zeros(n)
+                    # While the gather runs, the compute behind it runs slowed by the SMs the
+                    # gather's kernel holds (simulator.contention): in time ag it does ag / f of
+                    # work; the unit then waits for whatever of the gather is left.
+                    f_c = compute_slowdown(prof.compute.sm_count, collective_ctas(CollectiveOp.ALL_GATHER))
+                    extra = np.where(behind >= ag / f_c, ag * (1 - 1 / f_c), ag - behind)
+                    extra = np.maximum(extra, 0.0)
+                    wait = np.maximum(0.0, ag - behind * f_c)
+                    layer_cost[k] = layer_cost[k] + extra
+                    layer_cost_nb[k] = layer_cost_nb[k] + extra
+                    by_dim.setdefault("dp", np.zeros((n, len(KINDS))))[:, KINDS.index(k)] += wait
+                    by_dim_nb.setdefault("dp", np.zeros((n, len(KINDS))))[:, KINDS.index(k)] += wait
+            hit = self._costs[ckey] = (layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather, bare_cost, bare_cost_nb)
+        layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather, bare_cost, bare_cost_nb = hit
         if tab.per_layer:
             L = len(tab.params)
             split_key = (L, P, tuple(p.pp_layer_split) if p.pp_layer_split else None,
                          p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
             counts_ = self._splits.get(split_key)
             if counts_ is None:
-                layers = split_layers(L, P, p.pp_layer_split, p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
+                layers = split_layers(L, P, p.pp_layer_split, p.account_for_embedding_in_pipeline_split,
+                                      p.account_for_loss_in_pipeline_split)
                 counts_ = self._splits[split_key] = np.array([len(ls) for ls in layers])
+            # A position may hold no layer (only the embedding or the LM head): counted sums, not reduceat.
             pos_cost = {k: _segment_sum(layer_cost[k], counts_) for k in KINDS}
+            pos_cost_nb = {k: _segment_sum(layer_cost_nb[k], counts_) for k in KINDS}
             pos_dim = {d: _segment_sum(v, counts_) for d, v in by_dim.items()}
-            pos_grad = _segment_sum(tab.grad_bytes, counts_)
-            pos_egrad = _segment_sum(tab.expert_grad_bytes, counts_)
+            pos_dim_nb = {d: _segment_sum(v, counts_) for d, v in by_dim_nb.items()}
             pos_params = _segment_sum(tab.params, counts_)
+            pos_eparams = _segment_sum(tab.expert_params, counts_)
+            starts = np.cumsum(counts_) - counts_
+            bounds = list(zip(starts.tolist(), (starts + counts_).tolist()))
         else:
-            pos_cost, pos_dim = layer_cost, by_dim
-            pos_grad, pos_egrad, pos_params = tab.grad_bytes, tab.expert_grad_bytes, tab.params
+            pos_cost, pos_dim, pos_cost_nb, pos_dim_nb = layer_cost, by_dim, layer_cost_nb, by_dim_nb
+            pos_params, pos_eparams = tab.params, tab.expert_params
+            bounds = [(q, q + 1) for q in range(len(tab.params))]
 
         # Pipeline: unit-cost replay with the mean stage, plus the heaviest rank's excess load.
-        counts, hops, rank_stages = self._schedule_info(skey, sched)
+        counts, counts_fb, hops, rank_stages = self._schedule_info(skey, sched)
         cost_mat = np.stack([pos_cost[k] for k in KINDS], axis=1)  # positions x kinds
-        busy = np.einsum("rpk,pk->r", counts, cost_mat)
+        cost_mat_nb = np.stack([pos_cost_nb[k] for k in KINDS], axis=1)
+        busy = np.einsum("rpk,pk->r", counts, cost_mat) + np.einsum("rpk,pk->r", counts_fb, cost_mat_nb)
         f = float(pos_cost["F"].mean())
         b = float(pos_cost["B"].mean())
         w = float(pos_cost["W"].mean())
+        n_pairs = float(counts_fb[:, :, 0].sum())
+        # An overlapped F&B pair costs its two halves, each joining its own collectives at its end.
+        fb = float((counts_fb * cost_mat_nb).sum()) / n_pairs if n_pairs else None
         if f > 0:
-            makespan = f * self._replay(skey, sched, b / f, w / f)
+            makespan = f * self._replay(skey, sched, b / f, w / f, None if fb is None else fb / f)
         else:
             makespan = float(busy.max())
         pipeline = makespan + float(busy.max() - busy.mean())
 
-        exposed = dict.fromkeys(("tp", "cp", "ep", "pp", "dp"), 0.0)
+        exposed = dict.fromkeys(DIM_NAMES, 0.0)
         # Blocking collectives of the busiest rank are exposed by construction.
         rmax = int(np.argmax(busy))
         for d, m in pos_dim.items():
             exposed[d] = exposed.get(d, 0.0) + float((counts[rmax] * m).sum())
+        for d, m in pos_dim_nb.items():
+            exposed[d] = exposed.get(d, 0.0) + float((counts_fb[rmax] * m).sum())
 
-        # Pipeline p2p on the fill / drain path.
+        # Pipeline p2p on the fill / drain path (the plan's message size and scatter/gather).
         if p.pp > 1 and hops:
-            sp = p.sequence_parallel and p.tp > 1
-            pp_bytes = sc.batch.micro_batch_size * (sc.batch.seq_length // p.cp) * sc.model.hidden_size * sc.dtype_bytes
-            pp_bytes /= p.tp if sp else 1
-            exposed["pp"] += 2 * hops * self._coll_time(net, netkey, mesh, "pp", "send_recv", pp_bytes)
+            pp_bytes, gather_bytes = pp_message_bytes(sc.batch.micro_batch_size, sc.batch.seq_length, p.cp,
+                                                      sc.model.hidden_size, sc.dtype_bytes, p.tp, p.sequence_parallel,
+                                                      p.pp_scatter_gather)
+            send = coll(Dim.PP, CollectiveOp.SEND_RECV, pp_bytes)
+            if gather_bytes > 0:
+                send += coll(Dim.TP, CollectiveOp.ALL_GATHER, gather_bytes)
+            exposed["pp"] += 2 * hops * send
 
         # Data parallel: parameter all-gather before the first forward, gradient tail at the end.
         start_s = end_dp = 0.0
-        opt_params = 0.0
         stage_pos = sched.stage_position
         param_bytes = sc.dtype_bytes
+        use_edp = mesh.edp > 1
         if dp > 1:
-            if p.zero >= 1:
-                start_s = self._coll_time(net, netkey, mesh, "dp", "all_gather", float(pos_params[0] * param_bytes))
-            grad_op = "all_reduce" if p.zero == 0 else "reduce_scatter"
-            bucket = p.grad_bucket_params * 4.0
-            edp = dp // p.ep
-            for r, stages in enumerate(rank_stages):
-                tg = last = 0.0
-                window = 0.0
-                for st in stages:
-                    pos = stage_pos[st]
-                    for dim, gb in (("dp", float(pos_grad[pos])), ("edp", float(pos_egrad[pos]) if edp > 1 else 0.0)):
-                        full = int(gb // bucket)
-                        rem = gb - full * bucket
-                        if full:
-                            last = self._coll_time(net, netkey, mesh, dim, grad_op, bucket)
-                            tg += full * last
-                        if rem > 0:
-                            last = self._coll_time(net, netkey, mesh, dim, grad_op, rem)
-                            tg += last
-                    window += float(pos_cost["W" if counts[r, pos, 3] else "B"][pos])
-                tail = max(last, tg - window) if p.overlap_grad_reduce else tg
+            if p.zero >= 3:
+                start_s = start_gather
+            elif p.zero >= 1:
+                dense0 = float(pos_params[0] - pos_eparams[0])
+                start_s = coll(Dim.DP, CollectiveOp.ALL_GATHER, dense0 * param_bytes)
+                if pos_eparams[0] > 0 and use_edp:
+                    start_s += coll(Dim.EDP, CollectiveOp.ALL_GATHER, float(pos_eparams[0]) * param_bytes)
+        if dp > 1 or use_edp:
+            bucket_bytes = p.grad_bucket_params * GRAD_REDUCE_BYTES
+            # The tail differs by the stages a rank holds: the first and last ranks hold the
+            # embedding and the head, every middle rank the same layers (up to uneven splits).
+            for r in sorted({0, p.pp // 2, p.pp - 1}):
+                stages = rank_stages[r]
+                tail_actions = self._tail_actions(skey, sched, r)
+                tkey = (id(tab), ckey, tuple((k, bounds[q], g, blk) for k, q, g, blk, _ in tail_actions),
+                        tuple(bounds[stage_pos[st]] for st in stages), p.zero, bucket_bytes, p.overlap_grad_reduce, use_edp)
+                tail = self._tails.get(tkey)
+                if tail is None:
+                    # The plan's own buckets over the last backward of each stage, replayed alone:
+                    # what that backward cannot hide is the tail.
+                    out: list = []
+                    handles = [0]
+
+                    def new_handle() -> int:
+                        handles[0] += 1
+                        return handles[0]
+
+                    gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp > 1, use_edp, hsdp)
+                    bare_s = 0.0  # the same actions without buckets: the tail is the difference
+                    if p.overlap_grad_reduce:
+                        # From the first of the rank's last backwards to the end, as the plan runs it.
+                        for kind, q0, g, blocking, stage in tail_actions:
+                            lo, hi = bounds[q0]
+                            leaf = Action(stage, kind, 0)
+                            order = range(lo, hi) if kind == "F" else range(hi - 1, lo - 1, -1)
+                            for q in order:
+                                emit_action(out, prog.segments[(q, kind)], leaf, blocking, new_handle,
+                                            on_grads=gb.add if g else None)
+                                bare_s += (bare_cost if blocking else bare_cost_nb)[kind][q]
+                            if g:
+                                gb.flush("grads")
+                    else:
+                        for st in stages:
+                            lo, hi = bounds[stage_pos[st]]
+                            gb.split(float(tab.grad_bytes[lo:hi].sum()), float(tab.expert_grad_bytes[lo:hi].sum()), "grads")
+                    gb.join()
+                    # What the buckets add: their exposed wait and the compute their kernels slow.
+                    lc = linear_replay(out, coll, prof.compute.sm_count)
+                    tail = self._tails[tkey] = max(0.0, lc.end_s - bare_s)
                 end_dp = max(end_dp, tail)
+        exposed["dp"] = exposed.get("dp", 0.0) + start_s + end_dp
+        opt_bytes = 0.0
         for stages in rank_stages:
-            opt_params = max(opt_params, float(sum(pos_params[stage_pos[st]] for st in stages)))
-        exposed["dp"] = start_s + end_dp
-        shard = dp if p.zero >= 1 else 1
-        opt_s = float(prof.compute_time_s(np.array(["optimizer"]), np.array([0.0]),
-                                          np.array([opt_params / shard * ADAM_BYTES_PER_PARAM]))[0])
+            eparams = float(sum(pos_eparams[stage_pos[st]] for st in stages))
+            dense = float(sum(pos_params[stage_pos[st]] for st in stages)) - eparams
+            opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, eparams, p.zero, dp, p.ep, p.fsdp_shard_size))
+        opt_s = float(prof.compute_time_s(np.array(["optimizer"]), np.array([0.0]), np.array([opt_bytes]))[0])
 
         step = start_s + pipeline + exposed["pp"] + end_dp + opt_s
         gpus = sc.cluster.gpus
@@ -426,7 +549,7 @@ class Estimator:
                 view = dataclasses.replace(
                     tab.program, scenario=sc, mesh=mesh, schedule=sched, position_layers=layers,
                     stage_params=[float(x) for x in pos_params], zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
-                    grad_bucket_bytes=p.grad_bucket_params * 4.0, param_bytes=param_bytes,
+                    grad_bucket_bytes=p.grad_bucket_params * GRAD_REDUCE_BYTES, param_bytes=param_bytes,
                 )
             else:
                 view = tab.program

@@ -61,7 +61,7 @@ INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
 """
 
 # Input files a scenario names: (holder section, field, what the summary calls it). The resolution of
-# a name mirrors simulator.calibrate.profile.load_profile and simulator.topology.spec.load_topology
+# a name mirrors simulator.profile.load_profile and simulator.topology.spec.load_topology
 # (a test holds them together).
 INPUT_FILES = (("cluster", "gpu", "profile"), ("cluster", "topology", "topology"), (None, "schedule_file", "schedule"))
 # What the summary says reused rows had in common with this run.

@@ -14,17 +14,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.calibrate.profile import Profile
+from simulator.profile import Profile
 from simulator.errors import UserError
 from simulator.scenario import Scenario
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
 from simulator.workload.ops import Comm, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor, op_durations_s, optimizer_time_s
 
-# Megatron keeps fp32 main gradients and reduces them in fp32 when training in bf16.
-GRAD_REDUCE_BYTES = 4
-# Adam step per parameter: read fp32 master, grad, m, v; write master, m, v; write bf16 copy.
-ADAM_BYTES_PER_PARAM = 30
+from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
+    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
+)
 
 
 @dataclass
@@ -291,14 +290,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     ranks_per_replica = p.tp * p.cp
     model_flops = sum(per_pos_model) * ranks_per_replica * sc.num_microbatches * sc.dp
 
-    sp = p.sequence_parallel and p.tp > 1
-    b, s = sc.batch.micro_batch_size, sc.batch.seq_length // p.cp
-    pp_bytes = b * s * m.hidden_size * sc.dtype_bytes / (p.tp if sp else 1)
-    pp_gather_bytes = 0.0
-    if p.pp_scatter_gather and p.tp > 1 and not sp:
-        # Each TP rank sends its 1/tp slice; the receiver rebuilds the tensor over NVLink.
-        pp_gather_bytes = pp_bytes
-        pp_bytes /= p.tp
+    pp_bytes, pp_gather_bytes = pp_message_bytes(sc.batch.micro_batch_size, sc.batch.seq_length, p.cp, m.hidden_size,
+                                                 sc.dtype_bytes, p.tp, p.sequence_parallel, p.pp_scatter_gather)
 
     unit_params = {L: layer_kinds[kind_of(L)].params for L in range(m.num_layers)}
     unit_params[-1] = layer_kinds["embedding"].params
@@ -310,16 +303,16 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     if m.is_moe and moe_load_factor(sc) > 1.0:
         notes.append(f"MoE routing: the busiest EP rank processes {moe_load_factor(sc):.2f}x the mean tokens and sets the pace")
 
-    # The optimizer updates this rank's parameters; ZeRO>=1 shards the update over dp.
-    shard = (p.fsdp_shard_size or sc.dp) if p.zero >= 1 else 1
-    # Expert parameters are replicated only over the expert-data-parallel group (dp / ep).
-    expert_shard = max(1, shard // p.ep) if p.zero >= 1 else 1
-    opt_params_max = 0.0
+    # The optimizer updates this rank's parameters; ZeRO>=1 shards the update over dp (or the
+    # HSDP shard group), expert parameters over the expert-data-parallel group.
+    opt_bytes = 0.0
     for r in range(schedule.num_ranks):
         positions_r = [schedule.stage_position[st] for st in schedule.stages_of_rank(r)]
         expert = sum(stage_expert_params[q] for q in positions_r)
         dense = sum(stage_params[q] for q in positions_r) - expert
-        opt_params_max = max(opt_params_max, dense / shard + expert / expert_shard)
+        opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, expert, p.zero, sc.dp, p.ep, p.fsdp_shard_size))
+    opt_params_max = opt_bytes / ADAM_BYTES_PER_PARAM
+    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size)
     # Parameter tensors per layer (about 12: QKV, out, fc1, fc2 weights and biases, two norms x 2).
     optimizer_s = optimizer_time_s(profile, opt_params_max, 12 * max(1, m.num_layers // max(1, p.pp)) + 4,
                                    ADAM_BYTES_PER_PARAM, sc)

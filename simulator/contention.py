@@ -1,0 +1,42 @@
+"""Compute-communication contention: NCCL kernels take SMs from the compute they overlap.
+
+An NCCL collective runs as one CTA (thread block) per channel, each resident on one SM for the
+whole collective (NCCL ``enqueue.cc`` ``ncclLaunchKernel``: grid = channels of the plan; see
+``../shared/reference/NCCL-MODEL.md`` "CTAs per collective": 24 typical on one 8-GPU A100/H100
+node, 16 for NVLS on Hopper). Point-to-point transfers use ``NCCL_NCHANNELS_PER_NET_PEER``
+channels (default 2, same table). While those SMs are taken, a compute-bound kernel that filled
+the GPU runs on the remaining SMs, so its time grows by ``sm_count / (sm_count - taken)``:
+24 of the H100's 132 SMs -> x1.22, of the A100's 108 -> x1.29. Overlap papers measure GEMM
+slowdowns of this order under concurrent NCCL kernels (e.g. T3, Pati et al., ASPLOS 2024, whose
+motivation is exactly this SM and memory-bandwidth interference); no constant here is fitted.
+
+Scope of the model (a first order, stated so it can be refined): every compute segment is
+treated as SM-bound (memory-bound kernels lose less); the collective itself is not slowed (its
+CTAs are resident; HBM traffic of a collective runs at link rate, a fraction of HBM bandwidth);
+the share is fixed when a compute segment starts. Without overlap nothing changes.
+"""
+
+from __future__ import annotations
+
+from simulator.vocabulary import CollectiveOp
+
+# CTAs (= SMs) one NCCL collective occupies: NCCL-MODEL.md, "CTAs per collective" (enqueue.cc,
+# ncclLaunchKernel): 24 typical on one 8-GPU A100/H100 node.
+COLLECTIVE_CTAS = 24
+# Point-to-point: NCCL_NCHANNELS_PER_NET_PEER, default 2 (NCCL-MODEL.md, environment table).
+P2P_CTAS = 2
+
+
+def collective_ctas(op: str) -> int:
+    """SMs an in-flight NCCL operation of this kind occupies."""
+    if op in (CollectiveOp.SEND_RECV, CollectiveOp.RING_STEP):
+        return P2P_CTAS
+    return COLLECTIVE_CTAS
+
+
+def compute_slowdown(sm_count: int | None, sms_taken: int) -> float:
+    """Factor on a compute segment's time while ``sms_taken`` SMs run communication kernels."""
+    if not sm_count or sms_taken <= 0:
+        return 1.0
+    # NCCL never gets every SM: keep at least one for compute (a bound, not a fitted number).
+    return sm_count / max(1, sm_count - sms_taken)

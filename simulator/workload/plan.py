@@ -1,0 +1,537 @@
+"""The communication plan: what each pipeline rank does, in order, computed before the event loop.
+
+``build_plan(program)`` turns a Program (durations per segment) and its schedule into one
+``RankPlan`` per pipeline rank — a *rank class*: every rank with the same pipeline rank runs the
+same plan, which is what reduced mode relies on. A plan is a flat list of typed instructions:
+
+  Recv        wait for an input (activation or gradient) of an action; names its source rank
+  Compute     a stretch of kernels on the compute stream
+  Collective  a collective (or a chain of them) on a named stream, over a named group; either
+              blocking (the compute stream waits for it) or asynchronous with a handle, which a
+              later Wait joins; the compute between the two is what it may overlap
+  Wait        join an asynchronous collective; the wait is exposed communication of a dimension
+  Complete    an action's output is ready: wakes local consumers and sends it to other ranks
+
+All parallelism policy lives here: ZeRO-1/2 parameter gathers, the FSDP/ZeRO-3 gather plan with
+prefetch and resharding, gradient bucketing, the HSDP reduce-scatter + all-reduce split, expert
+data parallelism, overlapped F&B pairs, the optimizer step. The engine replays instructions.
+The shared formulas (pipeline bytes, bucket size, optimizer sharding) are functions here so the
+closed-form estimate uses the same ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulator.contention import collective_ctas, compute_slowdown
+from simulator.schedules.base import Action, PipelineSchedule, required_inputs
+from simulator.topology.placement import Mesh
+from simulator.vocabulary import CollectiveOp, Dim, Stream
+
+# ----------------------------------------------------------------------------- instructions
+# Slotted, not frozen: a frozen dataclass's __init__ pays an object.__setattr__ per field, and a
+# plan holds up to millions of instructions. Nothing mutates them after planning.
+
+Step = tuple[Dim, CollectiveOp, float]  # (group dimension, op, nccl-tests size in bytes)
+
+
+@dataclass(slots=True)
+class Recv:
+    stage: int
+    kind: str  # "F" (activation) or "BI" (input gradient)
+    microbatch: int
+    src_pp: int  # pipeline rank producing it
+    local: bool  # produced on this rank (no transfer)
+    before: Action  # the action that needs it
+
+    def describe(self) -> str:
+        if self.local:
+            return f"{self.stage}{self.kind}{self.microbatch} (same rank) before {self.before}"
+        what = "activation" if self.kind == "F" else "gradient"
+        return f"{what} of {self.stage}{self.kind}{self.microbatch} from pp rank {self.src_pp} before {self.before}"
+
+
+@dataclass(slots=True)
+class Compute:
+    seconds: float
+    kind: str  # F, B, I, W or opt
+    label: str
+    microbatch: int = -1
+    stage: int = -1
+    layer: int = -1
+    counted: bool = True  # counts as a simulation event (segments do; the optimizer step never did)
+
+
+@dataclass(slots=True)
+class Collective:
+    stream: Stream
+    steps: tuple[Step, ...]  # run back to back on the stream (HSDP: reduce-scatter then all-reduce)
+    handle: int  # -1: blocking (the compute stream waits); else joined by Wait(handle)
+    # timeline row: kind column, name, microbatch, stage, layer, bytes
+    row_kind: str
+    name: str
+    microbatch: int = -1
+    stage: int = -1
+    layer: int = -1
+    row_bytes: float = 0.0
+    action: Action | None = None  # the action a blocking collective belongs to
+
+    @property
+    def blocking(self) -> bool:
+        return self.handle < 0
+
+    def describe(self) -> str:
+        dim, op, _ = self.steps[0]
+        return f"{dim} {op} in {self.action}" if self.action is not None else f"{dim} {op} {self.name}"
+
+
+@dataclass(slots=True)
+class Wait:
+    handle: int
+    dim: Dim  # exposed time goes to this (base) dimension
+    reason: str
+
+    def describe(self) -> str:
+        return self.reason
+
+
+@dataclass(slots=True)
+class Send:
+    stream: Stream
+    dst_pp: int
+    size_bytes: float
+    gather_bytes: float  # > 0: the receiver rebuilds the tensor with a tp all-gather of this size
+
+
+@dataclass(slots=True)
+class Complete:
+    stage: int
+    kind: str  # "F" or "BI"
+    microbatch: int
+    sends: tuple[Send, ...]
+
+
+Instr = Recv | Compute | Collective | Wait | Complete
+
+
+@dataclass
+class RankPlan:
+    pp_rank: int
+    instrs: list[Instr]
+    num_handles: int
+
+    @property
+    def streams(self) -> set[Stream]:
+        out = {i.stream for i in self.instrs if isinstance(i, Collective)}
+        for i in self.instrs:
+            if isinstance(i, Complete):
+                out.update(s.stream for s in i.sends)
+        return out
+
+    def collectives(self) -> list[Collective]:
+        return [i for i in self.instrs if isinstance(i, Collective)]
+
+
+@dataclass
+class Plan:
+    mesh: Mesh
+    schedule: PipelineSchedule
+    ranks: list[RankPlan]  # one per pipeline rank
+    groups: dict[Dim, np.ndarray] = field(default_factory=dict)  # dim -> (n_groups, group_size) GPU ids
+
+
+# ----------------------------------------------------------------------------- shared formulas
+
+# Megatron keeps fp32 main gradients and reduces them in fp32 when training in bf16.
+GRAD_REDUCE_BYTES = 4
+# Adam step per parameter: read fp32 master, grad, m, v; write master, m, v; write bf16 copy.
+ADAM_BYTES_PER_PARAM = 30
+
+
+def pp_message_bytes(micro_batch_size: int, seq_length: int, cp: int, hidden_size: int, dtype_bytes: int, tp: int,
+                     sequence_parallel: bool, scatter_gather: bool) -> tuple[float, float]:
+    """(bytes each pipeline send carries, bytes of the receiver's tp all-gather afterwards).
+
+    One activation (or its gradient) of a microbatch: b x s/cp x h; sequence parallelism leaves
+    each TP rank 1/tp of it; Megatron's scatter/gather sends 1/tp and rebuilds it over NVLink."""
+    sp = sequence_parallel and tp > 1
+    nbytes = micro_batch_size * (seq_length // cp) * hidden_size * dtype_bytes / (tp if sp else 1)
+    if scatter_gather and tp > 1 and not sp:
+        return nbytes / tp, nbytes
+    return nbytes, 0.0
+
+
+def optimizer_shards(zero: int, dp: int, ep: int, fsdp_shard_size: int | None) -> tuple[int, int]:
+    """(ranks the dense optimizer state is sharded over, ranks the expert state is sharded over).
+
+    ZeRO >= 1 shards over the data-parallel group, or over the HSDP shard group; expert
+    parameters are replicated only over the expert-data-parallel group (dp / ep)."""
+    if zero < 1:
+        return 1, 1
+    shard = fsdp_shard_size or dp
+    return shard, max(1, shard // ep)
+
+
+def grad_reduction_steps(zero: int, size_bytes: float, expert: bool, hsdp_shard: int | None) -> tuple[Step, ...]:
+    """The collectives that reduce one gradient bucket.
+
+    DDP all-reduces; ZeRO >= 1 reduce-scatters; HSDP reduce-scatters inside the shard group and
+    all-reduces the shard across replicas; expert gradients go over the expert-data-parallel group."""
+    if expert:
+        return ((Dim.EDP, CollectiveOp.ALL_REDUCE if zero == 0 else CollectiveOp.REDUCE_SCATTER, size_bytes),)
+    if zero == 0:
+        return ((Dim.DP, CollectiveOp.ALL_REDUCE, size_bytes),)
+    if hsdp_shard is not None:
+        return ((Dim.DP_SHARD, CollectiveOp.REDUCE_SCATTER, size_bytes), (Dim.DP_REP, CollectiveOp.ALL_REDUCE, size_bytes / hsdp_shard))
+    return ((Dim.DP, CollectiveOp.REDUCE_SCATTER, size_bytes),)
+
+
+def optimizer_state_bytes(dense_params: float, expert_params: float, zero: int, dp: int, ep: int,
+                          fsdp_shard_size: int | None) -> float:
+    """Bytes the optimizer step of one rank streams through HBM (Adam, ZeRO-sharded)."""
+    shard, expert_shard = optimizer_shards(zero, dp, ep, fsdp_shard_size)
+    return (dense_params / shard + expert_params / expert_shard) * ADAM_BYTES_PER_PARAM
+
+
+def hsdp_shard_of(zero: int, fsdp_shard_size: int | None, dp: int) -> int | None:
+    """The HSDP shard group size, or None when parameters shard over the whole dp group."""
+    if zero >= 3 and fsdp_shard_size is not None and fsdp_shard_size < dp:
+        return fsdp_shard_size
+    return None
+
+
+def communication_groups(mesh: Mesh, fsdp_shard_size: int | None) -> dict[Dim, np.ndarray]:
+    """Every group a plan may name. HSDP: shard inside consecutive blocks of the DP group,
+    replicate across blocks."""
+    groups = {Dim(d): mesh.groups(d) for d in (Dim.TP, Dim.CP, Dim.EP, Dim.DP, Dim.EDP, Dim.PP)}
+    shard = fsdp_shard_size or mesh.dp
+    dp_groups = groups[Dim.DP]
+    groups[Dim.DP_SHARD] = dp_groups.reshape(-1, shard)
+    groups[Dim.DP_REP] = dp_groups.reshape(len(dp_groups), -1, shard).transpose(0, 2, 1).reshape(-1, mesh.dp // shard)
+    # First and last pipeline stage of each replica: Megatron's tied-embedding gradient all-reduce.
+    groups[Dim.EMB] = groups[Dim.PP][:, [0, -1]] if mesh.pp > 1 else groups[Dim.PP]
+    return groups
+
+
+class GradBuckets:
+    """Gradient buckets: filled as backward produces gradients, reduced when full (DDP/Megatron)
+    or when an FSDP unit's gradients are complete; dense over dp (or HSDP), expert over edp."""
+
+    def __init__(self, out: list, new_handle, zero: int, bucket_bytes: float, use_dp: bool, use_edp: bool,
+                 hsdp_shard: int | None):
+        self.out, self.new_handle = out, new_handle
+        self.zero, self.bucket_bytes, self.hsdp_shard = zero, bucket_bytes, hsdp_shard
+        self.on = (use_dp, use_edp)
+        self.fill = [0.0, 0.0]  # dense, expert bytes waiting
+        self.pending: list[int] = []
+
+    def flush(self, label: str) -> None:
+        for i, expert in ((0, False), (1, True)):
+            if self.fill[i] > 0 and self.on[i]:
+                h = self.new_handle()
+                self.pending.append(h)
+                steps = grad_reduction_steps(self.zero, self.fill[i], expert, self.hsdp_shard)
+                self.out.append(Collective(Stream.DP, steps, h, "dp", f"{steps[0][1]} {label}", row_bytes=steps[0][2]))
+            self.fill[i] = 0.0
+
+    def add(self, a: Action, j: int, seg, last: bool) -> None:
+        self.fill[0] += seg.grad_bytes[j]
+        if seg.expert_grad_bytes is not None:
+            self.fill[1] += seg.expert_grad_bytes[j]
+        # FSDP reduces per unit; DDP/ZeRO-1/2 per bucket.
+        unit_done = self.zero >= 3 and (last or int(seg.layer[j + 1]) != int(seg.layer[j]))
+        total = self.fill[0] + self.fill[1]
+        if total >= self.bucket_bytes or (unit_done and total > 0):
+            self.flush(f"grads stage {a.stage}")
+
+    def split(self, dense: float, expert: float, label: str) -> None:
+        """Reduce ``dense`` + ``expert`` bytes in equal buckets (no overlap with backward)."""
+        n_buckets = max(1, int(np.ceil((dense + expert) / self.bucket_bytes)))
+        for _ in range(n_buckets):
+            self.fill[0], self.fill[1] = dense / n_buckets, expert / n_buckets
+            self.flush(label)
+
+    def join(self) -> None:
+        for h in self.pending:
+            self.out.append(Wait(h, Dim.DP, "dp gradient reduction"))
+        self.pending.clear()
+
+
+@dataclass
+class LinearCost:
+    end_s: float
+    busy_s: float
+    exposed_s: dict[Dim, float]  # by base dimension
+
+
+def linear_replay(instrs, coll_time, sm_count: int | None = None) -> LinearCost:
+    """Replay one rank's instructions alone: what the engine does with inputs always ready.
+
+    ``coll_time(dim, op, size_bytes)`` prices a collective (the network's isolated time). Streams
+    are FIFO queues as in the engine; cross-rank dependencies (Recv) are ignored, so this is the
+    engine's answer exactly for a rank that never waits on a peer, and the per-action cost the
+    closed-form estimate composes into a pipeline. With ``sm_count``, compute that starts while
+    asynchronous collectives run is slowed by the SMs they hold, as in the engine."""
+    now = busy = 0.0
+    running: list[tuple[float, float, int]] = []  # (start, end, CTAs) of asynchronous collectives
+    exposed: dict[Dim, float] = {}
+    stream_free: dict[Stream, float] = {}
+    done: dict[int, float] = {}
+    for ins in instrs:
+        t = type(ins)
+        if t is Compute:
+            sec = ins.seconds
+            if sm_count and running:
+                running = [r for r in running if r[1] > now]
+                taken = sum(c for st, _, c in running if st <= now)
+                if taken:
+                    sec *= compute_slowdown(sm_count, taken)
+            now += sec
+            busy += sec
+        elif t is Collective:
+            dur = 0.0
+            for d, op, size in ins.steps:
+                dur += coll_time(d, op, size)
+            begin = max(now, stream_free.get(ins.stream, 0.0))
+            end = begin + dur
+            if sm_count and ins.handle >= 0:
+                running.append((begin, end, collective_ctas(ins.steps[0][1])))
+            stream_free[ins.stream] = end
+            if ins.handle < 0:
+                b = ins.steps[0][0].base
+                exposed[b] = exposed.get(b, 0.0) + end - now
+                now = end
+            else:
+                done[ins.handle] = end
+        elif t is Wait:
+            end = done[ins.handle]
+            if end > now:
+                exposed[ins.dim] = exposed.get(ins.dim, 0.0) + end - now
+                now = end
+    return LinearCost(now, busy, exposed)
+
+
+# ----------------------------------------------------------------------------- the planner
+
+def _group_size(prog, dim: str) -> int:
+    mesh = prog.mesh
+    if dim == Dim.EMB:
+        return 2 if mesh.pp > 1 else 1
+    return int(communication_groups(mesh, prog.fsdp_shard_size)[Dim(dim)].shape[1])
+
+
+def build_plan(prog) -> Plan:
+    """The plan of every pipeline rank of ``prog`` (a ``simulator.workload.program.Program``)."""
+    sched = prog.schedule
+    ranks = [_plan_rank(prog, r) for r in range(sched.num_ranks)]
+    return Plan(mesh=prog.mesh, schedule=sched, ranks=ranks, groups=communication_groups(prog.mesh, prog.fsdp_shard_size))
+
+
+def _subs(a: Action) -> tuple[Action, ...]:
+    return a.sub if a.kind == "FB" else (a,)
+
+
+def _template(seg) -> list[tuple]:
+    """Per segment, what every action of this (position, kind) emits: parsed once per Segments."""
+    tpl = getattr(seg, "_plan_template", None)
+    if tpl is None:
+        tpl = []
+        for j in range(len(seg.compute_s)):
+            comm = seg.comm[j]
+            c_info = None
+            if comm is not None:
+                dim = Dim(comm.dim)
+                c_info = (dim, Stream(dim), ((dim, CollectiveOp(comm.op), comm.size_bytes),), f"{comm.op} {seg.label[j]}",
+                          comm.overlap, comm.size_bytes, Wait(-1, dim.base, f"overlapped {dim} communication"))
+            tpl.append((float(seg.compute_s[j]), seg.label[j], int(seg.layer[j]), c_info))
+        seg._plan_template = tpl
+    return tpl
+
+
+def emit_action(out: list, seg, a: Action, blocking: bool, new_handle, idx: int = 0, on_layer=None, on_grads=None) -> None:
+    """The instructions of one action: its segments' compute and collectives.
+
+    A blocking collective stops the compute stream; an ``overlap`` one runs beside the next
+    segment and is joined before the next collective or at the action's end; in an overlapped
+    F&B pair (``blocking=False``) every collective is joined at the end of its half. ``on_layer``
+    runs where a new layer starts (FSDP gathers), ``on_grads`` after each segment's compute
+    (gradient buckets)."""
+    pending: list[tuple[Wait, int]] = []  # overlapped collectives in flight
+    deferred: list[tuple[Wait, int]] = []  # collectives of an overlapped F&B pair, joined at its end
+    append = out.append
+    kind, mb, stage = a.kind, a.microbatch, a.stage
+    layer = None
+    tpl = _template(seg)
+    n = len(tpl)
+    for j in range(n):
+        c, label, lj, c_info = tpl[j]
+        if on_layer is not None and lj != layer:
+            layer = lj
+            on_layer(idx, layer)
+        if c > 0:
+            append(Compute(c, kind, label, mb, stage, lj))
+        if on_grads is not None:
+            on_grads(a, j, seg, j + 1 == n)
+        if c_info is None:
+            continue
+        if pending:
+            for w, h in pending:
+                append(Wait(h, w.dim, w.reason))
+            pending.clear()
+        dim, stream, step, name, overlap, size, w = c_info
+        if blocking and not overlap:
+            append(Collective(stream, step, -1, dim.value, name, mb, stage, lj, size, a))
+            continue
+        h = new_handle()
+        append(Collective(stream, step, h, dim.value, name, mb, stage, lj, size))
+        (pending if blocking else deferred).append((w, h))
+    for w, h in pending:
+        append(Wait(h, w.dim, w.reason))
+    # Overlapped F&B: what the pair's compute could not hide is exposed at its end.
+    for w, h in deferred:
+        append(Wait(h, w.dim, w.reason))
+
+
+def _plan_rank(prog, pp_rank: int) -> RankPlan:
+    sched = prog.schedule
+    mesh = prog.mesh
+    actions = sched.actions[pp_rank]
+    out: list[Instr] = []
+    n_handles = [0]
+
+    def new_handle() -> int:
+        n_handles[0] += 1
+        return n_handles[0] - 1
+
+    # Which action is the last backward (B or W) of each stage: gradient buckets fill there.
+    last_grad_action: dict[int, int] = {}
+    for idx, a in enumerate(actions):
+        for sub in _subs(a):
+            if sub.kind in ("B", "W"):
+                last_grad_action[sub.stage] = idx
+    zb = any(a.kind == "W" for a in actions)
+    use_dp = mesh.dp > 1
+    zero3 = prog.zero >= 3
+    hsdp_shard = hsdp_shard_of(prog.zero, prog.fsdp_shard_size, mesh.dp)
+    use_edp = mesh.edp > 1
+    buckets = GradBuckets(out, new_handle, prog.zero, prog.grad_bucket_bytes, use_dp, use_edp, hsdp_shard)
+
+    # ZeRO-1/2: the updated parameters are all-gathered; Megatron overlaps that with the next
+    # step's forward, so a stage's first forward waits for its own gather.
+    param_ready: dict[int, int] = {}
+    if 1 <= prog.zero <= 2 and use_dp:
+        for st in sched.stages_of_rank(pp_rank):
+            h = new_handle()
+            param_ready[st] = h
+            pos = sched.stage_position[st]
+            expert = prog.stage_expert_params[pos] if prog.stage_expert_params else 0.0
+            # Dense parameters are sharded over dp, expert parameters over edp.
+            steps: tuple[Step, ...] = ((Dim.DP, CollectiveOp.ALL_GATHER, (prog.stage_params[pos] - expert) * prog.param_bytes),)
+            if expert > 0 and use_edp:
+                steps += ((Dim.EDP, CollectiveOp.ALL_GATHER, expert * prog.param_bytes),)
+            out.append(Collective(Stream.DP_AG, steps, h, "dp", f"all_gather params stage {st}", row_bytes=steps[0][2]))
+
+    # ZeRO-3 / FSDP: every unit (layer) is all-gathered before it runs, forward and (when
+    # resharded after forward) backward, `fsdp_prefetch` units ahead on its own stream.
+    gathers: list[tuple[int, int, float]] = []  # (action index, layer, bytes) in execution order
+    ag_dim = Dim.DP_SHARD if hsdp_shard is not None else Dim.DP
+    if zero3 and use_dp:
+        gathered: set[tuple[int, int]] = set()
+        for idx, a in enumerate(actions):
+            for sub in _subs(a):
+                if sub.kind == "W" or (sub.kind != "F" and not prog.fsdp_reshard_after_forward):
+                    continue
+                seg = prog.segments[(sched.stage_position[sub.stage], sub.kind)]
+                for L in dict.fromkeys(int(x) for x in seg.layer):
+                    if prog.fsdp_reshard_after_forward or (sub.stage, L) not in gathered:
+                        gathered.add((sub.stage, L))
+                        gathers.append((idx, L, prog.unit_params.get(L, 0.0) * prog.param_bytes))
+    gather_handles = [new_handle() for _ in gathers]
+    next_gather = [0, 0]  # [next to wait for, next to issue]
+
+    def issue_gathers(upto: int) -> None:
+        while next_gather[1] < min(upto, len(gathers)):
+            i = next_gather[1]
+            _, L, nbytes = gathers[i]
+            out.append(Collective(Stream.DP_AG, ((ag_dim, CollectiveOp.ALL_GATHER, nbytes),), gather_handles[i], "dp",
+                                  f"all_gather params layer {L}", row_bytes=nbytes))
+            next_gather[1] += 1
+
+    issue_gathers(1 + prog.fsdp_prefetch)
+
+    def wait_gather(idx: int, layer: int) -> None:
+        i = next_gather[0]
+        if i >= len(gathers) or gathers[i][0] != idx or gathers[i][1] != layer:
+            return
+        next_gather[0] += 1
+        issue_gathers(i + 1 + prog.fsdp_prefetch)
+        out.append(Wait(gather_handles[i], Dim.DP, f"dp all_gather of layer {layer} parameters"))
+
+    def on_layer(idx: int, layer: int) -> None:
+        if gathers:
+            wait_gather(idx, layer)
+
+    def run_segments(a: Action, idx: int, grads_here: bool, blocking: bool) -> None:
+        seg = prog.segments[(sched.stage_position[a.stage], a.kind)]
+        emit_action(out, seg, a, blocking, new_handle, idx=idx, on_layer=on_layer if gathers else None,
+                    on_grads=buckets.add if grads_here and prog.overlap_grad_reduce else None)
+
+    def sends_of(a: Action, kind: str) -> tuple[Send, ...]:
+        consumer = sched.stage_next[a.stage] if kind == "F" else sched.stage_prev[a.stage]
+        if consumer < 0:
+            return ()
+        dst_pp = sched.stage_rank[consumer]
+        if dst_pp == pp_rank:
+            return ()
+        stream = Stream.PP_SEND_F if kind == "F" else Stream.PP_SEND_B
+        return (Send(stream, dst_pp, prog.pp_bytes, prog.pp_gather_bytes),)
+
+    def complete(a: Action) -> None:
+        kind = "F" if a.kind == "F" else "BI" if a.kind in ("B", "I") else None
+        if kind is not None:
+            out.append(Complete(a.stage, kind, a.microbatch, sends_of(a, kind)))
+
+    waited_params: set[int] = set()
+    for idx, a in enumerate(actions):
+        subs = _subs(a)
+        for sub in subs:
+            for (st, kind, mb) in required_inputs(sched, sub):
+                src_pp = sched.stage_rank[st]
+                out.append(Recv(st, kind, mb, src_pp, src_pp == pp_rank, sub))
+            if sub.kind == "F" and sub.stage in param_ready and sub.stage not in waited_params:
+                waited_params.add(sub.stage)
+                out.append(Wait(param_ready[sub.stage], Dim.DP, f"dp all_gather of stage {sub.stage} parameters"))
+        for sub in subs:
+            g = last_grad_action.get(sub.stage) == idx and sub.kind in (("W",) if zb else ("B", "W"))
+            run_segments(sub, idx, g, blocking=a.kind != "FB")
+            complete(sub)
+            if g and prog.overlap_grad_reduce:
+                buckets.flush(f"grads stage {sub.stage}")
+
+    # Gradient reduction not overlapped with backward: all buckets after the last backward.
+    if not prog.overlap_grad_reduce:
+        for st in sched.stages_of_rank(pp_rank):
+            w = prog.segments[(sched.stage_position[st], "W")]
+            dense = float(w.grad_bytes.sum())
+            expert = float(w.expert_grad_bytes.sum()) if w.expert_grad_bytes is not None else 0.0
+            buckets.split(dense, expert, f"grads stage {st}")
+    buckets.join()
+    # Step-level work between the backward and the optimizer (simulator.workload.program
+    # StepCollective): the tied-embedding all-reduce (first and last stage only), the
+    # gradient-norm kernel and its all-reduces, blocking the compute stream.
+    last_pp = sched.num_ranks - 1
+    for term in getattr(prog, "step_collectives", ()):
+        if term.dim == Dim.EMB and pp_rank not in (0, last_pp):
+            continue
+        if term.compute_s > 0:
+            out.append(Compute(term.compute_s, "opt", term.label, counted=False))
+        if term.size_bytes > 0 and _group_size(prog, term.dim) > 1:
+            dim = Dim(term.dim)
+            out.append(Collective(Stream.DP, ((dim, CollectiveOp(term.op), term.size_bytes),), -1, dim.base.value,
+                                  f"{term.op} {term.label}", row_bytes=term.size_bytes))
+    # Optimizer step on this rank's (ZeRO-sharded) parameters.
+    if prog.optimizer_s > 0:
+        out.append(Compute(prog.optimizer_s, "opt", "optimizer step", counted=False))
+    return RankPlan(pp_rank, out, n_handles[0])

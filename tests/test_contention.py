@@ -1,0 +1,81 @@
+"""Compute-communication contention (issue 15, item 2): NCCL kernels hold SMs, so compute that
+overlaps an in-flight collective slows down, and only then."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.contention import COLLECTIVE_CTAS, compute_slowdown
+from simulator.engine.core import Engine
+from simulator.network.alpha_beta import TierNetwork
+from simulator.profile import load_profile
+from simulator.scenario import build_scenario
+from simulator.schedules import build_schedule
+from simulator.simulate import simulate
+from simulator.topology import load_topology
+from simulator.topology.placement import Mesh
+from simulator.workload.ops import Comm
+from simulator.workload.program import Program, Segments
+
+
+def _program(overlap: bool) -> Program:
+    """One TP8 rank: a forward whose tp all-reduce either overlaps the next compute segment or
+    blocks before it."""
+    sched = build_schedule("1f1b", 1, 1)
+    comm = Comm("tp", "all_reduce", 256e6, overlap=overlap)
+    f = Segments(np.array([1e-3, 5e-3]), [comm, None], np.array([0, 0]), ["a", "b"], np.zeros(2), np.zeros(2), np.zeros(2))
+    seg = {(0, "F"): f, (0, "B"): Segments.constant(1e-3), (0, "I"): Segments.constant(1e-3), (0, "W"): Segments.constant(0.0)}
+    mesh = Mesh(tp=8, cp=1, ep=1, dp=1, pp=1)
+    return Program(scenario=None, mesh=mesh, schedule=sched, segments=seg, position_layers=[[0]], pp_bytes=0.0,
+                   optimizer_s=0.0, stage_params=[0.0], model_flops_per_step=0.0, tokens_per_step=0, zero=0)
+
+
+def _run(overlap: bool, sm_count: int | None):
+    prof = load_profile("h100-sxm-80gb")
+    net = TierNetwork(load_topology("dgx-h100-fattree").node, prof.comm)
+    return Engine(_program(overlap), net, sm_count=sm_count).run()
+
+
+def test_overlapped_collective_slows_the_compute_it_overlaps():
+    sm = 132
+    tl = _run(overlap=True, sm_count=sm)
+    ev = tl.events
+    seg_b = ev[(ev.stream == "compute") & (ev.name == "b")].iloc[0]
+    comm = ev[ev.stream == "tp"].iloc[0]
+    dur = seg_b.end_s - seg_b.start_s
+    # The whole of segment b starts while the all-reduce holds its SMs: 132 / (132 - 24) longer.
+    assert comm.start_s == pytest.approx(seg_b.start_s)
+    assert dur == pytest.approx(5e-3 * sm / (sm - COLLECTIVE_CTAS), rel=1e-9)
+    assert tl.contention_s[tl.ranks[0]] == pytest.approx(dur - 5e-3, rel=1e-9)
+
+
+def test_slowdown_vanishes_without_overlap():
+    for overlap, sm in ((False, 132), (True, None)):
+        tl = _run(overlap=overlap, sm_count=sm)
+        ev = tl.events
+        seg_b = ev[(ev.stream == "compute") & (ev.name == "b")].iloc[0]
+        assert seg_b.end_s - seg_b.start_s == pytest.approx(5e-3, rel=1e-12)
+        assert sum(tl.contention_s.values()) == 0.0
+    assert compute_slowdown(132, 0) == 1.0 and compute_slowdown(None, 24) == 1.0
+
+
+def test_dualpipe_on_dense_tp8_pays_for_its_overlapped_tp():
+    # DualPipe's F&B pairs hide TP collectives behind the other half's compute; with contention
+    # that compute runs on fewer SMs, so the pair no longer hides TP time for free.
+    sc = build_scenario({
+        "name": "dp-tp8", "model": {"name": "dense", "num_layers": 16, "hidden_size": 4096, "ffn_hidden_size": 14336,
+                                     "num_attention_heads": 32, "num_kv_heads": 8, "vocab_size": 32000},
+        "parallelism": {"tp": 8, "pp": 4, "zero": 1}, "schedule": "dualpipe",
+        "batch": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 4096},
+        "cluster": {"gpus": 32, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}, "network": "alpha-beta",
+    })
+    res = simulate(sc)
+    tl = res.timeline
+    free = Engine(res.program, TierNetwork(load_topology("dgx-h100-fattree").node, res.profile.comm)).run()
+    assert free.step_time_s < tl.step_time_s  # the old, free overlap was optimistic
+    assert sum(tl.contention_s.values()) > 0.0
+    # The relief the pairs give (blocking TP minus what stays exposed) is now partly paid back as
+    # slower compute: busy compute grows by the contention.
+    r = tl.ranks[0]
+    assert tl.busy_compute_s[r] == pytest.approx(free.busy_compute_s[r] + tl.contention_s[r], rel=1e-9)

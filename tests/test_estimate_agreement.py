@@ -1,0 +1,40 @@
+"""One cost model (issue 13): the sweep's closed-form estimate sums the workload's own plan, so it
+agrees with the event-driven simulation on step time across every parallelism it covers."""
+
+from __future__ import annotations
+
+import pytest
+
+from agreement_scenarios import AGREEMENT_SCENARIOS
+from simulator.scenario import build_scenario
+from simulator.simulate import simulate
+from simulator.sweep.estimate import Estimator
+
+_EST = Estimator()  # one per module: its caches assume the shipped files do not change
+
+
+def test_the_set_covers_every_parallelism_and_schedule():
+    from simulator.schedules import schedule_names
+
+    assert len(AGREEMENT_SCENARIOS) >= 30
+    names = " ".join(d["name"] for d in AGREEMENT_SCENARIOS)
+    for tag in ("ddp", "zero1", "zero2", "zero3", "hsdp", "tp", "cp", "ep", *schedule_names()):
+        assert tag in names, tag
+
+
+@pytest.mark.parametrize("d", AGREEMENT_SCENARIOS, ids=[d["name"] for d in AGREEMENT_SCENARIOS])
+def test_estimate_agrees_with_simulation_within_10_percent(d):
+    sc = build_scenario(d)
+    sim = simulate(sc).timeline.step_time_s
+    est = _EST.estimate(sc).step_time_s
+    assert est == pytest.approx(sim, rel=0.10), f"{d['name']}: estimate {est * 1e3:.2f} ms, simulation {sim * 1e3:.2f} ms"
+
+
+def test_estimate_optimizer_follows_hsdp_and_expert_sharding():
+    # The optimizer step is the program's: HSDP shards over the shard group, experts over edp.
+    from agreement_scenarios import scenario, SMALL_MOE
+
+    for d in (scenario("h", parallelism={"zero": 3, "fsdp_shard_size": 4}),
+              scenario("m", model=SMALL_MOE, parallelism={"ep": 8, "zero": 1})):
+        sc = build_scenario(d)
+        assert _EST.estimate(sc).optimizer_s == pytest.approx(simulate(sc).program.optimizer_s, rel=1e-9)

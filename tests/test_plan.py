@@ -1,0 +1,112 @@
+"""The workload's communication plan (issue 13): policy in the plan, a generic replay in the engine."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from simulator.profile import load_profile
+from simulator.engine import core
+from simulator.scenario import build_scenario
+from simulator.simulate import resolve_schedule, simulate
+from simulator.vocabulary import CollectiveOp, Dim, Stream
+from simulator.workload.plan import Collective, Compute, Wait, build_plan
+from simulator.workload.program import build_program
+
+
+def scenario(**over) -> dict:
+    d = {
+        "name": "t", "model": "llama3-8b", "parallelism": {"tp": 1, "pp": 1, "zero": 0},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024},
+        "cluster": {"gpus": 16, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}, "network": "alpha-beta",
+    }
+    for k, v in over.items():
+        d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
+    return d
+
+
+def plan_of(**over):
+    sc = build_scenario(scenario(**over))
+    prog = build_program(sc, load_profile(sc.cluster.gpu), resolve_schedule(sc))
+    return prog, build_plan(prog)
+
+
+def test_engine_holds_no_parallelism_policy():
+    import re
+
+    src = inspect.getsource(core).lower()
+    for word in (r"\bzero\b", "fsdp", "hsdp", "bucket", "grad_", "optimizer", "prefetch", "stage_params"):
+        assert not re.search(word, src), f"engine mentions {word!r}: policy belongs in the workload plan"
+
+
+@pytest.mark.parametrize("over", [
+    {}, {"parallelism": {"zero": 1}}, {"parallelism": {"zero": 3}}, {"parallelism": {"zero": 3, "fsdp_shard_size": 4}},
+    {"parallelism": {"tp": 2, "pp": 4, "zero": 1}, "schedule": "dualpipev", "batch": {"global_batch_size": 32}},
+    {"model": "mixtral-8x7b", "parallelism": {"ep": 4, "zero": 1}, "moe": {"overlap_dispatch": True}},
+])
+def test_every_async_collective_is_issued_before_its_single_wait(over):
+    _, plan = plan_of(**over)
+    for rp in plan.ranks:
+        issued, waited = set(), set()
+        for ins in rp.instrs:
+            if isinstance(ins, Collective) and not ins.blocking:
+                assert ins.handle not in issued
+                issued.add(ins.handle)
+            elif isinstance(ins, Wait):
+                assert ins.handle in issued, "a wait before its collective is issued would deadlock"
+                assert ins.handle not in waited
+                waited.add(ins.handle)
+        assert issued == waited == set(range(rp.num_handles))
+
+
+def test_hsdp_reduces_in_the_shard_group_then_across_replicas():
+    prog, plan = plan_of(parallelism={"zero": 3, "fsdp_shard_size": 4})
+    grads = [c for c in plan.ranks[0].collectives() if c.stream == Stream.DP]
+    assert grads and all(len(c.steps) == 2 for c in grads)
+    for c in grads:
+        (d1, op1, s1), (d2, op2, s2) = c.steps
+        assert (d1, op1, d2, op2) == (Dim.DP_SHARD, CollectiveOp.REDUCE_SCATTER, Dim.DP_REP, CollectiveOp.ALL_REDUCE)
+        assert s2 == pytest.approx(s1 / 4)
+    gathers = [c for c in plan.ranks[0].collectives() if c.stream == Stream.DP_AG]
+    assert {c.steps[0][0] for c in gathers} == {Dim.DP_SHARD}
+    assert plan.groups[Dim.DP_SHARD].shape == (4, 4) and plan.groups[Dim.DP_REP].shape == (4, 4)
+
+
+def test_fsdp_gathers_every_unit_for_forward_and_backward_with_prefetch():
+    prog, plan = plan_of(parallelism={"zero": 3, "fsdp_prefetch": 2})
+    instrs = plan.ranks[0].instrs
+    units = len(prog.unit_params)  # layers + embedding + head
+    gathers = [i for i in instrs if isinstance(i, Collective) and i.stream == Stream.DP_AG]
+    assert len(gathers) == 2 * units * prog.schedule.num_microbatches
+    # Prefetch 2: three gathers are in flight before the first unit's compute starts.
+    first_compute = next(k for k, i in enumerate(instrs) if isinstance(i, Compute))
+    assert sum(isinstance(i, Collective) for i in instrs[:first_compute]) == 3
+
+
+def test_replay_of_the_plan_is_the_simulation():
+    # The engine adds nothing but contention: busy compute is the plan's compute, slowed where
+    # communication kernels held SMs.
+    res = simulate(build_scenario(scenario(parallelism={"tp": 2, "pp": 2, "zero": 1}, batch={"global_batch_size": 32})))
+    plan = build_plan(res.program)
+    tl = res.timeline
+    for r in tl.ranks:
+        rp = plan.ranks[tl.pp_rank_of[r]]
+        planned = sum(i.seconds for i in rp.instrs if isinstance(i, Compute))
+        assert tl.busy_compute_s[r] == pytest.approx(planned + tl.contention_s[r], rel=1e-12)
+
+
+@pytest.mark.parametrize("gpus,net", [(64, "flow"), (256, "flow"), (256, "alpha-beta")])
+def test_reduced_and_full_modes_agree_on_symmetric_scenarios_up_to_256_gpus(gpus, net):
+    from agreement_scenarios import SMALL_DENSE
+
+    d = scenario(model=dict(SMALL_DENSE, num_layers=4), network=net,
+                 parallelism={"tp": 2, "pp": 2, "zero": 1}, batch={"global_batch_size": gpus // 4 * 2, "seq_length": 512},
+                 cluster={"gpus": gpus})
+    sc = build_scenario(d)
+    red, full = simulate(sc, "reduced"), simulate(sc, "full")
+    assert full.timeline.step_time_s == pytest.approx(red.timeline.step_time_s, rel=1e-3)
+    for dim in ("tp", "pp", "dp"):
+        assert full.report.exposed_comm_s[dim] == pytest.approx(red.report.exposed_comm_s[dim], rel=1e-3, abs=1e-7)
+    assert full.report.bubble_fraction == pytest.approx(red.report.bubble_fraction, rel=1e-3, abs=1e-6)
+    assert len(full.timeline.ranks) == gpus
