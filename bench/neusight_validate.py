@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simulator.calibrate.kernel_model import calibrate_from_tables, class_errors, predict_table  # noqa: E402
+from simulator.workload.kernel_model import calibrate_from_tables, class_errors, predict_table  # noqa: E402
 from simulator.calibrate.validate import validate_trace  # noqa: E402
 from simulator.trace.optable_csv import load_op_table  # noqa: E402
 

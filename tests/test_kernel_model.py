@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.calibrate.kernel_model import (MAX_MEM_EFFICIENCY, class_errors, fit_kernel_model, flash_attention_time_s,
+from simulator.workload.kernel_model import (MAX_MEM_EFFICIENCY, class_errors, fit_kernel_model, flash_attention_time_s,
                                               gemm_time_s, kernel_model_of, mem_time_s, predict_table)
 from simulator.profile import load_profile
 from simulator.trace.optable_csv import load_op_table

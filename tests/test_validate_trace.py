@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.calibrate.kernel_model import calibrate_from_tables
+from simulator.workload.kernel_model import calibrate_from_tables
 from simulator.calibrate.validate import validate_trace
 from simulator.errors import UserError
 from simulator.trace.optable_csv import load_op_table

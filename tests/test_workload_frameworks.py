@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.calibrate.kernel_model import kernel_model_of
+from simulator.workload.kernel_model import kernel_model_of
 from simulator.profile import load_profile
 from simulator.scenario import build_scenario
 from simulator.workload.kernels import adam_kernels

@@ -34,7 +34,7 @@ def calibrate_command(
         raise UserError(f"--out {str(out)!r} already exists: choose another path or pass --force")
     if inputs and all(Path(i).suffix == ".csv" for i in inputs):
         # Per-operator latency tables (NeuSight's or plain): fit the kernel model's constants.
-        from simulator.calibrate.kernel_model import calibrate_from_tables
+        from simulator.workload.kernel_model import calibrate_from_tables
         from simulator.profile import load_profile
         from simulator.trace.optable_csv import load_op_table
 

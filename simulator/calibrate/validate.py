@@ -411,7 +411,7 @@ def check_scenario_against(sc, meas: Measured) -> None:
     if len(norms) and norms.iloc[0]["out_shape"] and norms.iloc[0]["out_shape"][-1] != sc.model.hidden_size:
         raise UserError(f"scenario's model has hidden_size={sc.model.hidden_size} but {name!r} measured "
                         f"{norms.iloc[0]['out_shape'][-1]}: use the model the table measured")
-    from simulator.calibrate.kernel_model import normalize_dtype
+    from simulator.workload.kernel_model import normalize_dtype
 
     if normalize_dtype(t.dtype) != sc.dtype:
         raise UserError(f"scenario has dtype {sc.dtype} but {name!r} measured {normalize_dtype(t.dtype)}: set dtype: {normalize_dtype(t.dtype)}")
@@ -449,7 +449,7 @@ def predicted_op_classes(sc, profile: Profile, schedule) -> dict[str, float]:
 def validate_trace(trace: str | Path, scenario: str | Path, profile: str | Path | None = None,
                    topology: str | None = None) -> dict[str, Any]:
     """Measured vs predicted step, op classes, exposed communication per dimension and bubble."""
-    from simulator.calibrate.kernel_model import calibrate_from_tables
+    from simulator.workload.kernel_model import calibrate_from_tables
     from simulator.engine.core import Engine
     from simulator.report.metrics import rank_bubble_fraction
     from simulator.scenario import load_scenario
@@ -484,7 +484,7 @@ def validate_trace(trace: str | Path, scenario: str | Path, profile: str | Path 
         if meas.table is None:
             raise UserError(f"{path.name!r} holds a step time but no ops to calibrate on: give --profile (e.g. one fitted "
                             f"with 'clustersim calibrate' on an op table of the same GPU)")
-        from simulator.calibrate.kernel_model import _SPEC_FOR_DEVICE
+        from simulator.workload.kernel_model import _SPEC_FOR_DEVICE
 
         # A table that does not name its GPU calibrates on the scenario's GPU profile.
         base = None if meas.table.device in _SPEC_FOR_DEVICE else load_profile(sc.cluster.gpu)

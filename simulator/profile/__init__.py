@@ -57,7 +57,7 @@ class OpClassModel(BaseModel):
 
 
 class KernelModel(BaseModel):
-    """Kernels by shape (simulator.calibrate.kernel_model): GEMMs by M, N, K and dtype with tile and
+    """Kernels by shape (simulator.workload.kernel_model): GEMMs by M, N, K and dtype with tile and
     wave quantization on the SMs; memory-bound kernels by bytes at achievable HBM bandwidth;
     FlashAttention by sequence, head dim and mask; a launch floor per kernel. The few free
     constants are fitted by calibration from measured ops; spec profiles carry sourced defaults."""
@@ -91,7 +91,7 @@ class ComputeModel(BaseModel):
     peak_tflops_fp8: float | None = Field(None, gt=0, description="Peak dense FP8 TFLOP/s (None: no FP8 tensor cores).")
     # FP32 (non-tensor-core) peak: fp32 GEMMs without TF32 (PyTorch's default since 1.12) run here.
     peak_tflops_fp32: float | None = Field(None, gt=0, description="Peak FP32 TFLOP/s without tensor cores (None: unknown).")
-    # Shape-aware kernel model; None: derived from the class curves (simulator.calibrate.kernel_model).
+    # Shape-aware kernel model; None: derived from the class curves (simulator.workload.kernel_model).
     kernels: KernelModel | None = Field(None, description="Kernels by shape: GEMM tiles and waves, HBM bytes, launch floor.")
     # Block-scaled MXFP8 (OCP microscaling) tensor-core peak; None = the device has none (Hopper and older).
     peak_tflops_mxfp8: float | None = Field(None, gt=0, description="Peak dense MXFP8 TFLOP/s (None: no MXFP8 tensor cores).")

@@ -52,7 +52,7 @@ class Op:
     params: float = 0.0  # parameters whose gradient this op produces (W phase) or owns (F)
     fp8: bool = False  # a GEMM (or attention) on FP8 tensor cores: timed at the profile's FP8 peak
     bwd_bytes: float | None = None  # memory-bound op whose backward moves these bytes (not 2x forward)
-    # One kernel timed by shape (simulator.calibrate.kernel_model); None: by class, FLOPs and bytes.
+    # One kernel timed by shape (simulator.workload.kernel_model); None: by class, FLOPs and bytes.
     kernel: Kernel | None = None
 
 
@@ -601,7 +601,7 @@ def op_durations_s(profile, ops: list[Op], sc: Scenario, fp8_speedup: float = 1.
     everything else keeps bf16. By shape, an FP8 GEMM is timed at the FP8 (or MXFP8) peak; by
     class curve, its FLOPs are divided by ``fp8_speedup`` so the curve's fixed per-kernel cost stays.
     """
-    from simulator.calibrate.kernel_model import kernels_time_s
+    from simulator.workload.kernel_model import kernels_time_s
 
     shape_aware = sc.implementation == "hf-eager" or profile.compute.kernels is not None
     kern: list[Kernel | None] = []
@@ -630,7 +630,7 @@ def op_durations_s(profile, ops: list[Op], sc: Scenario, fp8_speedup: float = 1.
 def optimizer_time_s(profile, params: float, tensors: int, bytes_per_param: float, sc: Scenario) -> float:
     """One Adam step over this rank's params: multi-tensor launches by shape when the profile has
     a kernel model (each pays the launch floor), else the optimizer class curve over the bytes."""
-    from simulator.calibrate.kernel_model import kernels_time_s
+    from simulator.workload.kernel_model import kernels_time_s
 
     if profile.compute.kernels is None and sc.implementation != "hf-eager":
         return float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]), np.array([params * bytes_per_param]))[0])
