@@ -69,11 +69,18 @@ def prune_reason(message: str) -> str:
 
 def _absolute_paths(d: dict[str, Any]) -> dict[str, Any]:
     """Paths in a scenario made absolute, so remote workers and later runs read the same files."""
+    if not isinstance(d, dict):
+        return d  # the scenario's own validation names what is wrong
     cl = d.get("cluster", {})
     for holder, key in ((cl, "gpu"), (cl, "topology"), (d, "schedule_file")):
-        v = holder.get(key)
-        if isinstance(v, str) and ("/" in v or v.endswith((".json", ".yaml", ".yml", ".csv"))) and Path(v).exists():
-            holder[key] = str(Path(v).resolve())
+        v = holder.get(key) if isinstance(holder, dict) else None
+        if not isinstance(v, str) or "\0" in v or not ("/" in v or v.endswith((".json", ".yaml", ".yml", ".csv"))):
+            continue
+        try:
+            if Path(v).exists():
+                holder[key] = str(Path(v).resolve())
+        except (OSError, ValueError):
+            pass  # a name too long or otherwise unusable: the scenario's loader says so
     return d
 
 

@@ -346,6 +346,10 @@ def _alive(host: str, pid: int, heartbeat: float, now: float) -> bool:
     return True
 
 
+def _writable(path: Path) -> bool:
+    return os.access(path, os.R_OK | os.W_OK)
+
+
 def _check_store_path(path: Path) -> None:
     """A store path that cannot hold a SQLite file is one line, before any work is done."""
     shown = str(path)
@@ -353,16 +357,16 @@ def _check_store_path(path: Path) -> None:
         raise UserError(f"results store path {shown!r} holds a NUL character: choose another --store path")
     try:
         st = path.stat()
-    except FileNotFoundError:
-        st = None
+    except (FileNotFoundError, NotADirectoryError):
+        st = None  # a parent that is a file is named below
     except OSError as exc:
         raise UserError(f"results store path {shown!r} cannot be used ({exc.strerror}): choose another --store path") from None
     if st is not None:
         if stat.S_ISDIR(st.st_mode):
-            raise UserError(f"results store path {shown!r} is a folder: name a file inside it, e.g. {str(path / 'results.sqlite')!r}")
+            raise UserError(f"results store path {shown!r} is a folder: name a file inside it with --store, e.g. {str(path / 'results.sqlite')!r}")
         if not stat.S_ISREG(st.st_mode):
-            raise UserError(f"results store path {shown!r} is not a regular file (a device, pipe or socket): name a file")
-        if not os.access(path, os.R_OK | os.W_OK):
+            raise UserError(f"results store path {shown!r} is not a regular file (a device, pipe or socket): name a file with --store")
+        if not _writable(path):
             raise UserError(f"results store {shown!r} is read-only: make it writable or pass another --store path")
         return
     parent = path.parent
