@@ -321,3 +321,11 @@ def test_space_fields_of_the_wrong_type_are_one_line(tmp_path, monkeypatch, extr
     code, err = run_cli(["sweep", str(space), "--no-dashboard", "--no-progress", "--estimate-only"])
     assert code == 2 and match in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag, value", [("--batch-size", "0"), ("--batch-size", "-3"), ("--workers", "0")])
+def test_task_sizes_are_checked(tmp_path, monkeypatch, flag, value):
+    # --batch-size -3 used to claim nothing and wait forever for points nobody simulated.
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(["sweep", str(TINY), "--no-dashboard", "--no-progress", flag, value])
+    assert code == 2 and f"{flag} {value} must be at least 1" in err, err

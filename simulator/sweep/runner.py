@@ -471,6 +471,8 @@ def run_sweep(
     ``evaluation``: the first pass of this spec, if already done (``evaluate_space``).
     """
     k = top_k or spec.top_k
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"--batch-size {batch_size} must be at least 1 (scenarios per task)")
     own = isinstance(executor, str) and not estimate_only
     ex = None
     db = None
