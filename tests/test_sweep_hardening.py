@@ -221,6 +221,68 @@ def test_claims_of_dead_or_stale_sweeps_are_taken_over(tmp_path):
     store.close(), other.close()
 
 
+def _two_point_spec():
+    # llama3-8b on 32 H100, two layouts: each simulates in well under a second.
+    base = {"model": "llama3-8b", "batch": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 1024},
+            "network": "alpha-beta", "cluster": {"gpus": 32, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}
+    return make_spec(base, {"tp": [2, 4], "pp": [2]}, name="wait", top_k=10)
+
+
+FINISH_LATER = """
+import sqlite3, sys, time
+src, dst, h, delay = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+time.sleep(delay)  # "simulating": this process owns the claim meanwhile
+db = sqlite3.connect(dst, timeout=30)
+db.execute("ATTACH DATABASE ? AS src", [src])
+db.execute("INSERT INTO results SELECT * FROM src.results WHERE hash=?", [h])
+db.execute("DELETE FROM claims WHERE hash=?", [h])
+db.commit()
+"""
+
+
+@pytest.mark.parametrize("owner", ["live", "dead"])
+def test_a_point_held_by_a_live_sweep_is_waited_for_and_read(tmp_path, owner):
+    from simulator.sweep.runner import run_sweep
+
+    ref_path = tmp_path / "ref.sqlite"
+    ref = run_sweep(_two_point_spec(), store=ref_path, executor="local", workers=1, exhaustive=True, show_progress=False)
+    assert len(ref.simulated) == 2
+    held = ref.simulated[0]["hash"]
+    store = tmp_path / "shared.sqlite"
+    src = sqlite3.connect(str(ref_path))
+    dst = sqlite3.connect(str(store))
+    src.backup(dst)
+    src.close()
+    dst.execute("DELETE FROM results WHERE hash=?", [held])
+    dst.commit()
+    dst.close()
+    delay_s = 2.0
+    other = subprocess.Popen([sys.executable, "-c", FINISH_LATER, str(ref_path), str(store), held,
+                              str(delay_s if owner == "live" else 0)])
+    if owner == "dead":
+        other.wait()  # it stored nothing: make it a sweep that died mid-point
+        db = sqlite3.connect(str(store))
+        db.execute("DELETE FROM results WHERE hash=?", [held])
+        db.commit()
+        db.close()
+    _fake_claim(store, held, f"elsewhere:{other.pid}", other.pid, time.time())
+    t0 = time.monotonic()
+    try:
+        out = run_sweep(_two_point_spec(), store=store, executor="local", workers=1, exhaustive=True, show_progress=False)
+    finally:
+        other.wait(timeout=60)
+    assert len(out.simulated) == 2 and out.errors == []
+    if owner == "live":
+        # Not simulated here: waited for (about delay_s) and read from the store.
+        assert out.newly_simulated == 0 and out.reused == 2 and out.reuse["from_concurrent_sweeps"] == 1
+        assert time.monotonic() - t0 >= delay_s * 0.9
+    else:
+        assert out.newly_simulated == 1 and out.reused == 1  # the dead sweep's claim taken over at once
+    steps = {r["hash"]: r["report"]["step_time_s"] for r in out.simulated}
+    assert steps == {r["hash"]: r["report"]["step_time_s"] for r in ref.simulated}
+    assert _claims(store) == []
+
+
 # ------------------------------------------------------------------------------ 3. bad stores and spaces
 
 def _bad_store(tmp_path: Path, kind: str) -> Path:
