@@ -449,3 +449,17 @@ def test_fuzz_sweep_space_base_runs(workdir):
     code, err = run_cli(["sweep", path, "--estimate-only", "--json", "--no-dashboard", "--no-progress",
                          "--store", workdir / "store.sqlite"])
     assert code == 0, err
+
+
+# `collective` flags: sizes, factors and rank counts as a user could type them (bounded runs only).
+size_text = st.one_of(st.sampled_from(["8", "1K", "1M", "8G", "1T", "2T", "0", "-1", "nan", "inf", "1e9", "1.5M", "", "9" * 30]),
+                      st.text(max_size=6))
+factor_text = st.one_of(st.sampled_from(["2", "1", "1.0000001", "1.001", "nan", "inf", "-2", "0", "1e308", "x"]),
+                        st.floats(allow_nan=True, allow_infinity=True).map(repr))
+gpus_text = st.sampled_from(["0", "1", "2", "16", "-4", "1000000", str(2**63), "x", "131073"])
+
+
+@FUZZ
+@given(b=size_text, e=size_text, f=factor_text, g=gpus_text)
+def test_fuzz_collective_flags(workdir, b, e, f, g):
+    assert_clean_exit(["collective", "all_reduce", "--gpus", g, "-b", b, "-e", e, "-f", f, "--json"])
