@@ -421,3 +421,67 @@ def test_corrupt_kernel_times_are_skipped_and_counted_not_summed(workdir, field,
     assert sum(infos[1]["op_classes"].values()) == pytest.approx(sum(infos[0]["op_classes"].values()) - removed)
     assert infos[1]["span_us"] <= infos[0]["span_us"]
     assert any("skipped 1 event" in w for w in infos[1]["warnings"]), infos[1]["warnings"]
+
+
+# Sweep space files: the space's axes, objective, constraints and the other top-level keys mutated.
+# Estimate-only keeps each case to the driver (no pool); a space that passes is still estimated fully.
+SPACE = {
+    "name": "fuzz",
+    "scenario": {k: v for k, v in TINY.items() if k != "name"},
+    "space": {"tp": [1, 2], "pp": [1, 2]},
+    "objective": "tokens_per_s",
+    "constraints": {"memory_headroom": 0.1, "max_gpus": 64},
+    "top_k": 5,
+    "mode": "reduced",
+}
+SPACE_PATHS = sorted(dotted_paths(SPACE))
+space_keys = st.one_of(st.sampled_from(SPACE_PATHS), st.sampled_from([
+    "space.zero", "space.schedule", "space.micro_batch_size", "space.parallelism.vpp", "space.bogus", "space.gpus",
+    "gpus", "model", "base", "constraints.min_gpus", "extra",
+]))
+axis_values = st.one_of(
+    odd_values,
+    st.lists(st.one_of(st.integers(-2, 16), st.sampled_from(["1f1b", "zbv", "full", "none", ""]), st.booleans(),
+                       st.floats(allow_nan=True, allow_infinity=True)), max_size=5),
+    st.just(list(range(1, 5001))),  # with a second long axis: over the 10,000,000-point limit
+)
+SPACE_CASES: dict[str, int] = {}
+
+
+@FUZZ
+@given(mutations=st.lists(st.tuples(space_keys, axis_values), min_size=1, max_size=3))
+def test_fuzz_sweep_space_files(workdir, mutations):
+    data = copy.deepcopy(SPACE)
+    for dotted, value in mutations:
+        set_path(data, dotted, value)
+    path = workdir / "space.yaml"
+    path.write_text(to_yaml(data))
+    code, err = run_cli(["sweep", path, "--estimate-only", "--json", "--no-dashboard", "--no-progress",
+                         "--store", workdir / "store.sqlite"])
+    assert code in (0, 2), f"sweep exited {code}: {err[-500:]}"
+    assert "Traceback" not in err, err
+    outcome = "exit 0" if code == 0 else "exit 2"
+    SPACE_CASES[outcome] = SPACE_CASES.get(outcome, 0) + 1
+
+
+def test_fuzz_sweep_space_base_runs(workdir):
+    """The unmutated space must pass, or every mutation would fail for the same dull reason."""
+    path = workdir / "space.yaml"
+    path.write_text(to_yaml(SPACE))
+    code, err = run_cli(["sweep", path, "--estimate-only", "--json", "--no-dashboard", "--no-progress",
+                         "--store", workdir / "store.sqlite"])
+    assert code == 0, err
+
+
+# `collective` flags: sizes, factors and rank counts as a user could type them (bounded runs only).
+size_text = st.one_of(st.sampled_from(["8", "1K", "1M", "8G", "1T", "2T", "0", "-1", "nan", "inf", "1e9", "1.5M", "", "9" * 30]),
+                      st.text(max_size=6))
+factor_text = st.one_of(st.sampled_from(["2", "1", "1.0000001", "1.001", "nan", "inf", "-2", "0", "1e308", "x"]),
+                        st.floats(allow_nan=True, allow_infinity=True).map(repr))
+gpus_text = st.sampled_from(["0", "1", "2", "16", "-4", "1000000", str(2**63), "x", "131073"])
+
+
+@FUZZ
+@given(b=size_text, e=size_text, f=factor_text, g=gpus_text)
+def test_fuzz_collective_flags(workdir, b, e, f, g):
+    assert_clean_exit(["collective", "all_reduce", "--gpus", g, "-b", b, "-e", e, "-f", f, "--json"])

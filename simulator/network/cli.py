@@ -11,6 +11,7 @@ from the previous one.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, Optional
 
@@ -51,6 +52,14 @@ def normalise_op(name: str) -> str:
         )
     return table[key]
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)[bB]?\s*$")
+# Bounds far above any real nccl-tests run (issue 16): nccl-tests' default -f 2 from 8 B to 8 GiB makes
+# 31 sizes, and the largest GPU memory today is under 200 GB; a typo (-f 1.0000001) would otherwise ask
+# for millions of sizes.
+MAX_SIZES = 1_000
+MAX_MESSAGE_BYTES = 1 << 40  # 1 TiB
+# Ranks of one simulated collective: above the largest published jobs (~100K GPUs). Measured on this
+# machine: 131,072 ranks build their fat-tree in ~20 s and 1.4 GB; 1,000,000 took 7-10 GB.
+MAX_COLLECTIVE_RANKS = 131_072
 
 
 def parse_size(text: str) -> int:
@@ -59,14 +68,25 @@ def parse_size(text: str) -> int:
     if not m:
         raise UserError(f"size {text!r} is not a byte count: write e.g. 8, 128K, 8M or 8G")
     mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
-    return int(float(m.group(1)) * mult)
+    value = float(m.group(1)) * mult
+    if not value <= MAX_MESSAGE_BYTES:  # also catches inf from a very long digit string
+        raise UserError(f"size {text[:40]!r} is more than 1T (at most {MAX_MESSAGE_BYTES:,} bytes): give a smaller size")
+    return int(value)
 
 
 def sizes(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
     if min_bytes < 1 or max_bytes < min_bytes:
         raise UserError(f"size range {min_bytes}..{max_bytes} is empty: give 1 <= --min-bytes <= --max-bytes")
-    if factor <= 1:
-        raise UserError(f"--factor {factor} must be > 1")
+    if not math.isfinite(factor) or factor <= 1:
+        raise UserError(f"--factor {factor} must be a finite number > 1, e.g. 2")
+    if max_bytes > MAX_MESSAGE_BYTES:
+        raise UserError(f"--max-bytes {max_bytes:,} is more than 1T (at most {MAX_MESSAGE_BYTES:,} bytes): give a smaller size")
+    # Count the rows before making them: log(max/min)/log(f) + 1 (the loop below adds at most one more).
+    n = math.floor(math.log(max_bytes / min_bytes) / math.log(factor) * (1 + 1e-12)) + 1
+    if n > MAX_SIZES:
+        need = math.ceil((max_bytes / min_bytes) ** (1 / (MAX_SIZES - 2)) * 1e4) / 1e4  # rounded up: fits the limit
+        raise UserError(f"--factor {factor:g} from {min_bytes:,} to {max_bytes:,} bytes makes {n:,} sizes, at most {MAX_SIZES:,} "
+                        f"per run: use --factor {need:g} or more, or a narrower -b/-e range")
     out, s = [], float(min_bytes)
     while s <= max_bytes * (1 + 1e-12):
         out.append(int(s))
@@ -106,6 +126,9 @@ def simulate_sweep(op: str, gpus: int, topology: str, gpu: str | None = None, mi
     cop = OPS[op]
     if gpus < 2:
         raise UserError(f"--gpus {gpus}: a collective needs at least 2 GPUs")
+    if gpus > MAX_COLLECTIVE_RANKS:
+        raise UserError(f"--gpus {gpus:,} is more than the {MAX_COLLECTIVE_RANKS:,} ranks one simulated collective may have "
+                        f"(at most {MAX_COLLECTIVE_RANKS:,}): give fewer ranks")
     note = ""
     if network is None:
         kw, note = network_kwargs_for_profile(gpu, topology, gpus_per_thread)
@@ -213,6 +236,11 @@ def collective_command(
             raise UserError(f"--op {redop!r} is unknown: use one of {', '.join(REDOPS)}")
         if iters < 1 or warmup_iters < 0:
             raise UserError(f"--iters {iters} must be >= 1 and --warmup_iters {warmup_iters} >= 0")
+        if not 2 <= gpus <= MAX_COLLECTIVE_RANKS:
+            raise UserError(f"--gpus {gpus:,}: a simulated collective has at least 2 and at most {MAX_COLLECTIVE_RANKS:,} ranks: "
+                            "give a count in that range")
+        # The sizes are checked (range, factor, count) before the topology is built.
+        sizes(parse_size(min_bytes), parse_size(max_bytes), factor)
         name = normalise_op(op)
         profile = gpu
         assumed = ""

@@ -111,6 +111,8 @@ def sweep_command(
         raise UserError("--executor dask needs --scheduler tcp://HOST:8786 (the address of a running dask scheduler)")
     if workers is not None and workers < 1:
         raise UserError(f"--workers {workers} must be at least 1")
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"--batch-size {batch_size} must be at least 1 (scenarios per task)")
     store_path = store or Path("sweeps") / f"{spec.name}.sqlite"
 
     out = run_sweep(spec, store=store_path, executor=executor.value, workers=workers, scheduler=scheduler,

@@ -19,6 +19,9 @@ import json
 import math
 import os
 import re
+import signal
+import sqlite3
+import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -31,7 +34,8 @@ from simulator.scenario import Scenario, build_scenario
 from simulator.sweep.estimate import Estimate, Estimator, rank_agreement
 from simulator.sweep.space import SHORT, SweepSpec, expand
 from simulator.sweep.store import RESULTS_VERSION  # noqa: F401 -- its home was here
-from simulator.sweep.store import REUSE_BASIS, ResultKey, ResultKeyer, ResultStore, changed_inputs
+from simulator.sweep.store import (CLAIM_HEARTBEAT_S, CLAIM_POLL_S, REUSE_BASIS, ResultKey, ResultKeyer, ResultStore,
+                                   changed_inputs)
 from simulator.version import package_version
 _FIX_VERBS = {"choose", "use", "set", "add", "change", "remove", "raise", "leave", "put", "adjust", "check", "omit",
               "fix", "give", "pass", "shrink", "lower", "increase", "reduce", "quote", "write"}
@@ -65,11 +69,18 @@ def prune_reason(message: str) -> str:
 
 def _absolute_paths(d: dict[str, Any]) -> dict[str, Any]:
     """Paths in a scenario made absolute, so remote workers and later runs read the same files."""
+    if not isinstance(d, dict):
+        return d  # the scenario's own validation names what is wrong
     cl = d.get("cluster", {})
     for holder, key in ((cl, "gpu"), (cl, "topology"), (d, "schedule_file")):
-        v = holder.get(key)
-        if isinstance(v, str) and ("/" in v or v.endswith((".json", ".yaml", ".yml", ".csv"))) and Path(v).exists():
-            holder[key] = str(Path(v).resolve())
+        v = holder.get(key) if isinstance(holder, dict) else None
+        if not isinstance(v, str) or "\0" in v or not ("/" in v or v.endswith((".json", ".yaml", ".yml", ".csv"))):
+            continue
+        try:
+            if Path(v).exists():
+                holder[key] = str(Path(v).resolve())
+        except (OSError, ValueError):
+            pass  # a name too long or otherwise unusable: the scenario's loader says so
     return d
 
 
@@ -185,6 +196,29 @@ def run_batch(items: list[tuple[str, dict[str, Any], dict[str, Any], str]]) -> l
     return out
 
 
+def _worker_init() -> None:
+    """Runs first in every local pool worker: the driver alone decides when the workers stop.
+
+    Ctrl-C reaches the whole process group; a worker that took it as KeyboardInterrupt would report
+    it as the task's exception and go on with the next batch, so it ignores SIGINT and the driver
+    kills it. If the driver dies, even by SIGKILL, the kernel kills the worker (Linux
+    PR_SET_PDEATHSIG): no worker outlives its sweep.
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1  # linux/prctl.h
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the driver died before prctl took effect
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass  # not Linux: workers still end when they next read the closed task queue
+
+
 class LocalExecutor:
     """A process pool on this machine (all cores by default)."""
 
@@ -199,30 +233,68 @@ class LocalExecutor:
         import simulator.simulate  # noqa: F401 -- imported once, inherited by every worker
 
         ctx = mp.get_context("fork")
-        self.pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
-        # Start every worker now (fork launches them all on the first submit).
-        for f in [self.pool.submit(os.getpid) for _ in range(self.workers)]:
-            f.result()
+        self.pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx, initializer=_worker_init)
         self.futures: list = []
+        # Start every worker now (fork launches them all on the first submit).
+        try:
+            for f in [self.pool.submit(os.getpid) for _ in range(self.workers)]:
+                f.result()
+        except BaseException:
+            self.close(abort=True)
+            raise
 
-    def run(self, fn, batches: list) -> Iterator[Any]:
-        from concurrent.futures import as_completed
+    def worker_pids(self) -> list[int]:
+        return list(getattr(self.pool, "_processes", None) or {})
+
+    def submit(self, fn, batch):
+        fut = self.pool.submit(fn, batch)
+        self.futures.append(fut)
+        return fut
+
+    def wait(self, futures: list, timeout_s: float) -> set:
+        """The futures that finished within ``timeout_s`` (maybe none)."""
+        from concurrent.futures import FIRST_COMPLETED
+        from concurrent.futures import wait as wait_futures
+
+        return set(wait_futures(futures, timeout=timeout_s, return_when=FIRST_COMPLETED).done)
+
+    @staticmethod
+    def result(fut) -> Any:
         from concurrent.futures.process import BrokenProcessPool
 
-        self.futures = [self.pool.submit(fn, b) for b in batches]
         try:
-            for fut in as_completed(self.futures):
-                yield fut.result()
+            return fut.result()
         except BrokenProcessPool:
             raise UserError(
                 "a worker process died (killed or out of memory): results that finished are stored; rerun the same command to resume"
             ) from None
 
-    def close(self) -> None:
-        # No wait: after Ctrl-C the workers may be dead or busy; what finished is stored already.
+    def run(self, fn, batches: list) -> Iterator[Any]:
+        from concurrent.futures import as_completed
+
+        futs = [self.submit(fn, b) for b in batches]
+        for fut in as_completed(futs):
+            yield self.result(fut)
+
+    def close(self, abort: bool = False) -> None:
+        """Stop the pool. ``abort`` (Ctrl-C, SIGTERM, an error): kill the workers now, mid-batch; what
+        finished is stored already and the rest is redone by a re-run."""
+        procs = dict(getattr(self.pool, "_processes", None) or {})
         for f in self.futures:
             f.cancel()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        if abort:
+            for proc in procs.values():
+                try:
+                    proc.kill()
+                except (OSError, AttributeError, ValueError):
+                    pass
+        self.pool.shutdown(wait=not abort, cancel_futures=True)
+        deadline = time.monotonic() + 5.0
+        for proc in procs.values():  # reap them: no zombie and no worker left behind
+            try:
+                proc.join(max(0.0, deadline - time.monotonic()))
+            except (OSError, AssertionError, ValueError):
+                pass
 
 
 class DaskExecutor:
@@ -247,15 +319,32 @@ class DaskExecutor:
         self.workers = max(1, sum(self.client.nthreads().values()))
         self.futures: list = []
 
+    def submit(self, fn, batch):
+        # pure=False: equal batches are still distinct tasks; retries cover a lost worker.
+        fut = self.client.submit(fn, batch, pure=False, retries=2)
+        self.futures.append(fut)
+        return fut
+
+    def wait(self, futures: list, timeout_s: float) -> set:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done = {f for f in futures if f.done()}
+            if done or time.monotonic() >= deadline:
+                return done
+            time.sleep(min(0.05, timeout_s))
+
+    @staticmethod
+    def result(fut) -> Any:
+        return fut.result()
+
     def run(self, fn, batches: list) -> Iterator[Any]:
         from distributed import as_completed
 
-        # pure=False: equal batches are still distinct tasks; retries cover a lost worker.
-        self.futures = [self.client.submit(fn, b, pure=False, retries=2) for b in batches]
-        for fut in as_completed(self.futures):
+        futs = [self.submit(fn, b) for b in batches]
+        for fut in as_completed(futs):
             yield fut.result()
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
         if self.futures:
             self.client.cancel([f for f in self.futures if not f.done()])
         if self._own:
@@ -382,23 +471,31 @@ def run_sweep(
     ``evaluation``: the first pass of this spec, if already done (``evaluate_space``).
     """
     k = top_k or spec.top_k
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"--batch-size {batch_size} must be at least 1 (scenarios per task)")
     own = isinstance(executor, str) and not estimate_only
-    # The pool forks before the progress bar starts its thread.
-    ex = make_executor(executor, workers, scheduler) if own else executor
+    ex = None
     db = None
     results: dict[str, dict[str, Any]] = {}
     crashes: list[dict[str, Any]] = []
-    reused = new = 0
+    reused = new = from_others = 0
     reuse: dict[str, Any] = {}
+    chosen: list[Candidate] = []
+    t_sim = time.perf_counter()
+    aborted = True
+    restore_sigterm = _sigterm_as_interrupt()
     try:
+        # The pool forks before the progress bar starts its thread.
+        ex = make_executor(executor, workers, scheduler) if own else executor
+        # The store is opened (and a bad --store refused) before any work is done.
+        db = ResultStore(store) if store is not None else None
         with progress_bar(show_progress) as bar:
             task = bar.add_task("estimating", total=spec.size)
             ev = evaluation or evaluate_space(spec, progress=lambda n: bar.advance(task, n))
             bar.update(task, completed=spec.size)
             chosen = [] if estimate_only else (ev.candidates if exhaustive else ev.candidates[:k])
             t_sim = time.perf_counter()
-            if store is not None:
-                db = ResultStore(store)
+            if db is not None:
                 prior = db.get([c.hash for c in chosen])
                 results.update(prior)
                 reused = len(prior)
@@ -407,10 +504,56 @@ def run_sweep(
             if db is not None:
                 reuse = reuse_summary(db, chosen, todo, reused)
             stask = bar.add_task("simulating", total=len(todo))
-            if todo:
-                items = [(c.hash, c.point, c.scenario, spec.mode) for c in todo]
-                for batch_out in ex.run(run_batch, make_batches(items, ex.workers, batch_size)):
-                    for rec in batch_out:
+
+            def stored_by_others(hashes: list[str]) -> None:
+                nonlocal from_others
+                if db is None:
+                    return
+                for h, rec in db.get(hashes).items():
+                    if h not in results:
+                        results[h] = rec
+                        from_others += 1
+                        finished.add(h)
+                        bar.advance(stask, 1)
+                        if on_result is not None:
+                            on_result({"hash": h, **rec})
+
+            # Pass 2, shared with any other sweep on the same store: claim a batch at a time (a few
+            # per worker in flight), simulate it, store each row (which drops its claim); points a
+            # live sweep holds are waited for and read from the store; a dead sweep's are taken over.
+            size = batch_size or max(1, min(32, math.ceil(len(todo) / (ex.workers * 4)))) if todo else 1
+            in_flight: dict[Any, list[str]] = {}
+            finished: set[str] = set()  # stored (by us or another sweep), or crashed here
+            mine: set[str] = set()  # claimed by this sweep and not finished
+            order = [c.hash for c in todo]
+            last_beat = time.monotonic()
+            while True:
+                left = [h for h in order if h not in finished and h not in mine]
+                while left and len(in_flight) < 2 * ex.workers:
+                    if db is None:
+                        claimed, stored = left[:size], set()
+                    else:
+                        claimed, stored = db.claim(left, size)
+                        if stored:
+                            stored_by_others(sorted(stored))
+                    if not claimed:
+                        break
+                    mine.update(claimed)
+                    items = [(h, todo_by_hash[h].point, todo_by_hash[h].scenario, spec.mode) for h in claimed]
+                    in_flight[ex.submit(run_batch, items)] = claimed
+                    left = [h for h in left if h not in mine and h not in finished]
+                if not in_flight:
+                    if not left:
+                        break
+                    time.sleep(CLAIM_POLL_S)  # another live sweep holds the rest: read its rows as they land
+                    stored_by_others(left)
+                    if db is not None and time.monotonic() - last_beat > CLAIM_HEARTBEAT_S:
+                        db.heartbeat()
+                        last_beat = time.monotonic()
+                    continue
+                for fut in ex.wait(list(in_flight), CLAIM_POLL_S):
+                    batch = in_flight.pop(fut)
+                    for rec in ex.result(fut):
                         if rec["status"] == "crash":
                             crashes.append(rec)
                         else:
@@ -423,13 +566,37 @@ def run_sweep(
                             new += 1
                             if on_result is not None:
                                 on_result(rec)
+                        finished.add(rec["hash"])
                         bar.advance(stask, 1)
+                    mine.difference_update(batch)
+                    if db is not None:
+                        db.release(batch)  # a crashed point's claim too: another sweep may try it
+                if db is not None and time.monotonic() - last_beat > CLAIM_HEARTBEAT_S:
+                    db.heartbeat()
+                    last_beat = time.monotonic()
+                    stored_by_others([h for h in left if h not in mine])
+        aborted = False
+    except sqlite3.Error as exc:
+        raise UserError(f"results store {str(store)!r} failed during the sweep ({exc}): results that finished are stored; "
+                        "check the disk and rerun the same command to resume") from None
     finally:
-        if db is not None:
-            db.close()
+        restore_sigterm()
         if own and ex is not None:
-            ex.close()
+            ex.close(abort=aborted)  # Ctrl-C, SIGTERM or an error: the workers are killed at once
+        elif aborted and ex is not None and hasattr(ex, "futures"):
+            for f in ex.futures:
+                f.cancel()
+        if db is not None:
+            try:
+                db.release()  # points this sweep did not finish: free for any other sweep at once
+            except sqlite3.Error:
+                pass  # dead claims are taken over anyway
+            db.close()
     sim_s = time.perf_counter() - t_sim
+    reused += from_others
+    if reuse and from_others:
+        reuse["reused"] = reused
+        reuse["from_concurrent_sweeps"] = from_others  # simulated meanwhile by another sweep on this store
 
     by_hash = {c.hash: c for c in chosen}
     simulated, errors = [], []
@@ -454,6 +621,19 @@ def run_sweep(
                         str(store) if store is not None else None, crashes, reuse)
 
 
+def _sigterm_as_interrupt() -> Callable[[], None]:
+    """While a sweep runs, SIGTERM (kill, a job scheduler) stops it like Ctrl-C: workers killed, claims
+    dropped, the store closed. Returns the function that restores the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
 def reuse_summary(db: ResultStore, chosen: list[Candidate], todo: list[Candidate], reused: int) -> dict[str, Any]:
     """How many points the store answered, on what basis, and why stored rows of the others did not count."""
     keyed = [c.key for c in todo if c.key is not None]
@@ -475,6 +655,8 @@ def reuse_line(reuse: dict[str, Any]) -> str:
     if not reuse or not reuse["of"]:
         return ""  # nothing was to be simulated (--estimate-only)
     line = f"{reuse['reused']:,} of {reuse['of']:,} points reused from the store ({reuse['basis']})"
+    if reuse.get("from_concurrent_sweeps"):
+        line += f", {reuse['from_concurrent_sweeps']:,} of them simulated meanwhile by another sweep on the same store"
     if reuse.get("stale_points"):
         why = "; ".join(f"{r} changed for {n:,}" for r, n in reuse["stale_reasons"].items())
         line += f"; {reuse['stale_points']:,} simulated again because their stored rows came from other inputs ({why})"

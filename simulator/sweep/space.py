@@ -70,6 +70,10 @@ OBJECTIVES: dict[str, bool] = {  # name -> larger is better
     "mfu": True,
     "step_time_s": False,
 }
+# At most this many points per sweep (the product of the axes' lengths): every point is built and
+# estimated in the driver (~1,000-10,000 points/s), so 10 million is hours of estimating; real
+# layout searches are thousands. A typo (an axis of 10,000 values twice) is refused before any work.
+MAX_SPACE_POINTS = 10_000_000
 SPACE_KEYS = ("name", "base", "scenario", "space", "objective", "constraints", "top_k", "mode") + FIXED_SHORTCUTS
 CONSTRAINT_KEYS = ("memory_headroom", "max_gpus", "min_gpus")
 
@@ -138,8 +142,8 @@ def _check_constraints(raw: Any, where: str) -> Constraints:
     for k in raw:
         if k not in CONSTRAINT_KEYS:
             raise UserError(f"{where}: unknown constraint {k!r}: use {', '.join(CONSTRAINT_KEYS)}")
-    c = Constraints(**raw)
-    if not isinstance(c.memory_headroom, (int, float)) or not 0 <= c.memory_headroom < 1:
+    c = Constraints(**{str(k): v for k, v in raw.items()})
+    if isinstance(c.memory_headroom, bool) or not isinstance(c.memory_headroom, (int, float)) or not 0 <= c.memory_headroom < 1:
         raise UserError(f"{where}: memory_headroom={c.memory_headroom!r} must be a fraction in [0, 1), e.g. 0.1")
     for k in ("max_gpus", "min_gpus"):
         v = getattr(c, k)
@@ -164,8 +168,10 @@ def make_spec(
         raise UserError(f"{where}: objective {objective!r} is unknown: use one of {', '.join(OBJECTIVES)}")
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise UserError(f"{where}: top_k={top_k!r} must be a positive integer")
-    if mode not in ("reduced", "full"):
+    if not isinstance(mode, str) or mode not in ("reduced", "full"):
         raise UserError(f"{where}: mode={mode!r} must be reduced or full")
+    if isinstance(name, (dict, list, tuple, set)) or name is None:
+        raise UserError(f"{where}: name {name!r} must be a string like llama3-8b-64")
     if not isinstance(axes, dict):
         raise UserError(f"{where}: space must be a mapping of axis -> list of values, e.g. {{tp: [2, 4, 8]}}")
     out: dict[str, list[Any]] = {}
@@ -174,6 +180,11 @@ def make_spec(
         if dotted in out:
             raise UserError(f"{where}: axis {k!r} is given twice (as {SHORT.get(dotted, dotted)!r}): keep one")
         out[dotted] = _values(str(k), v, where)
+    points = math.prod(len(v) for v in out.values()) if out else 1
+    if points > MAX_SPACE_POINTS:
+        sizes = " x ".join(f"{SHORT.get(k, k)} {len(v):,}" for k, v in out.items())
+        raise UserError(f"{where}: the space has {points:,} points ({sizes}), at most {MAX_SPACE_POINTS:,} points: "
+                        "remove values or axes, or split it into several sweeps")
     if isinstance(constraints, Constraints):
         cons = constraints
     else:

@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import socket
 import sqlite3
+import stat
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -57,6 +61,16 @@ CREATE TABLE IF NOT EXISTS row_inputs (
     inputs_json TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS row_inputs_scenario ON row_inputs (scenario_key);
+-- Points a running sweep is simulating now (added beside schema 1): concurrent sweeps on one store
+-- share the work. A claim is dropped when its row is written or its sweep ends; one whose owner
+-- process is gone (same host) or whose heartbeat is older than CLAIM_STALE_S is taken over.
+CREATE TABLE IF NOT EXISTS claims (
+    hash TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,             -- host:pid:token of the sweep
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    heartbeat REAL NOT NULL          -- time.time() of the owner's last sign of life
+);
 INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
 """
 
@@ -66,6 +80,12 @@ INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
 INPUT_FILES = (("cluster", "gpu", "profile"), ("cluster", "topology", "topology"), (None, "schedule_file", "schedule"))
 # What the summary says reused rows had in common with this run.
 REUSE_BASIS = "same scenario, profile, topology and schedule content"
+# A running sweep's driver renews its claims at least this often (it wakes every CLAIM_POLL_S).
+CLAIM_HEARTBEAT_S = 2.0
+CLAIM_POLL_S = 0.25
+# A claim not renewed for this long belongs to a sweep that is hung, suspended or dead on another host:
+# another sweep takes it over. Far above the heartbeat so a loaded machine never loses a live claim.
+CLAIM_STALE_S = 60.0
 
 
 def input_file(role: str, value: str) -> Path:
@@ -148,19 +168,27 @@ def changed_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 class ResultStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        shown = str(self.path)
+        _check_store_path(self.path)
         try:
             self.db = sqlite3.connect(str(self.path), timeout=30.0)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
             row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "readonly" in str(exc) or "read-only" in str(exc):
+                raise UserError(f"results store {shown!r} is read-only: make it writable or pass another --store path") from None
+            raise UserError(f"results store {shown!r} cannot be opened ({exc}): pass another --store path") from None
         except sqlite3.DatabaseError as exc:
-            raise UserError(f"results store {str(self.path)!r} is not a ClusterSim SQLite store ({exc}): pass another --store path") from None
-        if row is None or int(row[0]) != SCHEMA_VERSION:
+            raise UserError(f"results store {shown!r} is not a ClusterSim SQLite store ({exc}): pass another --store path") from None
+        version = row[0] if row else None
+        if str(version).strip() != str(SCHEMA_VERSION):  # also a value that is no integer ('abc')
+            self.db.close()
             raise UserError(
-                f"results store {str(self.path)!r} has schema version {row[0] if row else None}, expected {SCHEMA_VERSION}: use a new --store path"
+                f"results store {shown!r} has schema version {str(version)[:40]!r}, expected {SCHEMA_VERSION}: use a new --store path"
             )
+        self.owner = Owner.mine()
 
     def close(self) -> None:
         self.db.close()
@@ -200,7 +228,8 @@ class ResultStore:
         if cur.rowcount == 1 and record.get("scenario_key") is not None:
             self.db.execute("INSERT OR REPLACE INTO row_inputs (hash, scenario_key, inputs_json) VALUES (?,?,?)",
                             [record["hash"], record["scenario_key"], json.dumps(record.get("inputs", {}), sort_keys=True)])
-        self.db.commit()  # the row and what it was made from, in one transaction
+        self.db.execute("DELETE FROM claims WHERE hash=?", [record["hash"]])  # stored: nobody need simulate it
+        self.db.commit()  # the row, what it was made from and the dropped claim, in one transaction
         return cur.rowcount == 1
 
     def stale(self, keys: Iterable[ResultKey]) -> dict[str, list[dict[str, Any]]]:
@@ -230,3 +259,126 @@ class ResultStore:
 
     def count(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM results").fetchone()[0])
+
+    # --- claims: concurrent sweeps on one store simulate each point once --------------------------
+
+    def claim(self, hashes: list[str], limit: int) -> tuple[list[str], set[str]]:
+        """Claim up to ``limit`` of ``hashes`` (in order) for this sweep, in one ``BEGIN IMMEDIATE``
+        transaction. Returns (claimed, already stored): points another live sweep holds are in neither.
+        A claim whose owner is dead or stale is taken over."""
+        me = self.owner
+        now = time.time()
+        claimed: list[str] = []
+        stored: set[str] = set()
+        self.db.execute("BEGIN IMMEDIATE")  # one claimer at a time: no point is claimed twice
+        try:
+            for h in hashes:
+                if len(claimed) >= limit:
+                    break
+                if self.db.execute("SELECT 1 FROM results WHERE hash=?", [h]).fetchone():
+                    stored.add(h)
+                    continue
+                row = self.db.execute("SELECT owner, host, pid, heartbeat FROM claims WHERE hash=?", [h]).fetchone()
+                if row is not None and row[0] != me.id and _alive(row[1], row[2], row[3], now):
+                    continue
+                self.db.execute("INSERT OR REPLACE INTO claims (hash, owner, host, pid, heartbeat) VALUES (?,?,?,?,?)",
+                                [h, me.id, me.host, me.pid, now])
+                claimed.append(h)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return claimed, stored
+
+    def held_elsewhere(self, hashes: Iterable[str]) -> set[str]:
+        """Of ``hashes``, those another live sweep has claimed (and not yet stored)."""
+        now = time.time()
+        out: set[str] = set()
+        hs = list(hashes)
+        for i in range(0, len(hs), 500):
+            chunk = hs[i:i + 500]
+            q = f"SELECT hash, owner, host, pid, heartbeat FROM claims WHERE hash IN ({','.join('?' * len(chunk))})"
+            for h, owner, host, pid, beat in self.db.execute(q, chunk):
+                if owner != self.owner.id and _alive(host, pid, beat, now):
+                    out.add(h)
+        return out
+
+    def heartbeat(self) -> None:
+        self.db.execute("UPDATE claims SET heartbeat=? WHERE owner=?", [time.time(), self.owner.id])
+        self.db.commit()
+
+    def release(self, hashes: Iterable[str] | None = None) -> None:
+        """Drop this sweep's claims (of ``hashes``, or all)."""
+        if hashes is None:
+            self.db.execute("DELETE FROM claims WHERE owner=?", [self.owner.id])
+        else:
+            self.db.executemany("DELETE FROM claims WHERE hash=? AND owner=?", [(h, self.owner.id) for h in hashes])
+        self.db.commit()
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who holds a claim: this host and process, and a token per store opened (two sweeps in one
+    process are two owners)."""
+
+    id: str
+    host: str
+    pid: int
+
+    @staticmethod
+    def mine() -> "Owner":
+        host = socket.gethostname()
+        pid = os.getpid()
+        return Owner(f"{host}:{pid}:{uuid.uuid4().hex[:12]}", host, pid)
+
+
+def _alive(host: str, pid: int, heartbeat: float, now: float) -> bool:
+    """Is a claim's owner still simulating? Stale heartbeats never are; on this host the process must exist."""
+    if now - heartbeat > CLAIM_STALE_S:
+        return False
+    if host == socket.gethostname():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except (PermissionError, OverflowError, ValueError):
+            pass  # another user's live process (or a pid we cannot check): trust the heartbeat
+    return True
+
+
+def _writable(path: Path) -> bool:
+    return os.access(path, os.R_OK | os.W_OK)
+
+
+def _check_store_path(path: Path) -> None:
+    """A store path that cannot hold a SQLite file is one line, before any work is done."""
+    shown = str(path)
+    if "\0" in shown:
+        raise UserError(f"results store path {shown!r} holds a NUL character: choose another --store path")
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        st = None  # a parent that is a file is named below
+    except OSError as exc:
+        raise UserError(f"results store path {shown!r} cannot be used ({exc.strerror}): choose another --store path") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError(f"results store path {shown!r} is a folder: name a file inside it with --store, e.g. {str(path / 'results.sqlite')!r}")
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"results store path {shown!r} is not a regular file (a device, pipe or socket): name a file with --store")
+        if not _writable(path):
+            raise UserError(f"results store {shown!r} is read-only: make it writable or pass another --store path")
+        return
+    parent = path.parent
+    for p in (parent, *parent.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise UserError(f"results store path {shown!r} goes through {str(p)!r}, which is a file, not a folder: "
+                                "choose another --store path")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise UserError(f"results store folder {str(p)!r} is not writable: choose another --store path")
+            break
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"results store folder {str(parent)!r} cannot be made ({exc.strerror}): choose another --store path") from None
