@@ -8,6 +8,7 @@ logs go to stderr.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from enum import Enum
 from pathlib import Path
