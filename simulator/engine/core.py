@@ -39,6 +39,10 @@ DIMS = ("tp", "cp", "ep", "pp", "dp")
 # Sub-groups report under their parallel dimension.
 BASE_DIM = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp", "edp": "dp", "dp_shard": "dp", "dp_rep": "dp"}
 TIMELINE_COLUMNS = ["rank", "stream", "kind", "name", "start_s", "end_s", "microbatch", "stage", "layer", "bytes"]
+# One row per interval the compute stream waited: the cause (a dimension of DIMS, or "bubble" for
+# waiting on another stage's compute), since when the awaited work was on the wire ("issued_s",
+# NaN while it was not yet), the rank that produces it ("src_rank") and what it was.
+WAIT_COLUMNS = ["rank", "start_s", "end_s", "cause", "issued_s", "src_rank", "what"]
 
 
 @dataclass
@@ -56,6 +60,9 @@ class Timeline:
     num_events: int
     mode: str
     network_report: list[dict] = field(default_factory=list)
+    waits: pd.DataFrame | None = None  # WAIT_COLUMNS; None from an engine that does not record them
+    end_time_s: dict[int, float] = field(default_factory=dict)  # rank -> when its compute stream finished
+    optimizer_s: float = 0.0  # the optimizer step at the end of every rank's compute stream
 
 
 class _Rendezvous:
@@ -184,6 +191,7 @@ class Engine:
         self.waiting_on: dict[int, str] = {}
         self.finished: set[int] = set()
         self.end_time: dict[int, float] = {}
+        self.wait_rows: list[tuple] = []
 
         self.stores: dict[tuple[int, str], simpy.Store] = {}
         for r in self.ranks:
@@ -216,6 +224,8 @@ class Engine:
             busy_compute_s=self.busy, exposed_s=self.exposed, comm_bytes=self.comm_bytes,
             sim_wall_s=time.perf_counter() - t_wall, num_events=self.n_events, mode=self.mode,
             network_report=report,
+            waits=pd.DataFrame.from_records(self.wait_rows, columns=WAIT_COLUMNS),
+            end_time_s=dict(self.end_time), optimizer_s=float(self.prog.optimizer_s),
         )
 
     # ------------------------------------------------------------------ streams
@@ -307,6 +317,11 @@ class Engine:
         actions = sched.actions[pp_rank]
         stores = self.stores
         exposed = self.exposed[rank]
+        wait_rows = self.wait_rows
+
+        def waited(t0: float, cause: str, issued: float = float("nan"), src: int = -1):
+            if env.now > t0:
+                wait_rows.append((rank, t0, env.now, cause, issued, src, self.waiting_on.get(rank, "")))
 
         # Which action is the last backward (B or W) of each stage: gradient buckets fill there.
         last_grad_action: dict[int, int] = {}
@@ -394,14 +409,16 @@ class Engine:
                 self.waiting_on[rank] = f"dp all_gather of layer {layer} parameters"
                 yield ev
                 exposed["dp"] += env.now - t0
+                waited(t0, "dp")
 
         def wait_pending(pending: list):
-            for dim, done in pending:
+            for dim, done, *issued in pending:
                 if not done.triggered:
                     t0 = env.now
                     self.waiting_on[rank] = f"overlapped {dim} communication"
                     yield done
                     exposed[BASE_DIM[dim]] += env.now - t0
+                    waited(t0, BASE_DIM[dim], *issued)
             pending.clear()
 
         def run_segments(a: Action, idx: int, grads_here: bool, blocking: bool):
@@ -445,19 +462,21 @@ class Engine:
                         self.rows.append((rank, comm.dim, comm.dim, f"{comm.op} {seg.label[j]}", t0, env.now, a.microbatch,
                                           a.stage, int(seg.layer[j]), comm.size_bytes))
                         exposed[comm.dim] += env.now - t0
+                        waited(t0, BASE_DIM[comm.dim], t0)
                         continue
                     done = env.event()
                     self.outstanding[sk] += 1
                     stores[sk].put((comm, done, (a.microbatch, a.stage, int(seg.layer[j]), seg.label[j])))
                     if not blocking:
-                        deferred.append((comm.dim, done))
+                        deferred.append((comm.dim, done, env.now))
                     elif comm.overlap:
-                        pending.append((comm.dim, done))
+                        pending.append((comm.dim, done, env.now))
                     else:
                         t0 = env.now
                         self.waiting_on[rank] = f"{comm.dim} {comm.op} in {a}"
                         yield done
                         exposed[comm.dim] += env.now - t0
+                        waited(t0, BASE_DIM[comm.dim], t0)
             yield from wait_pending(pending)
             # Overlapped F&B: what the pair's compute could not hide is exposed at its end.
             yield from wait_pending(deferred)
@@ -468,8 +487,10 @@ class Engine:
                 if src_pp == pp_rank:
                     ev = self._event((rank, (st, kind, mb)))
                     if not ev.triggered:
+                        t0 = env.now
                         self.waiting_on[rank] = f"{st}{kind}{mb} (same rank) before {a}"
                         yield ev
+                        waited(t0, "bubble", src=rank)
                     continue
                 key = (st, kind, mb)
                 ev = self._event((rank, key))
@@ -483,6 +504,12 @@ class Engine:
                 # for the producer to finish computing is pipeline bubble.
                 ts = self.transfer_start.get((rank, key), env.now)
                 exposed["pp"] += env.now - max(t0, ts)
+                src = self._peer(rank, src_pp)
+                if ts > t0:
+                    wait_rows.append((rank, t0, min(ts, env.now), "bubble", float("nan"), src, self.waiting_on[rank]))
+                now = env.now
+                if now > max(t0, ts):
+                    wait_rows.append((rank, max(t0, ts), now, "pp", ts, src, self.waiting_on[rank]))
 
         def complete(a: Action):
             kinds = []
@@ -510,6 +537,7 @@ class Engine:
                     self.waiting_on[rank] = f"dp all_gather of stage {sub.stage} parameters"
                     yield param_ready[sub.stage]
                     exposed["dp"] += env.now - t0
+                    waited(t0, "dp", 0.0)
             for sub in subs:
                 g = last_grad_action.get(sub.stage) == idx and sub.kind in (("W",) if zb else ("B", "W"))
                 yield from run_segments(sub, idx, g, blocking=a.kind != "FB")
@@ -533,6 +561,7 @@ class Engine:
                 self.waiting_on[rank] = "dp gradient reduction"
                 yield ev
                 exposed["dp"] += env.now - t0
+                waited(t0, "dp")
         # Optimizer step on this rank's (ZeRO-sharded) parameters.
         if prog.optimizer_s > 0:
             t0 = env.now
