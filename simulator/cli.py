@@ -152,7 +152,9 @@ def simulate(
         raise UserError(f"scenario file {str(scenario)!r} does not exist: check the path, or omit it to run the default")
     sc = load_scenario(scenario, overrides)
     result = run_simulation(sc, mode=mode.value, progress=_stderr)
-    report = result.report
+    from simulator.report.findings import attach as attach_findings
+
+    report = attach_findings(result).report  # findings re-simulate cheap suggestions (time-boxed)
 
     if not no_dashboard:
         from simulator.report.dashboard import build_dashboard_html
@@ -186,6 +188,10 @@ def print_summary(report) -> None:
     t.add_row("model TFLOP/s per GPU", f"{report.model_tflops_per_gpu:.1f}")
     t.add_row("MFU", f"{report.mfu:.1%}")
     t.add_row("pipeline bubble", f"{report.bubble_fraction:.1%} (worst stage {report.bubble_fraction_worst:.1%})")
+    from simulator.report.analysis import breakdown_lines
+
+    for label, value in breakdown_lines(report):
+        t.add_row(label, value)
     for dim, v in report.exposed_comm_s.items():
         if v > 0:
             t.add_row(f"exposed {dim} comm", f"{v:.3f} s ({v / report.step_time_s:.1%})")

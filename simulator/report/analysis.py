@@ -222,3 +222,26 @@ def _action_label(seg: dict[str, Any]) -> str:
     if seg["microbatch"] >= 0:
         return f"{seg['kind']} stage {seg['stage']} mb {seg['microbatch']}"
     return str(seg["what"])
+
+
+BREAKDOWN_LABELS = {"compute": "compute", "exposed_tp": "exposed tp", "exposed_cp": "exposed cp",
+                    "exposed_ep": "exposed ep", "exposed_pp": "exposed pp", "exposed_dp": "exposed dp",
+                    "bubble": "bubble", "imbalance": "stage imbalance", "optimizer": "optimizer"}
+
+
+def breakdown_lines(report: Any) -> list[tuple[str, str]]:
+    """(label, value) rows of the step breakdown and the critical path, for the terminal summary."""
+    bd = report.step_breakdown_s
+    step = report.step_time_s
+    if not bd or step <= 0:
+        return []
+    rows = [(f"  {BREAKDOWN_LABELS[k]}", f"{bd[k]:.3f} s ({bd[k] / step:.1%})") for k in BREAKDOWN_KEYS
+            if bd.get(k, 0.0) > 0.0005 * step]
+    if rows:
+        rows[0] = ("step = " + rows[0][0].strip(), rows[0][1])
+        rows[1:] = [("  + " + label.strip(), v) for label, v in rows[1:]]
+    cp = report.critical_path_s
+    if cp:
+        rows.append(("critical path", ", ".join(f"{k} {v / step:.0%}" for k, v in sorted(cp.items(), key=lambda x: -x[1])
+                                                if v > 0.005 * step)))
+    return rows
