@@ -159,7 +159,10 @@ def simulate(
     if not no_dashboard:
         from simulator.report.dashboard import build_dashboard_html
 
-        path = dashboard or Path("dashboards") / f"{sc.name}.html"
+        from simulator.report.files import output_path
+
+        # the scenario name is free text: a safe slug, inside dashboards/
+        path = dashboard or output_path(Path("dashboards"), sc.name, ".html")
         write_atomic(path, build_dashboard_html(result, cdn=cdn))
         _stderr(f"dashboard: {path}")
     if perfetto is not None:

@@ -245,3 +245,25 @@ def breakdown_lines(report: Any) -> list[tuple[str, str]]:
         rows.append(("critical path", ", ".join(f"{k} {v / step:.0%}" for k, v in sorted(cp.items(), key=lambda x: -x[1])
                                                 if v > 0.005 * step)))
     return rows
+
+
+def step_delta(report_a: Any, report_b: Any) -> list[dict[str, Any]]:
+    """Per component of the step breakdown: A, B and B - A in seconds, and the change as a share of
+    A's step. The component deltas sum to the step delta (each side sums to its step); the last row
+    is the step itself. Reports without a breakdown (older JSON) give the step row only."""
+    rows = []
+    ba, bb = report_a.step_breakdown_s or {}, report_b.step_breakdown_s or {}
+    step_a = report_a.step_time_s
+    if ba and bb:
+        for k in (*BREAKDOWN_KEYS, "unattributed"):
+            a, b = float(ba.get(k, 0.0)), float(bb.get(k, 0.0))
+            if k == "unattributed" and abs(a) < 1e-9 and abs(b) < 1e-9:
+                continue
+            if a == 0.0 and b == 0.0:
+                continue
+            rows.append({"component": k, "label": BREAKDOWN_LABELS.get(k, k), "a_s": a, "b_s": b, "delta_s": b - a,
+                         "delta_of_step": (b - a) / step_a if step_a else 0.0})
+    rows.append({"component": "step", "label": "step", "a_s": step_a, "b_s": report_b.step_time_s,
+                 "delta_s": report_b.step_time_s - step_a,
+                 "delta_of_step": (report_b.step_time_s - step_a) / step_a if step_a else 0.0})
+    return rows

@@ -690,7 +690,7 @@ def step_breakdown_figure(reports: Sequence[tuple[str, "Report"]]) -> go.Figure:
     fig.update_layout(barmode="stack", height=140 + 40 * len(ys), xaxis_title="ms",
                       yaxis=dict(autorange="reversed", categoryorder="array", categoryarray=ys),
                       margin=dict(l=170 if multi else 110, r=20, t=10, b=45),
-                      legend=dict(orientation="h", yanchor="top", y=-0.35, xanchor="left", x=0))
+                      legend=dict(orientation="h", yanchor="top", y=-0.35, xanchor="left", x=0, traceorder="normal"))
     return fig
 
 
@@ -722,7 +722,7 @@ def stage_breakdown_figure(reports: Sequence[tuple[str, "Report"]]) -> go.Figure
     n = sum(len(r.per_pp_rank) for _, r in reports)
     fig.update_layout(barmode="stack", height=max(300, 140 + 22 * n), xaxis_title="seconds",
                       yaxis=dict(autorange="reversed"), margin=dict(l=150 if multi else 60, r=20, t=30, b=45),
-                      legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0))
+                      legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0, traceorder="normal"))
     return fig
 
 
