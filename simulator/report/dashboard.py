@@ -548,7 +548,7 @@ def ops_payload(tl: "Timeline", lanes: list[tuple[int, str]], pp_of: dict[int, i
         else:
             colors.append(KIND_COLORS.get(k, "#888888"))
             labels.append(_kind_label(k))
-    t0, t1 = detail_window(ev, tl.step_time_s)
+    t0, t1 = detail_window(ops, tl.step_time_s)  # waits included: they are drawn too
     return {
         "n": int(len(ops)), "unit_s": unit, "columns": [c for c, _ in cols], "counts": counts,
         "lane_label": [esc(f"rank {r} (pp {pp_of.get(r, '?')}) {s}") for r, s in lanes],
