@@ -168,7 +168,7 @@ def simulate(
     if perfetto is not None:
         from simulator.report.perfetto import perfetto_trace
 
-        write_atomic(perfetto, json.dumps(perfetto_trace(result.timeline)))
+        write_atomic(perfetto, json.dumps(perfetto_trace(result.timeline, result=result)))
         _stderr(f"perfetto trace: {perfetto}")
     if report_json is not None:
         write_atomic(report_json, report.model_dump_json(indent=2))

@@ -830,21 +830,21 @@ def memory_time_figure(result: "SimulationResult") -> go.Figure | None:
     return fig
 
 
-def comm_time_figure(result: "SimulationResult", bins: int = 300) -> go.Figure | None:
-    """Bytes per second one GPU puts on the wire over the step, per dimension, with the tier its
-    groups use (NVLink inside a node, scale-out NICs across nodes). From the timeline's
-    communication rows (bus bytes spread evenly over each row's span), not from the fabric's links."""
+def comm_rate_series(result: "SimulationResult", bins: int = 300) -> dict[str, tuple[np.ndarray, np.ndarray, str]]:
+    """Per dimension: (bin centres s, GB/s one GPU puts on the wire, tier). Bus bytes of each
+    communication row (nccl-tests convention) spread evenly over its span; the tier is NVLink when a
+    group of that dimension sits inside one node, else scale-out. From the timeline, not the fabric."""
     from simulator.network.base import bus_factor
 
     tl = result.timeline
     ev = tl.events[tl.events["stream"] != "compute"]
+    out: dict[str, tuple[np.ndarray, np.ndarray, str]] = {}
     if ev.empty:
-        return None
+        return out
     mesh = result.program.mesh
     gpn = result.topology.node.gpus_per_node
     step = tl.step_time_s
     edges = np.linspace(0, step, bins + 1)
-    fig = go.Figure()
     n_ranks = max(1, len(tl.ranks))
     for d in DIMS:
         sub = ev[(ev["kind"] == d) & ~ev["stream"].isin(["pp-recv-f", "pp-recv-b"])]
@@ -858,21 +858,41 @@ def comm_time_figure(result: "SimulationResult", bins: int = 300) -> go.Figure |
             tier = "NVLink" if len(set((g // gpn).tolist())) == 1 else "scale-out"
         s0, e0 = sub["start_s"].to_numpy(), sub["end_s"].to_numpy()
         op = sub["name"].astype(str).str.split(" ").str[0].to_numpy()
-        factor = np.array([1.0 if d == "pp" or o in ("send", "recv", "ring_step") else bus_factor(o, size) if o in (
-            "all_reduce", "all_gather", "reduce_scatter", "all_to_all") else 1.0 for o in op])
-        nbytes = sub["bytes"].to_numpy(dtype=float) * factor
-        dur = np.maximum(e0 - s0, 1e-12)
-        rate = nbytes / dur
-        # overlap of each row with each bin, summed: bytes per bin
-        lo = np.clip(np.searchsorted(edges, s0, side="right") - 1, 0, bins - 1)
-        hi = np.clip(np.searchsorted(edges, e0, side="left") - 1, 0, bins - 1)
-        per_bin = np.zeros(bins)
-        for i in range(len(sub)):
-            a, b = lo[i], hi[i]
-            ov = np.minimum(edges[a + 1:b + 2], e0[i]) - np.maximum(edges[a:b + 1], s0[i])
-            per_bin[a:b + 1] += np.clip(ov, 0, None) * rate[i]
-        gbps = per_bin / np.diff(edges) / n_ranks / 1e9
-        fig.add_trace(go.Scatter(x=np.round((edges[:-1] + edges[1:]) / 2 * 1e3, 3), y=np.round(gbps, 3), mode="lines",
+        factor = np.array([bus_factor(o, size) if d != "pp" and o in ("all_reduce", "all_gather", "reduce_scatter",
+                                                                        "all_to_all") else 1.0 for o in op])
+        rate = sub["bytes"].to_numpy(dtype=float) * factor / np.maximum(e0 - s0, 1e-12)
+        per_bin = _binned(s0, e0, rate, edges)  # bytes per bin: rate x overlap of each row with the bin
+        out[d] = ((edges[:-1] + edges[1:]) / 2, per_bin / np.diff(edges) / n_ranks / 1e9, tier)
+    return out
+
+
+def _binned(s0: np.ndarray, e0: np.ndarray, rate: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Sum over rows of rate x |[s, e] ∩ bin|: the total rate is a step function (+rate at s, -rate
+    at e), integrated exactly up to each bin edge from cumulative sums at the breakpoints."""
+    t = np.concatenate([s0, e0])
+    w = np.concatenate([rate, -rate])
+    order = np.argsort(t)
+    t, w = t[order], w[order]
+    level = np.cumsum(w)
+    area = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(t))])  # integral up to each breakpoint
+
+    def integral(x: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(t, x, side="right") - 1
+        base = np.where(k >= 0, area[np.clip(k, 0, None)], 0.0)
+        lev = np.where(k >= 0, level[np.clip(k, 0, None)], 0.0)
+        return base + lev * (x - np.where(k >= 0, t[np.clip(k, 0, None)], x))
+
+    return np.diff(integral(edges))
+
+
+def comm_time_figure(result: "SimulationResult", bins: int = 300) -> go.Figure | None:
+    """Bytes per second one GPU puts on the wire over the step, per dimension and tier."""
+    series = comm_rate_series(result, bins)
+    if not series:
+        return None
+    fig = go.Figure()
+    for d, (t, gbps, tier) in series.items():
+        fig.add_trace(go.Scatter(x=np.round(t * 1e3, 3), y=np.round(gbps, 3), mode="lines",
                                  name=esc(f"{d} ({tier})"), line=dict(color=KIND_COLORS[d], width=1.5),
                                  hovertemplate=esc(f"{d} over {tier}") + ": %{y:.1f} GB/s at %{x:.1f} ms<extra></extra>"))
     fig.update_layout(height=340, xaxis_title="time (ms)", yaxis_title="GB/s per GPU on the wire",
