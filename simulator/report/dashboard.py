@@ -1067,11 +1067,23 @@ function linkAxes(){
         .then(function(){lock=false;});});});});}
 async function main(){
   var ok=false;try{ok=await loadPlotly();}catch(e){ok=false;}
+  performance.mark('cs-plotly');
   if(!ok){noPlotly();ready();return;}
-  var els=document.querySelectorAll('script.cs-fig-data');
-  for(var i=0;i<els.length;i++){var f=JSON.parse(els[i].textContent);
-    await Plotly.newPlot(document.getElementById(els[i].dataset.for),f.data,f.layout,CONFIG);}
+  // Reserve each figure's height first, then draw the figures on the first screen, mark the page
+  // interactive, and draw the rest, yielding between figures so the page keeps responding.
+  var figs=Array.prototype.map.call(document.querySelectorAll('script.cs-fig-data'),function(el){
+    var f=JSON.parse(el.textContent),div=document.getElementById(el.dataset.for);
+    if(f.layout&&f.layout.height)div.style.minHeight=f.layout.height+'px';return {f:f,div:div};});
+  var H=window.innerHeight||1000;
+  var first=figs.filter(function(x){return x.div.getBoundingClientRect().top<H;}),
+      rest=figs.filter(function(x){return first.indexOf(x)<0;});
+  async function drawFig(x){await Plotly.newPlot(x.div,x.f.data,x.f.layout,CONFIG);x.div.style.minHeight='';
+    performance.mark('cs-fig-'+x.div.id);}
+  for(var i=0;i<first.length;i++)await drawFig(first[i]);
+  document.documentElement.setAttribute('data-interactive-ms',String(Math.round(performance.now())));
+  for(var j=0;j<rest.length;j++){await new Promise(function(r){setTimeout(r,0);});await drawFig(rest[j]);}
   try{await setupOps();}catch(e){console.error('op-level view: '+e);}
+  performance.mark('cs-ops');
   linkAxes();ready();}
 if(document.readyState==='loading')document.addEventListener('DOMContentLoaded',main);else main();
 })();
