@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from simulator.report import browser
-from simulator.report.dashboard import build_dashboard_html, merge_segments, utilization_matrix
+from simulator.report.dashboard import build_dashboard_html, figure_json, merge_segments, utilization_matrix
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
 
@@ -106,9 +106,11 @@ def test_dashboard_sections_and_numbers(small):
 def test_full_mode_keeps_lanes_few_and_heatmap_covers_every_rank(small_full):
     page = build_dashboard_html(small_full, cdn=True)
     # timeline ticks name only the representative ranks, the heatmap one row per simulated rank
-    ticks = set(re.findall(r"r(\d+) pp\d+ compute", page))
+    # (large figures travel compressed: read them back with figure_json)
+    ticks = set(re.findall(r"r(\d+) pp\d+ compute", " ".join(figure_json(page, "timeline")["layout"]["yaxis"]["ticktext"])))
     assert len(ticks) == small_full.program.mesh.pp
-    assert "rank 15" in page and "Full mode: 16 ranks" in page
+    heat = figure_json(page, "heatmap")["layout"]["yaxis"]["ticktext"]
+    assert "rank 15" in heat and "Full mode: 16 ranks" in page
 
 
 def test_injection_is_escaped_in_html(injected):

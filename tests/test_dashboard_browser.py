@@ -62,7 +62,8 @@ def moe():
 
 CAUSES_JS = """
 var gd=document.getElementById('timeline'),out={};
-gd._fullData.forEach(function(t){if(t.meta&&t.meta.cause)out[t.meta.cause]={n:t._length,color:t.marker.color,name:t.name};});
+gd._fullData.forEach(function(t){if(t.meta&&t.meta.cause){var o=out[t.meta.cause]||{n:0,color:t.line.color,name:t.name};
+  o.n+=t._length;out[t.meta.cause]=o;}});
 var legend=Array.prototype.map.call(gd.querySelectorAll('.legendtext'),function(e){return e.textContent;});
 var cp=gd._fullData.filter(function(t){return t.name==='critical path';}).map(function(t){return t._length;});
 return {causes:out,legend:legend,critical:cp};

@@ -146,9 +146,27 @@ def merge_segments(ev: pd.DataFrame, gap_s: float, by_action: bool = True) -> pd
     return out.reset_index(drop=True)
 
 
+COMM_MERGE_PIXELS = 600  # communication lanes: rows closer than ~2 px of a 1200-px plot become one bar
+
+
 def timeline_bars(ev: pd.DataFrame, step_s: float, max_bars: int = MAX_TIMELINE_BARS) -> tuple[pd.DataFrame, float]:
-    """Merged bars within the bar budget, and the merge gap that achieved it."""
+    """Merged bars within the bar budget, and the merge gap that achieved it. Compute lanes get one
+    bar per action; communication lanes are merged at about two pixels (each bar's opacity still
+    says how busy the link was inside it; the op-level view has every transfer)."""
     gap = max(step_s, 1e-9) / MERGE_PIXELS
+    comm = ev["stream"] != "compute"
+    if comm.any():
+        cbars = merge_segments(ev[comm], max(step_s, 1e-9) / COMM_MERGE_PIXELS, by_action=False)
+        ev = ev[~comm]
+        bars = pd.concat([merge_segments(ev, gap, by_action=True), cbars], ignore_index=True)
+        max_bars = max_bars - len(cbars)
+        if len(bars) - len(cbars) <= max_bars:
+            return bars, gap
+        ev_compute = ev
+        while len(bars) - len(cbars) > max_bars and gap <= step_s:
+            gap *= 2
+            bars = pd.concat([merge_segments(ev_compute, gap, by_action=False), cbars], ignore_index=True)
+        return bars, gap
     bars = merge_segments(ev, gap, by_action=True)
     while len(bars) > max_bars:
         # Too many actions to draw one bar each: merge across actions at pixel resolution.
@@ -442,6 +460,55 @@ def critical_path_trace(rep: "Report | None", lane_idx: dict[tuple[int, str], in
                       connectgaps=False)
 
 
+OPACITY_LEVELS = (0.45, 0.75, 1.0)
+
+
+def bars_as_lines(bar: go.Bar, px_per_unit: float, min_len: float = 0.0) -> list[go.Scatter]:
+    """The same bars drawn as thick horizontal line segments: one SVG path per trace instead of one
+    element per bar, which is what keeps a timeline of many thousand bars quick to draw. Each bar
+    becomes start, middle and end points (hover works along it) and a break. Per-bar opacity is
+    kept in three levels (one trace each); the bar's height becomes the line width in pixels. Bars
+    shorter than ``min_len`` (about a pixel) are drawn that long, so a short transfer stays visible."""
+    x = np.maximum(np.asarray(bar.x, dtype=float), min_len)
+    base = np.asarray(bar.base, dtype=float)
+    y = np.asarray(bar.y, dtype=float)
+    width = np.broadcast_to(np.asarray(bar.width if bar.width is not None else 0.8, dtype=float), x.shape)
+    cd = np.asarray(bar.customdata, dtype=object) if bar.customdata is not None else np.empty((len(x), 0), dtype=object)
+    if cd.ndim == 1:
+        cd = cd[:, None]
+    op = bar.marker.opacity
+    op = np.broadcast_to(np.asarray(op if op is not None else 1.0, dtype=float), x.shape)
+    level = np.searchsorted(np.array([(a + b) / 2 for a, b in zip(OPACITY_LEVELS, OPACITY_LEVELS[1:])]), op)
+    tmpl = (bar.hovertemplate or "").replace("%{base", f"%{{customdata[{cd.shape[1]}]")
+    out = []
+    first = True
+    for lv in range(len(OPACITY_LEVELS)):
+        for w in np.unique(width):
+            sel = (level == lv) & (width == w)
+            if not sel.any():
+                continue
+            n = int(sel.sum())
+            xs = np.empty((n, 4))
+            xs[:, 0], xs[:, 1], xs[:, 2] = base[sel], base[sel] + x[sel] / 2, base[sel] + x[sel]
+            xs[:, 3] = np.nan
+            ys = np.repeat(y[sel][:, None], 4, axis=1)
+            ys[:, 3] = np.nan
+            c = np.concatenate([cd[sel], np.round(base[sel], 4)[:, None].astype(object)], axis=1)
+            cdl = np.repeat(c[:, None, :], 4, axis=1).reshape(n * 4, c.shape[1])
+            cdl[3::4] = None
+            line: dict[str, Any] = dict(color=bar.marker.color, width=max(1.0, round(float(w) * px_per_unit, 1)))
+            meta = dict(bar.meta) if bar.meta else {}
+            if meta.get("cause") and meta["cause"] != "bubble":
+                line["dash"] = "4px,2px"  # waiting on communication: dashed, like a hatch
+            out.append(go.Scatter(
+                x=np.round(xs.ravel(), 4), y=ys.ravel(), mode="lines", line=line, opacity=OPACITY_LEVELS[lv],
+                name=bar.name, legendgroup=bar.legendgroup or bar.name, showlegend=bool(bar.showlegend is not False) and first,
+                customdata=cdl, hovertemplate=tmpl, connectgaps=False, meta=meta or None, hoveron="points",
+            ))
+            first = False
+    return out
+
+
 def timeline_figure(tl: "Timeline", ranks: Sequence[int] | None = None, title: str = "",
                     x_range_ms: tuple[float, float] | None = None, height_per_lane: int = 15,
                     report: "Report | None" = None) -> tuple[go.Figure, dict]:
@@ -450,27 +517,36 @@ def timeline_figure(tl: "Timeline", ranks: Sequence[int] | None = None, title: s
     facts for the caption (bars drawn, rows merged, merge gap, lanes)."""
     ranks = list(ranks) if ranks is not None else representative_ranks(tl)
     ev = tl.events[tl.events["rank"].isin(ranks)]
+    # a receive is its sender's transfer seen from the other end: the overview shows sends only
+    # (the op-level view has both)
+    ev = ev[~ev["stream"].isin(["pp-recv-f", "pp-recv-b"])]
     lanes = lane_order(ev, ranks)
     lane_idx = {ln: i for i, ln in enumerate(lanes)}
     step = tl.step_time_s
     bars, gap = timeline_bars(ev, step)
     waits = merge_waits(wait_intervals(tl, [r for r in ranks if (r, "compute") in lane_idx]), gap)
     fig = go.Figure()
+    height = max(300, 110 + height_per_lane * len(lanes))
+    top = 80 if title else 60
+    px_per_unit = (height - top - 45) / max(1, len(lanes))
+    pixel_ms = step * 1e3 / 1200  # the plot is ~1200 px wide at full step
     for t in _bar_traces(bars, lane_idx, tl.pp_rank_of, opacity_by_fill=True):
-        fig.add_trace(t)
+        fig.add_traces(bars_as_lines(t, px_per_unit, pixel_ms))
     for t in _wait_traces(waits, lane_idx, tl.pp_rank_of):
-        fig.add_trace(t)
+        fig.add_traces(bars_as_lines(t, px_per_unit, pixel_ms))
     cp = critical_path_trace(report, lane_idx, tl.pp_rank_of)
     if cp is not None:
         fig.add_trace(cp)
     fig.update_layout(
         title=dict(text=title, x=0.01, font=dict(size=13)) if title else None, barmode="overlay", bargap=0.15,
-        height=max(300, 110 + height_per_lane * len(lanes)),
+        height=height,
         xaxis=dict(title="time (ms)", range=list(x_range_ms) if x_range_ms else [0, step * 1e3], showgrid=True,
                    gridcolor="#eee", zeroline=False),
-        yaxis=_lane_axis(lanes, tl.pp_rank_of), shapes=_rank_separators(lanes),
+        # lanes are drawn as lines of a fixed pixel width: zoom in time only
+        yaxis=dict(_lane_axis(lanes, tl.pp_rank_of), fixedrange=True, range=[len(lanes) - 0.5, -0.5], autorange=False),
+        shapes=_rank_separators(lanes), hovermode="closest",
         legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0, font=dict(size=11)),
-        margin=dict(l=150, r=20, t=80 if title else 60, b=45), plot_bgcolor="white", hoverlabel=dict(align="left"),
+        margin=dict(l=150, r=20, t=top, b=45), plot_bgcolor="white", hoverlabel=dict(align="left"),
     )
     return fig, {"bars": len(bars) + len(waits), "rows": len(ev), "gap_s": gap, "lanes": lanes, "ranks": ranks}
 
@@ -531,14 +607,16 @@ def ops_payload(tl: "Timeline", lanes: list[tuple[int, str]], pp_of: dict[int, i
     prev[np.concatenate([[True], ln[1:] != ln[:-1]])] = 0
     kinds = sorted(set(ops["kind"]), key=lambda k: (k.startswith("wait:"), KIND_ORDER.index(k) if k in KIND_ORDER else 99, k))
     kcode = {k: i for i, k in enumerate(kinds)}
-    names, ncode = np.unique(ops["name"].to_numpy(), return_inverse=True)
+    ncode, names = pd.factorize(ops["name"].to_numpy())
     cols = [
         ("gap", (qs - prev).astype(np.int32)), ("dur", (qe - qs).astype(np.int32)),
         ("name", ncode.astype(np.int32)), ("aux", ops["aux"].to_numpy().astype(np.float32)),
         ("layer", ops["layer"].to_numpy().astype(np.int32)), ("mb", ops["mb"].to_numpy().astype(np.int32)),
-        ("stage", ops["stage"].to_numpy().astype(np.int32)), ("kind", np.array([kcode[k] for k in ops["kind"]], dtype=np.int32)),
+        ("stage", ops["stage"].to_numpy().astype(np.int32)), ("kind", pd.Categorical(ops["kind"], categories=kinds).codes.astype(np.int32)),
     ]
     raw = b"".join(a.tobytes() for _, a in cols)  # all 4-byte columns: aligned views in the browser
+    # the op names (waits describe themselves one by one) go into the same compressed blob, as JSON
+    names_json = json.dumps([esc(x) for x in names.tolist()], separators=(",", ":")).encode()
     counts = np.bincount(ln, minlength=len(lanes)).astype(int).tolist()
     colors, labels = [], []
     for k in kinds:
@@ -548,15 +626,16 @@ def ops_payload(tl: "Timeline", lanes: list[tuple[int, str]], pp_of: dict[int, i
         else:
             colors.append(KIND_COLORS.get(k, "#888888"))
             labels.append(_kind_label(k))
-    t0, t1 = detail_window(ops, tl.step_time_s)  # waits included: they are drawn too
+    # waits included (they are drawn too), 5% below the page's limit: the page counts quantised times
+    t0, t1 = detail_window(ops, tl.step_time_s, int(MAX_DETAIL_EVENTS * 0.95))
     return {
         "n": int(len(ops)), "unit_s": unit, "columns": [c for c, _ in cols], "counts": counts,
         "lane_label": [esc(f"rank {r} (pp {pp_of.get(r, '?')}) {s}") for r, s in lanes],
         "lane_compute": [s == "compute" for _, s in lanes],
-        "kinds": kinds, "kind_color": colors, "kind_label": labels, "names": [esc(x) for x in names.tolist()],
+        "kinds": kinds, "kind_color": colors, "kind_label": labels, "names_bytes": len(names_json),
         "max_ops": MAX_DETAIL_EVENTS, "window_ms": [t0 * 1e3, t1 * 1e3], "step_ms": tl.step_time_s * 1e3,
         "bar": {"compute": list(COMPUTE_BAR), "wait": list(WAIT_BAR), "other": list(OTHER_BAR)},
-        "gz": base64.b64encode(gzip.compress(raw, 6)).decode("ascii"),
+        "gz": base64.b64encode(gzip.compress(raw + names_json, 6)).decode("ascii"),
     }
 
 
@@ -857,9 +936,11 @@ def comm_rate_series(result: "SimulationResult", bins: int = 300) -> dict[str, t
             g = np.asarray(mesh.groups(d)[0])
             tier = "NVLink" if len(set((g // gpn).tolist())) == 1 else "scale-out"
         s0, e0 = sub["start_s"].to_numpy(), sub["end_s"].to_numpy()
-        op = sub["name"].astype(str).str.split(" ").str[0].to_numpy()
-        factor = np.array([bus_factor(o, size) if d != "pp" and o in ("all_reduce", "all_gather", "reduce_scatter",
-                                                                        "all_to_all") else 1.0 for o in op])
+        codes, uniq = pd.factorize(sub["name"].astype(str).to_numpy())
+        per_name = np.array([bus_factor(o, size) if d != "pp" and o in ("all_reduce", "all_gather", "reduce_scatter",
+                                                                          "all_to_all") else 1.0
+                             for o in (u.split(" ", 1)[0] for u in uniq)])
+        factor = per_name[codes]
         rate = sub["bytes"].to_numpy(dtype=float) * factor / np.maximum(e0 - s0, 1e-12)
         per_bin = _binned(s0, e0, rate, edges)  # bytes per bin: rate x overlap of each row with the bin
         out[d] = ((edges[:-1] + edges[1:]) / 2, per_bin / np.diff(edges) / n_ranks / 1e9, tier)
@@ -985,11 +1066,34 @@ def _json_for_script(obj: Any) -> str:
     return text.replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
+GZIP_FIGURE_BYTES = 50_000  # figures bigger than this travel gzip-compressed (hover text repeats a lot)
+
+
 def figure_div(fig: go.Figure, div_id: str) -> str:
-    """A placeholder div and the figure as JSON; the page's runtime draws it once plotly.js is there."""
+    """A placeholder div and the figure as JSON (gzip + base64 when large); the page's runtime draws
+    it once plotly.js is there."""
+    import base64
+    import gzip
+
     body = pio.to_json(fig, validate=False, remove_uids=True)
-    return (f'<div id="{esc(div_id)}" class="cs-fig"></div><script type="application/json" class="cs-fig-data" '
-            f'data-for="{esc(div_id)}">{_json_for_script(body)}</script>')
+    div = f'<div id="{esc(div_id)}" class="cs-fig"></div>'
+    if len(body) > GZIP_FIGURE_BYTES:
+        gz = base64.b64encode(gzip.compress(body.encode(), 6)).decode("ascii")
+        return div + f'<script type="application/octet-stream" class="cs-fig-data" data-gz="1" data-for="{esc(div_id)}">{gz}</script>'
+    return div + f'<script type="application/json" class="cs-fig-data" data-for="{esc(div_id)}">{_json_for_script(body)}</script>'
+
+
+def figure_json(page_html: str, div_id: str) -> dict:
+    """The figure of ``div_id`` as embedded in a page (plain or compressed): for tests and tools."""
+    import base64
+    import gzip
+
+    m = re.search(r'<script type="[^"]+" class="cs-fig-data"( data-gz="1")? data-for="' + re.escape(div_id) + r'">(.*?)</script>',
+                  page_html, re.S)
+    if m is None:
+        raise KeyError(div_id)
+    text = gzip.decompress(base64.b64decode(m.group(2))).decode() if m.group(1) else m.group(2).replace("<\\/", "</")
+    return json.loads(text)
 
 
 # The page runtime: unpack plotly.js (or find it from the CDN), draw every figure, wire the op-level
@@ -1016,13 +1120,14 @@ var OPS=null;
 async function setupOps(){
   var el=document.getElementById('cs-ops'); if(!el)return;
   var P=JSON.parse(el.textContent); var buf=await gunzip(P.gz); var n=P.n, col={};
+  P.names=JSON.parse(new TextDecoder().decode(new Uint8Array(buf,4*n*P.columns.length,P.names_bytes)));
   P.columns.forEach(function(c,i){col[c]=(c==='aux'?new Float32Array(buf,4*n*i,n):new Int32Array(buf,4*n*i,n));});
   var start=new Float64Array(n),end=new Float64Array(n),lane=new Int32Array(n),u=P.unit_s*1e3,k=0;
   for(var l=0;l<P.counts.length;l++){var prev=0;for(var j=0;j<P.counts[l];j++,k++){
     var s0=prev+col.gap[k],e0=s0+col.dur[k];start[k]=s0*u;end[k]=e0*u;lane[k]=l;prev=e0;}}
   OPS={P:P,col:col,start:start,end:end,lane:lane,div:document.getElementById(el.dataset.for),
        overview:document.getElementById(el.dataset.overview),busy:false};
-  draw(P.window_ms[0],P.window_ms[1]);
+  await draw(P.window_ms[0],P.window_ms[1]);
   OPS.overview.on('plotly_relayout',function(e){
     if(e['xaxis.range[0]']!==undefined)draw(e['xaxis.range[0]'],e['xaxis.range[1]']);
     else if(e['xaxis.range'])draw(e['xaxis.range'][0],e['xaxis.range'][1]);
@@ -1053,10 +1158,10 @@ function draw(t0,t1,fromDetail){
   var lay=O.div.layout;lay.xaxis.range=[t0,t1];lay.xaxis.autorange=false;
   lay.annotations=note?[{text:note,xref:'paper',yref:'paper',x:0.5,y:0.5,showarrow:false,font:{size:14,color:'#A50E0E'},bgcolor:'#FFF4CE'}]:[];
   O.busy=true;
-  Plotly.react(O.div,traces,lay).then(function(){O.busy=false;O.div.setAttribute('data-ops',String(idx.length));
+  return Plotly.react(O.div,traces,lay).then(function(){O.busy=false;O.div.setAttribute('data-ops',String(idx.length));
     O.div.setAttribute('data-window',t0.toFixed(6)+','+t1.toFixed(6));});
 }
-window.csDrawOps=function(t0,t1){draw(t0,t1);};
+window.csDrawOps=function(t0,t1){return draw(t0,t1);};
 function linkAxes(){
   document.querySelectorAll('[data-link-x]').forEach(function(a){
     var ids=a.getAttribute('data-link-x').split(','),divs=ids.map(function(i){return document.getElementById(i);}),lock=false;
@@ -1071,9 +1176,10 @@ async function main(){
   if(!ok){noPlotly();ready();return;}
   // Reserve each figure's height first, then draw the figures on the first screen, mark the page
   // interactive, and draw the rest, yielding between figures so the page keeps responding.
-  var figs=Array.prototype.map.call(document.querySelectorAll('script.cs-fig-data'),function(el){
-    var f=JSON.parse(el.textContent),div=document.getElementById(el.dataset.for);
-    if(f.layout&&f.layout.height)div.style.minHeight=f.layout.height+'px';return {f:f,div:div};});
+  var els=document.querySelectorAll('script.cs-fig-data'),figs=[];
+  for(var k=0;k<els.length;k++){var el=els[k],f=JSON.parse(el.dataset.gz?new TextDecoder().decode(await gunzip(el.textContent)):el.textContent),
+    div=document.getElementById(el.dataset.for);
+    if(f.layout&&f.layout.height)div.style.minHeight=f.layout.height+'px';figs.push({f:f,div:div});}
   var H=window.innerHeight||1000;
   var first=figs.filter(function(x){return x.div.getBoundingClientRect().top<H;}),
       rest=figs.filter(function(x){return first.indexOf(x)<0;});
