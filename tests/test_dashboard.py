@@ -173,12 +173,14 @@ def test_injection_runs_nothing_in_chromium(injected, tmp_path):
 def test_readme_screenshots(tmp_path):
     """Writes dashboards/default-*.png from the default scenario's dashboard."""
     out = Path(__file__).resolve().parents[1] / "dashboards"
-    res = simulate(load_scenario(None, {}))
+    from simulator.report.findings import attach
+
+    res = attach(simulate(load_scenario(None, {})), budget_s=60)
     html_path = tmp_path / "default.html"
     html_path.write_text(build_dashboard_html(res, cdn=False))
-    _check_rendered(browser.open_page(html_path, budget_ms=10000), min_plots=5)
-    browser.screenshot(html_path, out / "default-timeline.png", window=(1400, 1380), budget_ms=10000)
-    browser.screenshot(html_path, out / "default-detail.png", window=(1400, 960), budget_ms=10000,
-                       hide=("sec-cards", "sec-timeline"))
-    browser.screenshot(html_path, out / "default-heatmap.png", window=(1400, 1000), budget_ms=10000,
-                       hide=("sec-cards", "sec-timeline", "sec-detail"))
+    _check_rendered(browser.open_page(html_path, budget_ms=20000), min_plots=5)
+    browser.screenshot(html_path, out / "default-timeline.png", window=(1400, 1900), budget_ms=20000)
+    top = ("sec-cards", "sec-findings", "sec-breakdown", "sec-timeline")
+    browser.screenshot(html_path, out / "default-detail.png", window=(1400, 1100), budget_ms=20000, hide=top)
+    browser.screenshot(html_path, out / "default-heatmap.png", window=(1400, 1300), budget_ms=20000,
+                       hide=top + ("sec-detail",))

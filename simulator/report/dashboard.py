@@ -595,7 +595,10 @@ def ops_payload(tl: "Timeline", lanes: list[tuple[int, str]], pp_of: dict[int, i
         ops = pd.concat([ops, pd.DataFrame({
             "lane": wl, "start_s": w["start_s"].to_numpy(), "end_s": w["end_s"].to_numpy(),
             "kind": ("wait:" + w["cause"].astype(str)).to_numpy(), "name": w["what"].astype(str).to_numpy(),
-            "layer": -1, "mb": -1, "stage": -1, "aux": w["issued_s"].to_numpy(dtype=float) * 1e3,
+            # when the awaited work went on the wire, as an offset from the wait's start (mostly 0:
+            # a blocking collective starts when the wait does), which compresses to almost nothing
+            "layer": -1, "mb": -1, "stage": -1,
+            "aux": (w["issued_s"].to_numpy(dtype=float) - w["start_s"].to_numpy(dtype=float)) * 1e3,
         })], ignore_index=True)
     ops = ops[ops["lane"] >= 0].sort_values(["lane", "start_s", "end_s"], kind="stable")
     step = max(tl.step_time_s, 1e-9)
@@ -1147,7 +1150,7 @@ function draw(t0,t1,fromDetail){
     ii.forEach(function(i){var l=O.lane[i],comp=P.lane_compute[l],bb=comp?(wait?P.bar.wait:P.bar.compute):P.bar.other;
       x.push(O.end[i]-O.start[i]);base.push(O.start[i]);y.push(l+bb[0]);w.push(bb[1]);
       var aux=c.aux[i],extra='';
-      if(wait){extra=isNaN(aux)?'waiting since '+O.start[i].toFixed(3)+' ms':'waiting since '+O.start[i].toFixed(3)+' ms; on the wire since '+aux.toFixed(3)+' ms';}
+      if(wait){extra=isNaN(aux)?'waiting since '+O.start[i].toFixed(3)+' ms':'waiting since '+O.start[i].toFixed(3)+' ms; on the wire since '+(O.start[i]+aux).toFixed(3)+' ms';}
       else if(aux>0){extra=(aux>=1e9?(aux/1e9).toFixed(2)+' GB':aux>=1e6?(aux/1e6).toFixed(2)+' MB':(aux/1e3).toFixed(1)+' KB');}
       cd.push([P.names[c.name[i]],P.lane_label[l],c.layer[i]>=0?c.layer[i]:'–',c.mb[i]>=0?c.mb[i]:'–',
                c.stage[i]>=0?c.stage[i]:'–',(O.end[i]-O.start[i]).toFixed(4),extra,O.end[i].toFixed(3)]);});
