@@ -66,7 +66,11 @@ gd._fullData.forEach(function(t){if(t.meta&&t.meta.cause){var o=out[t.meta.cause
   o.n+=t._length;out[t.meta.cause]=o;}});
 var legend=Array.prototype.map.call(gd.querySelectorAll('.legendtext'),function(e){return e.textContent;});
 var cp=gd._fullData.filter(function(t){return t.name==='critical path';}).map(function(t){return t._length;});
-return {causes:out,legend:legend,critical:cp};
+var hover={};
+for(var c in out){var ci=-1;gd._fullData.forEach(function(t,i){if(ci<0&&t.meta&&t.meta.cause===c)ci=i;});
+  Plotly.Fx.hover(gd,[{curveNumber:ci,pointNumber:1}]);await new Promise(function(r){setTimeout(r,100);});
+  var h=gd.querySelector('.hoverlayer');hover[c]=h?h.textContent:'';}
+return {causes:out,legend:legend,critical:cp,hover:hover};
 """
 
 ZOOM_JS = """
@@ -98,6 +102,12 @@ def test_every_cause_colour_and_zoom_to_ops_on_moe_dualpipe(moe, tmp_path):
                   "waiting on pp transfer", "waiting on dp", "critical path"):
         assert label in value["legend"]
     assert value["critical"] and value["critical"][0] > 2
+    # the hover names what was waited on and since when
+    for cause, text in value["hover"].items():
+        assert "waiting since" in text or "waits merged; the first began at" in text, (cause, text)
+        assert re.search(r"rank \d+ \(pp \d+\)", text), text
+    assert "from pp rank" in value["hover"]["pp"] and "on the wire since" in value["hover"]["pp"]
+    assert "to compute it" in value["hover"]["bubble"] or "slowest rank" in value["hover"]["bubble"]
 
     # windows of 2% of the step at the start, around the first, middle and last forward, and the end
     ev = moe.timeline.events
