@@ -1034,7 +1034,11 @@ def plotly_script_tag(cdn: bool) -> str:
         m = re.search(r'src="([^"]+)"', tag)
         src = m.group(1) if m else CDN_FALLBACK
         return f'<script charset="utf-8" src="{esc(src)}" onerror="window.csPlotlyFailed=true"></script>'
-    return f'<script type="application/octet-stream" id="cs-plotly-gz">{_plotly_gz()}</script>'
+    return (f'<script type="application/octet-stream" id="cs-plotly-gz">{_plotly_gz()}</script>'
+            # start unpacking at once, while the rest of the page is still being parsed
+            "<script>(function(){try{var t=document.getElementById('cs-plotly-gz').textContent,s=atob(t),n=s.length,"
+            "u=new Uint8Array(n);for(var i=0;i<n;i++)u[i]=s.charCodeAt(i);window.csPlotlyText=new Response(new Blob([u])"
+            ".stream().pipeThrough(new DecompressionStream('gzip'))).text();}catch(e){}})();</script>")
 
 
 _PLOTLY_GZ: dict[str, str] = {}
@@ -1110,7 +1114,7 @@ async function gunzip(b64){var ds=new DecompressionStream('gzip');
 async function loadPlotly(){
   if(window.Plotly)return true;
   var el=document.getElementById('cs-plotly-gz'); if(!el)return false;
-  var txt=new TextDecoder().decode(await gunzip(el.textContent));
+  var txt=window.csPlotlyText?await window.csPlotlyText:new TextDecoder().decode(await gunzip(el.textContent));
   var sc=document.createElement('script'); sc.textContent=txt; document.head.appendChild(sc);
   return !!window.Plotly;}
 function ready(){var d=document.documentElement;d.setAttribute('data-ready','1');
