@@ -67,3 +67,19 @@ def test_breakdown_sees_imbalance_when_layers_are_uneven():
                                                              "pp_layer_split": [5, 9, 9, 9]}))).report
     assert skew.step_breakdown_s["imbalance"] > 1.3 * even.step_breakdown_s["imbalance"]
     assert skew.step_breakdown_s["imbalance"] > 0.05 * skew.step_time_s
+
+
+def test_step_delta_parts_sum_to_the_step_change():
+    from simulator.report.analysis import step_delta
+
+    a = simulate(build_scenario(DENSE)).report
+    b = simulate(build_scenario(dict(DENSE, schedule="zb-h1"))).report
+    rows = step_delta(a, b)
+    step = rows[-1]
+    assert step["component"] == "step" and step["delta_s"] == pytest.approx(b.step_time_s - a.step_time_s)
+    assert sum(r["delta_s"] for r in rows[:-1]) == pytest.approx(step["delta_s"], abs=1e-3 * a.step_time_s)
+    bubble = next(r for r in rows if r["component"] == "bubble")
+    assert bubble["delta_s"] < 0  # the zero-bubble schedule fills the bubble
+    # a report without a breakdown (an older JSON) still compares on the step
+    old = a.model_copy(update={"step_breakdown_s": {}})
+    assert [r["component"] for r in step_delta(old, b)] == ["step"]
