@@ -11,7 +11,6 @@ printed in the terminal as a table).
 from __future__ import annotations
 
 import json
-import re
 import sys
 from dataclasses import dataclass
 from enum import Enum

@@ -19,7 +19,6 @@ the findings into the report (``findings`` and, as one line each, ``notes``).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -410,7 +409,3 @@ def attach(result: "SimulationResult", budget_s: float = RESIM_BUDGET_S) -> "Sim
         "notes": list(rep.notes) + [f.message for f in found],
     })
     return result
-
-
-def _isfinite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
