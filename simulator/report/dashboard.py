@@ -1275,6 +1275,23 @@ def breakdown_table(rep: "Report") -> str:
             f"<td>step {step * 1e3:,.2f} ms</td></tr></table>")
 
 
+def critical_path_html(rep: "Report", limit: int = 40) -> str:
+    """The critical path's entries in time order (the ``limit`` longest kept), foldable."""
+    path = rep.critical_path
+    if not path:
+        return ""
+    keep = sorted(sorted(range(len(path)), key=lambda i: path[i]["start_s"] - path[i]["end_s"])[:limit])
+    rows = "".join(
+        f'<tr><td>{path[i]["start_s"] * 1e3:,.2f}</td><td>{(path[i]["end_s"] - path[i]["start_s"]) * 1e3:,.2f}</td>'
+        f'<td>rank {esc(path[i]["rank"])} (pp {esc(path[i]["pp_rank"])})</td><td>{esc(path[i]["what"])}</td>'
+        f'<td>{esc(", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in path[i].get("by_cause_s", {}).items()))}</td></tr>'
+        for i in keep)
+    by = ", ".join(f"{esc(k)} {v / rep.step_time_s:.1%}" for k, v in sorted(rep.critical_path_s.items(), key=lambda x: -x[1]))
+    return (f'<details id="critical-path"><summary>Critical path: {len(path):,} entries ({by}); the {len(keep)} longest '
+            f'in time order</summary><table class="diff"><tr><th>start ms</th><th>ms</th><th>where</th><th>what</th>'
+            f"<th>by cause</th></tr>{rows}</table></details>")
+
+
 def findings_html(rep: "Report") -> str:
     if not rep.findings:
         return '<p class="caption" id="findings-none">No finding: memory fits, and no bubble, imbalance or exposed communication crosses its threshold.</p>'
@@ -1384,7 +1401,7 @@ def build_dashboard_html(result: "SimulationResult", cdn: bool = False, ranks: S
     if rep.step_breakdown_s:
         sections.append(panel("Where the step goes", '<div class="grid2"><div>'
                               + figure_div(step_breakdown_figure([("", rep)]), "breakdown-fig") + "</div><div>"
-                              + breakdown_table(rep) + "</div></div>",
+                              + breakdown_table(rep) + "</div></div>" + critical_path_html(rep),
                               "The step split into compute, exposed communication per dimension, pipeline bubble, "
                               "stage imbalance and the optimizer (mean over pipeline ranks; the parts sum to the step), "
                               "and the critical path by cause.", anchor="sec-breakdown"))
