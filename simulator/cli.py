@@ -208,6 +208,7 @@ def simulate(
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
     perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write a Perfetto / Chrome trace JSON here."),
     report_json: Optional[Path] = typer.Option(None, "--report", help="Also write the full report JSON here."),
+    findings_budget_s: float = typer.Option(20.0, "--findings-budget-s", min=0.0, help="Seconds the findings may spend re-simulating their suggestions (0: none, findings from the model alone)."),
 ) -> None:
     """Simulate one training step and print the prediction.
 
@@ -253,18 +254,24 @@ def simulate(
         result = run_simulation(sc, mode=mode.value, progress=phase)
         report = result.report
 
+        from simulator.report.findings import attach as attach_findings
+
+        phase("checking findings")
+        report = attach_findings(result, budget_s=findings_budget_s).report  # re-simulates cheap suggestions, time-boxed
         write_dash = not no_dashboard and (dashboard is not None or not as_json)
         if write_dash:
             from simulator.report.dashboard import build_dashboard_html
+            from simulator.report.files import output_path
 
             phase("writing the dashboard")
-            path = Path("dashboards") / f"{sc.name}.html" if dashboard in (None, _DASHBOARD_DEFAULT) else Path(dashboard)
+            # The scenario name is free text: a safe slug, inside dashboards/.
+            path = output_path(Path("dashboards"), sc.name, ".html") if explicit_dashboard is None else explicit_dashboard
             write_atomic(path, build_dashboard_html(result, cdn=cdn))
         if perfetto is not None:
             from simulator.report.perfetto import perfetto_trace
 
             phase("writing the Perfetto trace")
-            write_atomic(perfetto, json.dumps(perfetto_trace(result.timeline)))
+            write_atomic(perfetto, json.dumps(perfetto_trace(result.timeline, result=result)))
         if report_json is not None:
             write_atomic(report_json, report.model_dump_json(indent=2))
     if write_dash:
@@ -319,6 +326,10 @@ def print_summary(report, scenario=None) -> None:
     t.add_row("model TFLOP/s per GPU", f"{report.model_tflops_per_gpu:.1f}")
     t.add_row("MFU", f"{report.mfu:.1%}")
     t.add_row("pipeline bubble", f"{report.bubble_fraction:.1%} (worst stage {report.bubble_fraction_worst:.1%})")
+    from simulator.report.analysis import breakdown_lines
+
+    for label, value in breakdown_lines(report):
+        t.add_row(label, value)
     for dim, v in report.exposed_comm_s.items():
         if v > 0:
             t.add_row(f"exposed {dim} comm", f"{v:.3f} s ({v / report.step_time_s:.1%})")

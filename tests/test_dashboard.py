@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from simulator.report import browser
-from simulator.report.dashboard import build_dashboard_html, merge_segments, utilization_matrix
+from simulator.report.dashboard import build_dashboard_html, figure_json, merge_segments, utilization_matrix
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
 
@@ -99,15 +99,18 @@ def test_dashboard_sections_and_numbers(small):
     assert "usable HBM" in page
     inline = build_dashboard_html(small, cdn=False)
     has_cdn_tag = 'src="https://cdn.plot.ly' in inline
-    assert not has_cdn_tag and len(inline) > 3_000_000  # plotly.js inside
+    # plotly.js inside, gzip-compressed (4.8 MB of JavaScript in ~2 MB of base64): the page stays under 3 MB
+    assert not has_cdn_tag and 'id="cs-plotly-gz"' in inline and 1_900_000 < len(inline) < 3_000_000
 
 
 def test_full_mode_keeps_lanes_few_and_heatmap_covers_every_rank(small_full):
     page = build_dashboard_html(small_full, cdn=True)
     # timeline ticks name only the representative ranks, the heatmap one row per simulated rank
-    ticks = set(re.findall(r"r(\d+) pp\d+ compute", page))
+    # (large figures travel compressed: read them back with figure_json)
+    ticks = set(re.findall(r"r(\d+) pp\d+ compute", " ".join(figure_json(page, "timeline")["layout"]["yaxis"]["ticktext"])))
     assert len(ticks) == small_full.program.mesh.pp
-    assert "rank 15" in page and "Full mode: 16 ranks" in page
+    heat = figure_json(page, "heatmap")["layout"]["yaxis"]["ticktext"]
+    assert "rank 15" in heat and "Full mode: 16 ranks" in page
 
 
 def test_injection_is_escaped_in_html(injected):
@@ -145,7 +148,7 @@ def test_injection_runs_nothing_in_chromium(injected, tmp_path):
     # hover label (built from the hostile op name) is in the DOM when it is dumped.
     spy = ("<script>window.alert=function(m){document.documentElement.setAttribute('data-alert',String(m));};"
            "</script>")
-    hover = ("<script>window.addEventListener('load',function(){setTimeout(function(){"
+    hover = ("<script>window.addEventListener('cs-ready',function(){setTimeout(function(){"
              "var d=document.getElementById('detail');Plotly.Fx.hover(d,[{curveNumber:0,pointNumber:0}]);},300);});"
              "</script>")
     page = page.replace("<head>", "<head>" + spy, 1).replace("</body>", hover + "</body>", 1)
@@ -159,7 +162,8 @@ def test_injection_runs_nothing_in_chromium(injected, tmp_path):
     # shown literally: as text in the page title, the h1 and the hover label
     assert f"<title>ClusterSim · {PAYLOAD_ESCAPED}</title>" in res.dom
     assert f"<h1>ClusterSim · {PAYLOAD_ESCAPED}</h1>" in res.dom
-    hover_layer = res.dom[res.dom.find('class="hoverlayer"'):]
+    detail = res.dom[res.dom.find('id="detail"'):]
+    hover_layer = detail[detail.find('class="hoverlayer"'):]
     assert PAYLOAD_ESCAPED in hover_layer[:20000], "hover label missing or not literal"
 
 
@@ -169,12 +173,14 @@ def test_injection_runs_nothing_in_chromium(injected, tmp_path):
 def test_readme_screenshots(tmp_path):
     """Writes dashboards/default-*.png from the default scenario's dashboard."""
     out = Path(__file__).resolve().parents[1] / "dashboards"
-    res = simulate(load_scenario(None, {}))
+    from simulator.report.findings import attach
+
+    res = attach(simulate(load_scenario(None, {})), budget_s=60)
     html_path = tmp_path / "default.html"
     html_path.write_text(build_dashboard_html(res, cdn=False))
-    _check_rendered(browser.open_page(html_path, budget_ms=10000), min_plots=5)
-    browser.screenshot(html_path, out / "default-timeline.png", window=(1400, 1380), budget_ms=10000)
-    browser.screenshot(html_path, out / "default-detail.png", window=(1400, 960), budget_ms=10000,
-                       hide=("sec-cards", "sec-timeline"))
-    browser.screenshot(html_path, out / "default-heatmap.png", window=(1400, 1000), budget_ms=10000,
-                       hide=("sec-cards", "sec-timeline", "sec-detail"))
+    _check_rendered(browser.open_page(html_path, budget_ms=20000), min_plots=5)
+    browser.screenshot(html_path, out / "default-timeline.png", window=(1400, 1900), budget_ms=20000)
+    top = ("sec-cards", "sec-findings", "sec-breakdown", "sec-timeline")
+    browser.screenshot(html_path, out / "default-detail.png", window=(1400, 1100), budget_ms=20000, hide=top)
+    browser.screenshot(html_path, out / "default-heatmap.png", window=(1400, 1300), budget_ms=20000,
+                       hide=top + ("sec-detail",))

@@ -34,8 +34,8 @@ def _x(trace):
 
 def test_trace_parses_and_nests(reduced):
     trace = json.loads(dumps(perfetto_trace(reduced.timeline)))
-    xs = _x(trace)
-    assert len(xs) == len(reduced.timeline.events)
+    xs = [e for e in _x(trace) if e["cat"] != "action" and not e["cat"].startswith("wait")]
+    assert len(xs) == len(reduced.timeline.events)  # every op once, beside the action and wait slices
     assert all(isinstance(e["ts"], (int, float)) and e["dur"] >= 0 and e["ts"] >= 0 for e in xs)
     assert {e["pid"] for e in xs} == set(reduced.timeline.ranks)
     # µs: the last event ends at the step time
@@ -98,3 +98,35 @@ def test_checker_catches_crossing_events():
     nested = [{"ph": "X", "name": "a", "pid": 0, "tid": 1, "ts": 0.0, "dur": 10.0},
               {"ph": "X", "name": "b", "pid": 0, "tid": 1, "ts": 2.0, "dur": 3.0}]
     assert check_nesting(nested) == []
+
+
+def test_ops_nest_under_actions_flows_counters_and_metadata(reduced):
+    trace = json.loads(dumps(perfetto_trace(reduced.timeline, result=reduced)))
+    ev = trace["traceEvents"]
+    assert check_nesting(ev) == []
+    xs = _x(trace)
+    actions = [e for e in xs if e["cat"] == "action"]
+    ops = [e for e in xs if e["cat"] in ("F", "B", "W", "I") and "microbatch" in e["args"]]
+    assert actions and ops
+    # every forward/backward op lies inside an action slice of its own kind, stage and microbatch
+    by = {}
+    for a in actions:
+        by.setdefault((a["pid"], a["tid"], a["args"]["stage"], a["args"]["microbatch"], a["name"].split()[0]), []).append(a)
+    for o in ops:
+        cands = by[(o["pid"], o["tid"], o["args"]["stage"], o["args"]["microbatch"], o["cat"])]
+        assert any(a["ts"] - 1e-3 <= o["ts"] and o["ts"] + o["dur"] <= a["ts"] + a["dur"] + 1e-3 for a in cands), o
+    # waits are slices on the compute track, with their cause
+    assert any(e["cat"] == "wait bubble" for e in xs) and any(e["cat"] == "wait tp" for e in xs)
+    # one flow per pipeline transfer, from the sender's process to the receiver's
+    starts = {e["id"]: e for e in ev if e["ph"] == "s"}
+    ends = {e["id"]: e for e in ev if e["ph"] == "f"}
+    sends = reduced.timeline.events["stream"].str.startswith("pp-send").sum()
+    assert len(starts) == len(ends) == sends > 0
+    assert all(starts[i]["pid"] != ends[i]["pid"] for i in starts)
+    counters = {e["name"] for e in ev if e["ph"] == "C"}
+    assert "memory GiB" in counters and any(n.startswith("wire GB/s tp") for n in counters)
+    peak = max(e["args"]["GiB"] for e in ev if e["ph"] == "C" and e["name"] == "memory GiB")
+    assert peak == pytest.approx(reduced.report.peak_memory_gib, rel=1e-3)  # the model's peak, reached in time
+    meta = trace["otherData"]
+    assert meta["scenario_name"] == reduced.scenario.name
+    assert json.loads(meta["scenario"])["parallelism"]["pp"] == 4

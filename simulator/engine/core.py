@@ -43,6 +43,10 @@ DIMS: tuple[str, ...] = tuple(d.value for d in REPORT_DIMS)
 # Sub-groups report under their parallel dimension.
 BASE_DIM = {d.value: d.base.value for d in Dim}
 TIMELINE_COLUMNS = ["rank", "stream", "kind", "name", "start_s", "end_s", "microbatch", "stage", "layer", "bytes"]
+# One row per interval the compute stream waited: the cause (a dimension of DIMS, or "bubble" for
+# waiting on another stage's compute), since when the awaited work was on the wire ("issued_s",
+# NaN while it was not yet), the rank that produces it ("src_rank") and what it was.
+WAIT_COLUMNS = ["rank", "start_s", "end_s", "cause", "issued_s", "src_rank", "what"]
 
 
 @dataclass
@@ -62,6 +66,9 @@ class Timeline:
     network_report: list[dict] = field(default_factory=list)
     # rank -> seconds compute took longer because communication kernels held SMs (contention)
     contention_s: dict[int, float] = field(default_factory=dict)
+    waits: pd.DataFrame | None = None  # WAIT_COLUMNS; None from an engine that does not record them
+    end_time_s: dict[int, float] = field(default_factory=dict)  # rank -> when its compute stream finished
+    optimizer_s: float = 0.0  # the optimizer step at the end of every rank's compute stream
 
 
 class _Rendezvous:
@@ -193,6 +200,7 @@ class Engine:
         self.waiting_on: dict[int, object] = {}  # rank -> the instruction it waits on
         self.finished: set[int] = set()
         self.end_time: dict[int, float] = {}
+        self.wait_rows: list[tuple] = []
 
         streams_of = [rp.streams for rp in self.plan.ranks]
         self.stores: dict[tuple[int, str], simpy.Store] = {}
@@ -227,6 +235,8 @@ class Engine:
             busy_compute_s=self.busy, exposed_s=self.exposed, comm_bytes=self.comm_bytes,
             sim_wall_s=time.perf_counter() - t_wall, num_events=self.n_events, mode=self.mode,
             network_report=report, contention_s=self.contention,
+            waits=pd.DataFrame.from_records(self.wait_rows, columns=WAIT_COLUMNS),
+            end_time_s=dict(self.end_time), optimizer_s=float(self.prog.optimizer_s),
         )
 
     def _waiting(self, rank: int) -> str:
@@ -337,6 +347,13 @@ class Engine:
         exposed = self.exposed[rank]
         rows = self.rows
         outstanding = self.outstanding
+        wait_rows = self.wait_rows
+
+        def waited(t0: float, cause: str, issued: float = float("nan"), src: int = -1) -> None:
+            # Every wait of the compute stream with its cause (the dashboard's colours, the step breakdown).
+            if env.now > t0:
+                wait_rows.append((rank, t0, env.now, str(cause), issued, src, self._waiting(rank)))
+
         for ins in rp.instrs:
             t = type(ins)
             if t is Compute:
@@ -373,6 +390,7 @@ class Engine:
                     self._issue(rank, ins.stream, (ins, ev), collective_ctas(ins.steps[0][1]))
                     yield ev
                 exposed[BASE_DIM[dim]] += env.now - t0
+                waited(t0, BASE_DIM[dim], t0)
             elif t is Wait:
                 ev = handles[ins.handle]
                 if not ev.triggered:
@@ -380,6 +398,7 @@ class Engine:
                     self.waiting_on[rank] = ins
                     yield ev
                     exposed[ins.dim] += env.now - t0
+                    waited(t0, Dim(ins.dim).base)
             elif t is Recv:
                 key = (ins.stage, ins.kind, ins.microbatch)
                 ev = self._event((rank, key))
@@ -389,12 +408,18 @@ class Engine:
                 self.waiting_on[rank] = ins
                 yield ev
                 if ins.local:
+                    waited(t0, "bubble", src=rank)
                     continue
                 self.n_events += 1
                 # Waiting while the transfer was in flight is exposed pp communication; waiting
                 # for the producer to finish computing is pipeline bubble.
                 ts = self.transfer_start.get((rank, key), env.now)
                 exposed["pp"] += env.now - max(t0, ts)
+                src = self._peer(rank, ins.src_pp)
+                if ts > t0:
+                    wait_rows.append((rank, t0, min(ts, env.now), "bubble", float("nan"), src, self._waiting(rank)))
+                if env.now > max(t0, ts):
+                    wait_rows.append((rank, max(t0, ts), env.now, "pp", ts, src, self._waiting(rank)))
             elif t is Complete:
                 key = (ins.stage, ins.kind, ins.microbatch)
                 self._event((rank, key)).succeed()

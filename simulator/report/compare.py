@@ -4,13 +4,13 @@ A and B are scenario YAMLs (simulated here) or report JSONs written by
 ``clustersim simulate --report``. The page leads with a metric table whose change column is
 coloured by whether B is better or worse than A, then the scenario fields that differ, then the
 two summaries, per-stage breakdowns and memory side by side, and, when both sides were simulated,
-the two timelines on one time scale.
+both timelines in one figure on one shared time axis, and the step's change per component (also
+printed in the terminal as a table).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
 from dataclasses import dataclass
 from enum import Enum
@@ -21,9 +21,10 @@ import typer
 
 from simulator.errors import UserError
 from simulator.vocabulary import DIM_NAMES
+from simulator.report.analysis import step_delta
 from simulator.report.dashboard import (
-    esc, figure_div, memory_figure, page, panel, scenario_line, stage_breakdown_figure, summary_cards,
-    timeline_sections,
+    esc, figure_div, findings_html, memory_figure, page, panel, scenario_line,
+    stage_breakdown_figure, step_breakdown_figure, summary_cards, timeline_figure,
 )
 
 if TYPE_CHECKING:
@@ -163,16 +164,89 @@ def scenario_diff(a: "SimulationResult", b: "SimulationResult") -> str:
             f'<table class="diff"><tr><th>field</th><th>A</th><th>B</th></tr>{rows}</table>')
 
 
+def delta_table(a: "Report", b: "Report") -> str:
+    rows = []
+    for r in step_delta(a, b):
+        cls = "" if abs(r["delta_of_step"]) < REL_TOL else ("worse" if r["delta_s"] > 0 else "better")
+        bold = r["component"] == "step"
+        name = f"<b>{esc(r['label'])}</b>" if bold else esc(r["label"])
+        rows.append(f'<tr data-component="{esc(r["component"])}" data-delta-s="{r["delta_s"]:.9g}"><td>{name}</td>'
+                    f"<td>{r['a_s'] * 1e3:,.2f} ms</td><td>{r['b_s'] * 1e3:,.2f} ms</td>"
+                    f'<td class="{cls}">{r["delta_s"] * 1e3:+,.2f} ms</td><td class="{cls}">{r["delta_of_step"]:+.1%}</td></tr>')
+    return ('<table class="diff" id="step-delta"><tr><th>component</th><th>A</th><th>B</th><th>B − A</th>'
+            "<th>of A's step</th></tr>" + "".join(rows) + "</table>")
+
+
+def delta_figure(a: "Report", b: "Report") -> "go.Figure | None":
+    import plotly.graph_objects as go
+
+    rows = [r for r in step_delta(a, b) if r["component"] != "step"]
+    if not rows:
+        return None
+    total = sum(r["delta_s"] for r in rows)
+    fig = go.Figure(go.Waterfall(
+        orientation="h", y=[esc(r["label"]) for r in rows] + ["step"], x=[r["delta_s"] * 1e3 for r in rows] + [total * 1e3],
+        measure=["relative"] * len(rows) + ["total"], connector=dict(line=dict(color="#bbb")),
+        increasing=dict(marker=dict(color="#C5221F")), decreasing=dict(marker=dict(color="#137333")),
+        totals=dict(marker=dict(color="#1f2a44")), hovertemplate="%{y}: %{x:+.2f} ms<extra></extra>",
+    ))
+    fig.update_layout(height=120 + 28 * len(rows), xaxis_title="B − A (ms): red is slower, green faster",
+                      yaxis=dict(autorange="reversed"), margin=dict(l=130, r=20, t=10, b=45), showlegend=False)
+    return fig
+
+
+def aligned_timelines(a: Side, b: Side) -> "go.Figure":
+    """Both runs' timelines in one figure, A's lanes above B's, on one shared time axis."""
+    from plotly.subplots import make_subplots
+
+    assert a.result is not None and b.result is not None
+    figs = []
+    for s in (a, b):
+        fig, facts = timeline_figure(s.result.timeline, report=s.report)
+        figs.append((fig, facts))
+    n = [len(f[1]["lanes"]) for f in figs]
+    out = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[max(1, n[0]), max(1, n[1])],
+                        subplot_titles=[esc(a.title), esc(b.title)])
+    for i, (fig, _) in enumerate(figs):
+        for tr in fig.data:
+            if i == 1:
+                tr.showlegend = False
+            out.add_trace(tr, row=i + 1, col=1)
+        ya = fig.layout.yaxis
+        out.update_yaxes(tickmode="array", tickvals=ya.tickvals, ticktext=ya.ticktext, autorange="reversed",
+                         showgrid=False, zeroline=False, tickfont=dict(size=10, family="monospace"), row=i + 1, col=1)
+        yref = "y" if i == 0 else "y2"
+        for sh in fig.layout.shapes:
+            out.add_shape(type="line", xref="x domain" if i == 0 else "x2 domain", x0=0, x1=1, yref=yref, y0=sh.y0,
+                          y1=sh.y1, line=dict(color="#999", width=1))
+    step = max(a.result.timeline.step_time_s, b.result.timeline.step_time_s) * 1e3
+    out.update_xaxes(range=[0, step], showgrid=True, gridcolor="#eee", zeroline=False)
+    out.update_xaxes(title="time (ms), one axis for A and B", row=2, col=1)
+    out.update_layout(barmode="overlay", height=max(420, 160 + 15 * (n[0] + n[1])), plot_bgcolor="white",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.03, xanchor="left", x=0, font=dict(size=11)),
+                      margin=dict(l=150, r=20, t=90, b=45), hoverlabel=dict(align="left"))
+    return out
+
+
 def build_compare_html(a: Side, b: Side, cdn: bool = False) -> str:
     ra, rb = a.report, b.report
     sections = [panel("What changed, B against A", metric_table(ra, rb),
                       "Green: B is better; red: B is worse (changes under 0.5% are not coloured).")]
+    dfig = delta_figure(ra, rb)
+    sections.append(panel("Where the step changed", '<div class="grid2"><div>' + delta_table(ra, rb) + "</div><div>"
+                          + (figure_div(dfig, "cmp-delta") if dfig is not None else "") + "</div></div>",
+                          "The step's breakdown for A and B, and the change of each part; the parts' changes sum to "
+                          "the change of the step.", anchor="sec-cmp-delta"))
+    if ra.step_breakdown_s and rb.step_breakdown_s:
+        sections.append(panel("Where the step goes, A and B", figure_div(step_breakdown_figure([("A", ra), ("B", rb)]),
+                                                                           "cmp-breakdown")))
     if a.result is not None and b.result is not None:
         sections.append(panel("Scenario differences", scenario_diff(a.result, b.result)))
     side_cards = []
     for s in (a, b):
         sub = scenario_line(s.result) if s.result is not None else f"from report {esc(s.path.name)}"
-        side_cards.append(panel(esc(s.title), f'<p class="caption">{sub}</p>' + summary_cards(s.report)))
+        side_cards.append(panel(esc(s.title), f'<p class="caption">{sub}</p>' + summary_cards(s.report)
+                                + findings_html(s.report).replace('id="findings"', f'id="findings-{s.label}"')))
     sections.append('<div class="grid2">' + "".join(side_cards) + "</div>")
     both = [(a.label, ra), (b.label, rb)]
     sections.append('<div class="grid2">'
@@ -182,14 +256,10 @@ def build_compare_html(a: Side, b: Side, cdn: bool = False) -> str:
                             "Peak memory per GPU of each pipeline rank, against the usable HBM line.")
                     + "</div>")
     if a.result is not None and b.result is not None:
-        # one time scale for both, so a longer step looks longer
-        span = (0.0, max(a.result.timeline.step_time_s, b.result.timeline.step_time_s) * 1e3)
-        cols = []
-        for s in (a, b):
-            assert s.result is not None
-            cols.append("".join(timeline_sections(s.result, x_range_ms=span, prefix=f"cmp-{s.label}-", detail=False,
-                                                  heading=f"Timeline {esc(s.title)}")))
-        sections.append('<div class="grid2">' + "".join(cols) + "</div>")
+        sections.append(panel("Timelines of A and B on one time axis", figure_div(aligned_timelines(a, b), "cmp-timeline"),
+                              "A's lanes above B's, one shared time axis: zooming either zooms both. Compute lanes show "
+                              "work above and waits by cause below; the black line is each run's critical path.",
+                              anchor="sec-cmp-timeline"))
     else:
         missing = ", ".join(s.label for s in (a, b) if s.result is None)
         sections.append(panel("Timelines", f'<p class="caption">No timeline for {esc(missing)}: a report JSON holds '
@@ -200,7 +270,9 @@ def build_compare_html(a: Side, b: Side, cdn: bool = False) -> str:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:60] or "x"
+    from simulator.report.files import slug
+
+    return slug(text, 60)
 
 
 def compare_command(
@@ -218,12 +290,19 @@ def compare_command(
     path = output or Path("dashboards") / f"compare-{_slug(a.stem)}-vs-{_slug(b.stem)}.html"
     if path.exists() and path.is_dir():
         raise UserError(f"--output {str(path)!r} is a folder: give a file path ending in .html")
+    from simulator.report.findings import attach
+
     with progress("compare") as phase:
         side_a = load_side("A", a, mode.value, phase)
         side_b = load_side("B", b, mode.value, phase)
+        for side in (side_a, side_b):
+            if side.result is not None:
+                attach(side.result, budget_s=0)  # findings without re-simulation: compare stays quick
+                side.report = side.result.report
         phase("writing the dashboard")
         write_atomic(path, build_compare_html(side_a, side_b, cdn=cdn))
     print_metric_table(side_a, side_b)
+    print_delta_table(side_a.report, side_b.report)
     typer.echo(f"dashboard: {path}")
 
 
@@ -242,6 +321,23 @@ def print_metric_table(a: Side, b: Side) -> None:
         mark = {"better": " (better)", "worse": " (worse)"}.get(cls, "")
         t.add_row(label, va, vb, f"[{style[cls]}]{change}{mark}[/]" if cls else change)
     Console(width=None if sys.stdout.isatty() else 120).print(t)
+
+
+def print_delta_table(a: "Report", b: "Report") -> None:
+    """The step's per-component change, B against A, as a terminal table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"B vs A: {a.name} → {b.name}")
+    for col, just in (("component", "left"), ("A", "right"), ("B", "right"), ("B − A", "right"), ("of A's step", "right")):
+        t.add_column(col, justify=just)
+    for r in step_delta(a, b):
+        style = "bold" if r["component"] == "step" else ""
+        colour = "" if abs(r["delta_of_step"]) < REL_TOL else ("red" if r["delta_s"] > 0 else "green")
+        delta = f"[{colour}]{r['delta_s'] * 1e3:+,.2f} ms[/{colour}]" if colour else f"{r['delta_s'] * 1e3:+,.2f} ms"
+        t.add_row(r["label"], f"{r['a_s'] * 1e3:,.2f} ms", f"{r['b_s'] * 1e3:,.2f} ms", delta,
+                  f"{r['delta_of_step']:+.1%}", style=style)
+    Console(width=100).print(t)
 
 
 compare_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)

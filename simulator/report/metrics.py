@@ -6,6 +6,9 @@
   a wait on communication, over the step time; mean over pipeline ranks, and the worst rank.
 - exposed communication: time a rank's compute stream waits on communication, per dimension
   (mean over pipeline ranks; the per-rank values are in ``per_pp_rank``).
+- step breakdown: compute, exposed communication per dimension, bubble, imbalance and optimizer,
+  summing to the step (``simulator.report.analysis``); the critical path through the step.
+- findings: what to change, with numbers (``simulator.report.findings``), also written to ``notes``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,15 @@ class Report(BaseModel):
     per_pp_rank: list[dict[str, Any]] = Field(default_factory=list)
     busiest_links: list[dict[str, Any]] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    step_breakdown_s: dict[str, float] = Field(
+        default_factory=dict, description="Step time split into compute, exposed_<dim>, bubble, imbalance, optimizer "
+        "(mean over simulated ranks; sums to step_time_s) and unattributed (the remainder, ~0).")
+    critical_path_s: dict[str, float] = Field(
+        default_factory=dict, description="Seconds of the critical path per cause (compute, tp, cp, ep, pp, dp, bubble).")
+    critical_path: list[dict[str, Any]] = Field(
+        default_factory=list, description="The critical path in time order: one entry per action, transfer or wait on it.")
+    findings: list[dict[str, Any]] = Field(
+        default_factory=list, description="What to change: kind, message, numbers, and whether a suggestion was simulated.")
 
     # The keys `--json` promises; everything else is detail.
     SUMMARY_KEYS: ClassVar[tuple[str, ...]] = (
@@ -62,7 +74,10 @@ def rank_bubble_fraction(tl: Timeline, rank: int) -> float:
 
 
 def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak_tflops: float, gpus: int) -> Report:
+    from simulator.report.analysis import critical_path, rank_breakdown, summarize_path
+
     step = tl.step_time_s
+    per_rank_bd = rank_breakdown(tl)
     per_pp: dict[int, dict[str, Any]] = {}
     for r in tl.ranks:
         pp = tl.pp_rank_of[r]
@@ -72,6 +87,9 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
         row = per_pp.setdefault(pp, {"pp_rank": pp, "ranks": 0, "compute_s": 0.0, "bubble_fraction": 0.0,
                                      "exposed_comm_s": dict.fromkeys(DIMS, 0.0)})
         row["ranks"] += 1
+        acc = row.setdefault("breakdown_s", {})
+        for k, v in per_rank_bd[r].items():
+            acc[k] = acc.get(k, 0.0) + float(v)
         row["compute_s"] += busy
         row["bubble_fraction"] += bubble
         for d in DIMS:
@@ -83,6 +101,7 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
         row["compute_s"] /= n
         row["bubble_fraction"] /= n
         row["exposed_comm_s"] = {d: v / n for d, v in row["exposed_comm_s"].items()}
+        row["breakdown_s"] = {k: v / n for k, v in row["breakdown_s"].items()}
         row["memory_gib"] = mem.per_rank_gib[pp]
         row["activations_in_flight"] = mem.in_flight[pp]
         rows.append(row)
@@ -90,6 +109,9 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
     exposed_mean = {d: sum(r["exposed_comm_s"][d] for r in rows) / len(rows) for d in DIMS}
     comm_bytes = {d: sum(float(tl.comm_bytes[r][d]) for r in tl.ranks) / len(tl.ranks) for d in DIMS}
     tokens_per_s = prog.tokens_per_step / step
+    # The mean over pipeline ranks (each row already averages its replicas), like exposed_comm_s.
+    breakdown = {k: sum(r["breakdown_s"][k] for r in rows) / len(rows) for k in rows[0]["breakdown_s"]}
+    path_by_cause, path = summarize_path(critical_path(tl))
     model_tflops_per_gpu = prog.model_flops_per_step / step / gpus / 1e12
     return Report(
         name=name,
@@ -113,4 +135,7 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
         per_pp_rank=rows,
         busiest_links=tl.network_report[:10],
         notes=list(prog.notes),
+        step_breakdown_s=breakdown,
+        critical_path_s={k: float(v) for k, v in path_by_cause.items()},
+        critical_path=path,
     )

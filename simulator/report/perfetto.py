@@ -7,6 +7,12 @@ partitioning, which uses the fewest tracks possible.
 
 Times are rounded to whole nanoseconds first, so float noise in the simulation cannot turn two
 back-to-back events into an overlap.
+
+On each compute track the ops nest under their action's slice ("F stage 2 mb 5": the run of one
+action's ops), and the compute stream's waits are slices of their own ("wait tp: ..."), so a gap
+says why it is there. Flow arrows join each pipeline send to its receive on the other rank. With
+the simulation result at hand the trace also has counter tracks (memory per rank against time,
+bytes on the wire per dimension and tier) and the scenario in its metadata.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from simulator.vocabulary import STREAM_NAMES
 
 if TYPE_CHECKING:
     from simulator.engine.core import Timeline
+    from simulator.simulate import SimulationResult
 
 STREAM_ORDER = list(STREAM_NAMES)
 # Beyond this many simulated ranks the default is one representative per pipeline rank: a full-mode
@@ -39,32 +46,72 @@ def default_ranks(tl: "Timeline", limit: int = MAX_DEFAULT_RANKS) -> list[int]:
     return [first[p] for p in sorted(first)]
 
 
-def assign_tracks(start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
-    """Track index (0, 1, ...) per interval so that no two intervals on a track overlap.
+def assign_tracks(start_ns: np.ndarray, end_ns: np.ndarray, allow_nesting: bool = False) -> np.ndarray:
+    """Track index (0, 1, ...) per interval so that two intervals on a track never cross.
 
-    Intervals are visited by start; each goes to the lowest-numbered free track. Touching
-    intervals (end == next start) share a track."""
+    Intervals are visited by start (longest first at equal starts); each goes to the lowest-numbered
+    track where it fits: after the track's last interval (touching allowed), or, with
+    ``allow_nesting``, inside the innermost interval still open there (how ops sit under their
+    action's slice). Without nesting this uses the fewest tracks possible."""
     n = len(start_ns)
     track = np.zeros(n, dtype=np.int64)
     if n == 0:
         return track
-    order = np.argsort(start_ns, kind="stable")
+    order = np.lexsort((-end_ns, start_ns))
     s, e = start_ns[order], end_ns[order]
     if np.all(s[1:] >= np.maximum.accumulate(e)[:-1]):
         return track  # the usual case: a stream runs one thing at a time
-    free_at: list[int] = []  # end time of the last interval on each track
+    stacks: list[list[int]] = []  # per track, the ends of its open intervals (innermost last)
     out = np.empty(n, dtype=np.int64)
     for i in range(n):
-        for k, t in enumerate(free_at):
-            if t <= s[i]:
-                free_at[k] = e[i]
+        si, ei = s[i], e[i]
+        for k, st in enumerate(stacks):
+            while st and st[-1] <= si:
+                st.pop()
+            if not st or (allow_nesting and ei <= st[-1]):
+                st.append(ei)
                 out[i] = k
                 break
         else:
-            free_at.append(e[i])
-            out[i] = len(free_at) - 1
+            stacks.append([ei])
+            out[i] = len(stacks) - 1
     track[order] = out
     return track
+
+
+def action_rows(ev: pd.DataFrame) -> pd.DataFrame:
+    """Parent slices for the compute tracks: each run of consecutive compute rows of one rank that
+    belong to one action (stage, microbatch, kind), spanning its first op's start to its last op's end."""
+    c = ev[(ev["stream"] == "compute") & (ev["microbatch"] >= 0)].sort_values(["rank", "start_s"], kind="stable")
+    if c.empty:
+        return c
+    r, st, mb, k = (c[x].to_numpy() for x in ("rank", "stage", "microbatch", "kind"))
+    new = np.ones(len(c), dtype=bool)
+    new[1:] = (r[1:] != r[:-1]) | (st[1:] != st[:-1]) | (mb[1:] != mb[:-1]) | (k[1:] != k[:-1])
+    gid = np.cumsum(new)
+    g = c.assign(gid=gid).groupby("gid", sort=False).agg(
+        rank=("rank", "first"), kind=("kind", "first"), start_s=("start_s", "min"), end_s=("end_s", "max"),
+        microbatch=("microbatch", "first"), stage=("stage", "first"), n=("name", "size"))
+    out = pd.DataFrame({
+        "rank": g["rank"].to_numpy(), "stream": "compute", "kind": "action",
+        "name": [f"{k} stage {s} mb {m}" for k, s, m in zip(g["kind"], g["stage"], g["microbatch"])],
+        "start_s": g["start_s"].to_numpy(), "end_s": g["end_s"].to_numpy(), "microbatch": g["microbatch"].to_numpy(),
+        "stage": g["stage"].to_numpy(), "layer": -1, "bytes": 0.0,
+    })
+    return out[list(ev.columns)]
+
+
+def wait_rows(tl: "Timeline", ranks: Sequence[int]) -> pd.DataFrame | None:
+    w = getattr(tl, "waits", None)
+    if w is None or not len(w):
+        return None
+    w = w[w["rank"].isin(ranks)]
+    return pd.DataFrame({
+        "rank": w["rank"].to_numpy(), "stream": "compute", "kind": ("wait " + w["cause"].astype(str)).to_numpy(),
+        "name": ("wait " + w["cause"].astype(str) + ": " + w["what"].astype(str)).to_numpy(),
+        "start_s": w["start_s"].to_numpy(), "end_s": w["end_s"].to_numpy(), "microbatch": -1, "stage": -1,
+        "layer": -1, "bytes": 0.0,
+    })
 
 
 def perfetto_events(tl: "Timeline", ranks: Sequence[int] | None = None) -> list[dict[str, Any]]:
@@ -76,6 +123,11 @@ def perfetto_events(tl: "Timeline", ranks: Sequence[int] | None = None) -> list[
         raise UserError(f"ranks {unknown[:5]} were not simulated (simulated: {len(tl.ranks)} ranks, e.g. "
                         f"{sorted(tl.ranks)[:4]}): pick simulated ranks, or simulate with --mode full")
     ev = tl.events[tl.events["rank"].isin(ranks)]
+    extra = [action_rows(ev)]
+    waits = wait_rows(tl, ranks)
+    if waits is not None:
+        extra.append(waits)
+    ev = pd.concat([ev, *[x for x in extra if len(x)]], ignore_index=True)
     streams = [s for s in STREAM_ORDER if s in set(ev["stream"])] + sorted(set(ev["stream"]) - set(STREAM_ORDER))
     stream_index = {s: i + 1 for i, s in enumerate(streams)}
 
@@ -85,7 +137,7 @@ def perfetto_events(tl: "Timeline", ranks: Sequence[int] | None = None) -> list[
     used: dict[tuple[int, str], int] = {}
     for (rank, stream), idx in pd.Series(np.arange(len(ev))).groupby([ev["rank"].to_numpy(), ev["stream"].to_numpy()]):
         ii = idx.to_numpy()
-        tracks = assign_tracks(start_ns[ii], end_ns[ii])
+        tracks = assign_tracks(start_ns[ii], end_ns[ii], allow_nesting=stream == "compute")
         over = int(tracks.max()) + 1
         if over >= TIDS_PER_STREAM:
             raise ValueError(f"rank {rank} stream {stream} needs {over} concurrent tracks")
@@ -120,14 +172,83 @@ def perfetto_events(tl: "Timeline", ranks: Sequence[int] | None = None) -> list[
             args["bytes"] = float(nbytes)
         out.append({"ph": "X", "name": name, "cat": kind, "pid": int(rank), "tid": t,
                     "ts": ts / 1000, "dur": dur / 1000, "args": args})
+    out += _pp_flows(ev, tid, start_ns, end_ns)
     return out
 
 
-def perfetto_trace(tl: "Timeline", ranks: Sequence[int] | None = None) -> dict[str, Any]:
+def _pp_flows(ev: pd.DataFrame, tid: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) -> list[dict[str, Any]]:
+    """A flow arrow from each pipeline send slice to its receive slice (same transfer: same times,
+    microbatch and stage, on the sending and the receiving rank)."""
+    out: list[dict[str, Any]] = []
+    stream = ev["stream"].to_numpy()
+    idx = np.arange(len(ev))
+    rows = {}
+    for which in ("f", "b"):
+        send = idx[stream == f"pp-send-{which}"]
+        recv = idx[stream == f"pp-recv-{which}"]
+        key = lambda i: (int(start_ns[i]), int(end_ns[i]), int(ev["microbatch"].iat[i]), int(ev["stage"].iat[i]))  # noqa: E731
+        pending = {}
+        for i in recv:
+            pending.setdefault(key(i), []).append(i)
+        for i in send:
+            lst = pending.get(key(i))
+            if lst:
+                rows[i] = lst.pop(0)
+    ranks = ev["rank"].to_numpy()
+    for n, (i, j) in enumerate(sorted(rows.items())):
+        name = str(ev["name"].iat[i])
+        out.append({"ph": "s", "id": n + 1, "name": name, "cat": "pp", "pid": int(ranks[i]), "tid": int(tid[i]),
+                    "ts": start_ns[i] / 1000})
+        out.append({"ph": "f", "bp": "e", "id": n + 1, "name": name, "cat": "pp", "pid": int(ranks[j]),
+                    "tid": int(tid[j]), "ts": start_ns[j] / 1000})
+    return out
+
+
+def counter_events(result: "SimulationResult", ranks: Sequence[int]) -> list[dict[str, Any]]:
+    """Counter tracks: memory (GiB) of each shown rank's pipeline rank over the step, and bytes on
+    the wire per dimension and tier (GB/s per GPU) on the first shown rank."""
+    from simulator.report.dashboard import comm_rate_series, memory_over_time
+
+    tl = result.timeline
+    out: list[dict[str, Any]] = []
+    try:
+        mem = memory_over_time(result)
+    except (KeyError, IndexError, AttributeError, TypeError):
+        mem = {}
+    for r in ranks:
+        series = mem.get(tl.pp_rank_of.get(r, -1))
+        if series is None:
+            continue
+        t, gib = series
+        keep = np.concatenate([[True], np.diff(gib) != 0])  # one sample per change
+        for ts, v in zip(t[keep].tolist(), gib[keep].tolist()):
+            out.append({"ph": "C", "name": "memory GiB", "pid": int(r), "ts": round(ts * 1e6, 3), "args": {"GiB": round(v, 3)}})
+    if ranks:
+        for d, (t, gbps, tier) in comm_rate_series(result).items():
+            name = f"wire GB/s {d} ({tier})"
+            for ts, v in zip(t.tolist(), gbps.tolist()):
+                out.append({"ph": "C", "name": name, "pid": int(ranks[0]), "ts": round(ts * 1e6, 3), "args": {"GB/s": round(v, 3)}})
+    return out
+
+
+def perfetto_trace(tl: "Timeline", ranks: Sequence[int] | None = None,
+                   result: "SimulationResult | None" = None) -> dict[str, Any]:
     """The trace as a dict (json.dumps it). ``ranks``: which simulated ranks to include; by default
-    all of them up to 64, else one representative per pipeline rank."""
-    return {"traceEvents": perfetto_events(tl, ranks), "displayTimeUnit": "ms",
-            "otherData": {"generator": "clustersim", "step_time_s": tl.step_time_s, "mode": tl.mode}}
+    all of them up to 64, else one representative per pipeline rank. ``result`` (the simulation)
+    adds counter tracks and the scenario and headline numbers to the metadata."""
+    events = perfetto_events(tl, ranks)
+    other: dict[str, Any] = {"generator": "clustersim", "step_time_s": tl.step_time_s, "mode": tl.mode}
+    if result is not None:
+        shown = sorted({e["pid"] for e in events if e.get("ph") == "X"})
+        events += counter_events(result, shown)
+        rep = result.report
+        other.update({
+            "scenario_name": result.scenario.name,
+            "scenario": json.dumps(result.scenario.model_dump(mode="json"), separators=(",", ":")),
+            "mfu": rep.mfu, "tokens_per_s": rep.tokens_per_s, "peak_memory_gib": rep.peak_memory_gib,
+            "step_breakdown_s": json.dumps(rep.step_breakdown_s, separators=(",", ":")),
+        })
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
 def check_nesting(events: Iterable[dict[str, Any]]) -> list[str]:

@@ -125,7 +125,9 @@ def sweep_command(
     if not no_dashboard:
         from simulator.sweep.dashboard import build_sweep_dashboard_html
 
-        dash_path = dashboard or Path("dashboards") / f"sweep-{spec.name}.html"
+        from simulator.report.files import output_path
+
+        dash_path = dashboard or output_path(Path("dashboards"), spec.name, ".html", prefix="sweep-")
         href = None
         if out.best is not None:
             from simulator.report.dashboard import build_dashboard_html

@@ -24,9 +24,36 @@ LABEL = {"tokens_per_s": "tokens/s", "tokens_per_s_per_gpu": "tokens/s per GPU",
 
 
 def _fmt(v: Any) -> str:
+    """Numbers as people write them: thousands separators, no scientific notation."""
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
     if isinstance(v, float):
-        return f"{v:.4g}"
+        if not math.isfinite(v):
+            return str(v)
+        if v == int(v) and abs(v) >= 1:
+            return f"{int(v):,}"
+        if abs(v) >= 100:
+            return f"{v:,.0f}"
+        return f"{v:.4g}" if abs(v) >= 1e-3 else f"{v:.6f}".rstrip("0")
     return str(v)
+
+
+def _reason(text: str) -> str:
+    """A prune reason for display: the sweep masks the numbers that differ between points as N;
+    show that as "n" in italics and wrap long reasons so the labels stay readable."""
+    import re
+
+    words, lines, line = _E(text).split(" "), [], ""
+    for w in words:
+        if len(line) + len(w) > 60 and line:
+            lines.append(line)
+            line = w
+        else:
+            line = f"{line} {w}".strip()
+    lines.append(line)
+    return re.sub(r"(?<![A-Za-z0-9_])N(?![A-Za-z0-9_])", "<i>n</i>", "<br>".join(lines))
 
 
 def _desc(point: dict[str, Any]) -> str:
@@ -69,8 +96,14 @@ def _pareto_fig(out: SweepOutcome, xkey: str, xlabel: str, max_bg: int) -> go.Fi
             line={"color": "#E45756", "shape": "hv"}, marker={"size": 10, "symbol": "diamond"},
             hovertext=[_desc(sim[i]["point"]) for i in front], hoverinfo="text+x+y",
         ))
+    xs_all = {getattr(c.estimate, xkey) for c in bg} | {r["report"][xkey] for r in sim}
     fig.update_layout(title=_E(f"{LABEL.get(obj, obj)} against {xlabel}"), xaxis_title=_E(xlabel),
-                      yaxis_title=_E(LABEL.get(obj, obj)), height=450)
+                      yaxis_title=_E(LABEL.get(obj, obj)), height=450,
+                      yaxis=dict(tickformat=",.4~r" if obj == "mfu" else ",.0f" if obj.startswith("tokens") else ",.4~r"),
+                      xaxis=dict(tickformat=",.0f" if xkey == "gpus" else ",.1f"))
+    if xkey == "gpus" and len(xs_all) <= 12:
+        # a handful of GPU counts: one tick per count, not a continuous scale around one value
+        fig.update_xaxes(tickmode="array", tickvals=sorted(xs_all), ticktext=[f"{int(v):,}" for v in sorted(xs_all)])
     return fig
 
 
@@ -118,7 +151,9 @@ def _parcoords_fig(out: SweepOutcome, max_points: int) -> go.Figure | None:
     for name, vals in axes.items():
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
         if numeric:
-            dims.append({"label": _E(name), "values": [c.point.get(name) for c in cands]})
+            # parallel degrees and sizes are discrete choices: ticks at the values, not a continuum
+            dims.append({"label": _E(name), "values": [c.point.get(name) for c in cands],
+                         "tickvals": sorted(vals), "ticktext": [_E(_fmt(v)) for v in sorted(vals)]})
         else:
             idx = {repr(v): i for i, v in enumerate(vals)}
             dims.append({"label": _E(name), "values": [idx.get(repr(c.point.get(name)), 0) for c in cands],
@@ -127,9 +162,10 @@ def _parcoords_fig(out: SweepOutcome, max_points: int) -> go.Figure | None:
     dims.append({"label": _E(f"estimate {LABEL.get(obj, obj)}"), "values": [c.score for c in cands]})
     dims.append({"label": "memory GiB", "values": [c.estimate.peak_memory_gib for c in cands]})
     fig = go.Figure(go.Parcoords(line={"color": [c.score for c in cands], "colorscale": "Viridis", "showscale": True},
-                                 dimensions=dims))
+                                 dimensions=dims, labelangle=-20, labelside="top",
+                                 tickfont={"size": 10}, rangefont={"size": 9}))
     fig.update_layout(title=_E(f"Feasible space: the {len(cands):,} best estimates of {len(out.evaluation.candidates):,}"),
-                      height=500)
+                      height=520, margin={"t": 120, "l": 60, "r": 60})
     return fig
 
 
@@ -156,10 +192,13 @@ def _pruned_fig(out: SweepOutcome) -> go.Figure | None:
     pr = out.evaluation.pruned.most_common(15)
     if not pr:
         return None
-    fig = go.Figure(go.Bar(x=[n for _, n in pr][::-1], y=[_E(r) for r, _ in pr][::-1], orientation="h",
-                           marker_color="#F58518"))
-    fig.update_layout(title="Pruned before simulation, by reason", height=120 + 28 * len(pr),
-                      margin={"l": 520}, xaxis_title="points")
+    labels = [_reason(r) for r, _ in pr][::-1]
+    lines = max(lb.count("<br>") + 1 for lb in labels)
+    fig = go.Figure(go.Bar(x=[n for _, n in pr][::-1], y=labels, orientation="h", marker_color="#F58518",
+                           hovertemplate="%{y}<br>%{x:,} points<extra></extra>"))
+    fig.update_layout(title="Pruned before simulation, by reason (<i>n</i>: a number that differs between points)",
+                      height=120 + 20 * lines * len(pr), xaxis=dict(title="points", tickformat=",d"),
+                      yaxis=dict(automargin=True, type="category", tickfont={"size": 11}), margin={"l": 20})
     return fig
 
 
@@ -174,8 +213,8 @@ def _table_html(out: SweepOutcome, k: int) -> str:
         rep = r["report"]
         cells = "".join(f"<td>{_E(_fmt(r['point'][a]))}</td>" for a in axes)
         body.append(
-            f"<tr><td>{i + 1}</td>{cells}<td>{rep['tokens_per_s']:,.0f}</td><td>{rep['step_time_s']:.4g}</td>"
-            f"<td>{rep['mfu']:.1%}</td><td>{rep['peak_memory_gib']:.1f}</td><td>{r['estimate_score']:.4g}</td></tr>"
+            f"<tr><td>{i + 1}</td>{cells}<td>{rep['tokens_per_s']:,.0f}</td><td>{rep['step_time_s']:.3f}</td>"
+            f"<td>{rep['mfu']:.1%}</td><td>{rep['peak_memory_gib']:.1f}</td><td>{_E(_fmt(r['estimate_score']))}</td></tr>"
         )
     return ("<table><thead><tr><th>#</th>" + head + "<th>tokens/s</th><th>step s</th><th>MFU</th><th>memory GiB</th>"
             f"<th>estimate ({_E(out.spec.objective)})</th></tr></thead><tbody>" + "".join(body) + "</tbody></table>")
@@ -185,18 +224,21 @@ def build_sweep_dashboard_html(out: SweepOutcome, cdn: bool = False, timeline_hr
                                max_points: int = 3000) -> str:
     ev = out.evaluation
     a = out.agreement
+    gpu_counts = {c.estimate.gpus for c in ev.candidates[:max_points]} | {r["report"]["gpus"] for r in out.simulated}
     figs = [f for f in (
-        _pareto_fig(out, "gpus", "GPUs", max_points),
+        # one GPU count for every point: a chart against GPUs would be a single column
+        _pareto_fig(out, "gpus", "GPUs", max_points) if len(gpu_counts) > 1 else None,
         _pareto_fig(out, "peak_memory_gib", "peak memory per GPU (GiB)", max_points),
         _heatmap_fig(out),
         _parcoords_fig(out, max_points),
         _agreement_fig(out),
         _pruned_fig(out),
     ) if f is not None]
-    parts = []
-    for i, f in enumerate(figs):
-        js: Any = ("cdn" if cdn else True) if i == 0 else False
-        parts.append(f.to_html(full_html=False, include_plotlyjs=js))
+    from simulator.report.dashboard import figure_div, page
+
+    parts = [figure_div(f, f"sweep-fig-{i}") for i, f in enumerate(figs)]
+    if len(gpu_counts) == 1:
+        parts.insert(0, f"<p>Every point uses {next(iter(gpu_counts)):,} GPUs: throughput is shown against peak memory only.</p>")
     best = out.best
     link = ""
     if best is not None:
@@ -214,9 +256,10 @@ def build_sweep_dashboard_html(out: SweepOutcome, cdn: bool = False, timeline_hr
                f"estimated at {ev.rate:,.0f} points/s; {len(out.simulated):,} simulated "
                f"({out.newly_simulated:,} now, {out.reused:,} from the store); objective "
                f"{_E(out.spec.objective)} ({'max' if out.spec.maximize else 'min'}).</p>")
-    style = ("body{font-family:sans-serif;margin:1.5em;} table{border-collapse:collapse;font-size:13px;}"
-             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;} th{background:#f4f4f4;}")
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>" + _E(f"sweep {out.spec.name}") +
-            f"</title><style>{style}</style></head><body><h1>Sweep {_E(out.spec.name)}</h1>" + summary + agree + link +
-            "<h2>Top configurations (simulated)</h2>" + _table_html(out, out.spec.top_k) + "".join(parts) +
-            "</body></html>")
+    style = ("<style>table.top{border-collapse:collapse;font-size:13px;background:#fff}"
+             "table.top td,table.top th{border:1px solid #ccc;padding:3px 8px;text-align:right;} table.top th{background:#f4f4f4;}"
+             "</style>")
+    body = (style + '<section class="panel">' + summary + agree + link + "<h2>Top configurations (simulated)</h2>"
+            + _table_html(out, out.spec.top_k).replace("<table>", '<table class="top">', 1) + "</section>"
+            + "".join(f'<section class="panel">{p}</section>' for p in parts))
+    return page(_E(f"Sweep {out.spec.name}"), _E(f"objective {out.spec.objective}"), body, cdn)

@@ -1,0 +1,269 @@
+"""Where the step's time goes: the exact step-time breakdown and the critical path.
+
+Step-time breakdown (per simulated rank, then the mean over ranks). Each rank's compute stream
+is, at every instant of the step, in exactly one of these states, so the parts sum to the step:
+
+    compute     running kernels (forward, backward, weight-gradient), optimizer excluded
+    optimizer   the optimizer step at the end
+    exposed_d   waiting on a collective or transfer of dimension d (tp, cp, ep, pp, dp)
+    bubble      waiting on another stage's compute (pipeline fill/drain), or idle after the
+                rank finished while slower ranks still run
+    imbalance   the part of that idle time a perfectly balanced pipeline would not have: the
+                slowest rank's compute minus this rank's (capped at its idle time)
+
+Every part is measured on its own (compute rows, recorded waits, the tail after the rank's end);
+``unattributed`` is the step minus their sum and stays ~0 when the engine accounts for every wait.
+
+Critical path: walked backwards from the rank that ends the step. On a rank's compute lane the
+tile ending at time t is either compute (take it, go to its start), a wait on a collective of the
+same rank (take the collective from its issue), or a wait on a pipeline transfer (take the
+transfer, then continue on the sending rank where the transfer started). In reduced mode every
+collective's members are symmetric, so staying on the rank is exact; in full mode a collective's
+last arriving member is not looked up (the path stays on the waiting rank).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from simulator.engine.core import Timeline
+
+DIMS = ("tp", "cp", "ep", "pp", "dp")
+CAUSES = ("bubble",) + DIMS
+BREAKDOWN_KEYS = ("compute",) + tuple(f"exposed_{d}" for d in DIMS) + ("bubble", "imbalance", "optimizer")
+EPS_S = 1e-12
+
+
+def rank_breakdown(tl: "Timeline") -> dict[int, dict[str, float]]:
+    """Per simulated rank: the parts of BREAKDOWN_KEYS (seconds) and ``unattributed``."""
+    step = tl.step_time_s
+    opt = float(getattr(tl, "optimizer_s", 0.0) or 0.0)
+    waits = getattr(tl, "waits", None)
+    ends = getattr(tl, "end_time_s", None) or {}
+    ev = tl.events
+    comp = ev[ev["stream"] == "compute"]
+    busy = (comp["end_s"] - comp["start_s"]).groupby(comp["rank"]).sum()
+    bubble_w: dict[int, float] = {}
+    if waits is not None and len(waits):
+        b = waits[waits["cause"] == "bubble"]
+        bubble_w = (b["end_s"] - b["start_s"]).groupby(b["rank"]).sum().to_dict()
+    out: dict[int, dict[str, float]] = {}
+    for r in tl.ranks:
+        compute = float(busy.get(r, 0.0)) - opt
+        exposed = {d: float(tl.exposed_s[r].get(d, 0.0)) for d in DIMS}
+        if waits is not None and r in ends:
+            idle = float(bubble_w.get(r, 0.0)) + max(0.0, step - float(ends[r]))
+        else:  # an engine that records no waits: idle is what is left
+            idle = max(0.0, step - compute - opt - sum(exposed.values()))
+        row = {"compute": compute, **{f"exposed_{d}": v for d, v in exposed.items()}, "idle": idle, "optimizer": opt}
+        out[r] = row
+    max_c = max((row["compute"] for row in out.values()), default=0.0)
+    for row in out.values():
+        idle = row.pop("idle")
+        imb = min(idle, max(0.0, max_c - row["compute"]))
+        row["imbalance"] = imb
+        row["bubble"] = idle - imb
+        row["unattributed"] = step - sum(row[k] for k in BREAKDOWN_KEYS)
+    return {r: {k: row[k] for k in (*BREAKDOWN_KEYS, "unattributed")} for r, row in out.items()}
+
+
+def step_breakdown(tl: "Timeline") -> dict[str, float]:
+    """The mean over simulated ranks of :func:`rank_breakdown` (each rank sums to the step, so the
+    mean does too)."""
+    per = rank_breakdown(tl)
+    n = max(1, len(per))
+    return {k: sum(row[k] for row in per.values()) / n for k in (*BREAKDOWN_KEYS, "unattributed")}
+
+
+# ---------------------------------------------------------------------------------------------
+# critical path
+
+
+def _lane_tiles(tl: "Timeline") -> dict[int, pd.DataFrame]:
+    """Per rank: the compute lane as tiles (compute rows and waits), sorted by end."""
+    ev = tl.events
+    comp = ev[ev["stream"] == "compute"]
+    parts = [pd.DataFrame({
+        "rank": comp["rank"].to_numpy(), "start_s": comp["start_s"].to_numpy(), "end_s": comp["end_s"].to_numpy(),
+        "cause": "compute", "issued_s": np.nan, "src_rank": -1, "what": comp["name"].astype(str).to_numpy(),
+        "kind": comp["kind"].astype(str).to_numpy(), "microbatch": comp["microbatch"].to_numpy(),
+        "stage": comp["stage"].to_numpy(),
+    })]
+    waits = getattr(tl, "waits", None)
+    if waits is not None and len(waits):
+        w = waits.copy()
+        w["kind"] = w["cause"]
+        w["microbatch"] = -1
+        w["stage"] = -1
+        parts.append(w)
+    tiles = pd.concat(parts, ignore_index=True)
+    tiles = tiles[tiles["end_s"] > tiles["start_s"]]
+    out = {}
+    for r, g in tiles.groupby("rank"):
+        g = g.sort_values(["end_s", "start_s"])
+        out[int(r)] = {c: g[c].to_numpy() for c in g.columns}
+    return out
+
+
+def critical_path(tl: "Timeline") -> list[dict[str, Any]]:
+    """Segments of the critical path in time order: dicts with rank, pp_rank, cause (compute or a
+    dimension or bubble), kind, what, start_s, end_s, microbatch, stage. Contiguous from 0 to the step."""
+    ends = getattr(tl, "end_time_s", None) or {}
+    if not ends or getattr(tl, "waits", None) is None:
+        return []
+    tiles = _lane_tiles(tl)
+    ev = tl.events
+    comm = ev[ev["stream"] != "compute"]
+    comm_by_rank = {int(r): g for r, g in comm.groupby("rank")}
+    rank = max(ends, key=lambda r: ends[r])
+    t = float(ends[rank])
+    tol = max(1e-12, tl.step_time_s * 1e-12)
+    path: list[dict[str, Any]] = []
+
+    def add(r: int, cause: str, kind: str, what: str, s: float, e: float, mb: int = -1, st: int = -1):
+        if e - s > 0:
+            path.append({"rank": int(r), "pp_rank": int(tl.pp_rank_of.get(r, -1)), "cause": cause, "kind": kind,
+                         "what": what, "start_s": float(s), "end_s": float(e), "microbatch": int(mb), "stage": int(st)})
+
+    guard = 0
+    limit = 4 * sum(len(x["end_s"]) for x in tiles.values()) + 100
+    while t > tol and guard < limit:
+        guard += 1
+        lane = tiles.get(rank)
+        if lane is None or not len(lane["end_s"]):
+            break
+        i = int(np.searchsorted(lane["end_s"], t + tol, side="right")) - 1
+        if i < 0:
+            add(rank, "bubble", "bubble", "idle before the first work", 0.0, t)
+            break
+        row = {c: v[i] for c, v in lane.items()}
+        if row["end_s"] < t - tol:
+            # Nothing ends at t on this lane: the rank was idle from its last tile until t
+            # (a transfer queued behind another on the send stream, or a rank's end of step).
+            add(rank, "bubble", "bubble", "idle (a send queued behind another, or the end of the step)",
+                float(row["end_s"]), t)
+            t = float(row["end_s"])
+            continue
+        s0 = float(row["start_s"])
+        cause = row["cause"]
+        if cause == "compute":
+            add(rank, "compute", row["kind"], row["what"], s0, t, row["microbatch"], row["stage"])
+            t = s0
+        elif cause == "pp" or (cause == "bubble" and int(row["src_rank"]) >= 0 and int(row["src_rank"]) != rank):
+            src = int(row["src_rank"])
+            issued = row["issued_s"]
+            if cause == "pp" and not math.isnan(issued):
+                add(rank, "pp", "pp", row["what"], float(issued), t)
+                t = float(issued)
+            if src in tiles:
+                rank = src
+            else:
+                add(rank, "bubble", "bubble", row["what"], s0, t)
+                t = s0
+        elif cause in DIMS:
+            issued = row["issued_s"]
+            if math.isnan(issued):
+                # find the communication row that ended at t (dp buckets, parameter gathers)
+                c = comm_by_rank.get(rank)
+                start = s0
+                if c is not None:
+                    m = c[(np.abs(c["end_s"] - t) <= max(tol, 1e-9)) & (c["kind"] == cause)]
+                    if len(m):
+                        start = float(m["start_s"].min())
+                issued = start
+            issued = min(float(issued), s0)
+            add(rank, cause, cause, row["what"], issued, t)
+            t = issued
+        else:
+            add(rank, "bubble", "bubble", row["what"], s0, t)
+            t = s0
+    path.reverse()
+    return path
+
+
+def summarize_path(path: list[dict[str, Any]], limit: int = 400) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Seconds on the path per cause, and the path merged into at most ~``limit`` entries: runs of
+    one rank and one action (compute with the collectives inside it), transfers and waits apart."""
+    by_cause: dict[str, float] = {}
+    for seg in path:
+        by_cause[seg["cause"]] = by_cause.get(seg["cause"], 0.0) + seg["end_s"] - seg["start_s"]
+    merged: list[dict[str, Any]] = []
+    for seg in path:
+        inside = seg["cause"] in ("compute", "tp", "cp", "ep")
+        key = (seg["rank"], seg["microbatch"], seg["stage"], seg["kind"]) if seg["cause"] == "compute" else None
+        last = merged[-1] if merged else None
+        if last is not None and inside and last["_inside"] and last["rank"] == seg["rank"] and (
+                key is None or last["_key"] is None or last["_key"] == key):
+            last["end_s"] = seg["end_s"]
+            last["by_cause_s"][seg["cause"]] = last["by_cause_s"].get(seg["cause"], 0.0) + seg["end_s"] - seg["start_s"]
+            if key is not None and last["_key"] is None:
+                last["_key"] = key
+                last["what"] = _action_label(seg)
+            continue
+        merged.append({"rank": seg["rank"], "pp_rank": seg["pp_rank"], "start_s": seg["start_s"], "end_s": seg["end_s"],
+                       "what": _action_label(seg) if seg["cause"] == "compute" else f"{seg['cause']}: {seg['what']}",
+                       "by_cause_s": {seg["cause"]: seg["end_s"] - seg["start_s"]}, "_inside": inside, "_key": key})
+    for m in merged:
+        m.pop("_inside")
+        m.pop("_key")
+    if len(merged) > limit:
+        # keep the longest entries, in time order, so the list stays readable
+        keep = sorted(sorted(range(len(merged)), key=lambda i: merged[i]["start_s"] - merged[i]["end_s"])[:limit])
+        merged = [merged[i] for i in keep]
+    return by_cause, merged
+
+
+def _action_label(seg: dict[str, Any]) -> str:
+    if seg["microbatch"] >= 0:
+        return f"{seg['kind']} stage {seg['stage']} mb {seg['microbatch']}"
+    return str(seg["what"])
+
+
+BREAKDOWN_LABELS = {"compute": "compute", "exposed_tp": "exposed tp", "exposed_cp": "exposed cp",
+                    "exposed_ep": "exposed ep", "exposed_pp": "exposed pp", "exposed_dp": "exposed dp",
+                    "bubble": "bubble", "imbalance": "stage imbalance", "optimizer": "optimizer"}
+
+
+def breakdown_lines(report: Any) -> list[tuple[str, str]]:
+    """(label, value) rows of the step breakdown and the critical path, for the terminal summary."""
+    bd = report.step_breakdown_s
+    step = report.step_time_s
+    if not bd or step <= 0:
+        return []
+    rows = [(f"  {BREAKDOWN_LABELS[k]}", f"{bd[k]:.3f} s ({bd[k] / step:.1%})") for k in BREAKDOWN_KEYS
+            if bd.get(k, 0.0) > 0.0005 * step]
+    if rows:
+        rows[0] = ("step = " + rows[0][0].strip(), rows[0][1])
+        rows[1:] = [("  + " + label.strip(), v) for label, v in rows[1:]]
+    cp = report.critical_path_s
+    if cp:
+        rows.append(("critical path", ", ".join(f"{k} {v / step:.0%}" for k, v in sorted(cp.items(), key=lambda x: -x[1])
+                                                if v > 0.005 * step)))
+    return rows
+
+
+def step_delta(report_a: Any, report_b: Any) -> list[dict[str, Any]]:
+    """Per component of the step breakdown: A, B and B - A in seconds, and the change as a share of
+    A's step. The component deltas sum to the step delta (each side sums to its step); the last row
+    is the step itself. Reports without a breakdown (older JSON) give the step row only."""
+    rows = []
+    ba, bb = report_a.step_breakdown_s or {}, report_b.step_breakdown_s or {}
+    step_a = report_a.step_time_s
+    if ba and bb:
+        for k in (*BREAKDOWN_KEYS, "unattributed"):
+            a, b = float(ba.get(k, 0.0)), float(bb.get(k, 0.0))
+            if k == "unattributed" and abs(a) < 1e-9 and abs(b) < 1e-9:
+                continue
+            if a == 0.0 and b == 0.0:
+                continue
+            rows.append({"component": k, "label": BREAKDOWN_LABELS.get(k, k), "a_s": a, "b_s": b, "delta_s": b - a,
+                         "delta_of_step": (b - a) / step_a if step_a else 0.0})
+    rows.append({"component": "step", "label": "step", "a_s": step_a, "b_s": report_b.step_time_s,
+                 "delta_s": report_b.step_time_s - step_a,
+                 "delta_of_step": (report_b.step_time_s - step_a) / step_a if step_a else 0.0})
+    return rows

@@ -1,0 +1,411 @@
+"""Findings: what to change, with numbers.
+
+``find(result)`` looks at one simulation and returns findings, each with the measured problem and
+concrete changes (scenario overrides) with their predicted effect:
+
+- memory overflow: recompute, more pipeline stages, a higher ZeRO stage; peak GiB predicted by the
+  memory model (``workload.memory``, no simulation needed);
+- a large pipeline bubble: interleaving, zero-bubble schedules, more microbatches;
+- stage imbalance: the ``pp_layer_split`` that minimises the slowest stage, from the program's
+  per-layer compute times;
+- TP, CP or EP groups that cross the node's NVLink domain onto NICs;
+- exposed DP communication: bucket size, overlap, FSDP prefetch.
+
+Time predictions come from re-simulating the suggestion with the library's ``simulate`` when that
+is cheap (the original simulation's wall time times the number of suggestions fits
+``budget_s``); a finding says which numbers were simulated and which were not. ``attach`` writes
+the findings into the report (``findings`` and, as one line each, ``notes``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from simulator.errors import UserError
+
+if TYPE_CHECKING:
+    from simulator.report.metrics import Report
+    from simulator.simulate import SimulationResult
+
+# Thresholds that make a finding worth a line; shares of the step unless named otherwise.
+BUBBLE_SHARE = 0.10  # pipeline bubble (imbalance excluded)
+IMBALANCE_SHARE = 0.03  # slowest stage's compute over the mean, beyond which a re-split is proposed
+DP_SHARE = 0.03  # exposed dp communication
+SLOW_LINK_SHARE = 0.01  # exposed comm of a dimension whose groups cross nodes
+RESIM_BUDGET_S = 20.0  # wall time the re-simulations of one report may take in all
+
+
+@dataclass
+class Suggestion:
+    label: str
+    overrides: dict[str, Any]
+    predicted_step_s: float | None = None
+    predicted_tokens_per_s: float | None = None
+    predicted_peak_gib: float | None = None
+    fits: bool | None = None
+    simulated: bool = False
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None and v != ""}
+
+
+@dataclass
+class Finding:
+    kind: str
+    message: str
+    value: float
+    suggestions: list[Suggestion] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "value": self.value,
+                "suggestions": [s.as_dict() for s in self.suggestions]}
+
+
+class _Budget:
+    """Re-simulates a changed scenario while the time budget lasts."""
+
+    def __init__(self, result: "SimulationResult", budget_s: float):
+        self.result = result
+        self.left_s = budget_s
+        self.one_s = max(0.05, result.report.sim_wall_s)
+
+    def scenario(self, overrides: dict[str, Any]):
+        from simulator.scenario import build_scenario, set_dotted
+
+        data = self.result.scenario.model_dump(mode="json")
+        # build_scenario skips None overrides; here None means "back to the default"
+        for dotted, value in overrides.items():
+            if value is None:
+                *parents, leaf = dotted.split(".")
+                node = data
+                for k in parents:
+                    node = node.get(k, {})
+                node.pop(leaf, None)
+            else:
+                set_dotted(data, dotted, value)
+        try:
+            return build_scenario(data)
+        except UserError:
+            return None
+
+    def valid(self, overrides: dict[str, Any]) -> bool:
+        return self.scenario(overrides) is not None
+
+    def simulate(self, overrides: dict[str, Any]) -> "Report | None":
+        if self.one_s * 1.5 > self.left_s:
+            return None
+        sc = self.scenario(overrides)
+        if sc is None:
+            return None
+        from simulator.simulate import simulate
+
+        t = time.perf_counter()
+        try:
+            rep = simulate(sc, mode=self.result.timeline.mode).report
+        except (UserError, ValueError):
+            rep = None
+        dt = time.perf_counter() - t
+        self.left_s -= dt
+        self.one_s = max(self.one_s, dt)
+        return rep
+
+    def memory(self, overrides: dict[str, Any]):
+        """The memory model's report for a changed scenario (no simulation)."""
+        sc = self.scenario(overrides)
+        if sc is None:
+            return None
+        from simulator.simulate import resolve_schedule
+        from simulator.workload.memory import memory_report
+        from simulator.workload.program import build_program
+
+        try:
+            sched = resolve_schedule(sc)
+            prog = build_program(sc, self.result.profile, sched)
+        except (UserError, ValueError):
+            return None
+        prof = self.result.profile
+        return memory_report(sc, prog, prof.hbm_gib, prof.usable_memory_fraction)
+
+
+def _fill(s: Suggestion, rep: "Report | None") -> Suggestion:
+    if rep is not None:
+        s.predicted_step_s = rep.step_time_s
+        s.predicted_tokens_per_s = rep.tokens_per_s
+        s.predicted_peak_gib = rep.peak_memory_gib
+        s.fits = rep.fits_in_memory
+        s.simulated = True
+    return s
+
+
+def _sim_text(s: Suggestion, step_s: float) -> str:
+    if s.simulated and s.predicted_step_s is not None:
+        return f"{s.label}: step {s.predicted_step_s:.3f} s ({(s.predicted_step_s - step_s) / step_s:+.1%}, simulated)"
+    return f"{s.label}: {s.note or 'not simulated (over the time budget)'}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the checks
+
+
+def memory_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
+    rep = result.report
+    if rep.fits_in_memory:
+        return None
+    sc = result.scenario
+    p = sc.parallelism
+    worst = max(range(len(rep.per_pp_rank)), key=lambda i: rep.per_pp_rank[i]["memory_gib"]["total_gib"])
+    row = rep.per_pp_rank[worst]["memory_gib"]
+    biggest = max((k for k in row if k != "total_gib"), key=lambda k: row[k])
+    cands: list[tuple[str, dict[str, Any]]] = []
+    if sc.recompute != "selective" and sc.recompute != "full":
+        cands.append(("recompute=selective", {"recompute": "selective"}))
+    if sc.recompute != "full":
+        cands.append(("recompute=full", {"recompute": "full"}))
+    for z in range(p.zero + 1, 4):
+        cands.append((f"zero={z}", {"parallelism.zero": z}))
+    for mult in (2, 4):
+        cands.append((f"pp={p.pp * mult}", {"parallelism.pp": p.pp * mult, "parallelism.pp_layer_split": None}))
+    sugg = []
+    for label, over in cands:
+        mem = budget.memory(over)
+        if mem is None or abs(mem.peak_gib - rep.peak_memory_gib) < 0.05:
+            continue  # not a valid layout here, or no change (recompute with FlashAttention already on)
+        sugg.append(Suggestion(label, over, predicted_peak_gib=mem.peak_gib, fits=mem.fits,
+                               note=f"{mem.peak_gib:.1f} GiB predicted by the memory model"))
+    # the best fitting suggestion that changes least gets a simulated step time, when cheap
+    fitting = [s for s in sugg if s.fits]
+    if fitting:
+        _fill(fitting[0], budget.simulate(fitting[0].overrides))
+    parts = [f"{s.label} → {s.predicted_peak_gib:.1f} GiB ({'fits' if s.fits else 'still over'})" for s in sugg]
+    step_part = ""
+    if fitting and fitting[0].simulated:
+        step_part = f"; {_sim_text(fitting[0], rep.step_time_s)}"
+    msg = (f"memory: pp rank {rep.per_pp_rank[worst]['pp_rank']} needs {rep.peak_memory_gib:.1f} GiB of the usable "
+           f"{rep.memory_capacity_gib:.1f} GiB ({biggest.removesuffix('_gib')} {row[biggest]:.1f} GiB is the largest part). "
+           f"Memory model: {'; '.join(parts) if parts else 'no single change tried fits'}{step_part}.")
+    return Finding("memory", msg, rep.peak_memory_gib - rep.memory_capacity_gib, sugg)
+
+
+def bubble_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
+    rep = result.report
+    sc = result.scenario
+    p = sc.parallelism
+    bubble = rep.step_breakdown_s.get("bubble", 0.0)
+    if p.pp < 2 or bubble < BUBBLE_SHARE * rep.step_time_s:
+        return None
+    m = sc.num_microbatches
+    cands: list[tuple[str, dict[str, Any]]] = []
+    if sc.schedule in ("1f1b", "gpipe") and not sc.schedule_file:
+        cands.append(("interleaved-1f1b vpp=2", {"schedule": "interleaved-1f1b", "parallelism.vpp": 2,
+                                                 "parallelism.pp_layer_split": None}))
+        cands.append(("zb-h1", {"schedule": "zb-h1"}))
+    if sc.schedule not in ("zbv", "dualpipev") and not sc.schedule_file:
+        cands.append(("zbv", {"schedule": "zbv", "parallelism.vpp": 1, "parallelism.pp_layer_split": None}))
+    if sc.batch.micro_batch_size > 1:
+        cands.append((f"micro_batch_size={sc.batch.micro_batch_size // 2} ({2 * m} microbatches)",
+                      {"batch.micro_batch_size": sc.batch.micro_batch_size // 2}))
+    else:
+        cands.append((f"global_batch_size={2 * sc.batch.global_batch_size} ({2 * m} microbatches, a larger batch)",
+                      {"batch.global_batch_size": 2 * sc.batch.global_batch_size}))
+    cands = [(label, over) for label, over in cands if budget.valid(over)]
+    sugg = [_fill(Suggestion(label, over), budget.simulate(over)) for label, over in cands]
+    for s in sugg:
+        if not s.simulated:
+            # first-order estimate: 1F1B's bubble (p-1)/(m+p-1) shrinks with more microbatches
+            # and by vpp with interleaving (Narayanan et al. 2021, Sec. 2.2)
+            if "vpp=2" in s.label:
+                s.note = f"bubble ~{bubble / 2:.3f} s (halved by interleaving, first-order; not simulated)"
+            elif "microbatches" in s.label:
+                s.note = (f"bubble share ~{(p.pp - 1) / (2 * m + p.pp - 1):.1%} of the step (first-order; not simulated)")
+            else:
+                s.note = "not simulated (over the time budget)"
+    # a larger global batch changes the optimisation, so it is shown but never called best
+    better = [s for s in sugg if s.simulated and s.predicted_tokens_per_s and s.predicted_tokens_per_s > rep.tokens_per_s
+              and "batch.global_batch_size" not in s.overrides]
+    best = max(better, key=lambda s: s.predicted_tokens_per_s or 0.0) if better else None
+    msg = (f"bubble: {bubble:.3f} s ({bubble / rep.step_time_s:.1%} of the step) with {sc.schedule} on pp={p.pp} and "
+           f"{m} microbatches. " + "; ".join(_sim_text(s, rep.step_time_s) for s in sugg)
+           + (f". Best: {best.label} ({best.predicted_tokens_per_s / rep.tokens_per_s - 1:+.1%} tokens/s)" if best else "")
+           + ".")
+    return Finding("bubble", msg, bubble / rep.step_time_s, sugg)
+
+
+def layer_costs(result: "SimulationResult") -> np.ndarray | None:
+    """Compute seconds per microbatch of each layer (index 0..L-1), the embedding added to the first
+    layer and the head to the last, from the program's segments and the kinds the schedule runs."""
+    prog = result.program
+    sched = prog.schedule
+    nl = len([L for pos in prog.position_layers for L in pos])
+    kinds = set()
+    for acts in sched.actions:
+        for a in acts:
+            for sub in (a.sub if a.kind == "FB" else (a,)):
+                kinds.add(sub.kind)
+    cost = np.zeros(nl + 2)  # slot 0 = embedding (-1), slot nl + 1 = head (nl)
+    for (pos, kind), seg in prog.segments.items():
+        if kind not in kinds:
+            continue
+        np.add.at(cost, np.clip(seg.layer.astype(np.int64) + 1, 0, nl + 1), seg.compute_s)
+    out = cost[1:nl + 1].copy()
+    out[0] += cost[0]
+    out[-1] += cost[nl + 1]
+    return out
+
+
+def best_split(costs: np.ndarray, parts: int) -> list[int]:
+    """Contiguous split of ``costs`` into ``parts`` non-empty groups minimising the largest group
+    sum (dynamic programming, O(parts · n²))."""
+    n = len(costs)
+    pre = np.concatenate([[0.0], np.cumsum(costs)])
+    inf = float("inf")
+    best = np.full((parts + 1, n + 1), inf)
+    cut = np.zeros((parts + 1, n + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    for k in range(1, parts + 1):
+        for i in range(k, n - (parts - k) + 1):
+            j = np.arange(k - 1, i)
+            vals = np.maximum(best[k - 1, j], pre[i] - pre[j])
+            a = int(np.argmin(vals))
+            best[k, i], cut[k, i] = vals[a], j[a]
+    counts, i = [], n
+    for k in range(parts, 0, -1):
+        j = int(cut[k, i])
+        counts.append(i - j)
+        i = j
+    return counts[::-1]
+
+
+def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
+    rep = result.report
+    sc = result.scenario
+    prog = result.program
+    sched = prog.schedule
+    p = sc.parallelism
+    if p.pp < 2 or len(prog.position_layers) != sched.num_ranks:
+        return None  # interleaved and V shapes: a rank holds several positions (not handled here)
+    if any(sched.stage_position[st] != sched.stage_rank[st] for st in range(sched.num_stages)):
+        return None
+    comp = [r["breakdown_s"]["compute"] for r in rep.per_pp_rank]
+    mean = sum(comp) / len(comp)
+    slow = int(np.argmax(comp))
+    if comp[slow] < (1 + IMBALANCE_SHARE) * mean:
+        return None
+    costs = layer_costs(result)
+    current = [len(x) for x in prog.position_layers]
+    split = best_split(costs, p.pp)
+    pre = np.concatenate([[0.0], np.cumsum(costs)])
+
+    def stage_max(counts: list[int]) -> float:
+        edges = np.concatenate([[0], np.cumsum(counts)])
+        return float(max(pre[edges[i + 1]] - pre[edges[i]] for i in range(len(counts))))
+
+    now_max, new_max = stage_max(current), stage_max(split)
+    if split == current or new_max >= now_max * 0.99:
+        msg = (f"imbalance: pp rank {slow} computes {comp[slow] / mean - 1:.1%} more than the mean "
+               f"({comp[slow]:.3f} s vs {mean:.3f} s); no layer split lowers the slowest stage "
+               f"(split {current} is already the best for these layer costs).")
+        return Finding("imbalance", msg, comp[slow] / mean - 1, [])
+    over = {"parallelism.pp_layer_split": split}
+    s = _fill(Suggestion(f"pp_layer_split={split}", over,
+                         note=f"slowest stage {new_max * 1e3:.1f} ms instead of {now_max * 1e3:.1f} ms per microbatch "
+                              "(program's per-layer compute; not simulated)"), budget.simulate(over))
+    moved = [f"pp {i} {c:+d}" for i, c in enumerate(np.array(split) - np.array(current)) if c]
+    msg = (f"imbalance: pp rank {slow} computes {comp[slow] / mean - 1:.1%} more than the mean "
+           f"({comp[slow]:.3f} s vs {mean:.3f} s); imbalance costs {rep.step_breakdown_s.get('imbalance', 0.0):.3f} s "
+           f"of the step. Move layers ({', '.join(moved)} layers): pp_layer_split {current} → {split}, slowest stage "
+           f"{now_max * 1e3:.1f} → {new_max * 1e3:.1f} ms per microbatch; {_sim_text(s, rep.step_time_s)}.")
+    return Finding("imbalance", msg, comp[slow] / mean - 1, [s])
+
+
+def slow_link_findings(result: "SimulationResult") -> list[Finding]:
+    rep = result.report
+    mesh = result.program.mesh
+    node = result.topology.node
+    out = []
+    for dim in ("tp", "cp", "ep"):
+        size = getattr(mesh, dim)
+        exposed = rep.exposed_comm_s.get(dim, 0.0)
+        if size < 2 or exposed < SLOW_LINK_SHARE * rep.step_time_s:
+            continue
+        g = mesh.groups(dim)[0]
+        nodes = len(set((np.asarray(g) // node.gpus_per_node).tolist()))
+        if nodes < 2:
+            continue
+        msg = (f"slow links: each {dim.upper()} group of {size} GPUs spans {nodes} nodes, so its collectives cross "
+               f"NICs at {node.nic_GBps_per_gpu:.0f} GB/s per GPU instead of NVLink at {node.nvlink_GBps:.0f} GB/s; "
+               f"exposed {dim} is {exposed:.3f} s ({exposed / rep.step_time_s:.1%} of the step). Keep the {dim} groups "
+               + (f"inside a node: {dim}={size} exceeds the {node.gpus_per_node} GPUs of a node, use {dim} ≤ {node.gpus_per_node}."
+                  if size > node.gpus_per_node else
+                  f"inside a node: put {dim} innermost in mesh_order (now {mesh.order})."))
+        out.append(Finding("slow-link", msg, exposed / rep.step_time_s, []))
+    return out
+
+
+def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
+    rep = result.report
+    sc = result.scenario
+    p = sc.parallelism
+    exposed = rep.exposed_comm_s.get("dp", 0.0)
+    if sc.dp < 2 or exposed < DP_SHARE * rep.step_time_s:
+        return None
+    cands: list[tuple[str, dict[str, Any]]] = []
+    if not p.overlap_grad_reduce:
+        cands.append(("overlap_grad_reduce=true", {"parallelism.overlap_grad_reduce": True}))
+    if p.zero >= 3:
+        cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 1}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 1}))
+        cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 2}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 2}))
+    cands.append((f"grad_bucket_params={p.grad_bucket_params // 2:,}", {"parallelism.grad_bucket_params": p.grad_bucket_params // 2}))
+    cands.append((f"grad_bucket_params={p.grad_bucket_params * 2:,}", {"parallelism.grad_bucket_params": p.grad_bucket_params * 2}))
+    sugg = []
+    for label, over in cands:
+        if not budget.valid(over):
+            continue
+        rep2 = budget.simulate(over)
+        s = _fill(Suggestion(label, over), rep2)
+        if rep2 is not None:
+            s.note = f"exposed dp {rep2.exposed_comm_s.get('dp', 0.0):.3f} s"
+        sugg.append(s)
+    waits = result.timeline.waits
+    where = ""
+    if waits is not None and len(waits):
+        w = waits[waits["cause"] == "dp"]
+        if len(w):
+            share = (w["end_s"] - w["start_s"]).groupby(w["what"].str.contains("parameters")).sum()
+            params = float(share.get(True, 0.0)) / max(1, len(result.timeline.ranks))
+            where = (f" ({params:.3f} s of it waiting for parameter all-gathers, the rest for gradient reduction)"
+                     if params > 0 else " (all of it waiting for gradient reduction)")
+    msg = (f"exposed dp: {exposed:.3f} s ({exposed / rep.step_time_s:.1%} of the step){where}. "
+           + "; ".join(_sim_text(s, rep.step_time_s) + (f", {s.note}" if s.simulated and s.note else "") for s in sugg) + ".")
+    return Finding("exposed-dp", msg, exposed / rep.step_time_s, sugg)
+
+
+def find(result: "SimulationResult", budget_s: float = RESIM_BUDGET_S) -> list[Finding]:
+    """Every finding for one simulation, most expensive problem first."""
+    if not result.report.step_breakdown_s:
+        return []
+    budget = _Budget(result, budget_s)
+    out: list[Finding] = []
+    for check in (memory_finding, imbalance_finding, bubble_finding, dp_finding):
+        f = check(result, budget)
+        if f is not None:
+            out.append(f)
+    out += slow_link_findings(result)
+    return out
+
+
+def attach(result: "SimulationResult", budget_s: float = RESIM_BUDGET_S) -> "SimulationResult":
+    """Compute the findings and put them into ``result.report`` (findings and notes)."""
+    if result.report.findings:
+        return result
+    found = find(result, budget_s)
+    rep = result.report
+    result.report = rep.model_copy(update={
+        "findings": [f.as_dict() for f in found],
+        "notes": list(rep.notes) + [f.message for f in found],
+    })
+    return result

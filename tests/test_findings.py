@@ -1,0 +1,89 @@
+"""Findings: each names the problem with numbers and a change whose effect was predicted."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from simulator.report.findings import attach, best_split
+from simulator.scenario import build_scenario
+from simulator.simulate import simulate
+
+BASE = {"name": "t", "model": "llama3-8b", "parallelism": {"tp": 2, "pp": 4, "zero": 1},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 4096},
+        "cluster": {"gpus": 64, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}
+# 70B with DDP on 64 GPUs: optimizer state is not sharded and does not fit in 80 GB
+OVERFLOW = dict(BASE, model="llama3-70b", parallelism={"tp": 2, "pp": 4, "zero": 0},
+                batch={"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 4096})
+# 5/9/9/9 layers: the last stage (9 layers and the LM head) is much slower than the first
+IMBALANCED = dict(BASE, parallelism={"tp": 2, "pp": 4, "zero": 1, "pp_layer_split": [5, 9, 9, 9]})
+NUMBER = re.compile(r"\d+\.\d+ (s|GiB|ms)")
+
+
+def _kinds(rep):
+    return {f["kind"]: f for f in rep.findings}
+
+
+def test_overflow_finding_names_what_fits():
+    res = attach(simulate(build_scenario(OVERFLOW)), budget_s=10)
+    rep = res.report
+    assert not rep.fits_in_memory
+    f = _kinds(rep)["memory"]
+    assert f["value"] == pytest.approx(rep.peak_memory_gib - rep.memory_capacity_gib)
+    fits = [s for s in f["suggestions"] if s["fits"]]
+    assert fits and all(s["predicted_peak_gib"] <= rep.memory_capacity_gib for s in fits)
+    assert any(s["overrides"].get("parallelism.zero", 0) >= 2 for s in fits)
+    # ZeRO-3 shards parameters too, so it predicts less memory than ZeRO-2
+    by = {s["label"]: s["predicted_peak_gib"] for s in f["suggestions"]}
+    assert by["zero=3"] < by["zero=2"] < rep.peak_memory_gib
+    assert f["message"] in rep.notes and NUMBER.search(f["message"]) and "GiB" in f["message"]
+
+
+def test_bubble_finding_simulates_lower_bubble_schedules():
+    rep = attach(simulate(build_scenario(BASE)), budget_s=10).report
+    f = _kinds(rep)["bubble"]
+    assert f["value"] >= 0.10
+    sim = {s["label"]: s for s in f["suggestions"] if s.get("simulated")}
+    assert "zb-h1" in sim and "zbv" in sim
+    # zero-bubble schedules fill the bubble with weight-gradient work: the step gets shorter
+    assert sim["zb-h1"]["predicted_step_s"] < rep.step_time_s
+    assert "simulated" in f["message"] and "Best:" in f["message"]
+
+
+def test_imbalance_finding_moves_layers_and_the_move_helps():
+    rep = attach(simulate(build_scenario(IMBALANCED)), budget_s=10).report
+    f = _kinds(rep)["imbalance"]
+    (s,) = f["suggestions"]
+    split = s["overrides"]["parallelism.pp_layer_split"]
+    assert sum(split) == 32 and split != [5, 9, 9, 9] and split[0] > 5
+    assert s["simulated"] and s["predicted_step_s"] < rep.step_time_s
+    assert "pp_layer_split" in f["message"] and NUMBER.search(f["message"])
+
+
+def test_no_findings_budget_means_no_simulation_but_still_numbers():
+    rep = attach(simulate(build_scenario(OVERFLOW)), budget_s=0).report
+    f = _kinds(rep)["memory"]
+    assert all(not s.get("simulated") for s in f["suggestions"])
+    assert all(s["predicted_peak_gib"] > 0 for s in f["suggestions"])  # the memory model needs no simulation
+
+
+def test_best_split_is_optimal_on_a_small_case():
+    import itertools
+
+    costs = [3.0, 1.0, 1.0, 1.0, 2.0, 5.0, 1.0]
+    got = best_split(__import__("numpy").array(costs), 3)
+    best = min((max(sum(costs[:a]), sum(costs[a:b]), sum(costs[b:])), (a, b - a, len(costs) - b))
+               for a, b in itertools.combinations(range(1, len(costs)), 2))
+    edges = [0, got[0], got[0] + got[1], len(costs)]
+    assert max(sum(costs[edges[i]:edges[i + 1]]) for i in range(3)) == best[0]
+
+
+def test_tp_group_crossing_nodes_is_named():
+    sc = build_scenario(dict(BASE, parallelism={"tp": 16, "pp": 1, "zero": 1}))
+    rep = attach(simulate(sc), budget_s=0).report
+    f = _kinds(rep)["slow-link"]
+    assert "TP group of 16 GPUs spans 2 nodes" in f["message"] and f["value"] > 0.01
+    # within a node there is no such finding
+    rep8 = attach(simulate(build_scenario(dict(BASE, parallelism={"tp": 8, "pp": 1, "zero": 1}))), budget_s=0).report
+    assert "slow-link" not in _kinds(rep8)

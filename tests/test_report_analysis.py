@@ -1,0 +1,85 @@
+"""Step-time breakdown and critical path: measured parts that sum to the step on every schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.report.analysis import BREAKDOWN_KEYS, critical_path, rank_breakdown
+from simulator.scenario import build_scenario
+from simulator.simulate import simulate
+
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 1), ("dualpipe", 1),
+             ("dualpipev", 1)]
+
+
+def moe_all_dims(schedule: str = "dualpipe", vpp: int = 1, **over) -> dict:
+    """A small MoE scenario with every dimension > 1, so every cause of waiting occurs."""
+    d = {"name": f"moe-{schedule}", "model": "mixtral-8x7b",
+         "parallelism": {"tp": 2, "cp": 2, "pp": 4, "vpp": vpp, "ep": 2, "zero": 1},
+         "schedule": schedule, "batch": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 2048},
+         "cluster": {"gpus": 64, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}
+    d.update(over)
+    return d
+
+
+@pytest.mark.parametrize("schedule,vpp", SCHEDULES, ids=[s for s, _ in SCHEDULES])
+def test_breakdown_sums_to_step_on_every_schedule(schedule, vpp):
+    res = simulate(build_scenario(moe_all_dims(schedule, vpp)))
+    rep, tl = res.report, res.timeline
+    bd = rep.step_breakdown_s
+    total = sum(bd[k] for k in BREAKDOWN_KEYS)
+    # every part is measured on its own (compute rows, recorded waits, the tail), not a remainder
+    assert total == pytest.approx(rep.step_time_s, rel=1e-3)
+    assert abs(bd["unattributed"]) <= 1e-3 * rep.step_time_s
+    for r, row in rank_breakdown(tl).items():
+        assert sum(row[k] for k in BREAKDOWN_KEYS) == pytest.approx(tl.step_time_s, rel=1e-3), r
+        assert all(row[k] >= -1e-12 for k in BREAKDOWN_KEYS)
+    # the recorded waits are exactly the exposed communication the engine accounts
+    w = tl.waits
+    for r in tl.ranks:
+        for d in ("tp", "cp", "ep", "pp", "dp"):
+            mine = w[(w["rank"] == r) & (w["cause"] == d)]
+            assert (mine["end_s"] - mine["start_s"]).sum() == pytest.approx(tl.exposed_s[r][d], abs=1e-12)
+    # the old bubble fraction is bubble + imbalance
+    assert (bd["bubble"] + bd["imbalance"]) / rep.step_time_s == pytest.approx(rep.bubble_fraction, abs=1e-6)
+    # the critical path runs from 0 to the end of the step without gaps or overlaps
+    path = critical_path(tl)
+    assert path[0]["start_s"] == pytest.approx(0.0, abs=1e-12)
+    assert path[-1]["end_s"] == pytest.approx(rep.step_time_s, rel=1e-12)
+    for a, b in zip(path, path[1:]):
+        assert b["start_s"] == pytest.approx(a["end_s"], abs=1e-9)
+    assert sum(rep.critical_path_s.values()) == pytest.approx(rep.step_time_s, rel=1e-6)
+    assert set(rep.critical_path_s) <= {"compute", "bubble", "tp", "cp", "ep", "pp", "dp"}
+    assert rep.critical_path_s.get("compute", 0) > 0
+    if schedule != "dualpipe":  # a pipeline with pp > 1: the path crosses stages through pp transfers
+        assert len({s["pp_rank"] for s in path}) == 4 and rep.critical_path_s.get("pp", 0) > 0
+
+
+DENSE = {"name": "dense", "model": "llama3-8b", "parallelism": {"tp": 2, "pp": 4, "zero": 1},
+         "batch": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 4096},
+         "cluster": {"gpus": 64, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}
+
+
+def test_breakdown_sees_imbalance_when_layers_are_uneven():
+    # 32 layers on 4 stages as 5/9/9/9: every stage but the slowest idles for its missing layers
+    even = simulate(build_scenario(DENSE)).report
+    skew = simulate(build_scenario(dict(DENSE, parallelism={"tp": 2, "pp": 4, "zero": 1,
+                                                             "pp_layer_split": [5, 9, 9, 9]}))).report
+    assert skew.step_breakdown_s["imbalance"] > 1.3 * even.step_breakdown_s["imbalance"]
+    assert skew.step_breakdown_s["imbalance"] > 0.05 * skew.step_time_s
+
+
+def test_step_delta_parts_sum_to_the_step_change():
+    from simulator.report.analysis import step_delta
+
+    a = simulate(build_scenario(DENSE)).report
+    b = simulate(build_scenario(dict(DENSE, schedule="zb-h1"))).report
+    rows = step_delta(a, b)
+    step = rows[-1]
+    assert step["component"] == "step" and step["delta_s"] == pytest.approx(b.step_time_s - a.step_time_s)
+    assert sum(r["delta_s"] for r in rows[:-1]) == pytest.approx(step["delta_s"], abs=1e-3 * a.step_time_s)
+    bubble = next(r for r in rows if r["component"] == "bubble")
+    assert bubble["delta_s"] < 0  # the zero-bubble schedule fills the bubble
+    # a report without a breakdown (an older JSON) still compares on the step
+    old = a.model_copy(update={"step_breakdown_s": {}})
+    assert [r["component"] for r in step_delta(old, b)] == ["step"]
