@@ -68,7 +68,6 @@ class Timeline:
     contention_s: dict[int, float] = field(default_factory=dict)
     waits: pd.DataFrame | None = None  # WAIT_COLUMNS; None from an engine that does not record them
     end_time_s: dict[int, float] = field(default_factory=dict)  # rank -> when its compute stream finished
-    optimizer_s: float = 0.0  # the optimizer step at the end of every rank's compute stream
 
 
 class _Rendezvous:
@@ -236,7 +235,7 @@ class Engine:
             sim_wall_s=time.perf_counter() - t_wall, num_events=self.n_events, mode=self.mode,
             network_report=report, contention_s=self.contention,
             waits=pd.DataFrame.from_records(self.wait_rows, columns=WAIT_COLUMNS),
-            end_time_s=dict(self.end_time), optimizer_s=float(self.prog.optimizer_s),
+            end_time_s=dict(self.end_time),
         )
 
     def _waiting(self, rank: int) -> str:

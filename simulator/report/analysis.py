@@ -42,7 +42,10 @@ EPS_S = 1e-12
 def rank_breakdown(tl: "Timeline") -> dict[int, dict[str, float]]:
     """Per simulated rank: the parts of BREAKDOWN_KEYS (seconds) and ``unattributed``."""
     step = tl.step_time_s
-    opt = float(getattr(tl, "optimizer_s", 0.0) or 0.0)
+    # The optimizer step: the plan's last compute entry on every rank ("opt" kind, "optimizer step").
+    ev0 = tl.events
+    opt_rows = ev0[(ev0["stream"] == "compute") & (ev0["kind"] == "opt") & (ev0["name"] == "optimizer step")]
+    opt = float((opt_rows["end_s"] - opt_rows["start_s"]).max()) if len(opt_rows) else 0.0
     waits = getattr(tl, "waits", None)
     ends = getattr(tl, "end_time_s", None) or {}
     ev = tl.events
