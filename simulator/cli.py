@@ -28,8 +28,19 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from simulator.version import package_version
+
+        print(f"clustersim {package_version()}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", "-V", help="Print the version and exit.", is_eager=True,
+                                 callback=_print_version),
+) -> None:
     """Capture traces, calibrate profiles, simulate training steps at scale, validate predictions."""
 
 
@@ -73,8 +84,44 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr)
 
 
+def check_output_path(path: Path, what: str) -> Path:
+    """Refuse, before any work is done, an output path that cannot be written as a regular file.
+
+    Checked up front so that a long simulation is never lost to a bad --report or --perfetto path:
+    a folder or device as target, a file where a folder should be, a read-only folder, a name too
+    long or holding NUL. Returns the path.
+    """
+    import stat
+
+    shown = str(path)
+    if "\x00" in shown:
+        raise UserError(f"{what} path {shown!r} holds a NUL character: choose another name")
+    if any(len(part.encode()) > 255 for part in path.parts):
+        raise UserError(f"{what} path {shown[:60]!r}... has a name longer than 255 bytes: choose a shorter name")
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        st = None  # NotADirectoryError: a parent is a file; said below
+    except OSError as exc:
+        raise UserError(f"{what} path {shown!r} cannot be used ({exc.strerror}): choose another path") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{what} path {shown!r} is a folder: name a file inside it")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{what} path {shown!r} is not a regular file (a device, pipe or socket): name a file")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{what} path {shown!r} goes through {str(parent)!r}, which is a file, not a folder: choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{what} folder {str(parent)!r} is not writable: choose another path")
+    return path
+
+
 def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder, then rename: never a half-written file."""
+    """Write via a temporary file in the same folder, then rename: never a half-written file,
+    and never a device or folder replaced by a file (``check_output_path``)."""
+    check_output_path(path, "output")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -96,10 +143,16 @@ def _parse_set(values: list[str]) -> dict:
         if "=" not in item:
             raise UserError(f"--set {item!r} is not KEY=VALUE: write e.g. --set parallelism.zero=3")
         key, raw = item.split("=", 1)
+        if not key.strip() or any(not part for part in key.strip().split(".")):
+            raise UserError(f"--set {item!r} names no field: write e.g. --set parallelism.zero=3")
         try:
-            out[key.strip()] = yaml.safe_load(raw)
+            value = yaml.safe_load(raw)
         except yaml.YAMLError:
             raise UserError(f"--set {item!r}: the value is not valid YAML: quote it") from None
+        if value is None:
+            # Dropping it silently would simulate something the user did not ask for.
+            raise UserError(f"--set {item!r} gives no value: write --set {key.strip()}=VALUE")
+        out[key.strip()] = value
     return out
 
 
@@ -177,8 +230,10 @@ def print_summary(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from simulator.textsafe import for_rich
+
     con = Console()
-    t = Table(title=f"{report.name}: {report.gpus} GPUs, {report.num_microbatches} microbatches", show_header=False)
+    t = Table(title=f"{for_rich(report.name)}: {report.gpus} GPUs, {report.num_microbatches} microbatches", show_header=False)
     t.add_column("metric", style="bold")
     t.add_column("value", justify="right")
     t.add_row("step time", f"{report.step_time_s:.3f} s")
@@ -192,11 +247,11 @@ def print_summary(report) -> None:
     fit = "fits" if report.fits_in_memory else "[red]DOES NOT FIT[/red]"
     t.add_row("peak memory", f"{report.peak_memory_gib:.1f} GiB of {report.memory_capacity_gib:.1f} ({fit})")
     for link in report.busiest_links[:3]:
-        t.add_row("busy link", f"{link.get('name', link.get('link'))}: {link.get('utilization', 0):.0%}")
+        t.add_row("busy link", f"{for_rich(link.get('name', link.get('link')))}: {link.get('utilization', 0):.0%}")
     t.add_row("simulated in", f"{report.sim_wall_s:.2f} s, {report.events:,} events ({report.mode})")
     con.print(t)
     for note in report.notes:
-        con.print(f"note: {note}")
+        con.print(f"note: {for_rich(note)}")
 
 
 def main() -> None:

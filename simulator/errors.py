@@ -37,29 +37,179 @@ def validation_error_line(exc, hide_loc: tuple[str, ...] = ()) -> str:
     return f"{loc}: {msg}" if loc else msg
 
 
-def read_yaml(path, what: str):
-    """Parse a YAML file a user named; a missing or malformed file is a one-line UserError."""
-    import yaml
+# A scenario, topology, profile, schedule or nccl-tests log is kilobytes; a HuggingFace config or a
+# profile with fitted tables a few megabytes. 64 MiB is far above any real one and keeps a wrong path
+# (a trace, /dev/zero, a disk image) from being read into memory.
+MAX_TEXT_FILE_BYTES = 64 * 2**20
+# Scenario-like documents are a few hundred values; 1,000,000 after alias expansion stops YAML
+# "billion laughs" documents long before they exhaust memory.
+MAX_DOCUMENT_VALUES = 1_000_000
+# Real configs nest 3 to 6 levels; Python's own recursion limit is 1,000.
+MAX_DOCUMENT_DEPTH = 100
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
+
+
+def read_user_text(path, what: str, max_bytes: int = MAX_TEXT_FILE_BYTES) -> str:
+    """The text of a file a user named, or one UserError line that says what is wrong with it.
+
+    Handles what users really pass: a missing path, an empty path, a folder, a device or pipe, a file
+    that is too large, binary data, UTF-8 with or without a BOM, and UTF-16/32 with a BOM (Windows
+    editors write those). Anything else that is not UTF-8 is refused with the offset of the first bad byte.
+    """
+    import codecs
+    import os
+    import stat
     from pathlib import Path
 
+    if str(path) == "":
+        raise UserError(f"{what} path is empty: name a file")
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"{what} {str(path)!r} does not exist: check the path")
+    shown = str(path)
     try:
-        return yaml.safe_load(path.read_text())
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{what} {shown!r} does not exist: check the path") from None
+    except PermissionError:
+        raise UserError(f"{what} {shown!r} cannot be read (permission denied): check its permissions") from None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise UserError(f"{what} {shown!r} cannot be opened ({reason}): check the path") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{what} {shown!r} is a folder, not a file: name a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{what} {shown!r} is not a regular file (a device, pipe or socket): name a file")
+    if st.st_size > max_bytes:
+        raise UserError(
+            f"{what} {shown!r} is {_fmt_bytes(st.st_size)}, more than the {_fmt_bytes(max_bytes)} such a file can be: check the path"
+        )
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise UserError(f"{what} {shown!r} cannot be read ({exc.strerror}): check the path") from None
+    for bom, encoding in (
+        (codecs.BOM_UTF32_LE, "utf-32"),
+        (codecs.BOM_UTF32_BE, "utf-32"),
+        (codecs.BOM_UTF8, "utf-8-sig"),
+        (codecs.BOM_UTF16_LE, "utf-16"),
+        (codecs.BOM_UTF16_BE, "utf-16"),
+    ):
+        if raw.startswith(bom):
+            try:
+                return raw.decode(encoding)
+            except UnicodeDecodeError:
+                raise UserError(f"{what} {shown!r} starts with a {encoding} mark but is not {encoding} text: save it as UTF-8") from None
+    if b"\x00" in raw:
+        raise UserError(f"{what} {shown!r} is a binary file, not text: check the path")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{what} {shown!r} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): save it as UTF-8"
+        ) from None
+
+
+def check_document(data, what: str, shown: str):
+    """Refuse a parsed YAML/JSON document whose shape no real file has: cycles (self-referencing
+    aliases), alias bombs, nesting deeper than MAX_DOCUMENT_DEPTH, and values that are not plain
+    data (dates, binary, sets). Returns the data unchanged."""
+    import datetime
+    import math
+
+    seen_values = 0
+    stack = [(data, 0, ())]
+    while stack:
+        node, depth, ancestors = stack.pop()
+        seen_values += 1
+        if seen_values > MAX_DOCUMENT_VALUES:
+            raise UserError(
+                f"{what} {shown!r} expands to more than {MAX_DOCUMENT_VALUES:,} values (YAML aliases?): write it out plainly"
+            )
+        if depth > MAX_DOCUMENT_DEPTH:
+            raise UserError(f"{what} {shown!r} nests deeper than {MAX_DOCUMENT_DEPTH} levels: flatten it")
+        if isinstance(node, (dict, list)):
+            if id(node) in ancestors:
+                raise UserError(f"{what} {shown!r} refers to itself (a recursive YAML alias): remove the cycle")
+            inner = ancestors + (id(node),)
+            if isinstance(node, dict):
+                for key, value in node.items():
+                    if not isinstance(key, (str, int, float, bool)) and key is not None:
+                        raise UserError(f"{what} {shown!r} has a key of type {type(key).__name__}: use plain text keys")
+                    stack.append((value, depth + 1, inner))
+            else:
+                stack.extend((value, depth + 1, inner) for value in node)
+        elif isinstance(node, float) and not math.isfinite(node):
+            # YAML's .inf/.nan and JSON's Infinity/NaN: no size, bandwidth or count is infinite.
+            raise UserError(f"{what} {shown!r} holds a non-finite number ({node}): write a finite value")
+        elif isinstance(node, (datetime.date, datetime.datetime)):
+            raise UserError(f"{what} {shown!r} holds a date ({node.isoformat()}): quote it if it is a name")
+        elif not isinstance(node, (str, int, float, bool)) and node is not None:
+            raise UserError(f"{what} {shown!r} holds a {type(node).__name__} value: only plain text, numbers, lists and mappings are read")
+    return data
+
+
+def _yaml_loader():
+    """yaml's SafeLoader, refusing duplicate keys (silently last-wins otherwise)."""
+    import yaml
+
+    class StrictSafeLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader, node, deep=False):
+        keys = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in keys
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, f"unhashable key {key!r}", key_node.start_mark) from None
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            keys.add(key)
+        return loader.construct_mapping(node, deep=deep)
+
+    StrictSafeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return StrictSafeLoader
+
+
+def parse_yaml_text(text: str, what: str, shown: str):
+    """A YAML document from text, checked by ``check_document``; errors are one UserError line."""
+    import yaml
+
+    try:
+        data = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise UserError(f"{what} {str(path)!r} is not valid YAML: {' '.join(str(exc).split())}") from None
+        raise UserError(f"{what} {shown!r} is not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise UserError(f"{what} {shown!r} nests deeper than {MAX_DOCUMENT_DEPTH} levels: flatten it") from None
+    return check_document(data, what, shown)
+
+
+def read_yaml(path, what: str):
+    """Parse a YAML file a user named; a missing, unreadable or malformed file is a one-line UserError."""
+    text = read_user_text(path, what)
+    return parse_yaml_text(text, what, str(path))
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"non-finite number {name}")
 
 
 def read_json(path, what: str, fix: str):
     """Parse a JSON file a user named; ``fix`` says what to do about a malformed one."""
     import json
-    from pathlib import Path
 
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"{what} {str(path)!r} does not exist: check the path")
+    text = read_user_text(path, what)
+    shown = str(path)
     try:
-        return json.loads(path.read_text())
+        data = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{what} {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno}): {fix}") from None
+        raise UserError(f"{what} {shown!r} is not valid JSON ({exc.msg} at line {exc.lineno}): {fix}") from None
+    except ValueError as exc:
+        raise UserError(f"{what} {shown!r} holds a {exc}: write a finite value") from None
+    except RecursionError:
+        raise UserError(f"{what} {shown!r} nests deeper than {MAX_DOCUMENT_DEPTH} levels: {fix}") from None
+    return check_document(data, what, shown)

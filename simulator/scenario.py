@@ -15,7 +15,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from simulator.errors import UserError, read_json, read_yaml, validation_error_line
 
-_STRICT = ConfigDict(extra="forbid", validate_assignment=False)
+# Bounds far above any real run (the largest published jobs use ~100K GPUs, ~200 layers, a few
+# thousand microbatches per step) that keep a typo from asking for terabytes or hours.
+MAX_GPUS = 1_048_576
+MAX_LAYERS = 10_000
+MAX_WIDTH = 1_048_576
+MAX_VOCAB = 16_777_216
+MAX_SEQ_LENGTH = 16_777_216
+MAX_EXPERTS = 65_536
+MAX_MICROBATCHES = 100_000
+# Per pipeline rank, layers x microbatches bounds the events of one step (real runs: ~1,000-4,000).
+MAX_LAYER_MICROBATCHES_PER_RANK = 10_000_000
+
+_STRICT = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
 
 class ModelConfig(BaseModel):
@@ -24,13 +36,13 @@ class ModelConfig(BaseModel):
     model_config = _STRICT
 
     name: str = Field("custom", description="Preset or model name, shown in reports.")
-    num_layers: int = Field(ge=1, description="Transformer layers.")
-    hidden_size: int = Field(ge=1, description="Model width h.")
-    ffn_hidden_size: int = Field(ge=1, description="Dense MLP inner width (4h for GPT, ~3.5h for Llama).")
-    num_attention_heads: int = Field(ge=1, description="Query heads a.")
-    num_kv_heads: int | None = Field(None, ge=1, description="Key/value heads (GQA); defaults to num_attention_heads.")
-    head_dim: int | None = Field(None, ge=1, description="Per-head width; defaults to hidden_size / num_attention_heads.")
-    vocab_size: int = Field(ge=1, description="Vocabulary size V (padded as the framework pads it).")
+    num_layers: int = Field(ge=1, le=MAX_LAYERS, description="Transformer layers.")
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH, description="Model width h.")
+    ffn_hidden_size: int = Field(ge=1, le=4 * MAX_WIDTH, description="Dense MLP inner width (4h for GPT, ~3.5h for Llama).")
+    num_attention_heads: int = Field(ge=1, le=MAX_WIDTH, description="Query heads a.")
+    num_kv_heads: int | None = Field(None, ge=1, le=MAX_WIDTH, description="Key/value heads (GQA); defaults to num_attention_heads.")
+    head_dim: int | None = Field(None, ge=1, le=MAX_WIDTH, description="Per-head width; defaults to hidden_size / num_attention_heads.")
+    vocab_size: int = Field(ge=1, le=MAX_VOCAB, description="Vocabulary size V (padded as the framework pads it).")
     # Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank set means MLA.
     q_lora_rank: int | None = Field(None, ge=1, description="MLA: rank of the query down-projection (None: full-rank queries).")
     kv_lora_rank: int | None = Field(None, ge=1, description="MLA: rank of the compressed key/value latent.")
@@ -39,13 +51,13 @@ class ModelConfig(BaseModel):
     mlp: Literal["gelu", "swiglu"] = Field("swiglu", description="MLP kind: GELU (2 matrices) or SwiGLU (3 matrices).")
     tied_embeddings: bool = Field(False, description="Input embedding and LM head share one matrix.")
     learned_position_embeddings: bool = Field(False, description="GPT-style learned positions (adds seq x h parameters).")
-    max_position_embeddings: int = Field(2048, ge=1, description="Rows of the learned position table.")
+    max_position_embeddings: int = Field(2048, ge=1, le=MAX_SEQ_LENGTH, description="Rows of the learned position table.")
     # Mixture of experts (simulated by the MoE work; carried here so scenarios can name them).
-    num_experts: int = Field(0, ge=0, description="Routed experts per MoE layer; 0 = dense model.")
-    top_k: int = Field(0, ge=0, description="Experts each token is routed to.")
-    moe_ffn_hidden_size: int | None = Field(None, ge=1, description="Inner width of one expert; defaults to ffn_hidden_size.")
-    num_shared_experts: int = Field(0, ge=0, description="Always-active shared experts per MoE layer.")
-    num_dense_layers: int = Field(0, ge=0, description="First layers that use a dense MLP instead of experts.")
+    num_experts: int = Field(0, ge=0, le=MAX_EXPERTS, description="Routed experts per MoE layer; 0 = dense model.")
+    top_k: int = Field(0, ge=0, le=MAX_EXPERTS, description="Experts each token is routed to.")
+    moe_ffn_hidden_size: int | None = Field(None, ge=1, le=4 * MAX_WIDTH, description="Inner width of one expert; defaults to ffn_hidden_size.")
+    num_shared_experts: int = Field(0, ge=0, le=MAX_EXPERTS, description="Always-active shared experts per MoE layer.")
+    num_dense_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="First layers that use a dense MLP instead of experts.")
 
     @property
     def kv_heads(self) -> int:
@@ -89,12 +101,12 @@ class ModelConfig(BaseModel):
 class ParallelConfig(BaseModel):
     model_config = _STRICT
 
-    tp: int = Field(1, ge=1, description="Tensor-parallel size (Megatron column/row parallel linears).")
-    pp: int = Field(1, ge=1, description="Pipeline-parallel ranks.")
-    vpp: int = Field(1, ge=1, description="Model chunks per pipeline rank (interleaved schedules).")
-    cp: int = Field(1, ge=1, description="Context-parallel size: the sequence split across ranks.")
-    ep: int = Field(1, ge=1, description="Expert-parallel size, carved out of dp.")
-    dp: int | None = Field(None, ge=1, description="Data-parallel size; derived as gpus / (tp*cp*pp) when omitted.")
+    tp: int = Field(1, ge=1, le=MAX_GPUS, description="Tensor-parallel size (Megatron column/row parallel linears).")
+    pp: int = Field(1, ge=1, le=MAX_GPUS, description="Pipeline-parallel ranks.")
+    vpp: int = Field(1, ge=1, le=MAX_LAYERS, description="Model chunks per pipeline rank (interleaved schedules).")
+    cp: int = Field(1, ge=1, le=MAX_GPUS, description="Context-parallel size: the sequence split across ranks.")
+    ep: int = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel size, carved out of dp.")
+    dp: int | None = Field(None, ge=1, le=MAX_GPUS, description="Data-parallel size; derived as gpus / (tp*cp*pp) when omitted.")
     zero: int = Field(1, ge=0, le=3, description="ZeRO stage: 0 DDP, 1 sharded optimizer, 2 + gradients, 3 + parameters (FSDP).")
     sequence_parallel: bool = Field(True, description="Megatron sequence parallelism: all-gather / reduce-scatter instead of all-reduce.")
     mesh_order: str = Field("tp-cp-ep-dp-pp", description="Placement order of the mesh on GPU ids, innermost first.")
@@ -107,7 +119,7 @@ class ParallelConfig(BaseModel):
     fsdp_reshard_after_forward: bool = Field(
         True, description="ZeRO-3/FSDP: free gathered parameters after forward and gather again for backward."
     )
-    fsdp_prefetch: int = Field(1, ge=0, description="ZeRO-3/FSDP: parameter all-gathers issued ahead of the unit that needs them.")
+    fsdp_prefetch: int = Field(1, ge=0, le=MAX_LAYERS, description="ZeRO-3/FSDP: parameter all-gathers issued ahead of the unit that needs them.")
     fsdp_shard_size: int | None = Field(
         None, ge=1, description="HSDP: shard parameters within groups of this many DP ranks and replicate across groups."
     )
@@ -127,7 +139,7 @@ class MoEConfig(BaseModel):
         "uniform", description="uniform: every expert gets the same tokens; skewed: a seeded Zipf-like skew over experts."
     )
     skew: float = Field(1.0, ge=0, description="Zipf exponent of expert popularity for skewed routing (0 = uniform).")
-    seed: int = Field(0, description="Seed of the skewed routing draw (determinism).")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed of the skewed routing draw (determinism).")
     capacity_factor: float | None = Field(
         None, gt=0, description="Tokens an expert accepts, as a multiple of its uniform share; overflow is dropped. None: no dropping."
     )
@@ -139,15 +151,15 @@ class MoEConfig(BaseModel):
 class BatchConfig(BaseModel):
     model_config = _STRICT
 
-    micro_batch_size: int = Field(1, ge=1, description="Sequences per microbatch per data-parallel rank.")
-    global_batch_size: int = Field(ge=1, description="Sequences per optimizer step, all data-parallel ranks together.")
-    seq_length: int = Field(ge=1, description="Tokens per sequence.")
+    micro_batch_size: int = Field(1, ge=1, le=MAX_SEQ_LENGTH, description="Sequences per microbatch per data-parallel rank.")
+    global_batch_size: int = Field(ge=1, le=MAX_SEQ_LENGTH, description="Sequences per optimizer step, all data-parallel ranks together.")
+    seq_length: int = Field(ge=1, le=MAX_SEQ_LENGTH, description="Tokens per sequence.")
 
 
 class ClusterConfig(BaseModel):
     model_config = _STRICT
 
-    gpus: int = Field(ge=1, description="GPUs in the job.")
+    gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs in the job.")
     gpu: str = Field("h100-sxm-80gb", description="GPU profile: a name shipped in simulator/data/profiles or a path to a profile JSON.")
     topology: str = Field("dgx-h100-fattree", description="Topology: a name shipped in simulator/data/topologies or a path to a YAML file.")
 
@@ -194,6 +206,18 @@ class Scenario(BaseModel):
     def dtype_bytes(self) -> int:
         return 4 if self.dtype == "fp32" else 2
 
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, value: str) -> str:
+        # The name titles reports and terminals and becomes a file name (slugged by the CLI).
+        if not value.strip():
+            raise ValueError("the name is empty: give the scenario a name")
+        if len(value.encode()) > 200:
+            raise ValueError(f"the name is {len(value.encode())} bytes long: use at most 200")
+        if any(ord(ch) < 32 or 0x7F <= ord(ch) <= 0x9F for ch in value):
+            raise ValueError(f"the name {value!r} holds control characters: use printable text")
+        return value
+
     def check(self) -> "Scenario":
         """Consistency across sections; raises UserError naming the value and the fix."""
         m, p, b, c = self.model, self.parallelism, self.batch, self.cluster
@@ -224,6 +248,18 @@ class Scenario(BaseModel):
             raise UserError(
                 f"global_batch_size={b.global_batch_size} is not divisible by micro_batch_size*dp={b.micro_batch_size}*{dp}: "
                 f"use a multiple of {b.micro_batch_size * dp}"
+            )
+        microbatches = b.global_batch_size // (b.micro_batch_size * dp)
+        if microbatches > MAX_MICROBATCHES:
+            raise UserError(
+                f"{microbatches:,} microbatches per step is more than the {MAX_MICROBATCHES:,} ClusterSim simulates: "
+                f"raise micro_batch_size or lower global_batch_size"
+            )
+        layers_per_rank = -(-m.num_layers // p.pp)
+        if microbatches * layers_per_rank > MAX_LAYER_MICROBATCHES_PER_RANK:
+            raise UserError(
+                f"{microbatches:,} microbatches x {layers_per_rank:,} layers per pipeline rank is more than the "
+                f"{MAX_LAYER_MICROBATCHES_PER_RANK:,} layer-microbatches ClusterSim simulates per rank: use fewer layers, more pp or fewer microbatches"
             )
         # V-shaped schedules hold two stages per rank; interleaved ones vpp.
         v_shape = self.schedule in ("zbv", "dualpipev") and not self.schedule_file
@@ -318,40 +354,60 @@ def model_from_hf_config(path: Path) -> ModelConfig:
         )
     name = cfg.get("_name_or_path") or path.parent.name or path.stem
 
-    def need(key: str) -> Any:
+    def whole(key: str, value: Any) -> int:
+        # HF configs hold JSON numbers; a quoted "768" would otherwise multiply as text (4 * "768").
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"model config {str(path)!r}: {key!r} is {value!r}; write a whole number of at least 1")
+        return value
+
+    def need(key: str) -> int:
         if key not in cfg:
             raise UserError(f"model config {str(path)!r} (model_type {mt}) lacks {key!r}: add it or use a preset")
-        return cfg[key]
+        return whole(key, cfg[key])
+
+    def opt(key: str, default: Any = None) -> Any:
+        """An optional whole number; absent, null or 0 (HF's "not used") gives the default."""
+        value = cfg.get(key)
+        if value is None or (value == 0 and not isinstance(value, bool)):
+            return default
+        return whole(key, value)
+
+    def flag(key: str, default: bool) -> bool:
+        value = cfg.get(key, default)
+        if not isinstance(value, bool):
+            raise UserError(f"model config {str(path)!r}: {key!r} is {value!r}; write true or false (no quotes)")
+        return value
 
     try:
         if mt == "gpt2":
             h = need("n_embd")
             return ModelConfig(
-                name=str(name), num_layers=need("n_layer"), hidden_size=h, ffn_hidden_size=cfg.get("n_inner") or 4 * h,
+                name=str(name), num_layers=need("n_layer"), hidden_size=h, ffn_hidden_size=opt("n_inner") or 4 * h,
                 num_attention_heads=need("n_head"), vocab_size=need("vocab_size"), mlp="gelu", tied_embeddings=True,
-                learned_position_embeddings=True, max_position_embeddings=cfg.get("n_positions", 1024),
+                learned_position_embeddings=True, max_position_embeddings=opt("n_positions", 1024),
             )
         common = dict(
             name=str(name), num_layers=need("num_hidden_layers"), hidden_size=need("hidden_size"),
             ffn_hidden_size=need("intermediate_size"), num_attention_heads=need("num_attention_heads"),
-            num_kv_heads=cfg.get("num_key_value_heads"), head_dim=cfg.get("head_dim"), vocab_size=need("vocab_size"),
-            mlp="swiglu", tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            num_kv_heads=opt("num_key_value_heads"), head_dim=opt("head_dim"), vocab_size=need("vocab_size"),
+            mlp="swiglu", tied_embeddings=flag("tie_word_embeddings", False),
         )
         if mt == "mixtral":
             common.update(num_experts=need("num_local_experts"), top_k=need("num_experts_per_tok"))
         elif mt in ("qwen2_moe", "qwen3_moe"):
             common.update(num_experts=need("num_experts"), top_k=need("num_experts_per_tok"),
                           moe_ffn_hidden_size=need("moe_intermediate_size"))
-            if cfg.get("shared_expert_intermediate_size"):
-                common["num_shared_experts"] = max(1, cfg["shared_expert_intermediate_size"] // cfg["moe_intermediate_size"])
+            shared = opt("shared_expert_intermediate_size")
+            if shared:
+                common["num_shared_experts"] = max(1, shared // common["moe_ffn_hidden_size"])
         elif mt == "deepseek_v3":
             common.update(num_experts=need("n_routed_experts"), top_k=need("num_experts_per_tok"),
                           moe_ffn_hidden_size=need("moe_intermediate_size"),
-                          num_shared_experts=cfg.get("n_shared_experts", 0),
-                          num_dense_layers=cfg.get("first_k_dense_replace", 0),
-                          head_dim=cfg.get("qk_nope_head_dim") or cfg.get("head_dim"),
-                          qk_rope_head_dim=cfg.get("qk_rope_head_dim", 0), v_head_dim=cfg.get("v_head_dim"),
-                          q_lora_rank=cfg.get("q_lora_rank"), kv_lora_rank=cfg.get("kv_lora_rank"))
+                          num_shared_experts=opt("n_shared_experts", 0),
+                          num_dense_layers=opt("first_k_dense_replace", 0),
+                          head_dim=opt("qk_nope_head_dim") or opt("head_dim"),
+                          qk_rope_head_dim=opt("qk_rope_head_dim", 0), v_head_dim=opt("v_head_dim"),
+                          q_lora_rank=opt("q_lora_rank"), kv_lora_rank=opt("kv_lora_rank"))
         return ModelConfig(**common)
     except ValidationError as exc:
         raise UserError(f"model config {str(path)!r}: {validation_message(exc)}") from None
@@ -403,8 +459,15 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     """data["parallelism"]["tp"] = value for dotted = "parallelism.tp", creating sections."""
     node = data
     *parents, leaf = dotted.split(".")
+    walked = []
     for key in parents:
+        walked.append(key)
         node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            where = ".".join(walked)
+            raise UserError(
+                f"cannot set {dotted!r}: {where!r} is {node!r}, not a section; set {where!r} itself or write the section out in a scenario file"
+            )
     node[leaf] = value
 
 

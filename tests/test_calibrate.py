@@ -23,7 +23,7 @@ from simulator.trace.nccl_tests import import_nccl_tests
 from simulator.trace.optable import make_optable
 
 ROOT = Path(__file__).resolve().parents[1]
-NCCL_LOG = ROOT.parent / "shared" / "reference" / "nccl-tests" / "p4de-2nodes-16gpu_all_reduce_perf.txt"
+NCCL_LOG = ROOT / "tests" / "data" / "reference" / "nccl-tests" / "p4de-2nodes-16gpu_all_reduce_perf.txt"
 
 # Synthetic truth: 5 µs per kernel; GEMM rate rising from 2 to 20 TFLOP/s (log-linear in FLOPs)
 # between 1e6 and 1e10 FLOPs and flat outside; memory-bound ops at 400 GB/s with 3 µs overhead.

@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 
 from simulator.trace.cli import trace_app
 
-REF = Path(__file__).parents[2] / "shared" / "reference"
+REF = Path(__file__).parent / "data" / "reference"
 DATA = Path(__file__).parent / "data" / "trace"
 runner = CliRunner()
 

@@ -12,7 +12,7 @@ from simulator.trace.kineto import import_kineto
 from simulator.trace.loader import load_trace
 from simulator.trace.optable import OPTABLE_COLUMN_NAMES
 
-REF = Path(__file__).parents[2] / "shared" / "reference" / "kineto"
+REF = Path(__file__).parent / "data" / "reference" / "kineto"
 DATA = Path(__file__).parent / "data" / "trace"
 
 

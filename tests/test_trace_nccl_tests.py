@@ -5,7 +5,7 @@ import pytest
 from simulator.errors import UserError
 from simulator.trace.nccl_tests import COLLECTIVE_TABLE_COLUMNS, busbw_factor, import_nccl_tests
 
-REF = Path(__file__).parents[2] / "shared" / "reference" / "nccl-tests"
+REF = Path(__file__).parent / "data" / "reference" / "nccl-tests"
 P4DE = REF / "p4de-2nodes-16gpu_all_reduce_perf.txt"
 
 

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from simulator.calibrate.fit import calibrate
 from simulator.calibrate.validate import validate_app, validate_bundle
+from simulator.data import data_dir
 from simulator.errors import UserError
 from simulator.trace.bundle import Manifest
 
@@ -45,7 +46,7 @@ def test_cpu_round_trip_within_15_percent(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not TRAIN_BUNDLES, reason="needs a shipped CPU train bundle traces/cpu-gloo-train-*")
 def test_validate_table_output() -> None:
-    r = _run(str(TRAIN_BUNDLES[0]), "--profile", str(ROOT / "calibration" / "cpu-gloo-host.json"))
+    r = _run(str(TRAIN_BUNDLES[0]), "--profile", str(data_dir("profiles") / "cpu-gloo-host.json"))
     assert r.exit_code == 0, r.output
     assert "step time" in r.output and "op class gemm" in r.output
 

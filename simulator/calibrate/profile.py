@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from simulator.data import data_dir
 from simulator.errors import UserError, read_json, validation_error_line
@@ -29,7 +29,7 @@ PROFILE_SCHEMA_VERSION = 1
 CALIBRATION_DIR = data_dir("profiles")
 OP_CLASSES = ("gemm", "attention", "elementwise", "norm", "optimizer", "other")
 
-_STRICT = ConfigDict(extra="forbid")
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class OpClassModel(BaseModel):
@@ -65,7 +65,7 @@ class ComputeModel(BaseModel):
     sm_count: int | None = Field(None, ge=1, description="Streaming multiprocessors on the device (None: unknown).")
     # FP8 tensor-core peak (dense); None = the device has no FP8 tensor cores (A100, V100).
     peak_tflops_fp8: float | None = Field(None, gt=0, description="Peak dense FP8 TFLOP/s (None: no FP8 tensor cores).")
-    classes: dict[str, OpClassModel]
+    classes: dict[str, OpClassModel] = Field(description="Cost model per op class; must include 'other', the fallback.")
     # Compute kernels slow down while communication kernels share the SMs and HBM.
     overlap_slowdown: float = Field(1.0, ge=1.0, description="Factor on compute time while communication overlaps it.")
     # Added by calibration: time per modelled kernel that the device's host spends outside the
@@ -77,6 +77,13 @@ class ComputeModel(BaseModel):
     # capture), a rank that idles lends its core to the others, so a step takes at least the
     # ranks' total compute divided by the cores. None: every rank has a device of its own.
     host_cores: int | None = Field(None, ge=1, description="Cores shared by the ranks of one host (CPU profiles), else None.")
+
+
+    @model_validator(mode="after")
+    def _has_fallback_class(self) -> "ComputeModel":
+        if "other" not in self.classes:
+            raise ValueError(f"classes has {sorted(self.classes) or 'no entries'} but no 'other': add an 'other' class, the fallback for unlisted ops")
+        return self
 
 
 class CommModel(BaseModel):

@@ -37,6 +37,24 @@ def _torchrun_world() -> int | None:
     return None
 
 
+def _check_capture_numbers(nproc, threads_per_rank, timeout_s, factor, min_time_s, max_repeats) -> None:
+    """Counts and times that torch would take and then hang or crash on; one line each."""
+    import math
+
+    if nproc is not None and not 1 <= nproc <= 1024:
+        raise UserError(f"--nproc {nproc} must be between 1 and 1024 local ranks")
+    if threads_per_rank is not None and not 1 <= threads_per_rank <= 4096:
+        raise UserError(f"--threads-per-rank {threads_per_rank} must be between 1 and 4096")
+    if not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise UserError(f"--timeout-s {timeout_s} must be a positive number of seconds")
+    if not math.isfinite(factor):
+        raise UserError(f"--factor {factor} must be a finite number above 1")
+    if not math.isfinite(min_time_s) or min_time_s < 0:
+        raise UserError(f"--min-time-s {min_time_s} must be a finite number of seconds, at least 0")
+    if max_repeats < 1:
+        raise UserError(f"--max-repeats {max_repeats} must be at least 1")
+
+
 def capture_command(
     workload: Annotated[str, typer.Argument(help="collectives | compute | train")],
     out: Annotated[Path, typer.Option("--out", help="Bundle folder to create, e.g. traces/<name>.")],
@@ -92,6 +110,8 @@ def capture_command(
         raise UserError(f"workload {workload!r} is unknown: use one of {', '.join(WORKLOADS)}")
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r} must be gloo or nccl")
+    _check_capture_numbers(nproc=nproc, threads_per_rank=threads_per_rank, timeout_s=timeout_s, factor=factor,
+                           min_time_s=min_time_s, max_repeats=max_repeats)
     if steps < 1 or warmup_steps < 0:
         raise UserError(f"--steps {steps} must be >= 1 and --warmup-steps {warmup_steps} >= 0")
     gpu = backend == "nccl"

@@ -19,6 +19,7 @@ import os
 import platform
 import shutil
 import signal
+import sys
 import socket
 import tempfile
 import time
@@ -52,6 +53,9 @@ class CaptureConfig:
     threads_per_rank: int = 1
     # Chosen by the launcher (spawn) or by rank 0 (torchrun); holds the bundle until the rename.
     tmp_dir: str | None = None
+    # The process that spawned the ranks (None under torchrun). A rank whose launcher is gone must
+    # not rename a bundle into place: the user saw the command die.
+    launcher_pid: int | None = None
 
 
 @dataclass
@@ -118,7 +122,44 @@ def check_out_dir(out_dir: str | Path, force: bool) -> None:
 
 def _tmp_sibling(out_dir: str | Path) -> str:
     out = Path(out_dir).resolve()
-    return str(out.parent / f".{out.name}.capture-{uuid.uuid4().hex[:8]}")
+    return str(out.parent / f".{out.name}.capture-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_captures(out_dir: str | Path) -> list[Path]:
+    """Remove temporary bundle folders of captures whose launcher no longer runs (killed with
+    SIGKILL, or the machine went down), so no hidden debris outlives them. Returns what was removed."""
+    out = Path(out_dir).resolve()
+    removed = []
+    for tmp in out.parent.glob(f".{out.name}.capture-*"):
+        pid_text = tmp.name.rsplit(".capture-", 1)[1].split("-", 1)[0]
+        if pid_text.isdigit() and not _pid_alive(int(pid_text)) and tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel send SIGTERM to this rank when its launcher dies, even by SIGKILL,
+    so no rank outlives the command (prctl PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1  # linux/prctl.h
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
 
 
 def _free_port() -> int:
@@ -137,8 +178,13 @@ def launch(cfg: CaptureConfig, nproc: int) -> Path:
 
     import torch.multiprocessing as mp
 
+    remove_stale_captures(cfg.out_dir)
     cfg.tmp_dir = _tmp_sibling(cfg.out_dir)
+    cfg.launcher_pid = os.getpid()
     Path(cfg.tmp_dir).mkdir(parents=True)
+    # SIGTERM (kill, a job scheduler) ends the launcher like Ctrl-C: the ranks stop and the
+    # temporary folder is removed below.
+    previous_sigterm = signal.signal(signal.SIGTERM, _raise_on_sigterm)
     port = _free_port()
     # Children read these when they import torch, before run_rank could set them.
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -155,6 +201,7 @@ def launch(cfg: CaptureConfig, nproc: int) -> Path:
             raise RuntimeError(f"capture failed on rank {err['rank']}:\n{err['traceback']}") from None
         raise
     finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -181,6 +228,9 @@ def _first_rank_error(tmp_dir: str) -> dict[str, Any] | None:
 
 
 def _spawned_rank(local_rank: int, cfg: CaptureConfig, world_size: int, port: int) -> None:
+    _die_with_parent()
+    if cfg.launcher_pid is not None and os.getppid() != cfg.launcher_pid:
+        return  # the launcher died before this rank started
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     os.environ["RANK"] = str(local_rank)
@@ -340,6 +390,11 @@ def _finish_bundle(ctx: RankContext, result: WorkloadResult) -> None:
         p.unlink()
     # The manifest is written last: a folder without one is never a bundle.
     (tmp / MANIFEST_NAME).write_text(manifest.model_dump_json(indent=2) + "\n")
+    if cfg.launcher_pid is not None and os.getppid() != cfg.launcher_pid:
+        # The command was killed while the ranks finished: it failed as far as the user knows,
+        # so no bundle may appear afterwards.
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     _rename_into_place(tmp, Path(cfg.out_dir), cfg.force)
 
 

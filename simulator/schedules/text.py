@@ -32,7 +32,7 @@ import os
 import re
 from pathlib import Path
 
-from simulator.errors import UserError
+from simulator.errors import UserError, read_user_text
 from simulator.schedules.base import Action, PipelineSchedule
 from simulator.schedules.validate import validate_schedule
 
@@ -200,10 +200,7 @@ def load_schedule_csv(
 ) -> PipelineSchedule:
     """Read a torchtitan-style schedule CSV file; see ``parse_schedule_csv``."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise UserError(f"cannot read schedule file {str(p)!r}: {exc.strerror}; check the path") from None
+    text = read_user_text(p, "schedule file")
     return parse_schedule_csv(text, source=str(p), name=p.stem, num_microbatches=num_microbatches, validate=validate)
 
 

@@ -173,6 +173,10 @@ def print_sweep(out) -> None:
               f"{len(ev.candidates):,} feasible estimated in {ev.estimate_s:.2f} s ({ev.rate:,.0f}/s); "
               f"{len(out.simulated):,} simulated ({out.newly_simulated:,} now, {out.reused:,} from the store)",
               markup=True, highlight=False)
+    from simulator.sweep.runner import reuse_line
+
+    if reuse_line(out.reuse):
+        con.print(reuse_line(out.reuse), markup=False, highlight=False)
     if ev.pruned:
         t = Table(title="pruned before simulation", show_header=True)
         t.add_column("reason")

@@ -15,7 +15,6 @@ never write the store, so a killed worker can only lose its unfinished batch, wh
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -31,10 +30,9 @@ from simulator.errors import UserError
 from simulator.scenario import Scenario, build_scenario
 from simulator.sweep.estimate import Estimate, Estimator, rank_agreement
 from simulator.sweep.space import SHORT, SweepSpec, expand
-from simulator.sweep.store import ResultStore
-
-# Bump when the simulator's results for the same scenario change meaning (keys the store).
-RESULTS_VERSION = "1"
+from simulator.sweep.store import RESULTS_VERSION  # noqa: F401 -- its home was here
+from simulator.sweep.store import REUSE_BASIS, ResultKey, ResultKeyer, ResultStore, changed_inputs
+from simulator.version import package_version
 _FIX_VERBS = {"choose", "use", "set", "add", "change", "remove", "raise", "leave", "put", "adjust", "check", "omit",
               "fix", "give", "pass", "shrink", "lower", "increase", "reduce", "quote", "write"}
 
@@ -44,11 +42,10 @@ _FIX_VERBS = {"choose", "use", "set", "add", "change", "remove", "raise", "leave
 # ---------------------------------------------------------------------------------------------
 
 def scenario_hash(sc: Scenario | dict[str, Any], mode: str) -> str:
-    """What is simulated, not what it is called: the name is left out."""
+    """The store's key of one scenario: the scenario (name left out) and the contents of the files it
+    names (see ``simulator.sweep.store.ResultKeyer``; a sweep keeps one keyer so files are read once)."""
     d = sc.model_dump(mode="json") if isinstance(sc, Scenario) else json.loads(json.dumps(sc))
-    d.pop("name", None)
-    blob = json.dumps({"v": RESULTS_VERSION, "mode": mode, "scenario": d}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+    return ResultKeyer(mode).key(_absolute_paths(d)).hash
 
 
 def prune_reason(message: str) -> str:
@@ -83,6 +80,7 @@ class Candidate:
     scenario: dict[str, Any]  # the full scenario (json-able)
     estimate: Estimate
     score: float  # objective of the estimate
+    key: ResultKey | None = None  # how the store knows this point (hash == key.hash)
 
 
 @dataclass
@@ -111,6 +109,7 @@ def evaluate_space(
     c = spec.constraints
     t0 = time.perf_counter()
     total = 0
+    keyer = ResultKeyer(spec.mode)
     base = _absolute_paths(json.loads(json.dumps(spec.base)))
     for point in expand(spec):
         total += 1
@@ -132,7 +131,8 @@ def evaluate_space(
             pruned[f"duplicate: {sc.schedule} always holds 2 chunks per rank (vpp=N is vpp=N)".replace("N", "2", 1).replace("N", "1")] += 1
             continue
         d = _absolute_paths(sc.model_dump(mode="json"))
-        h = scenario_hash(d, spec.mode)
+        key = keyer.key(d)
+        h = key.hash
         if h in seen:
             pruned["duplicate of an earlier point"] += 1
             continue
@@ -150,7 +150,7 @@ def evaluate_space(
             continue
         d["name"] = f"{spec.name}-{h[:10]}"
         short = {SHORT.get(k, k): v for k, v in point.items()}
-        cands.append(Candidate(h, short, d, e, getattr(e, spec.objective)))
+        cands.append(Candidate(h, short, d, e, getattr(e, spec.objective), key))
     if progress is not None:
         progress(total % 256)
     cands.sort(key=lambda x: (-x.score if spec.maximize else x.score, x.hash))
@@ -320,6 +320,9 @@ class SweepOutcome:
     simulate_s: float
     store_path: str | None
     crashes: list[dict[str, Any]] = field(default_factory=list)
+    # How many chosen points came from the store, on what basis, and why the others' stored rows (if
+    # any) were not used: {"reused", "of", "basis", "clustersim", "stale_points", "stale_reasons"}.
+    reuse: dict[str, Any] = field(default_factory=dict)
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -341,6 +344,7 @@ class SweepOutcome:
             "simulated": len(self.simulated),
             "newly_simulated": self.newly_simulated,
             "reused_from_store": self.reused,
+            "reuse": self.reuse,
             "simulate_s": self.simulate_s,
             "simulation_errors": len(self.errors),
             "crashes": len(self.crashes),
@@ -385,6 +389,7 @@ def run_sweep(
     results: dict[str, dict[str, Any]] = {}
     crashes: list[dict[str, Any]] = []
     reused = new = 0
+    reuse: dict[str, Any] = {}
     try:
         with progress_bar(show_progress) as bar:
             task = bar.add_task("estimating", total=spec.size)
@@ -398,6 +403,9 @@ def run_sweep(
                 results.update(prior)
                 reused = len(prior)
             todo = [c for c in chosen if c.hash not in results]
+            todo_by_hash = {c.hash: c for c in todo}
+            if db is not None:
+                reuse = reuse_summary(db, chosen, todo, reused)
             stask = bar.add_task("simulating", total=len(todo))
             if todo:
                 items = [(c.hash, c.point, c.scenario, spec.mode) for c in todo]
@@ -407,6 +415,9 @@ def run_sweep(
                             crashes.append(rec)
                         else:
                             if db is not None:
+                                key = todo_by_hash[rec["hash"]].key
+                                if key is not None:
+                                    rec = {**rec, "scenario_key": key.scenario_key, "inputs": key.inputs}
                                 db.add(rec)
                             results[rec["hash"]] = rec
                             new += 1
@@ -440,4 +451,31 @@ def run_sweep(
         agreement["estimate_best_hash"] = ev.candidates[0].hash
         agreement["simulation_best_hash"] = simulated[0]["hash"]
     return SweepOutcome(spec, ev, simulated, errors, agreement, new, reused, sim_s,
-                        str(store) if store is not None else None, crashes)
+                        str(store) if store is not None else None, crashes, reuse)
+
+
+def reuse_summary(db: ResultStore, chosen: list[Candidate], todo: list[Candidate], reused: int) -> dict[str, Any]:
+    """How many points the store answered, on what basis, and why stored rows of the others did not count."""
+    keyed = [c.key for c in todo if c.key is not None]
+    stale = db.stale(keyed)
+    reasons: Counter = Counter()
+    for k in keyed:
+        why: set[str] = set()
+        for old in stale.get(k.scenario_key, []):
+            why.update(changed_inputs(old, k.inputs))
+        for w in why:
+            reasons[w] += 1
+    version = package_version()
+    return {"reused": reused, "of": len(chosen), "basis": f"{REUSE_BASIS}, clustersim {version}", "clustersim": version,
+            "stale_points": sum(1 for k in keyed if k.scenario_key in stale), "stale_reasons": dict(reasons.most_common())}
+
+
+def reuse_line(reuse: dict[str, Any]) -> str:
+    """One line for the terminal: '12 of 40 points reused from the store (same ..., clustersim 0.1.0)'."""
+    if not reuse or not reuse["of"]:
+        return ""  # nothing was to be simulated (--estimate-only)
+    line = f"{reuse['reused']:,} of {reuse['of']:,} points reused from the store ({reuse['basis']})"
+    if reuse.get("stale_points"):
+        why = "; ".join(f"{r} changed for {n:,}" for r, n in reuse["stale_reasons"].items())
+        line += f"; {reuse['stale_points']:,} simulated again because their stored rows came from other inputs ({why})"
+    return line

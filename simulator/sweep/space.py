@@ -160,7 +160,7 @@ def make_spec(
     where: str = "sweep",
 ) -> SweepSpec:
     """Validate the pieces of a sweep (from a file or from flags)."""
-    if objective not in OBJECTIVES:
+    if not isinstance(objective, str) or objective not in OBJECTIVES:
         raise UserError(f"{where}: objective {objective!r} is unknown: use one of {', '.join(OBJECTIVES)}")
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise UserError(f"{where}: top_k={top_k!r} must be a positive integer")

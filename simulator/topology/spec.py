@@ -20,7 +20,10 @@ from simulator.errors import UserError, read_yaml, validation_error_line
 
 TOPOLOGY_DIR = data_dir("topologies")
 
-_STRICT = ConfigDict(extra="forbid")
+# Bounds: real nodes hold 1-72 GPUs (GB200 NVL72 is one NVLink domain of 72) and up to 16 NICs; real
+# switches 32-512 ports; real links carry below 10 TB/s. The limits sit far above and stop a typo from
+# building a graph of billions of vertices.
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class NodeSpec(BaseModel):
@@ -29,11 +32,11 @@ class NodeSpec(BaseModel):
     model_config = _STRICT
 
     kind: str = Field(description="Node model, e.g. dgx-h100, dgx-a100, p4de, cpu-host.")
-    gpus_per_node: int = Field(ge=1, description="GPUs sharing one NVLink/NVSwitch domain.")
-    nvlink_GBps: float = Field(gt=0, description="NVLink bandwidth per GPU, one direction, GB/s.")
+    gpus_per_node: int = Field(ge=1, le=1024, description="GPUs sharing one NVLink/NVSwitch domain.")
+    nvlink_GBps: float = Field(gt=0, le=1e6, description="NVLink bandwidth per GPU, one direction, GB/s.")
     nvlink_latency_us: float = Field(ge=0, description="GPU-to-GPU latency through the NVSwitch, µs.")
-    nics_per_node: int = Field(ge=1, description="Scale-out NICs per node.")
-    nic_gbps: float = Field(gt=0, description="Bandwidth of one NIC, one direction, Gbit/s.")
+    nics_per_node: int = Field(ge=1, le=1024, description="Scale-out NICs per node.")
+    nic_gbps: float = Field(gt=0, le=1e6, description="Bandwidth of one NIC, one direction, Gbit/s.")
     nic_latency_us: float = Field(
         ge=0, description="NIC-to-NIC latency through one (leaf) switch, µs; each higher switch hop adds fabric.switch_latency_us."
     )
@@ -59,7 +62,7 @@ class SingleNodeFabric(BaseModel):
 class _ClosBase(BaseModel):
     model_config = _STRICT
 
-    radix: int = Field(64, ge=2, description="Ports per switch.")
+    radix: int = Field(64, ge=2, le=65_536, description="Ports per switch.")
     leaf_oversubscription: float = Field(
         1.0, ge=1.0, description="Leaf downlink : uplink bandwidth (1 = full bisection, 7 = 1:7)."
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from simulator.errors import UserError, validation_error_line
+from simulator.errors import UserError, read_json, validation_error_line
 
 BUNDLE_SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -57,10 +57,7 @@ def load_manifest(bundle_dir: str | Path) -> Manifest:
     path = bundle_dir / MANIFEST_NAME
     if not path.exists():
         raise UserError(f"{str(bundle_dir)!r} has no {MANIFEST_NAME}: it is not a trace bundle (capture one with 'clustersim capture')")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno}): re-capture the bundle") from None
+    data = read_json(path, "bundle manifest", fix="re-capture the bundle")
     version = data.get("schema_version") if isinstance(data, dict) else None
     if isinstance(version, int) and version > BUNDLE_SCHEMA_VERSION:
         raise UserError(

@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from simulator.textsafe import for_rich
+
 from simulator.errors import UserError
 from simulator.trace import kineto_fields as K
 from simulator.trace.loader import TraceSet, load_trace
@@ -97,12 +99,12 @@ def _fmt_bytes(b: int | None) -> str:
 
 def _print_rich(info: dict[str, Any]) -> None:
     con = Console()
-    con.print(f"[bold]{info['kind']}[/bold]: {', '.join(info['files'][:4])}{' ...' if len(info['files']) > 4 else ''}")
+    con.print(f"[bold]{for_rich(info['kind'])}[/bold]: {for_rich(', '.join(info['files'][:4]))}{' ...' if len(info['files']) > 4 else ''}")
     ranks = info["ranks"]
     con.print(f"ranks: {len(ranks)} {ranks if len(ranks) <= 16 else str(ranks[:16])[:-1] + ', ...]'}"
               f"   world size: {info.get('world_size') or '?'}   span: {info['span_us'] / 1e3:.3f} ms")
     devs = sorted(set(info["devices"]))
-    con.print(f"devices: {', '.join(devs) if devs else '?'}")
+    con.print(f"devices: {for_rich(', '.join(devs)) if devs else '?'}")
     if info["op_classes"]:
         t = Table(title="op classes")
         t.add_column("class")
@@ -110,17 +112,17 @@ def _print_rich(info: dict[str, Any]) -> None:
         total = sum(info["op_classes"].values()) or 1.0
         t.add_column("share", justify="right")
         for c, us in info["op_classes"].items():
-            t.add_row(c, f"{us / 1e3:.3f}", f"{100 * us / total:.1f}%")
+            t.add_row(for_rich(c), f"{us / 1e3:.3f}", f"{100 * us / total:.1f}%")
         con.print(t)
     if info["collectives"]:
         t = Table(title="collectives")
         for col, just in (("name", "left"), ("message", "right"), ("group", "right"), ("count", "right")):
             t.add_column(col, justify=just)
         for c in info["collectives"]:
-            t.add_row(c["name"], _fmt_bytes(c["bytes"]), str(c["group_size"] or "?"), str(c["count"]))
+            t.add_row(for_rich(c["name"]), _fmt_bytes(c["bytes"]), str(c["group_size"] or "?"), str(c["count"]))
         con.print(t)
     for w in info.get("warnings", []):
-        con.print(f"[yellow]warning:[/yellow] {w}")
+        con.print(f"[yellow]warning:[/yellow] {for_rich(w)}")
 
 
 @trace_app.command("info")

@@ -118,7 +118,8 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             "gradients_gib": state_bytes(4, 2) / GIB,
             "optimizer_gib": state_bytes(12, 1) / GIB,
             "activations_gib": act_peaks[r] / GIB,
-            "buffers_gib": (buffers + RUNTIME_RESERVE_BYTES) / GIB,
+            # A bucket never holds more than the rank's own gradients (fp32, 4 bytes each).
+            "buffers_gib": (min(buffers, 2 * 4 * (dense + expert)) + RUNTIME_RESERVE_BYTES) / GIB,
         }
         row["total_gib"] = sum(row.values())
         rows.append(row)

@@ -1,0 +1,1 @@
+"""What-if analysis: failures and goodput, perturbed hardware, run-to-run variability."""
