@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator.errors import UserError, read_json, read_yaml, validation_error_line
+from simulator.whatif.perturbations import Perturbations
 
 # Bounds far above any real run (the largest published jobs use ~100K GPUs, ~200 layers, a few
 # thousand microbatches per step) that keep a typo from asking for terabytes or hours.
@@ -184,6 +185,9 @@ class Scenario(BaseModel):
     dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Compute and activation precision.")
     flash_attention: bool = Field(
         True, description="Fused attention that skips masked causal blocks and stores no s x s scores."
+    )
+    perturbations: Perturbations | None = Field(
+        None, description="What-if: slow GPUs, degraded links, failed nodes, jitter (simulator.whatif)."
     )
 
     @field_validator("model", mode="before")

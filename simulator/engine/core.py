@@ -100,6 +100,11 @@ class Engine:
             self._group_index[dim] = idx
         self._request_cache: dict[tuple, CollectiveRequest] = {}
         self._wire_factor: dict[tuple, float] = {}
+        # What-if hooks (simulator.whatif), empty in a nominal run: per simulated rank, a factor
+        # per Compute instruction of its plan (1/speed x jitter); and, when a list, every wait
+        # of a compute stream on a pipeline receipt as (waiter, sender, dim, seconds).
+        self.compute_factor: dict[int, np.ndarray] = {}
+        self.wait_log: list[tuple[int, int, str, float]] | None = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -301,14 +306,20 @@ class Engine:
         exposed = self.exposed[rank]
         rows = self.rows
         outstanding = self.outstanding
+        factor = self.compute_factor.get(rank)
+        ci = 0
         for ins in rp.instrs:
             t = type(ins)
             if t is Compute:
                 t0 = env.now
-                yield env.timeout(ins.seconds)
+                seconds = ins.seconds
+                if factor is not None:
+                    seconds *= float(factor[ci])
+                    ci += 1
+                yield env.timeout(seconds)
                 if ins.counted:
                     self.n_events += 1
-                self.busy[rank] += ins.seconds
+                self.busy[rank] += seconds
                 rows.append((rank, "compute", ins.kind, ins.label, t0, env.now, ins.microbatch, ins.stage, ins.layer, 0.0))
             elif t is Collective:
                 sk = (rank, ins.stream)
@@ -355,6 +366,8 @@ class Engine:
                 # for the producer to finish computing is pipeline bubble.
                 ts = self.transfer_start.get((rank, key), env.now)
                 exposed["pp"] += env.now - max(t0, ts)
+                if self.wait_log is not None:
+                    self.wait_log.append((rank, self._peer(rank, ins.src_pp), "pp", env.now - t0))
             elif t is Complete:
                 key = (ins.stage, ins.kind, ins.microbatch)
                 self._event((rank, key)).succeed()

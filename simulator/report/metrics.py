@@ -44,6 +44,8 @@ class Report(BaseModel):
     per_pp_rank: list[dict[str, Any]] = Field(default_factory=list)
     busiest_links: list[dict[str, Any]] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    whatif: dict[str, Any] | None = Field(
+        None, description="What-if answers (simulator.whatif): clean vs perturbed step, wait chain, seed distribution, goodput.")
 
     # The keys `--json` promises; everything else is detail.
     SUMMARY_KEYS: ClassVar[tuple[str, ...]] = (
