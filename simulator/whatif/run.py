@@ -269,6 +269,22 @@ def describe(pert: Perturbations) -> list[str]:
     return out
 
 
+def validate_perturbations(sc) -> None:
+    """Ranks, nodes and link names exist in this job and topology (UserError naming them)."""
+    from simulator.topology import load_topology
+    from simulator.topology.graph import build_graph
+
+    pert: Perturbations = sc.perturbations
+    topo = load_topology(sc.cluster.topology)
+    gpn = gpus_per_node_of(topo)
+    rank_speeds(pert, sc.cluster.gpus, gpn)
+    failure_answer(pert, sc.cluster.gpus, gpn, 1.0)
+    if pert.links:
+        if sc.network != "flow":
+            raise UserError("perturbations.links needs the flow network: set network: flow (or drop --slow-link)")
+        link_factors(build_graph(topo, sc.cluster.gpus), [(l.name, l.bandwidth) for l in pert.links])
+
+
 def simulate_whatif(sc, mode: str = "reduced", progress=None):
     """Simulate the clean step and the perturbed one; the result is the perturbed step with a
     ``whatif`` section in its report."""
@@ -281,6 +297,7 @@ def simulate_whatif(sc, mode: str = "reduced", progress=None):
     from simulator.workload.program import build_program
 
     pert: Perturbations = sc.perturbations
+    validate_perturbations(sc)  # before any simulation: bad input costs nothing
     clean_sc = sc.model_copy(update={"perturbations": None})
     clean = simulate(clean_sc, mode=mode, progress=progress)
     profile, topo, prog, plan = clean.profile, clean.topology, clean.program, clean.plan
