@@ -199,6 +199,7 @@ def simulate(
     jitter_target: Optional[str] = typer.Option(None, "--jitter-target", help="What-if: kernel, collective or both."),
     seeds: Optional[int] = typer.Option(None, "--seeds", help="What-if: steps (one per seed) for the P50/P90/P99 step time."),
     seed: Optional[int] = typer.Option(None, "--seed", help="What-if: first jitter seed."),
+    jitter_granularity: Optional[str] = typer.Option(None, "--jitter-granularity", help="What-if: group (every TP group) or stage (cheaper)."),
 ) -> None:
     """Simulate one training step and print the prediction."""
     from simulator.scenario import load_scenario
@@ -221,7 +222,7 @@ def simulate(
 
     sc = merge_perturbations(sc, perturbations_from_flags(
         slow_gpu, slow_link, fail_node, failure_policy, mtbf_hours, checkpoint_interval_s, checkpoint_cost_s,
-        restart_cost_s, jitter, jitter_target, seeds, seed))
+        restart_cost_s, jitter, jitter_target, seeds, seed, jitter_granularity))
     result = run_simulation(sc, mode=mode.value, progress=_stderr)
     report = result.report
 

@@ -30,6 +30,7 @@ class SimulationResult:
     memory: MemoryReport
     report: Report
     plan: Plan | None = None  # what every pipeline rank did, as the engine replayed it
+    clean: "SimulationResult | None" = None  # what-if runs: the same step without perturbations
 
 
 def resolve_schedule(sc: Scenario) -> PipelineSchedule:

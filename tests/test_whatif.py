@@ -186,3 +186,21 @@ def test_cli_flags_and_errors(tmp_path):
         r = subprocess.run(base + bad, capture_output=True, text=True, timeout=600)
         assert r.returncode == 2, (bad, r.stderr)
         assert r.stderr.startswith("error:") and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_compare_shows_perturbed_against_clean(tmp_path):
+    import yaml
+
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "slow", "model": SMALL_MODEL, "parallelism": {"tp": 8, "pp": 2},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024}, "cluster": {"gpus": 32},
+        "perturbations": {"gpus": [{"rank": 9, "speed": 0.5}]},
+    }))
+    out = tmp_path / "cmp.html"
+    r = subprocess.run([sys.executable, "-m", "simulator.cli", "compare", str(path), "-o", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    html = out.read_text()
+    assert "slow (clean)" in html and "who waits on whom" in html and "step time" in html
+    assert "exposed tp comm" in html

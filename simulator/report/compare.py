@@ -160,6 +160,12 @@ def build_compare_html(a: Side, b: Side, cdn: bool = False) -> str:
                       "Green: B is better; red: B is worse (changes under 0.5% are not coloured).")]
     if a.result is not None and b.result is not None:
         sections.append(panel("Scenario differences", scenario_diff(a.result, b.result)))
+    for s in (a, b):
+        if getattr(s.report, "whatif", None):
+            from simulator.whatif.summary import whatif_lines
+
+            sections.append(panel(f"What-if ({esc(s.label)}): step change, who waits on whom, distribution, goodput",
+                                  "<pre>" + esc("\n".join(whatif_lines(s.report.whatif))) + "</pre>"))
     side_cards = []
     for s in (a, b):
         sub = scenario_line(s.result) if s.result is not None else f"from report {esc(s.path.name)}"
@@ -196,7 +202,8 @@ def _slug(text: str) -> str:
 
 def compare_command(
     a: Path = typer.Argument(..., help="Scenario YAML or report JSON (clustersim simulate --report) for A."),
-    b: Path = typer.Argument(..., help="Scenario YAML or report JSON for B, compared against A."),
+    b: Optional[Path] = typer.Argument(
+        None, help="Scenario YAML or report JSON for B, compared against A. Omitted: A's perturbations (what-if) against A clean."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Dashboard HTML path (default dashboards/compare-<A>-vs-<B>.html)."),
     mode: CompareMode = typer.Option(CompareMode.reduced, "--mode", help="Simulation mode for scenario YAMLs."),
@@ -205,9 +212,19 @@ def compare_command(
     """Compare two scenarios or two reports side by side in one dashboard."""
     from simulator.cli import write_atomic
 
-    side_a = load_side("A", a, mode.value)
-    side_b = load_side("B", b, mode.value)
-    path = output or Path("dashboards") / f"compare-{_slug(a.stem)}-vs-{_slug(b.stem)}.html"
+    if b is None:
+        # What-if: the scenario without its perturbations (A) against with them (B).
+        side_b = load_side("B", a, mode.value)
+        if side_b.result is None or side_b.result.clean is None:
+            raise UserError(f"A = {str(a)!r} has no perturbations: give B, or add a perturbations: section to A")
+        clean = side_b.result.clean
+        side_a = Side("A", a, clean.report, clean)
+        side_a.report = side_a.report.model_copy(update={"name": f"{clean.report.name} (clean)"})
+        path = output or Path("dashboards") / f"compare-{_slug(a.stem)}-whatif.html"
+    else:
+        side_a = load_side("A", a, mode.value)
+        side_b = load_side("B", b, mode.value)
+        path = output or Path("dashboards") / f"compare-{_slug(a.stem)}-vs-{_slug(b.stem)}.html"
     if path.exists() and path.is_dir():
         raise UserError(f"--output {str(path)!r} is a folder: give a file path ending in .html")
     write_atomic(path, build_compare_html(side_a, side_b, cdn=cdn))

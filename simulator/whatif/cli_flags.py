@@ -32,7 +32,7 @@ def perturbations_from_flags(
     slow_gpu: list[str], slow_link: list[str], fail_node: list[int], failure_policy: str | None,
     mtbf_hours: float | None, checkpoint_interval_s: float | None, checkpoint_cost_s: float | None,
     restart_cost_s: float | None, jitter: float | None, jitter_target: str | None, seeds: int | None,
-    seed: int | None,
+    seed: int | None, jitter_granularity: str | None = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     gpus = []
@@ -57,7 +57,8 @@ def perturbations_from_flags(
         "restart_cost_s": restart_cost_s}.items() if v is not None}
     if failures:
         out["failures"] = failures
-    jit = {k: v for k, v in {"cv": jitter, "target": jitter_target, "seeds": seeds, "seed": seed}.items() if v is not None}
+    jit = {k: v for k, v in {"cv": jitter, "target": jitter_target, "seeds": seeds, "seed": seed,
+                             "granularity": jitter_granularity}.items() if v is not None}
     if jit:
         out["jitter"] = jit
     return out

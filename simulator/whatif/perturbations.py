@@ -103,6 +103,12 @@ class Jitter(BaseModel):
     target: Literal["kernel", "collective", "both"] = Field("kernel", description="What the noise applies to: compute segments, collectives, or both.")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="First seed; seed i of a distribution is seed + i; unitless.")
     seeds: int = Field(1, ge=1, le=MAX_SEEDS, description="Steps simulated, one per seed, for the step-time distribution; count.")
+    granularity: Literal["group", "stage"] = Field(
+        "group",
+        description="group: one simulated rank per TP x CP group, every data-parallel replica with its own noise; "
+                    "stage: one per pipeline rank (replicas share draws: about dp times cheaper, misses the slowest "
+                    "replica's accumulated noise, of order cv / sqrt(segments per step)).",
+    )
 
 
 class Perturbations(BaseModel):

@@ -140,7 +140,7 @@ class WhatIfRunner:
             for t in tags:
                 stragglers |= t
         jit = pert.jitter
-        if jit is not None:
+        if jit is not None and jit.granularity == "group":
             # TP x CP groups: one per (pp, dp) position.
             keys.append(plan.mesh.coords[:, 1])
         self.straggler_ranks = np.nonzero(stragglers)[0]
@@ -334,4 +334,4 @@ def simulate_whatif(sc, mode: str = "reduced", progress=None):
     answer["exposed_comm_delta_s"] = {d: report.exposed_comm_s.get(d, 0.0) - v for d, v in clean.report.exposed_comm_s.items()}
     answer["failures"] = failure_answer(pert, sc.cluster.gpus, gpn, perturbed_tl.step_time_s)
     report.whatif = answer
-    return SimulationResult(sc, profile, topo, prog, perturbed_tl, mem, report, plan)
+    return SimulationResult(sc, profile, topo, prog, perturbed_tl, mem, report, plan, clean=clean)
