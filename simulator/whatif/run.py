@@ -185,15 +185,24 @@ class WhatIfRunner:
 
 # ----------------------------------------------------------------------------- answers
 
-def wait_chain(run: PerturbedRun, limit: int = 12) -> list[dict]:
+def wait_chain(run: PerturbedRun, limit: int = 12, clean_log: list | None = None, pp_of=None,
+               clean_by_pp: bool = True) -> list[dict]:
     """Who waits on whom, from the ranks a perturbation lands on outward (breadth first).
 
     Each hop: a (representative) rank, how many ranks it stands for, the rank it waited on, the
-    group dimension of the wait, and the seconds each of those ranks waited in the step."""
+    group dimension of the wait, and the seconds each of those ranks waited in the step *more
+    than in the clean step* (``clean_log``: the clean run's waits; pipeline receipts wait in a
+    clean step too, group rendezvous do not since identical ranks arrive together)."""
     edges: dict[tuple[int, int, str], float] = defaultdict(float)
     for waiter, on, dim, s in run.wait_log:
         if waiter != on:
             edges[(waiter, on, str(dim))] += s
+    if clean_log:
+        base: dict[tuple, float] = defaultdict(float)
+        key = (lambda r: int(pp_of[r])) if clean_by_pp else (lambda r: int(r))
+        for waiter, on, dim, s in clean_log:
+            base[(key(waiter), key(on), str(dim))] += s
+        edges = defaultdict(float, {(w, on, d): s - base.get((key(w), key(on), d), 0.0) for (w, on, d), s in edges.items()})
     sizes = {}
     if run.classes is not None:
         sizes = {int(r): int(run.classes.sizes[run.classes.labels[r]]) for r in run.classes.reps}
@@ -269,6 +278,33 @@ def describe(pert: Perturbations) -> list[str]:
     return out
 
 
+def _simulate_clean(sc, mode: str, progress):
+    """``simulate.simulate`` of the clean scenario, also keeping the engine's wait log."""
+    from simulator.calibrate.profile import load_profile
+    from simulator.report.metrics import build_report
+    from simulator.simulate import SimulationResult, make_network, resolve_schedule
+    from simulator.topology import load_topology
+    from simulator.workload.memory import memory_report
+    from simulator.workload.plan import build_plan
+    from simulator.workload.program import build_program
+
+    profile = load_profile(sc.cluster.gpu)
+    topo = load_topology(sc.cluster.topology)
+    sched = resolve_schedule(sc)
+    prog = build_program(sc, profile, sched)
+    plan = build_plan(prog)
+    net = make_network(sc, topo, profile)
+    if progress is not None:
+        progress(f"simulating {sc.name} clean: {sc.model.name} on {sc.cluster.gpus} x {sc.cluster.gpu}, "
+                 f"{sched.name} with {sched.num_microbatches} microbatches ({mode} mode)")
+    eng = Engine(prog, net, mode=mode, plan=plan)
+    eng.wait_log = []
+    tl = eng.run()
+    mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
+    report = build_report(sc.name, prog, tl, mem, profile.compute.peak_tflops, sc.cluster.gpus)
+    return SimulationResult(sc, profile, topo, prog, tl, mem, report, plan), eng.wait_log
+
+
 def validate_perturbations(sc) -> None:
     """Ranks, nodes and link names exist in this job and topology (UserError naming them)."""
     from simulator.topology import load_topology
@@ -290,7 +326,7 @@ def simulate_whatif(sc, mode: str = "reduced", progress=None):
     ``whatif`` section in its report."""
     from simulator.calibrate.profile import load_profile
     from simulator.report.metrics import build_report
-    from simulator.simulate import SimulationResult, make_network, resolve_schedule, simulate
+    from simulator.simulate import SimulationResult, make_network
     from simulator.topology import load_topology
     from simulator.workload.memory import memory_report
     from simulator.workload.plan import build_plan
@@ -299,7 +335,7 @@ def simulate_whatif(sc, mode: str = "reduced", progress=None):
     pert: Perturbations = sc.perturbations
     validate_perturbations(sc)  # before any simulation: bad input costs nothing
     clean_sc = sc.model_copy(update={"perturbations": None})
-    clean = simulate(clean_sc, mode=mode, progress=progress)
+    clean, clean_log = _simulate_clean(clean_sc, mode, progress)
     profile, topo, prog, plan = clean.profile, clean.topology, clean.program, clean.plan
     gpn = gpus_per_node_of(topo)
     perturbed_tl = clean.timeline
@@ -321,7 +357,8 @@ def simulate_whatif(sc, mode: str = "reduced", progress=None):
             times.append(runner.run(s, record_waits=False).timeline.step_time_s)
         perturbed_tl = first.timeline
         answer["simulated_ranks"] = len(first.timeline.ranks)
-        answer["wait_chain"] = wait_chain(first)
+        answer["wait_chain"] = wait_chain(first, clean_log=clean_log, pp_of=plan.mesh.coords[:, 0],
+                                          clean_by_pp=mode != "full")
         answer["straggler_ranks"] = [int(r) for r in first.straggler_ranks[:32]]
         answer["straggler_rank_count"] = int(first.straggler_ranks.size)
         if jit is not None:
