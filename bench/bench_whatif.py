@@ -34,8 +34,10 @@ def with_pert(base: dict, pert: dict) -> dict:
 
 def costs(label: str, base: dict, slow_rank: int, repeat: int) -> None:
     cases = [
-        ("one 0.8x GPU", {"gpus": [{"rank": slow_rank, "speed": 0.8}]}),
-        ("one halved leaf uplink", {"links": [{"name": "uplink:0", "bandwidth": 0.5}]}),
+        (f"one 0.8x GPU (rank {slow_rank}, a middle pipeline stage)", {"gpus": [{"rank": slow_rank, "speed": 0.8}]}),
+        ("one 0.8x GPU (rank 3, first pipeline stage)", {"gpus": [{"rank": 3, "speed": 0.8}]}),
+        ("one halved leaf uplink (leaf 0 <-> spine)", {"links": [{"name": "uplink:0", "bandwidth": 0.5}]}),
+        ("one halved NIC link (nic 3 of node 0: a DP rail)", {"links": [{"name": "nic:3", "bandwidth": 0.5}]}),
         ("one failed node (restart)", {"failures": {"nodes": [0]}}),
     ]
     for what, pert in cases:
@@ -75,9 +77,11 @@ def main() -> None:
     ap.add_argument("--only", choices=["costs70", "costs405", "jitter"], default=None)
     args = ap.parse_args()
     if args.only in (None, "costs70"):
-        costs("llama3-70b, 1,024 GPUs", default_scenario_dict(), slow_rank=3, repeat=args.repeat)
+        # default: TP8 PP8 -> rank 4 * 128 + 3 is GPU 3 of a stage-4 TP group
+        costs("llama3-70b, 1,024 GPUs", default_scenario_dict(), slow_rank=4 * 128 + 3, repeat=args.repeat)
     if args.only in (None, "costs405") and not args.skip_405b:
-        costs("llama3-405b, 16,384 GPUs", LLAMA3_405B_16K, slow_rank=3, repeat=args.repeat)
+        # TP8 PP16 DP128 -> rank 8 * 1024 + 3 is on pipeline stage 8
+        costs("llama3-405b, 16,384 GPUs", LLAMA3_405B_16K, slow_rank=8 * 1024 + 3, repeat=args.repeat)
     if args.only in (None, "jitter"):
         jitter_distribution(args.seeds, args.granularity)
 
