@@ -204,3 +204,12 @@ def test_compare_shows_perturbed_against_clean(tmp_path):
     html = out.read_text()
     assert "slow (clean)" in html and "who waits on whom" in html and "step time" in html
     assert "exposed tp comm" in html
+
+
+def test_dashboard_of_a_perturbed_run_names_the_wait_chain():
+    from simulator.report.dashboard import build_dashboard_html
+
+    res = simulate(_scenario({"gpus": [{"rank": 9, "speed": 0.5}]}, batch={"micro_batch_size": 1, "global_batch_size": 16,
+                                                                          "seq_length": 1024}, gpus=32))
+    html = build_dashboard_html(res, cdn=True)
+    assert "who waits on whom" in html and "rank 9" in html

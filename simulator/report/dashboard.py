@@ -693,6 +693,11 @@ def build_dashboard_html(result: "SimulationResult", cdn: bool = False, ranks: S
     sections.append(panel("Busiest network links", links_html(rep), anchor="sec-links"))
     if rep.notes:
         sections.append(panel("Notes", '<ul class="notes">' + "".join(f"<li>{esc(n)}</li>" for n in rep.notes) + "</ul>"))
+    if getattr(rep, "whatif", None):
+        from simulator.whatif.summary import whatif_lines
+
+        sections.append(panel("What-if: against the clean step, who waits on whom, distribution, goodput",
+                              "<pre>" + esc("\n".join(whatif_lines(rep.whatif))) + "</pre>", anchor="sec-whatif"))
     title = f"ClusterSim · {esc(rep.name)}"
     return page(title, scenario_line(result), "".join(sections), cdn)
 
