@@ -55,14 +55,16 @@ def costs(label: str, base: dict, slow_rank: int, repeat: int) -> None:
             print("   ", line)
 
 
-def jitter_distribution(seeds: int, granularity: str) -> None:
+def jitter_distribution(seeds: int, granularity: str, workers: int) -> None:
     base = default_scenario_dict()
     sc = build_scenario(with_pert(base, {"jitter": {"cv": 0.05, "seeds": seeds, "seed": 0, "granularity": granularity}}))
+    from simulator.whatif.run import simulate_whatif
+
     t0 = time.perf_counter()
-    res = simulate(sc)
+    res = simulate_whatif(sc, workers=workers)
     wall = time.perf_counter() - t0
     d = res.report.whatif["distribution"]
-    print(f"[jitter, 1,024 GPUs, {granularity}] {seeds} seeds in {wall:.1f} s ({wall / seeds:.2f} s per seed incl. "
+    print(f"[jitter, 1,024 GPUs, {granularity}, {workers} worker(s)] {seeds} seeds in {wall:.1f} s ({wall / seeds:.2f} s per seed incl. "
           f"the clean step; projection for 100 seeds {wall / seeds * 100:.0f} s; target <= 300 s); "
           f"{res.report.whatif.get('simulated_ranks')} simulated ranks; P50 {d['p50_s']:.4f} s, P90 {d['p90_s']:.4f} s, "
           f"P99 {d['p99_s']:.4f} s vs clean {res.report.whatif['clean_step_time_s']:.4f} s")
@@ -74,6 +76,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--granularity", default="stage", choices=["stage", "group"])
     ap.add_argument("--skip-405b", action="store_true")
+    ap.add_argument("--workers", type=int, default=1, help="forked processes for the seeds (same numbers as 1)")
     ap.add_argument("--only", choices=["costs70", "costs405", "jitter"], default=None)
     args = ap.parse_args()
     if args.only in (None, "costs70"):
@@ -83,7 +86,7 @@ def main() -> None:
         # TP8 PP16 DP128 -> rank 8 * 1024 + 3 is on pipeline stage 8
         costs("llama3-405b, 16,384 GPUs", LLAMA3_405B_16K, slow_rank=8 * 1024 + 3, repeat=args.repeat)
     if args.only in (None, "jitter"):
-        jitter_distribution(args.seeds, args.granularity)
+        jitter_distribution(args.seeds, args.granularity, args.workers)
 
 
 if __name__ == "__main__":

@@ -133,6 +133,11 @@ def test_same_seed_same_distribution_byte_for_byte():
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     assert len(set(a["step_times_s"])) > 1  # the seeds differ from one another
     assert a["p50_s"] <= a["p90_s"] <= a["p99_s"] <= a["max_s"]
+    # Forked workers give the same bytes as one process.
+    from simulator.whatif.run import simulate_whatif
+
+    forked = simulate_whatif(_scenario(pert, parallelism=par, batch=batch, gpus=64), workers=2).report.whatif["distribution"]
+    assert json.dumps(forked, sort_keys=True) == json.dumps(a, sort_keys=True)
     pert2 = {"jitter": {"cv": 0.05, "seeds": 4, "seed": 8, "target": "both"}}
     c = simulate(_scenario(pert2, parallelism=par, batch=batch, gpus=64)).report.whatif["distribution"]
     assert c["step_times_s"] != a["step_times_s"]

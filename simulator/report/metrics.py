@@ -63,21 +63,26 @@ def rank_bubble_fraction(tl: Timeline, rank: int) -> float:
     return max(0.0, step - float(tl.busy_compute_s[rank]) - waits) / step
 
 
-def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak_tflops: float, gpus: int) -> Report:
+def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak_tflops: float, gpus: int,
+                 rank_weight: dict[int, int] | None = None) -> Report:
+    """``rank_weight``: how many ranks each simulated rank stands for (what-if split mode), so
+    means over a pipeline rank weigh each class by its size; default 1 each."""
     step = tl.step_time_s
     per_pp: dict[int, dict[str, Any]] = {}
+    wt = rank_weight or {}
     for r in tl.ranks:
+        w = wt.get(r, 1)
         pp = tl.pp_rank_of[r]
         exposed = {d: float(tl.exposed_s[r][d]) for d in DIMS}
         busy = float(tl.busy_compute_s[r])
         bubble = rank_bubble_fraction(tl, r)
         row = per_pp.setdefault(pp, {"pp_rank": pp, "ranks": 0, "compute_s": 0.0, "bubble_fraction": 0.0,
                                      "exposed_comm_s": dict.fromkeys(DIMS, 0.0)})
-        row["ranks"] += 1
-        row["compute_s"] += busy
-        row["bubble_fraction"] += bubble
+        row["ranks"] += w
+        row["compute_s"] += busy * w
+        row["bubble_fraction"] += bubble * w
         for d in DIMS:
-            row["exposed_comm_s"][d] += exposed[d]
+            row["exposed_comm_s"][d] += exposed[d] * w
     rows = []
     for pp in sorted(per_pp):
         row = per_pp[pp]
@@ -90,7 +95,8 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
         rows.append(row)
     bubbles = [r["bubble_fraction"] for r in rows]
     exposed_mean = {d: sum(r["exposed_comm_s"][d] for r in rows) / len(rows) for d in DIMS}
-    comm_bytes = {d: sum(float(tl.comm_bytes[r][d]) for r in tl.ranks) / len(tl.ranks) for d in DIMS}
+    n_w = sum(wt.get(r, 1) for r in tl.ranks)
+    comm_bytes = {d: sum(float(tl.comm_bytes[r][d]) * wt.get(r, 1) for r in tl.ranks) / n_w for d in DIMS}
     tokens_per_s = prog.tokens_per_step / step
     model_tflops_per_gpu = prog.model_flops_per_step / step / gpus / 1e12
     return Report(

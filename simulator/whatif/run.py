@@ -321,7 +321,31 @@ def validate_perturbations(sc) -> None:
         link_factors(build_graph(topo, sc.cluster.gpus), [(l.name, l.bandwidth) for l in pert.links])
 
 
-def simulate_whatif(sc, mode: str = "reduced", progress=None):
+# Set in a forked worker process only (seed_step_times): the runner it inherited from its parent.
+_WORKER_RUNNER: "WhatIfRunner | None" = None
+
+
+def _init_worker(runner: "WhatIfRunner") -> None:
+    global _WORKER_RUNNER
+    _WORKER_RUNNER = runner
+
+
+def _worker_step(seed: int) -> float:
+    return _WORKER_RUNNER.run(seed, record_waits=False).timeline.step_time_s
+
+
+def seed_step_times(runner: "WhatIfRunner", seeds: list[int], workers: int = 1) -> list[float]:
+    """Step time per seed, in seed order. Seeds are independent and each is deterministic, so
+    forked workers (Linux) give the very same numbers as one process."""
+    import multiprocessing as mp
+
+    if workers <= 1 or len(seeds) < 2 or "fork" not in mp.get_all_start_methods():
+        return [runner.run(s, record_waits=False).timeline.step_time_s for s in seeds]
+    with mp.get_context("fork").Pool(min(workers, len(seeds)), initializer=_init_worker, initargs=(runner,)) as pool:
+        return pool.map(_worker_step, seeds, chunksize=1)
+
+
+def simulate_whatif(sc, mode: str = "reduced", progress=None, workers: int = 1):
     """Simulate the clean step and the perturbed one; the result is the perturbed step with a
     ``whatif`` section in its report."""
     from simulator.calibrate.profile import load_profile
@@ -352,9 +376,7 @@ def simulate_whatif(sc, mode: str = "reduced", progress=None):
             progress(f"what-if: {'; '.join(describe(pert))}: {n_sim} simulated ranks "
                      f"({'split' if runner.classes is not None else 'full'} mode), {len(seeds)} step(s)")
         first = runner.run(seeds[0], record_waits=True)
-        times = [first.timeline.step_time_s]
-        for s in seeds[1:]:
-            times.append(runner.run(s, record_waits=False).timeline.step_time_s)
+        times = [first.timeline.step_time_s] + seed_step_times(runner, seeds[1:], workers)
         perturbed_tl = first.timeline
         answer["simulated_ranks"] = len(first.timeline.ranks)
         answer["wait_chain"] = wait_chain(first, clean_log=clean_log, pp_of=plan.mesh.coords[:, 0],
@@ -364,7 +386,12 @@ def simulate_whatif(sc, mode: str = "reduced", progress=None):
         if jit is not None:
             answer["distribution"] = distribution(times, jit.seed)
     mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
-    report = build_report(sc.name, prog, perturbed_tl, mem, profile.compute.peak_tflops, sc.cluster.gpus)
+    weights = None
+    if pert.changes_step and runner.classes is not None:
+        cl = runner.classes
+        weights = {int(r): int(cl.sizes[cl.labels[r]]) for r in cl.reps}
+    report = build_report(sc.name, prog, perturbed_tl, mem, profile.compute.peak_tflops, sc.cluster.gpus,
+                          rank_weight=weights)
     answer["step_time_s"] = perturbed_tl.step_time_s
     answer["delta_s"] = perturbed_tl.step_time_s - clean.timeline.step_time_s
     answer["delta_fraction"] = answer["delta_s"] / clean.timeline.step_time_s
