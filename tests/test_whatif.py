@@ -218,3 +218,23 @@ def test_dashboard_of_a_perturbed_run_names_the_wait_chain():
                                                                           "seq_length": 1024}, gpus=32))
     html = build_dashboard_html(res, cdn=True)
     assert "who waits on whom" in html and "rank 9" in html
+
+
+MOE_MODEL = {**SMALL_MODEL, "name": "tinymoe", "num_experts": 8, "top_k": 2}
+
+
+@pytest.mark.parametrize("model,par,gpus,seq,schedule", [
+    (MOE_MODEL, {"tp": 2, "pp": 2, "ep": 4, "zero": 1}, 64, 1024, "1f1b"),
+    (SMALL_MODEL, {"tp": 2, "pp": 2, "cp": 2, "cp_attention": "ring", "zero": 1}, 64, 2048, "1f1b"),
+    (SMALL_MODEL, {"tp": 1, "pp": 1, "zero": 3, "fsdp_shard_size": 8}, 32, 1024, "1f1b"),
+    (SMALL_MODEL, {"tp": 4, "pp": 2, "vpp": 2, "zero": 1}, 64, 1024, "interleaved-1f1b"),
+])
+def test_split_equals_full_across_parallelisms(model, par, gpus, seq, schedule):
+    # Experts (ep, edp), ring attention (ring steps), HSDP (dp_shard/dp_rep) and interleaving.
+    pert = {"gpus": [{"rank": 13, "speed": 0.7}], "links": [{"name": "nic:9", "bandwidth": 0.3}],
+            "gpu_draw": {"cv": 0.03, "seed": 1, "levels": 2}}
+    sc = _scenario(pert, model=model, parallelism=par, gpus=gpus, schedule=schedule,
+                   batch={"micro_batch_size": 1, "global_batch_size": 32, "seq_length": seq})
+    split, full = simulate(sc, mode="reduced"), simulate(sc, mode="full")
+    assert split.timeline.step_time_s == pytest.approx(full.timeline.step_time_s, rel=1e-9)
+    assert split.report.whatif["delta_s"] > 0
