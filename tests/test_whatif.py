@@ -238,3 +238,17 @@ def test_split_equals_full_across_parallelisms(model, par, gpus, seq, schedule):
     split, full = simulate(sc, mode="reduced"), simulate(sc, mode="full")
     assert split.timeline.step_time_s == pytest.approx(full.timeline.step_time_s, rel=1e-9)
     assert split.report.whatif["delta_s"] > 0
+
+
+def test_jitter_by_tp_group_matches_per_rank_draws_of_full_mode():
+    # Full mode draws every rank's kernels and every group's collectives; split mode draws one
+    # max-of-k per TP group segment and the max over groups issuing together. Means over seeds agree.
+    pert = {"jitter": {"cv": 0.05, "seeds": 8, "target": "both"}}
+    batch = {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024}
+    sc = _scenario(pert, parallelism={"tp": 4, "pp": 2}, batch=batch, gpus=32)
+    split = simulate(sc, mode="reduced").report.whatif
+    full = simulate(sc, mode="full").report.whatif
+    assert split["simulated_ranks"] == 8 and full["simulated_ranks"] == 32
+    assert split["distribution"]["mean_s"] == pytest.approx(full["distribution"]["mean_s"], rel=5e-3)
+    # and noise costs time: E[max of draws] > 1
+    assert split["distribution"]["mean_s"] > 1.01 * split["clean_step_time_s"]

@@ -144,9 +144,14 @@ class WhatIfRunner:
             # TP x CP groups: one per (pp, dp) position.
             keys.append(plan.mesh.coords[:, 1])
         self.straggler_ranks = np.nonzero(stragglers)[0]
-        self.classes = refine_classes(plan, keys) if mode != "full" else None
-        if self.classes is not None:
-            self.classes = Classes.of(self.classes)
+        if mode != "full":
+            self.classes = Classes.of(refine_classes(plan, keys))
+        elif jit is not None and jit.target in ("collective", "both"):
+            # Full mode with collective noise: every rank its own class (the same rendezvous as
+            # full mode), through the engine that draws collective noise.
+            self.classes = Classes.of(np.arange(world, dtype=np.int64))
+        else:
+            self.classes = None  # the reference engine, every rank simulated
         self.n_compute = [sum(1 for i in rp.instrs if type(i) is Compute) for rp in plan.ranks]
 
     def _k_of(self, rep: int) -> int:
@@ -166,7 +171,7 @@ class WhatIfRunner:
             cj = None
             if jit is not None and jit.target in ("collective", "both") and seed is not None:
                 rng_c = np.random.default_rng([seed, 0xC011])
-                cj = lambda: float(multiplier_draws(rng_c, jit.distribution, jit.cv, 1)[0])  # noqa: E731
+                cj = lambda n: float(multiplier_draws(rng_c, jit.distribution, jit.cv, n).max())  # noqa: E731
             eng = SplitEngine(self.prog, self.net, self.plan, self.classes, collective_jitter=cj)
         kernel_jitter = jit is not None and jit.target in ("kernel", "both") and seed is not None
         for r in eng.ranks:

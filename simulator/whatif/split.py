@@ -104,8 +104,9 @@ class _Rendezvous:
 class SplitEngine(Engine):
     """Reduced mode generalised to arbitrary classes: one simulated representative per class.
 
-    ``collective_jitter`` (optional): a callable returning the duration multiplier (>= 1) of the
-    next collective; the collective then ends (multiplier - 1) x its isolated time later.
+    ``collective_jitter`` (optional): a callable ``(n_groups) -> multiplier`` giving the largest
+    of n_groups draws for the next collective; when above 1 the collective ends (multiplier - 1)
+    x its isolated time later.
     """
 
     def __init__(self, program: Program, network, plan: Plan, classes: Classes, collective_jitter=None):
@@ -204,7 +205,9 @@ class SplitEngine(Engine):
             net_ev = self.net.start(env, req)
             extra = 0.0
             if self.collective_jitter is not None:
-                m = self.collective_jitter()
+                # The groups issuing together stand for that many independent collectives; the
+                # slowest of them is what their classes wait for next.
+                m = self.collective_jitter(int(req.groups.shape[0]))
                 if m > 1.0:
                     extra = (m - 1.0) * self.net.collective_time_s(req)
             if extra > 0:
