@@ -252,3 +252,13 @@ def test_jitter_by_tp_group_matches_per_rank_draws_of_full_mode():
     assert split["distribution"]["mean_s"] == pytest.approx(full["distribution"]["mean_s"], rel=5e-3)
     # and noise costs time: E[max of draws] > 1
     assert split["distribution"]["mean_s"] > 1.01 * split["clean_step_time_s"]
+
+
+def test_example_scenario_file_loads_and_runs():
+    from pathlib import Path
+
+    from simulator.scenario import load_scenario
+
+    sc = load_scenario(Path(__file__).parent / "data" / "scenarios" / "whatif-small.yaml")
+    w = simulate(sc).report.whatif
+    assert w["delta_s"] > 0 and w["distribution"]["seeds"] == 3 and w["failures"]["failed_nodes"] == [1]
