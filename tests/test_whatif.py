@@ -113,6 +113,10 @@ def test_split_symmetry_agrees_with_full_mode_on_256_gpus():
     assert split.timeline.step_time_s == pytest.approx(full.timeline.step_time_s, rel=1e-3)
     assert split.report.whatif["clean_step_time_s"] == pytest.approx(full.report.whatif["clean_step_time_s"], rel=1e-12)
     assert split.timeline.step_time_s > split.report.whatif["clean_step_time_s"]
+    # Report means weigh each class by its size, so they are full mode's means over every rank.
+    for d, v in full.report.exposed_comm_s.items():
+        assert split.report.exposed_comm_s[d] == pytest.approx(v, rel=1e-3, abs=1e-9)
+    assert split.report.bubble_fraction == pytest.approx(full.report.bubble_fraction, rel=1e-3)
 
 
 def test_no_perturbation_classes_are_the_pipeline_ranks():
