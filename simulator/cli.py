@@ -209,6 +209,20 @@ def simulate(
     perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write a Perfetto / Chrome trace JSON here."),
     report_json: Optional[Path] = typer.Option(None, "--report", help="Also write the full report JSON here."),
     findings_budget_s: float = typer.Option(20.0, "--findings-budget-s", min=0.0, help="Seconds the findings may spend re-simulating their suggestions (0: none, findings from the model alone)."),
+    # --- what-if (simulator.whatif; the scenario's perturbations: section) ---
+    slow_gpu: list[str] = typer.Option([], "--slow-gpu", help="What-if: RANK=SPEED or node:N=SPEED (repeatable), e.g. 3=0.8."),
+    slow_link: list[str] = typer.Option([], "--slow-link", help="What-if: LINK=BANDWIDTH (repeatable): a link name, uplink:LEAF, nic:N, node:N, rail:R, tier:NAME."),
+    fail_node: list[int] = typer.Option([], "--fail-node", help="What-if: a node that fails (repeatable); goodput from --mtbf-hours etc."),
+    failure_policy: Optional[str] = typer.Option(None, "--failure-policy", help="What-if: restart (from checkpoint) or spares."),
+    mtbf_hours: Optional[float] = typer.Option(None, "--mtbf-hours", help="What-if: MTBF of one GPU, hours (default 50,000, Llama 3)."),
+    checkpoint_interval_s: Optional[float] = typer.Option(None, "--checkpoint-interval-s", help="What-if: work between checkpoints, s."),
+    checkpoint_cost_s: Optional[float] = typer.Option(None, "--checkpoint-cost-s", help="What-if: time to write a checkpoint, s."),
+    restart_cost_s: Optional[float] = typer.Option(None, "--restart-cost-s", help="What-if: time to restart after a failure, s."),
+    jitter: Optional[float] = typer.Option(None, "--jitter", help="What-if: CV of seeded noise per kernel (e.g. 0.05)."),
+    jitter_target: Optional[str] = typer.Option(None, "--jitter-target", help="What-if: kernel, collective or both."),
+    seeds: Optional[int] = typer.Option(None, "--seeds", help="What-if: steps (one per seed) for the P50/P90/P99 step time."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="What-if: first jitter seed."),
+    jitter_granularity: Optional[str] = typer.Option(None, "--jitter-granularity", help="What-if: group (every TP group) or stage (cheaper)."),
 ) -> None:
     """Simulate one training step and print the prediction.
 
@@ -251,6 +265,11 @@ def simulate(
         for flag, target in (("--perfetto", perfetto), ("--report", report_json), ("--dashboard", explicit_dashboard)):
             if target is not None:
                 check_output_path(Path(target), flag)
+        from simulator.whatif.cli_flags import merge_perturbations, perturbations_from_flags
+
+        sc = merge_perturbations(sc, perturbations_from_flags(
+            slow_gpu, slow_link, fail_node, failure_policy, mtbf_hours, checkpoint_interval_s, checkpoint_cost_s,
+            restart_cost_s, jitter, jitter_target, seeds, seed, jitter_granularity))
         result = run_simulation(sc, mode=mode.value, progress=phase)
         report = result.report
 
@@ -344,6 +363,11 @@ def print_summary(report, scenario=None) -> None:
     con.print(t)
     for note in report.notes:
         con.print(f"note: {for_rich(note)}")
+    if getattr(report, "whatif", None):
+        from simulator.whatif.summary import whatif_lines
+
+        for line in whatif_lines(report.whatif):
+            con.print(for_rich(line))
 
 
 def main() -> None:

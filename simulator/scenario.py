@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from simulator.profile import Profile, load_profile
 from simulator.errors import UserError, read_json, read_yaml, validation_error_line
 from simulator.topology.spec import TopologySpec, first_validation_error, load_topology
+from simulator.whatif.perturbations import Perturbations
 
 # Bounds far above any real run (the largest published jobs use ~100K GPUs, ~200 layers, a few
 # thousand microbatches per step) that keep a typo from asking for terabytes or hours.
@@ -284,6 +285,9 @@ class Scenario(BaseModel):
     )
     implementation: Literal["megatron", "hf-eager"] = Field(
         "megatron", description="Kernels the framework runs: Megatron's fused layers, or HuggingFace eager PyTorch (every op its own kernel)."
+    )
+    perturbations: Perturbations | None = Field(
+        None, description="What-if: slow GPUs, degraded links, failed nodes, jitter (simulator.whatif)."
     )
 
     @field_validator("model", mode="before")

@@ -31,6 +31,7 @@ class SimulationResult:
     memory: MemoryReport
     report: Report
     plan: Plan | None = None  # what every pipeline rank did, as the engine replayed it
+    clean: "SimulationResult | None" = None  # what-if runs: the same step without perturbations
 
 
 def resolve_schedule(sc: Scenario) -> PipelineSchedule:
@@ -72,6 +73,11 @@ def make_network(sc: Scenario, topo: TopologySpec, profile: Profile):
 
 def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None) -> SimulationResult:
     """Simulate one step. ``progress`` hears about the work once all input has been checked."""
+    if sc.perturbations is not None and not sc.perturbations.empty:
+        # What-if: the clean step and the perturbed one (simulator.whatif.run).
+        from simulator.whatif.run import simulate_whatif
+
+        return simulate_whatif(sc, mode=mode, progress=progress)
     profile = load_profile(sc.cluster.gpu)
     topo = load_topology(sc.cluster.topology)
     sched = resolve_schedule(sc)

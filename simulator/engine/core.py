@@ -113,6 +113,11 @@ class Engine:
             self._group_index[dim] = idx
         self._request_cache: dict[tuple, CollectiveRequest] = {}
         self._wire_factor: dict[tuple, float] = {}
+        # What-if hooks (simulator.whatif), empty in a nominal run: per simulated rank, a factor
+        # per Compute instruction of its plan (1/speed x jitter); and, when a list, every wait
+        # of a compute stream on a pipeline receipt as (waiter, sender, dim, seconds).
+        self.compute_factor: dict[int, np.ndarray] = {}
+        self.wait_log: list[tuple[int, int, str, float]] | None = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -353,20 +358,25 @@ class Engine:
             if env.now > t0:
                 wait_rows.append((rank, t0, env.now, str(cause), issued, src, self._waiting(rank)))
 
+        factor = self.compute_factor.get(rank)
+        ci = 0
         for ins in rp.instrs:
             t = type(ins)
             if t is Compute:
                 t0 = env.now
-                sec = ins.seconds
+                seconds = ins.seconds
+                if factor is not None:
+                    seconds *= float(factor[ci])
+                    ci += 1
                 if self.sms_taken[rank] and self.sm_count:
                     # Overlapped with communication kernels: fewer SMs for this segment.
-                    slowed = sec * compute_slowdown(self.sm_count, self.sms_taken[rank])
-                    self.contention[rank] += slowed - sec
-                    sec = slowed
-                yield env.timeout(sec)
+                    slowed = seconds * compute_slowdown(self.sm_count, self.sms_taken[rank])
+                    self.contention[rank] += slowed - seconds
+                    seconds = slowed
+                yield env.timeout(seconds)
                 if ins.counted:
                     self.n_events += 1
-                self.busy[rank] += sec
+                self.busy[rank] += seconds
                 rows.append((rank, "compute", ins.kind, ins.label, t0, env.now, ins.microbatch, ins.stage, ins.layer, 0.0))
             elif t is Collective:
                 sk = (rank, ins.stream)
@@ -419,6 +429,8 @@ class Engine:
                     wait_rows.append((rank, t0, min(ts, env.now), "bubble", float("nan"), src, self._waiting(rank)))
                 if env.now > max(t0, ts):
                     wait_rows.append((rank, max(t0, ts), env.now, "pp", ts, src, self._waiting(rank)))
+                if self.wait_log is not None:
+                    self.wait_log.append((rank, self._peer(rank, ins.src_pp), "pp", env.now - t0))
             elif t is Complete:
                 key = (ins.stage, ins.kind, ins.microbatch)
                 self._event((rank, key)).succeed()

@@ -242,6 +242,12 @@ def build_compare_html(a: Side, b: Side, cdn: bool = False) -> str:
                                                                            "cmp-breakdown")))
     if a.result is not None and b.result is not None:
         sections.append(panel("Scenario differences", scenario_diff(a.result, b.result)))
+    for s in (a, b):
+        if getattr(s.report, "whatif", None):
+            from simulator.whatif.summary import whatif_lines
+
+            sections.append(panel(f"What-if ({esc(s.label)}): step change, who waits on whom, distribution, goodput",
+                                  "<pre>" + esc("\n".join(whatif_lines(s.report.whatif))) + "</pre>"))
     side_cards = []
     for s in (a, b):
         sub = scenario_line(s.result) if s.result is not None else f"from report {esc(s.path.name)}"
@@ -277,7 +283,8 @@ def _slug(text: str) -> str:
 
 def compare_command(
     a: Path = typer.Argument(..., help="Scenario YAML or report JSON (clustersim simulate --report) for A."),
-    b: Path = typer.Argument(..., help="Scenario YAML or report JSON for B, compared against A."),
+    b: Optional[Path] = typer.Argument(
+        None, help="Scenario YAML or report JSON for B, compared against A. Omitted: A's perturbations (what-if) against A clean."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Dashboard HTML path (default dashboards/compare-<A>-vs-<B>.html)."),
     mode: CompareMode = typer.Option(CompareMode.reduced, "--mode", help="Simulation mode for scenario YAMLs."),
@@ -287,14 +294,26 @@ def compare_command(
     from simulator.files import write_atomic
     from simulator.progress import progress
 
-    path = output or Path("dashboards") / f"compare-{_slug(a.stem)}-vs-{_slug(b.stem)}.html"
+    if b is None:
+        path = output or Path("dashboards") / f"compare-{_slug(a.stem)}-whatif.html"
+    else:
+        path = output or Path("dashboards") / f"compare-{_slug(a.stem)}-vs-{_slug(b.stem)}.html"
     if path.exists() and path.is_dir():
         raise UserError(f"--output {str(path)!r} is a folder: give a file path ending in .html")
     from simulator.report.findings import attach
 
     with progress("compare") as phase:
-        side_a = load_side("A", a, mode.value, phase)
-        side_b = load_side("B", b, mode.value, phase)
+        if b is None:
+            # What-if: the scenario without its perturbations (A) against with them (B).
+            side_b = load_side("B", a, mode.value, phase)
+            if side_b.result is None or side_b.result.clean is None:
+                raise UserError(f"A = {str(a)!r} has no perturbations: give B, or add a perturbations: section to A")
+            clean = side_b.result.clean
+            side_a = Side("A", a, clean.report, clean)
+            side_a.report = side_a.report.model_copy(update={"name": f"{clean.report.name} (clean)"})
+        else:
+            side_a = load_side("A", a, mode.value, phase)
+            side_b = load_side("B", b, mode.value, phase)
         for side in (side_a, side_b):
             if side.result is not None:
                 attach(side.result, budget_s=0)  # findings without re-simulation: compare stays quick

@@ -1440,6 +1440,11 @@ def build_dashboard_html(result: "SimulationResult", cdn: bool = False, ranks: S
     other_notes = [n for n in rep.notes if n not in {f.get("message") for f in rep.findings}]
     if other_notes:
         sections.append(panel("Notes", '<ul class="notes">' + "".join(f"<li>{esc(n)}</li>" for n in other_notes) + "</ul>"))
+    if getattr(rep, "whatif", None):
+        from simulator.whatif.summary import whatif_lines
+
+        sections.append(panel("What-if: against the clean step, who waits on whom, distribution, goodput",
+                              "<pre>" + esc("\n".join(whatif_lines(rep.whatif))) + "</pre>", anchor="sec-whatif"))
     title = f"ClusterSim · {esc(rep.name)}"
     return page(title, scenario_line(result), "".join(sections), cdn)
 

@@ -56,6 +56,8 @@ class Report(BaseModel):
         default_factory=list, description="The critical path in time order: one entry per action, transfer or wait on it.")
     findings: list[dict[str, Any]] = Field(
         default_factory=list, description="What to change: kind, message, numbers, and whether a suggestion was simulated.")
+    whatif: dict[str, Any] | None = Field(
+        None, description="What-if answers (simulator.whatif): clean vs perturbed step, wait chain, seed distribution, goodput.")
 
     # The keys `--json` promises; everything else is detail.
     SUMMARY_KEYS: ClassVar[tuple[str, ...]] = (
@@ -73,27 +75,32 @@ def rank_bubble_fraction(tl: Timeline, rank: int) -> float:
     return max(0.0, step - float(tl.busy_compute_s[rank]) - waits) / step
 
 
-def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak_tflops: float, gpus: int) -> Report:
+def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak_tflops: float, gpus: int,
+                 rank_weight: dict[int, int] | None = None) -> Report:
+    """``rank_weight``: how many ranks each simulated rank stands for (what-if split mode), so
+    means over a pipeline rank weigh each class by its size; default 1 each."""
     from simulator.report.analysis import critical_path, rank_breakdown, summarize_path
 
     step = tl.step_time_s
     per_rank_bd = rank_breakdown(tl)
     per_pp: dict[int, dict[str, Any]] = {}
+    wt = rank_weight or {}
     for r in tl.ranks:
+        w = wt.get(r, 1)
         pp = tl.pp_rank_of[r]
         exposed = {d: float(tl.exposed_s[r][d]) for d in DIMS}
         busy = float(tl.busy_compute_s[r])
         bubble = rank_bubble_fraction(tl, r)
         row = per_pp.setdefault(pp, {"pp_rank": pp, "ranks": 0, "compute_s": 0.0, "bubble_fraction": 0.0,
                                      "exposed_comm_s": dict.fromkeys(DIMS, 0.0)})
-        row["ranks"] += 1
+        row["ranks"] += w
         acc = row.setdefault("breakdown_s", {})
         for k, v in per_rank_bd[r].items():
-            acc[k] = acc.get(k, 0.0) + float(v)
-        row["compute_s"] += busy
-        row["bubble_fraction"] += bubble
+            acc[k] = acc.get(k, 0.0) + float(v) * w
+        row["compute_s"] += busy * w
+        row["bubble_fraction"] += bubble * w
         for d in DIMS:
-            row["exposed_comm_s"][d] += exposed[d]
+            row["exposed_comm_s"][d] += exposed[d] * w
     rows = []
     for pp in sorted(per_pp):
         row = per_pp[pp]
@@ -107,7 +114,8 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
         rows.append(row)
     bubbles = [r["bubble_fraction"] for r in rows]
     exposed_mean = {d: sum(r["exposed_comm_s"][d] for r in rows) / len(rows) for d in DIMS}
-    comm_bytes = {d: sum(float(tl.comm_bytes[r][d]) for r in tl.ranks) / len(tl.ranks) for d in DIMS}
+    n_w = sum(wt.get(r, 1) for r in tl.ranks)
+    comm_bytes = {d: sum(float(tl.comm_bytes[r][d]) * wt.get(r, 1) for r in tl.ranks) / n_w for d in DIMS}
     tokens_per_s = prog.tokens_per_step / step
     # The mean over pipeline ranks (each row already averages its replicas), like exposed_comm_s.
     breakdown = {k: sum(r["breakdown_s"][k] for r in rows) / len(rows) for k in rows[0]["breakdown_s"]}

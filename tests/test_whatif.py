@@ -1,0 +1,268 @@
+"""What-if at scale: slow GPUs, degraded links, jitter, failures; split symmetry against full mode."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from simulator.errors import UserError
+from simulator.network.base import CollectiveRequest
+from simulator.network.fabric import FlowNetwork
+from simulator.scenario import build_scenario
+from simulator.simulate import simulate
+from simulator.vocabulary import CollectiveOp, Dim
+from simulator.whatif.links import link_names, select_links
+from simulator.whatif.split import refine_classes
+from simulator.workload.plan import build_plan
+
+SMALL_MODEL = {"name": "tiny", "num_layers": 4, "hidden_size": 1024, "ffn_hidden_size": 3584,
+               "num_attention_heads": 8, "num_kv_heads": 8, "vocab_size": 32000}
+
+
+def _scenario(pert=None, **kw):
+    d = {
+        "name": "wi", "model": SMALL_MODEL,
+        "parallelism": kw.pop("parallelism", {"tp": 8, "pp": 2, "zero": 1}),
+        "batch": kw.pop("batch", {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 2048}),
+        "cluster": {"gpus": kw.pop("gpus", 256)},
+    }
+    d.update(kw)
+    if pert is not None:
+        d["perturbations"] = pert
+    return build_scenario(d)
+
+
+def test_slow_gpu_in_dp_only_job_adds_its_compute_share():
+    # DP only, gradients reduced after backward (no overlap): the slow rank computes busy/0.8,
+    # every rank waits for it at the DP all-reduce, then each runs its own optimizer step.
+    par = {"tp": 1, "pp": 1, "zero": 0, "overlap_grad_reduce": False}
+    batch = {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024}
+    clean = simulate(_scenario(None, parallelism=par, batch=batch, gpus=8))
+    slow = simulate(_scenario({"gpus": [{"rank": 5, "speed": 0.8}]}, parallelism=par, batch=batch, gpus=8))
+    busy = clean.timeline.busy_compute_s[0]
+    expected = clean.timeline.step_time_s + busy * (1 / 0.8 - 1)
+    assert slow.timeline.step_time_s == pytest.approx(expected, rel=1e-3)
+    w = slow.report.whatif
+    assert w["delta_s"] == pytest.approx(busy * 0.25, rel=1e-2)
+    # Everyone else waits on rank 5 at the DP all-reduce, and the chain says so.
+    first = [h for h in w["wait_chain"] if h["depth"] == 1]
+    assert first and all(h["waited_on"] == 5 and h["dim"] == "dp" for h in first)
+    assert sum(h["ranks"] for h in first) == 7
+    # They wait for the slowed forward and backward (the optimizer step comes after the all-reduce).
+    ev = clean.timeline.events
+    fb = ev[(ev["rank"] == 0) & (ev["stream"] == "compute") & (ev["kind"] != "opt")]
+    fb_s = float((fb["end_s"] - fb["start_s"]).sum())
+    assert fb_s < busy
+    assert first[0]["wait_s"] == pytest.approx(fb_s * 0.25, rel=1e-3)
+
+
+def test_halved_nic_uplink_slows_its_dp_ring_2x_and_no_other():
+    # 32 DGX H100 nodes; DP groups are rails (GPU j of every node, NIC j). Halving NIC 3 of
+    # node 0 (both directions) halves ring 3's bottleneck and touches no other ring.
+    # A ring (NCCL_ALGO=Ring) runs at the pace of its slowest link.
+    ring = {"all_reduce": "ring"}
+    net = FlowNetwork.from_topology("dgx-h100-fattree", 256, algorithms=ring)
+    groups = np.arange(256).reshape(32, 8).T  # group j = GPU j of each node
+    size = 1 << 30  # large enough that bandwidth, not latency, decides
+
+    def t(net, g):
+        return net.collective_time_s(CollectiveRequest(CollectiveOp.ALL_REDUCE, Dim.DP, g, size))
+
+    before = [t(net, groups[j:j + 1]) for j in range(8)]
+    ids = select_links(net.graph, "nic:3")
+    assert sorted(link_names(net.graph)[ids]) == ["leaf0->nic3", "nic3->leaf0"]
+    slow = FlowNetwork.from_topology("dgx-h100-fattree", 256, algorithms=ring)
+    slow.capacity_Bps = slow.capacity_Bps.copy()
+    slow.capacity_Bps[ids] *= 0.5
+    after = [t(slow, groups[j:j + 1]) for j in range(8)]
+    assert after[3] / before[3] == pytest.approx(2.0, rel=0.02)
+    for j in set(range(8)) - {3}:
+        assert after[j] == pytest.approx(before[j], rel=1e-12)
+    # NCCL's tuner (the default) switches to the double binary tree, which the halved NIC
+    # hurts less: slower than before, faster than the halved ring.
+    tuned = FlowNetwork.from_topology("dgx-h100-fattree", 256)
+    tuned.capacity_Bps = tuned.capacity_Bps * np.where(np.isin(np.arange(tuned.graph.n_links), ids), 0.5, 1.0)
+    assert before[3] < t(tuned, groups[3:4]) < after[3]
+
+
+def test_halved_nic_in_a_job_slows_only_that_rails_dp_collectives():
+    par = {"tp": 8, "pp": 1, "zero": 1}
+    batch = {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 2048}
+    clean = simulate(_scenario(None, parallelism=par, batch=batch, gpus=256))
+    slow = simulate(_scenario({"links": [{"name": "nic:3", "bandwidth": 0.5}]}, parallelism=par, batch=batch, gpus=256))
+
+    def dp_time(res, rank):
+        ev = res.timeline.events
+        sel = ev[(ev["rank"] == rank) & (ev["kind"] == "dp")]
+        return float((sel["end_s"] - sel["start_s"]).sum())
+
+    # rank 3 (GPU 3 of node 0) stands for rail 3; rank 0 for an untouched rail.
+    assert 3 in slow.timeline.ranks and 0 in slow.timeline.ranks
+    assert dp_time(slow, 0) == pytest.approx(dp_time(clean, 0), rel=1e-9)
+    assert dp_time(slow, 3) > 1.5 * dp_time(clean, 0)
+
+
+def test_split_symmetry_agrees_with_full_mode_on_256_gpus():
+    pert = {"gpus": [{"rank": 37, "speed": 0.8}], "links": [{"name": "nic:21", "bandwidth": 0.3}]}
+    sc = _scenario(pert)
+    split = simulate(sc, mode="reduced")
+    full = simulate(sc, mode="full")
+    assert split.report.whatif["simulated_ranks"] < 64  # not the world (256)
+    assert split.timeline.step_time_s == pytest.approx(full.timeline.step_time_s, rel=1e-3)
+    assert split.report.whatif["clean_step_time_s"] == pytest.approx(full.report.whatif["clean_step_time_s"], rel=1e-12)
+    assert split.timeline.step_time_s > split.report.whatif["clean_step_time_s"]
+    # Report means weigh each class by its size, so they are full mode's means over every rank.
+    for d, v in full.report.exposed_comm_s.items():
+        assert split.report.exposed_comm_s[d] == pytest.approx(v, rel=1e-3, abs=1e-9)
+    assert split.report.bubble_fraction == pytest.approx(full.report.bubble_fraction, rel=1e-3)
+
+
+def test_no_perturbation_classes_are_the_pipeline_ranks():
+    sc = _scenario(None)
+    res = simulate(sc)
+    plan = build_plan(res.program)
+    labels = refine_classes(plan, [plan.mesh.coords[:, 0]])
+    assert len(np.unique(labels)) == 2
+    assert (labels == plan.mesh.coords[:, 0]).all() or (labels == 1 - plan.mesh.coords[:, 0]).all()
+
+
+def test_same_seed_same_distribution_byte_for_byte():
+    pert = {"jitter": {"cv": 0.05, "seeds": 4, "seed": 7, "target": "both"}}
+    par = {"tp": 8, "pp": 2, "zero": 1}
+    batch = {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024}
+    a = simulate(_scenario(pert, parallelism=par, batch=batch, gpus=64)).report.whatif["distribution"]
+    b = simulate(_scenario(pert, parallelism=par, batch=batch, gpus=64)).report.whatif["distribution"]
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert len(set(a["step_times_s"])) > 1  # the seeds differ from one another
+    assert a["p50_s"] <= a["p90_s"] <= a["p99_s"] <= a["max_s"]
+    # Forked workers give the same bytes as one process.
+    from simulator.whatif.run import simulate_whatif
+
+    forked = simulate_whatif(_scenario(pert, parallelism=par, batch=batch, gpus=64), workers=2).report.whatif["distribution"]
+    assert json.dumps(forked, sort_keys=True) == json.dumps(a, sort_keys=True)
+    pert2 = {"jitter": {"cv": 0.05, "seeds": 4, "seed": 8, "target": "both"}}
+    c = simulate(_scenario(pert2, parallelism=par, batch=batch, gpus=64)).report.whatif["distribution"]
+    assert c["step_times_s"] != a["step_times_s"]
+
+
+def test_failures_give_goodput_and_cost_per_failure():
+    pert = {"failures": {"nodes": [2], "mtbf_per_gpu_h": 50_000, "checkpoint_interval_s": 1800,
+                         "checkpoint_cost_s": 60, "restart_cost_s": 600}}
+    res = simulate(_scenario(pert))
+    f = res.report.whatif["failures"]
+    assert res.report.whatif["delta_s"] == 0.0  # failures do not change the step itself
+    assert f["failures_per_day"] == pytest.approx(256 * 24 / 50_000)
+    # one failure: the restart plus about half an interval of rework (Young's first order)
+    assert 600 + 900 < f["cost_per_failure_s"] < 600 + 1860
+    assert f["cost_per_failure_gpu_h"] == pytest.approx(f["cost_per_failure_s"] * 256 / 3600)
+    assert f["cost_per_failure_steps"] == pytest.approx(f["cost_per_failure_s"] / res.timeline.step_time_s)
+    spares = simulate(_scenario({"failures": {**pert["failures"], "policy": "spares", "spare_swap_s": 60}}))
+    assert spares.report.whatif["failures"]["cost_per_failure_s"] < f["cost_per_failure_s"]
+
+
+@pytest.mark.parametrize("pert,fragment", [
+    ({"gpus": [{"rank": 9999, "speed": 0.8}]}, "rank 9999"),
+    ({"gpus": [{"node": 99, "speed": 0.8}]}, "node 99"),
+    ({"links": [{"name": "leaf99->spine0", "bandwidth": 0.5}]}, "leaf99->spine0"),
+    ({"links": [{"name": "tier:bogus", "bandwidth": 0.5}]}, "tier"),
+    ({"failures": {"nodes": [1000]}}, "node 1000"),
+])
+def test_bad_perturbations_are_one_line(pert, fragment):
+    with pytest.raises(UserError) as exc:
+        simulate(_scenario(pert))
+    assert fragment in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_bad_perturbation_values_rejected_by_schema():
+    for pert in ({"gpus": [{"rank": 1, "speed": 0}]}, {"gpus": [{"rank": 1, "node": 0, "speed": 0.5}]},
+                 {"jitter": {"cv": float("nan")}}, {"links": [{"name": "x", "bandwidth": 0.5, "extra": 1}]}):
+        with pytest.raises(UserError):
+            _scenario(pert)
+
+
+def test_cli_flags_and_errors(tmp_path):
+    base = [sys.executable, "-m", "simulator.cli", "simulate", "--model", "llama3-8b", "--tp", "8", "--pp", "2",
+            "--gpus", "64", "--global-batch-size", "16", "--seq-length", "1024", "--no-dashboard"]
+    out = subprocess.run(base + ["--slow-gpu", "3=0.8", "--slow-link", "uplink:0=0.5", "--fail-node", "1", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    w = json.loads(out.stdout)["whatif"]
+    assert w["delta_s"] > 0 and w["failures"]["failed_nodes"] == [1]
+    for bad in (["--slow-gpu", "3=fast"], ["--slow-gpu", "3"], ["--slow-link", "nope=0.5"], ["--seeds", "5"],
+                ["--slow-gpu", "3=0"]):
+        r = subprocess.run(base + bad, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 2, (bad, r.stderr)
+        assert r.stderr.startswith("error:") and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_compare_shows_perturbed_against_clean(tmp_path):
+    import yaml
+
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "slow", "model": SMALL_MODEL, "parallelism": {"tp": 8, "pp": 2},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024}, "cluster": {"gpus": 32},
+        "perturbations": {"gpus": [{"rank": 9, "speed": 0.5}]},
+    }))
+    out = tmp_path / "cmp.html"
+    r = subprocess.run([sys.executable, "-m", "simulator.cli", "compare", str(path), "-o", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    html = out.read_text()
+    assert "slow (clean)" in html and "who waits on whom" in html and "step time" in html
+    assert "exposed tp comm" in html
+
+
+def test_dashboard_of_a_perturbed_run_names_the_wait_chain():
+    from simulator.report.dashboard import build_dashboard_html
+
+    res = simulate(_scenario({"gpus": [{"rank": 9, "speed": 0.5}]}, batch={"micro_batch_size": 1, "global_batch_size": 16,
+                                                                          "seq_length": 1024}, gpus=32))
+    html = build_dashboard_html(res, cdn=True)
+    assert "who waits on whom" in html and "rank 9" in html
+
+
+MOE_MODEL = {**SMALL_MODEL, "name": "tinymoe", "num_experts": 8, "top_k": 2}
+
+
+@pytest.mark.parametrize("model,par,gpus,seq,schedule", [
+    (MOE_MODEL, {"tp": 2, "pp": 2, "ep": 4, "zero": 1}, 64, 1024, "1f1b"),
+    (SMALL_MODEL, {"tp": 2, "pp": 2, "cp": 2, "cp_attention": "ring", "zero": 1}, 64, 2048, "1f1b"),
+    (SMALL_MODEL, {"tp": 1, "pp": 1, "zero": 3, "fsdp_shard_size": 8}, 32, 1024, "1f1b"),
+    (SMALL_MODEL, {"tp": 4, "pp": 2, "vpp": 2, "zero": 1}, 64, 1024, "interleaved-1f1b"),
+])
+def test_split_equals_full_across_parallelisms(model, par, gpus, seq, schedule):
+    # Experts (ep, edp), ring attention (ring steps), HSDP (dp_shard/dp_rep) and interleaving.
+    pert = {"gpus": [{"rank": 13, "speed": 0.7}], "links": [{"name": "nic:9", "bandwidth": 0.3}],
+            "gpu_draw": {"cv": 0.03, "seed": 1, "levels": 2}}
+    sc = _scenario(pert, model=model, parallelism=par, gpus=gpus, schedule=schedule,
+                   batch={"micro_batch_size": 1, "global_batch_size": 32, "seq_length": seq})
+    split, full = simulate(sc, mode="reduced"), simulate(sc, mode="full")
+    assert split.timeline.step_time_s == pytest.approx(full.timeline.step_time_s, rel=1e-9)
+    assert split.report.whatif["delta_s"] > 0
+
+
+def test_jitter_by_tp_group_matches_per_rank_draws_of_full_mode():
+    # Full mode draws every rank's kernels and every group's collectives; split mode draws one
+    # max-of-k per TP group segment and the max over groups issuing together. Means over seeds agree.
+    pert = {"jitter": {"cv": 0.05, "seeds": 8, "target": "both"}}
+    batch = {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024}
+    sc = _scenario(pert, parallelism={"tp": 4, "pp": 2}, batch=batch, gpus=32)
+    split = simulate(sc, mode="reduced").report.whatif
+    full = simulate(sc, mode="full").report.whatif
+    assert split["simulated_ranks"] == 8 and full["simulated_ranks"] == 32
+    assert split["distribution"]["mean_s"] == pytest.approx(full["distribution"]["mean_s"], rel=5e-3)
+    # and noise costs time: E[max of draws] > 1
+    assert split["distribution"]["mean_s"] > 1.01 * split["clean_step_time_s"]
+
+
+def test_example_scenario_file_loads_and_runs():
+    from pathlib import Path
+
+    from simulator.scenario import load_scenario
+
+    sc = load_scenario(Path(__file__).parent / "data" / "scenarios" / "whatif-small.yaml")
+    w = simulate(sc).report.whatif
+    assert w["delta_s"] > 0 and w["distribution"]["seeds"] == 3 and w["failures"]["failed_nodes"] == [1]
