@@ -117,8 +117,9 @@ class PerturbedRun:
 class WhatIfRunner:
     """Builds the perturbed fabric and classes once; runs a step per seed."""
 
-    def __init__(self, sc, prog, plan: Plan, make_net, topo, mode: str):
+    def __init__(self, sc, prog, plan: Plan, make_net, topo, mode: str, sm_count: int | None = None):
         self.sc, self.prog, self.plan, self.mode = sc, prog, plan, mode
+        self.sm_count = sm_count  # contention, as in the clean run (simulator.contention)
         pert: Perturbations = sc.perturbations
         self.pert = pert
         world = plan.mesh.world_size
@@ -166,13 +167,13 @@ class WhatIfRunner:
     def run(self, seed: int | None, record_waits: bool = True) -> PerturbedRun:
         jit: Jitter | None = self.pert.jitter
         if self.classes is None:
-            eng = Engine(self.prog, self.net, mode="full", plan=self.plan)
+            eng = Engine(self.prog, self.net, mode="full", plan=self.plan, sm_count=self.sm_count)
         else:
             cj = None
             if jit is not None and jit.target in ("collective", "both") and seed is not None:
                 rng_c = np.random.default_rng([seed, 0xC011])
                 cj = lambda n: float(multiplier_draws(rng_c, jit.distribution, jit.cv, n).max())  # noqa: E731
-            eng = SplitEngine(self.prog, self.net, self.plan, self.classes, collective_jitter=cj)
+            eng = SplitEngine(self.prog, self.net, self.plan, self.classes, collective_jitter=cj, sm_count=self.sm_count)
         kernel_jitter = jit is not None and jit.target in ("kernel", "both") and seed is not None
         for r in eng.ranks:
             n = self.n_compute[int(eng._pp_of[r])]
@@ -285,7 +286,7 @@ def describe(pert: Perturbations) -> list[str]:
 
 def _simulate_clean(sc, mode: str, progress):
     """``simulate.simulate`` of the clean scenario, also keeping the engine's wait log."""
-    from simulator.calibrate.profile import load_profile
+    from simulator.profile import load_profile
     from simulator.report.metrics import build_report
     from simulator.simulate import SimulationResult, make_network, resolve_schedule
     from simulator.topology import load_topology
@@ -302,7 +303,7 @@ def _simulate_clean(sc, mode: str, progress):
     if progress is not None:
         progress(f"simulating {sc.name} clean: {sc.model.name} on {sc.cluster.gpus} x {sc.cluster.gpu}, "
                  f"{sched.name} with {sched.num_microbatches} microbatches ({mode} mode)")
-    eng = Engine(prog, net, mode=mode, plan=plan)
+    eng = Engine(prog, net, mode=mode, plan=plan, sm_count=profile.compute.sm_count)
     eng.wait_log = []
     tl = eng.run()
     mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
@@ -353,7 +354,7 @@ def seed_step_times(runner: "WhatIfRunner", seeds: list[int], workers: int = 1) 
 def simulate_whatif(sc, mode: str = "reduced", progress=None, workers: int = 1):
     """Simulate the clean step and the perturbed one; the result is the perturbed step with a
     ``whatif`` section in its report."""
-    from simulator.calibrate.profile import load_profile
+    from simulator.profile import load_profile
     from simulator.report.metrics import build_report
     from simulator.simulate import SimulationResult, make_network
     from simulator.topology import load_topology
@@ -373,7 +374,8 @@ def simulate_whatif(sc, mode: str = "reduced", progress=None, workers: int = 1):
         "clean_exposed_comm_s": dict(clean.report.exposed_comm_s), "mode": mode,
     }
     if pert.changes_step:
-        runner = WhatIfRunner(sc, prog, plan, lambda: make_network(sc, topo, profile), topo, mode)
+        runner = WhatIfRunner(sc, prog, plan, lambda: make_network(sc, topo, profile), topo, mode,
+                              sm_count=profile.compute.sm_count)
         jit = pert.jitter
         seeds = [jit.seed + i for i in range(jit.seeds)] if jit is not None else [None]
         if progress is not None:

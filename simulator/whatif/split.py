@@ -109,8 +109,9 @@ class SplitEngine(Engine):
     x its isolated time later.
     """
 
-    def __init__(self, program: Program, network, plan: Plan, classes: Classes, collective_jitter=None):
-        super().__init__(program, network, mode="reduced", plan=plan)
+    def __init__(self, program: Program, network, plan: Plan, classes: Classes, collective_jitter=None,
+                 sm_count: int | None = None):
+        super().__init__(program, network, mode="reduced", plan=plan, sm_count=sm_count)
         self.mode = "split"
         self.classes = classes
         self.ranks = sorted(int(r) for r in classes.reps)
