@@ -230,6 +230,9 @@ class FlowNetwork:
         self._nccl_reqs: dict[int, tuple] = {}
         eff = np.where(graph.link_class == LINK_INTRA, self.nvlink_efficiency, self.nic_efficiency)
         self.capacity_Bps = graph.link_capacity_GBps * 1e9 * eff
+        # The healthy fabric's capacities: NCCL's model prices a collective on healthy links, so a
+        # degraded link (what-if) must slow the flows, not be normalised away by the NCCL scaling.
+        self.nominal_capacity_Bps = self.capacity_Bps.copy()
         self._plans: dict[tuple, list[_RPlan]] = {}
         self._level_cache: dict[tuple, tuple[np.ndarray, tuple]] = {}
         self._scratch_pos = np.zeros(graph.n_links, dtype=np.int64)
@@ -337,10 +340,13 @@ class FlowNetwork:
         if choice is None:
             return plan, size
         bw_s = max(choice.bw_time_us, 0.0) * 1e-6
-        if plan.tau_s <= 0 or size <= 0:
+        tau_s = plan.tau_s
+        if not np.array_equal(self.capacity_Bps, self.nominal_capacity_Bps):
+            tau_s = sum(self._isolated(ph.inc, ph.coef, self.nominal_capacity_Bps)[0] for ph in plan.phases)
+        if tau_s <= 0 or size <= 0:
             lat_us, eff = choice.time_us, 0.0
         else:
-            lat_us, eff = choice.latency_us, bw_s / plan.tau_s
+            lat_us, eff = choice.latency_us, bw_s / tau_s
         key = (id(plan), round(lat_us, 9))
         rp = self._nccl_plans.get(key)
         if rp is None:
@@ -383,8 +389,10 @@ class FlowNetwork:
         rp.tau_s = sum(p.tau_s for p in phases)
         return rp
 
-    def _isolated(self, inc: sp.csc_matrix, coef: np.ndarray) -> tuple[float, np.ndarray]:
-        """Bandwidth time of a phase alone, per byte of size, and each flow's finish time."""
+    def _isolated(self, inc: sp.csc_matrix, coef: np.ndarray, capacity_Bps: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+        """Bandwidth time of a phase alone, per byte of size, and each flow's finish time
+        (on ``capacity_Bps``, default the links' present capacities)."""
+        capacity = self.capacity_Bps if capacity_Bps is None else capacity_Bps
         n = coef.size
         fin = np.zeros(n)
         if n == 0:
@@ -395,7 +403,7 @@ class FlowNetwork:
         rem = coef.astype(np.float64).copy()
         t = 0.0
         while alive.any():
-            rate = maxmin_rates(A, self.capacity_Bps, alive, AT)
+            rate = maxmin_rates(A, capacity, alive, AT)
             self.stats.solves += 1
             dt = float(np.min(rem[alive] / rate[alive]))
             t += dt

@@ -310,7 +310,6 @@ def compare_command(
                 raise UserError(f"A = {str(a)!r} has no perturbations: give B, or add a perturbations: section to A")
             clean = side_b.result.clean
             side_a = Side("A", a, clean.report, clean)
-            side_a.report = side_a.report.model_copy(update={"name": f"{clean.report.name} (clean)"})
         else:
             side_a = load_side("A", a, mode.value, phase)
             side_b = load_side("B", b, mode.value, phase)
@@ -318,6 +317,8 @@ def compare_command(
             if side.result is not None:
                 attach(side.result, budget_s=0)  # findings without re-simulation: compare stays quick
                 side.report = side.result.report
+        if b is None:
+            side_a.report = side_a.report.model_copy(update={"name": f"{side_a.report.name} (clean)"})
         phase("writing the dashboard")
         write_atomic(path, build_compare_html(side_a, side_b, cdn=cdn))
     print_metric_table(side_a, side_b)

@@ -51,7 +51,7 @@ def group_signatures(groups: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 
 def group_index(groups: np.ndarray, world: int) -> np.ndarray:
-    idx = np.empty(world, dtype=np.int64)
+    idx = np.full(world, -1, dtype=np.int64)  # -1: the rank is in no group of this dimension (emb)
     idx[groups.ravel()] = np.repeat(np.arange(len(groups)), groups.shape[1])
     return idx
 
@@ -67,7 +67,15 @@ def refine_classes(plan: Plan, initial: list[np.ndarray], max_rounds: int = 64) 
         for d in GROUP_DIMS:
             g = plan.groups[d]
             if g.shape[1] > 1:
-                cols.append(group_signatures(g, labels)[gidx[d]])
+                sig = group_signatures(g, labels)
+                if g.size == world:
+                    cols.append(sig[gidx[d]])
+                else:
+                    # Groups that cover some ranks only (emb: first and last pipeline stage).
+                    col = np.full(world, -1, dtype=np.int64)
+                    covered = g.ravel()
+                    col[covered] = sig[gidx[d][covered]]
+                    cols.append(col)
         new = _unique_rows(cols)
         m = int(new.max()) + 1
         labels = new
