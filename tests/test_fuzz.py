@@ -485,3 +485,30 @@ gpus_text = st.sampled_from(["0", "1", "2", "16", "-4", "1000000", str(2**63), "
 @given(b=size_text, e=size_text, f=factor_text, g=gpus_text)
 def test_fuzz_collective_flags(workdir, b, e, f, g):
     assert_clean_exit(["collective", "all_reduce", "--gpus", g, "-b", b, "-e", e, "-f", f, "--json"])
+
+
+@pytest.mark.parametrize("entry", ["/etc/passwd", "../rank0.trace.json.gz", "sub/rank0.trace.json.gz", ".."])
+def test_bundle_manifest_cannot_point_outside_the_bundle(workdir, entry):
+    import shutil
+
+    bundle = workdir / "b"
+    shutil.copytree(Path(__file__).parents[1] / "traces" / "cpu-gloo-train-tp2-pp2", bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["trace_files"][0] = entry
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    code, err = run_cli(["trace", "info", bundle, "--json"])
+    assert code == 2 and "not a file name inside the bundle" in err, err
+
+
+@pytest.mark.parametrize("wall_s", [-1.0, 0.0])
+def test_bundle_step_times_must_be_positive(workdir, wall_s):
+    import shutil
+
+    bundle = workdir / "b"
+    shutil.copytree(Path(__file__).parents[1] / "traces" / "cpu-gloo-train-tp2-pp2", bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["step_times"][0]["wall_s"] = wall_s
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    code, err = run_cli(["calibrate", bundle, "--out", workdir / "p.json"])
+    assert code == 2 and "wall_s" in err, err
+    assert not (workdir / "p.json").exists()

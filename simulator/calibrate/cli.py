@@ -19,7 +19,7 @@ def calibrate_command(
     topology: Annotated[Optional[str], typer.Option("--topology", help="Topology the link efficiencies refer to; default from the device.")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Profile name; default the --out file's stem.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out.")] = False,
-    host_cores: Annotated[Optional[int], typer.Option("--host-cores", help="CPU captures: cores the ranks shared (default: this machine's, if it captured them).")] = None,
+    host_cores: Annotated[Optional[int], typer.Option("--host-cores", min=1, help="CPU captures: cores the ranks shared (default: this machine's, if it captured them).")] = None,
     no_host_fit: Annotated[bool, typer.Option("--no-host-fit", help="Do not fit the host overhead per kernel from train bundles' step times.")] = False,
     collective: Annotated[Optional[str], typer.Option("--collective", help="Collective of nccl-tests logs that do not name it (all_reduce, all_gather, ...).")] = None,
     scenario: Annotated[Optional[Path], typer.Option("--scenario", help="Scenario YAML whose parallel layout tells the groups of collectives the traces do not record.")] = None,

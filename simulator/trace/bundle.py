@@ -8,26 +8,29 @@ This module never imports torch.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from simulator.errors import UserError, read_json, validation_error_line
 
 BUNDLE_SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+_BARE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}")
 
 
 class StepTiming(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     step: int
-    wall_s: float = Field(description="Wall time of the step, measured between barriers, seconds.")
+    # A measured step takes time: zero, negative or non-finite would silently zero the fitted host overhead.
+    wall_s: float = Field(gt=0, description="Wall time of the step, measured between barriers, seconds.")
 
 
 class Manifest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     schema_version: int = BUNDLE_SCHEMA_VERSION
     created: str = Field(description="ISO-8601 UTC time the capture finished.")
@@ -46,6 +49,23 @@ class Manifest(BaseModel):
     step_times: list[StepTiming] = Field(default_factory=list)
     trace_files: list[str] = Field(default_factory=list, description="rank<k>.trace.json.gz, by rank.")
     tables: list[str] = Field(default_factory=list, description="Derived parquet tables.")
+
+    @field_validator("trace_files", "tables")
+    @classmethod
+    def _inside_the_bundle(cls, names: list[str]) -> list[str]:
+        # A manifest names files of its own folder: never a path that leads out of it (/etc/passwd, ../x).
+        for name in names:
+            if not isinstance(name, str) or not _BARE_NAME.fullmatch(name) or name in (".", ".."):
+                raise ValueError(f"{name!r} is not a file name inside the bundle: list bare names such as rank0.trace.json.gz")
+        return names
+
+    @field_validator("scenario", mode="before")
+    @classmethod
+    def _scenario_mapping(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, dict):
+            raise ValueError("scenario must be a mapping of the scenario's sections, or absent")
+        return value
+
     notes: list[str] = Field(
         default_factory=list,
         description="How the capture mapped the request onto torch (e.g. which FSDP2 mode stands for a ZeRO stage).",
