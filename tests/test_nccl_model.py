@@ -61,9 +61,36 @@ def test_worked_example_picks_and_times():
                                     (1 << 30, "tree", "Simple", 24407.0)):
         c = m.choose("all_reduce", size, 16, 2)
         assert (c.algorithm, c.protocol) == (algo, proto)
-        assert c.time_us == pytest.approx(t_us, rel=2e-3)
+        # NCCL's tuner time is the model's time less the Simple pipeline fill NCCL leaves out.
+        assert c.time_us - c.pipeline_us == pytest.approx(t_us, rel=2e-3)
+        assert (c.pipeline_us > 0) == (proto == "Simple")
     # The ring/Simple plateau factor (x1.4) of §3.4 at 1 MiB: 131.6 x 1.4 + the size term.
-    assert m.choose("all_reduce", 1 << 20, 16, 2).table[("ring", "Simple")] == pytest.approx(225.2, rel=2e-3)
+    # Plus the fill of the 2 network crossings: 1 MiB on 8 channels, 16 ranks, 2 slices per chunk:
+    # 4 KiB slices at 6 GB/s per channel (4 x 12 GB/s over 8 CTAs).
+    assert m.choose("all_reduce", 1 << 20, 16, 2).table[("ring", "Simple")] == pytest.approx(225.2 + 2 * 4096 / 6000, rel=2e-3)
+
+
+def test_pipeline_fill_follows_nccl_chunking():
+    """The Simple store-and-forward fill (pipeline_fill_us) from NCCL's chunk sizes and the graph's
+    per-channel rates, by hand: p4de tree graph 4 ch x 24 GB/s intra, 12 GB/s inter, 8 CTAs."""
+    m = _model(P4D, "A100-SXM4-80GB")
+    c = m.choose("all_reduce", 1 << 30, 16, 2)
+    assert (c.algorithm, c.protocol, c.channels, c.pipeline_unit_bytes) == ("tree", "Simple", 8, 512 << 10)
+    # up and down: 7 NVLink hops at 12 GB/s and 1 network hop at 6 GB/s per CTA, less the slowest stage
+    step_nvl, step_net = (512 << 10) / 12000, (512 << 10) / 6000
+    assert c.pipeline_us == pytest.approx(2 * (7 * step_nvl + step_net) - step_net, rel=1e-9)
+    # LL and LL128 forward line by line: no fill; an intra-node ring runs in lockstep: no fill.
+    assert m.choose("all_reduce", 1 << 20, 16, 2).pipeline_us == 0.0  # tree/LL128
+    one = m.choose("all_reduce", 1 << 30, 8, 1)
+    assert (one.algorithm, one.protocol, one.pipeline_us) == ("ring", "Simple", 0.0)
+    # A broadcast is a chain: n - 1 stages of a 512 KiB step (shrunk to spread the remainder).
+    b = m.choose("broadcast", 1 << 30, 8, 1)
+    assert b.pipeline_stages == 6 and b.pipeline_unit_bytes == pytest.approx((1 << 30) / 24 / 86)
+    assert b.pipeline_us == pytest.approx(6 * b.pipeline_unit_bytes / 10000, rel=1e-9)
+    # The unit shrinks with the message: below one chunk per channel the fill scales with the size.
+    small, big = m.choose("broadcast", 1 << 20, 8, 1), m.choose("broadcast", 4 << 20, 8, 1)
+    if (small.protocol, big.protocol) == ("Simple", "Simple"):
+        assert big.pipeline_us == pytest.approx(4 * small.pipeline_us, rel=0.3)
 
 
 def test_single_node_h100_ring_ll_then_nvls():
@@ -253,7 +280,9 @@ def test_explain_prints_choice_per_size(tmp_path):
     assert res.exit_code == 0, res.output
     rows = [l.split() for l in res.stdout.splitlines() if l and not l.startswith("#")]
     assert [r[:3] for r in rows] == [["1048576", "tree", "LL128"], ["1073741824", "tree", "Simple"]]
-    assert float(rows[0][8]) == pytest.approx(92.2, rel=0.01)
+    assert float(rows[0][11]) == pytest.approx(92.2, rel=0.01)
+    # the pipeline fill is printed: none for LL128, the tree's 15 stages of 512 KiB for Simple at 1 GiB
+    assert float(rows[0][6]) == 0.0 and float(rows[1][6]) > 0 and rows[1][7:9] == ["15", "524288"]
 
 
 def test_calibrate_writes_nccl_constants_with_provenance():

@@ -289,11 +289,14 @@ class Choice:
     algorithm: str
     protocol: str
     time_us: float
-    latency_us: float  # latency x latCount (after the plateau factor) + launch
+    latency_us: float  # latency x latCount (after the plateau factor) + pipeline fill + launch
     bandwidth_GBps: float  # algorithm bandwidth used for the size term (after corrections)
     channels: int  # CTAs NCCL launches (§3.7)
     threads: int
     table: dict = field(default_factory=dict)  # (algo, proto) -> time_us of every enabled pair
+    pipeline_us: float = 0.0  # the pipeline fill (part of latency_us): see pipeline_fill_us
+    pipeline_unit_bytes: float = 0.0  # the store-and-forward unit (slice or chunk) per channel
+    pipeline_stages: float = 0.0  # store-and-forward stages a unit crosses beyond the lockstep ring
 
     @property
     def bw_time_us(self) -> float:
@@ -448,6 +451,75 @@ def algo_time_us(sys: NcclSystem, op: str, size: float, n: int, n_nodes: int, al
     return lat + size / (1000.0 * bw), lat, bw
 
 
+# --- §4.4 chunking (enqueue.cc calcCollChunking, collectives.h, init.cc computeBuffSizes) ---------
+NCCL_STEPS = 8  # device.h: FIFO slots per connection
+SIMPLE_STEP_BYTES = (4 << 20) // NCCL_STEPS  # NCCL_BUFFSIZE 4 MiB / 8 steps = 512 KiB per step
+# Ring AllReduce/AllGather/ReduceScatter: chunk = NCCL_STEPS/2 steps (2 MiB), slice = NCCL_STEPS/4 (1 MiB)
+RING_CHUNK_BYTES = SIMPLE_STEP_BYTES * (NCCL_STEPS // 2)
+RING_SLICES_PER_CHUNK = (NCCL_STEPS // 2) // (NCCL_STEPS // 4)
+TREE_CHUNK_BYTES = SIMPLE_STEP_BYTES  # Tree/Simple and Broadcast/Reduce: one step per chunk
+NVLS_CHUNK_BYTES = 128 << 10  # NCCL_NVLS_CHUNKSIZE
+NVLS_TREE_CHUNK_4NODES_BYTES = 64 << 10  # NCCL_NVLSTREE_MAX_CHUNKSIZE auto at >= 4 nodes
+
+
+def _units(bytes_per_channel: float, unit_max: float) -> float:
+    """The unit a channel's data is cut into: as large as unit_max, the remainder spread evenly
+    (the device loop shrinks its last chunk, runRing / runTree)."""
+    k = max(1, math.ceil(bytes_per_channel / unit_max))
+    return bytes_per_channel / k
+
+
+def pipeline_fill_us(g: Graph, algo: str, proto: str, op: str, size: float, n: int, n_nodes: int, ppn: int,
+                     channels: int, tuning: NcclTuning) -> tuple[float, float, float]:
+    """Pipeline fill of one collective NCCL's tuner leaves out (§4.5): (fill µs, unit bytes, stages).
+
+    Simple moves data in steps through an 8-slot FIFO and a receiver starts on a slice only once
+    the sender has posted all of it (prims_simple: wait on the tail counter per slice), so every
+    store-and-forward stage a slice crosses in sequence adds one slice time. LL and LL128 carry a
+    flag in every 16-byte / 128-byte line and forward each line as it lands: no fill beyond NCCL's
+    per-hop latencies (0 here). Stages per algorithm (Simple):
+    - ring AllReduce/AllGather/ReduceScatter: inside a node every rank runs its steps in lockstep
+      (all start together, each step needs only the neighbour's previous step), so no fill; each
+      network crossing (NCCL's nInterSteps) is one more stage: the proxy posts a slice to the NIC
+      once the GPU has written all of it, and the remote GPU waits for all of it;
+    - ring Broadcast/Reduce: a chain from/to the root, n - 1 stages;
+    - tree: a chain up and down, 2 x ((ppn - 1) NVLink hops + log2(nodes) network hops);
+    - NVLS: scatter into the switch and multicast out (2 NVLink stages), NVLS Tree adds the
+      tree's network hops; CollNet and PAT: not modelled (0).
+    The unit is the slice (ring: a 2 MiB chunk in 2 slices, shrunk to the channel's share of one
+    loop, n x chunk, for smaller messages), the 512 KiB step (tree, broadcast) or the 128/64 KiB
+    NVLS chunk, per channel actually launched. One stage's unit is inside the bandwidth term
+    already, so the fill is the sum of the stage times less the slowest one. Rates per runtime
+    channel from the graph (calibrated scales applied)."""
+    if proto != "Simple" or size <= 0 or algo in ("pat", "collnet_direct", "collnet_chain"):
+        return 0.0, 0.0, 0.0
+    rt = max(1, g.runtime_ch)
+    per_ch = size / max(1, channels)
+    r_intra = g.bw_intra * g.n_ch * tuning.intra_bw_scale / rt * 1e3  # bytes per µs per channel
+    r_net = g.bw_inter * g.n_ch * (tuning.inter_bw_scale if n_nodes > 1 else tuning.intra_bw_scale) / rt * 1e3
+    log_nodes = int(math.log2(n_nodes)) if n_nodes > 1 else 0
+    if algo == "ring" and op in ("all_reduce", "all_gather", "reduce_scatter"):
+        chunk = _units(per_ch / n, RING_CHUNK_BYTES)
+        unit = chunk / RING_SLICES_PER_CHUNK
+        inter = 0 if n_nodes == 1 else (2 * (n_nodes - 1) if op == "all_reduce" else n_nodes - 1)
+        hops = [unit / r_net] * inter
+        # the lockstep ring's own stage is the bandwidth term; network stages add to it
+        return sum(hops), unit, float(inter)
+    if algo == "ring":  # broadcast / reduce chain
+        unit = _units(per_ch, TREE_CHUNK_BYTES)
+        hops = [unit / (r_net if n_nodes > 1 else r_intra)] * (n - 1)
+    elif algo == "tree":
+        unit = _units(per_ch, TREE_CHUNK_BYTES)
+        hops = ([unit / r_intra] * (ppn - 1) + [unit / r_net] * log_nodes) * 2
+    else:  # nvls, nvls_tree
+        cmax = NVLS_TREE_CHUNK_4NODES_BYTES if (algo == "nvls_tree" and n_nodes >= 4) else NVLS_CHUNK_BYTES
+        unit = _units(per_ch, cmax)
+        hops = [unit / r_intra] * 2 + ([unit / r_net] * (2 * log_nodes) if algo == "nvls_tree" else [])
+    if len(hops) <= 1:
+        return 0.0, unit, float(len(hops))
+    return sum(hops) - max(hops), unit, float(len(hops) - 1)
+
+
 def _launch_shape(g: Graph, algo: str, proto: str, op: str, size: float, n: int, gen: int) -> tuple[int, int]:
     """§3.7: channels (CTAs) and threads per CTA NCCL launches for this size."""
     if algo.startswith("nvls"):
@@ -530,12 +602,15 @@ class NcclModel:
                     continue
                 g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
                 t, lat, bw = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, e[0], e[1], g.runtime_ch)
+                nc, nt = _launch_shape(g, algo, proto, top, size, n, self.system.gen)
+                fill, unit, stages = pipeline_fill_us(g, algo, proto, top, size, n, n_nodes, ppn, nc, tn)
+                t, lat = t + fill, lat + fill
                 times[(algo, proto)] = max(t + stagger, floor)
                 if best is None or t < best[0]:
-                    best = (t, lat, bw, algo, proto, g)
-        t, lat, bw, algo, proto, g = best
-        nc, nt = _launch_shape(g, algo, proto, top, size, n, self.system.gen)
-        return self._floor(Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times), floor)
+                    best = (t, lat, bw, algo, proto, nc, nt, (fill, unit, stages))
+        t, lat, bw, algo, proto, nc, nt, pipe = best
+        c = Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times, *pipe)
+        return self._floor(c, floor)
 
     @staticmethod
     def _floor(c: Choice, floor_us: float) -> Choice:
