@@ -143,14 +143,14 @@ SYSTEMS = {
 # logs that miss them are listed in docs/design-notes.md with the reason (pipelining at mid sizes,
 # one host thread driving 2-4 GPUs). These bounds guard against regressions of the model.
 BOUNDS = {
-    "p4de-2nodes-16gpu_all_reduce_perf.txt": (0.14, 0.13),
-    "p5-2nodes-16gpu_all_reduce_perf.txt": (0.13, 0.10),
+    "p4de-2nodes-16gpu_all_reduce_perf.txt": (0.125, 0.20),
+    "p5-2nodes-16gpu_all_reduce_perf.txt": (0.12, 0.09),
     "azure-ndv4-a100-40gb-1gpu_all_reduce_perf.txt": (0.12, 0.12),
-    "azure-ndv4-a100-40gb-2gpu_all_reduce_perf.txt": (0.35, 0.37),
-    "azure-ndv4-a100-40gb-4gpu_all_reduce_perf.txt": (0.26, 0.10),
-    "azure-ndv4-a100-40gb-8gpu_all_reduce_perf.txt": (0.44, 0.10),
+    "azure-ndv4-a100-40gb-2gpu_all_reduce_perf.txt": (0.34, 0.36),
+    "azure-ndv4-a100-40gb-4gpu_all_reduce_perf.txt": (0.25, 0.09),
+    "azure-ndv4-a100-40gb-8gpu_all_reduce_perf.txt": (0.43, 0.09),
     "azure-ndv4-a100-40gb-16gpu_all_reduce_perf.txt": (0.09, 0.22),
-    "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt": (0.16, 0.53),
+    "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt": (0.145, 0.52),
 }
 
 
@@ -182,9 +182,11 @@ def test_one_fit_per_system_reproduces_its_logs(fitted):
 
 
 def test_multi_process_logs_meet_the_target_where_the_model_holds(fitted):
-    """p5 and Azure 16 GPUs (one process per GPU) are within 10 % from 64 KiB; p4de misses only
-    at 4 and 16 MiB (mid-size pipelining NCCL's tuner does not model); small sizes within 25 %
-    except the noisy Azure 32-GPU rows (2 KiB: 147 µs between 53 µs and 59 µs)."""
+    """p5 and Azure 16 GPUs (one process per GPU) are within 10 % from 64 KiB (p5 but 64 KiB,
+    measured slower than 128 KiB); p4de, with the Simple pipeline fill, is within 10 % from 128 KiB,
+    its 4 and 16 MiB rows included (they missed by 12-13 % without the fill), and within 12 % at
+    64 KiB; small sizes within 25 % except the noisy Azure 32-GPU rows (2 KiB: 147 µs between
+    53 µs and 59 µs)."""
     for topo, name in (("p5-efa", "p5-"), ("azure-ndv4", "azure-ndv4-a100-40gb-16gpu")):
         spec, system, logs, cal = fitted[topo]
         model = NcclModel(system, NcclTuning.from_comm(NS(nccl=cal)))
@@ -196,8 +198,10 @@ def test_multi_process_logs_meet_the_target_where_the_model_holds(fitted):
     spec, system, (log,), cal = fitted["p4de-efa"]
     model = NcclModel(system, NcclTuning.from_comm(NS(nccl=cal)))
     e = np.abs(errors(model, log))
-    ok = (log.size_bytes >= 64 << 10) & ~np.isin(log.size_bytes, [4 << 20, 16 << 20])
+    ok = log.size_bytes >= 128 << 10
     assert e[ok].max() <= 0.10
+    assert e[np.isin(log.size_bytes, [4 << 20, 16 << 20])].max() <= 0.08
+    assert e[log.size_bytes == 64 << 10].max() <= 0.125
     assert e[log.size_bytes < 64 << 10].max() <= 0.25
 
 

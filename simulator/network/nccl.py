@@ -14,7 +14,11 @@ What it does, per collective (op, size, group):
 3. time (§3.4): time_us = latency + nBytes / (1000 x bw), with the Tree size correction and the
    Ring/Simple plateau factor; NCCL picks the minimum over enabled pairs in its scan order
    (§3.5), and so does ``NcclModel.choose``;
-4. channels and threads for the launch (§3.7).
+4. channels and threads for the launch (§3.7);
+5. the pipeline fill NCCL's tuner leaves out (§4.4, §4.5; ``pipeline_fill_us``): Simple moves
+   slices store-and-forward through an 8-slot FIFO, so each stage a slice crosses outside the
+   lockstep ring (network crossings of a ring, the hops of a tree or a broadcast chain, NVLS's
+   switch) adds one slice time, with NCCL's own chunk and slice sizes per channel launched.
 
 NCCL's absolute times are optimistic (its tuner only ranks choices, §8.4). A per-system
 calibration (``simulator.calibrate.nccl_fit``, stored in ``Profile.comm.nccl``) scales a few
