@@ -511,7 +511,7 @@ def pipeline_fill_us(g: Graph, algo: str, proto: str, op: str, size: float, n: i
         return sum(hops), unit, float(inter)
     if algo == "ring":  # broadcast / reduce chain
         unit = _units(per_ch, TREE_CHUNK_BYTES)
-        hops = [unit / (r_net if n_nodes > 1 else r_intra)] * (n - 1)
+        hops = [unit / r_intra] * (n - n_nodes) + [unit / r_net] * (n_nodes - 1)
     elif algo == "tree":
         unit = _units(per_ch, TREE_CHUNK_BYTES)
         hops = ([unit / r_intra] * (ppn - 1) + [unit / r_net] * log_nodes) * 2
