@@ -17,7 +17,7 @@ What it does, per collective (op, size, group):
 4. channels and threads for the launch (§3.7);
 5. the pipeline fill NCCL's tuner leaves out (§4.4, §4.5; ``pipeline_fill_us``): Simple moves
    slices store-and-forward through an 8-slot FIFO, so each stage a slice crosses outside the
-   lockstep ring (network crossings of a ring, the hops of a tree or a broadcast chain, NVLS's
+   lockstep ring (the hops of a tree or a broadcast chain, NVLS's
    switch) adds one slice time, with NCCL's own chunk and slice sizes per channel launched.
 
 NCCL's absolute times are optimistic (its tuner only ranks choices, §8.4). A per-system
@@ -482,10 +482,9 @@ def pipeline_fill_us(g: Graph, algo: str, proto: str, op: str, size: float, n: i
     store-and-forward stage a slice crosses in sequence adds one slice time. LL and LL128 carry a
     flag in every 16-byte / 128-byte line and forward each line as it lands: no fill beyond NCCL's
     per-hop latencies (0 here). Stages per algorithm (Simple):
-    - ring AllReduce/AllGather/ReduceScatter: inside a node every rank runs its steps in lockstep
-      (all start together, each step needs only the neighbour's previous step), so no fill; each
-      network crossing (NCCL's nInterSteps) is one more stage: the proxy posts a slice to the NIC
-      once the GPU has written all of it, and the remote GPU waits for all of it;
+    - ring AllReduce/AllGather/ReduceScatter: every rank runs its steps in lockstep (all start
+      together, each step needs only the neighbour's previous step), and a network crossing's
+      extra stage hides behind the second slice of the chunk (see below): no fill;
     - ring Broadcast/Reduce: a chain from/to the root, n - 1 stages;
     - tree: a chain up and down, 2 x ((ppn - 1) NVLink hops + log2(nodes) network hops);
     - NVLS: scatter into the switch and multicast out (2 NVLink stages), NVLS Tree adds the
@@ -505,10 +504,14 @@ def pipeline_fill_us(g: Graph, algo: str, proto: str, op: str, size: float, n: i
     if algo == "ring" and op in ("all_reduce", "all_gather", "reduce_scatter"):
         chunk = _units(per_ch / n, RING_CHUNK_BYTES)
         unit = chunk / RING_SLICES_PER_CHUNK
-        inter = 0 if n_nodes == 1 else (2 * (n_nodes - 1) if op == "all_reduce" else n_nodes - 1)
-        hops = [unit / r_net] * inter
-        # the lockstep ring's own stage is the bandwidth term; network stages add to it
-        return sum(hops), unit, float(inter)
+        # Lockstep: every rank starts at once and step k needs only the neighbour's step k-1, so
+        # the longest dependency path is a rank's own sequence of slices (the bandwidth term). A
+        # network crossing puts the NIC between two ranks as one more store-and-forward stage,
+        # but with 2 slices per chunk the rank works on its next slice while the previous one
+        # crosses, and the NIC moves a slice no slower than the ring's pace (the ring runs at its
+        # slowest link's per-channel rate, the NIC's): the stage hides, and what remains is the
+        # network latency NCCL already counts (nInterSteps x interLat). Hence no fill.
+        return 0.0, unit, 0.0
     if algo == "ring":  # broadcast / reduce chain
         unit = _units(per_ch, TREE_CHUNK_BYTES)
         hops = [unit / r_intra] * (n - n_nodes) + [unit / r_net] * (n_nodes - 1)
