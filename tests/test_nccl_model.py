@@ -61,9 +61,38 @@ def test_worked_example_picks_and_times():
                                     (1 << 30, "tree", "Simple", 24407.0)):
         c = m.choose("all_reduce", size, 16, 2)
         assert (c.algorithm, c.protocol) == (algo, proto)
-        assert c.time_us == pytest.approx(t_us, rel=2e-3)
+        # NCCL's tuner time is the model's time less the Simple pipeline fill NCCL leaves out.
+        assert c.time_us - c.pipeline_us == pytest.approx(t_us, rel=2e-3)
+        assert (c.pipeline_us > 0) == (proto == "Simple")
     # The ring/Simple plateau factor (x1.4) of §3.4 at 1 MiB: 131.6 x 1.4 + the size term.
+    # A ring has no pipeline fill (lockstep; a network crossing hides behind the chunk's 2nd slice).
     assert m.choose("all_reduce", 1 << 20, 16, 2).table[("ring", "Simple")] == pytest.approx(225.2, rel=2e-3)
+
+
+def test_pipeline_fill_follows_nccl_chunking():
+    """The Simple store-and-forward fill (pipeline_fill_us) from NCCL's chunk sizes and the graph's
+    per-channel rates, by hand: p4de tree graph 4 ch x 24 GB/s intra, 12 GB/s inter, 8 CTAs."""
+    m = _model(P4D, "A100-SXM4-80GB")
+    c = m.choose("all_reduce", 1 << 30, 16, 2)
+    assert (c.algorithm, c.protocol, c.channels, c.pipeline_unit_bytes) == ("tree", "Simple", 8, 512 << 10)
+    # up and down: 7 NVLink hops at 12 GB/s and 1 network hop at 6 GB/s per CTA, less the slowest stage
+    step_nvl, step_net = (512 << 10) / 12000, (512 << 10) / 6000
+    assert c.pipeline_us == pytest.approx(2 * (7 * step_nvl + step_net) - step_net, rel=1e-9)
+    # LL and LL128 forward line by line: no fill; a ring runs in lockstep: no fill, in one node or
+    # across nodes (NCCL_ALGO=RING on the p4de graph at 1 GiB: ring/Simple).
+    assert m.choose("all_reduce", 1 << 20, 16, 2).pipeline_us == 0.0  # tree/LL128
+    one = m.choose("all_reduce", 1 << 30, 8, 1)
+    assert (one.algorithm, one.protocol, one.pipeline_us) == ("ring", "Simple", 0.0)
+    ring = NcclModel(m.system, m.tuning)
+    assert ring.choose("all_reduce", 1 << 30, 16, 2).table[("ring", "Simple")] == pytest.approx(42127.0, rel=2e-3)  # §8.3
+    # A broadcast is a chain: n - 1 stages of a 512 KiB step (shrunk to spread the remainder).
+    b = m.choose("broadcast", 1 << 30, 8, 1)
+    assert b.pipeline_stages == 6 and b.pipeline_unit_bytes == pytest.approx((1 << 30) / 24 / 86)
+    assert b.pipeline_us == pytest.approx(6 * b.pipeline_unit_bytes / 10000, rel=1e-9)
+    # The unit shrinks with the message: below one chunk per channel the fill scales with the size.
+    small, big = m.choose("broadcast", 1 << 20, 8, 1), m.choose("broadcast", 4 << 20, 8, 1)
+    if (small.protocol, big.protocol) == ("Simple", "Simple"):
+        assert big.pipeline_us == pytest.approx(4 * small.pipeline_us, rel=0.3)
 
 
 def test_single_node_h100_ring_ll_then_nvls():
@@ -116,14 +145,14 @@ SYSTEMS = {
 # logs that miss them are listed in docs/design-notes.md with the reason (pipelining at mid sizes,
 # one host thread driving 2-4 GPUs). These bounds guard against regressions of the model.
 BOUNDS = {
-    "p4de-2nodes-16gpu_all_reduce_perf.txt": (0.14, 0.13),
-    "p5-2nodes-16gpu_all_reduce_perf.txt": (0.13, 0.10),
+    "p4de-2nodes-16gpu_all_reduce_perf.txt": (0.125, 0.20),
+    "p5-2nodes-16gpu_all_reduce_perf.txt": (0.12, 0.09),
     "azure-ndv4-a100-40gb-1gpu_all_reduce_perf.txt": (0.12, 0.12),
-    "azure-ndv4-a100-40gb-2gpu_all_reduce_perf.txt": (0.35, 0.37),
-    "azure-ndv4-a100-40gb-4gpu_all_reduce_perf.txt": (0.26, 0.10),
-    "azure-ndv4-a100-40gb-8gpu_all_reduce_perf.txt": (0.44, 0.10),
+    "azure-ndv4-a100-40gb-2gpu_all_reduce_perf.txt": (0.34, 0.36),
+    "azure-ndv4-a100-40gb-4gpu_all_reduce_perf.txt": (0.25, 0.09),
+    "azure-ndv4-a100-40gb-8gpu_all_reduce_perf.txt": (0.43, 0.09),
     "azure-ndv4-a100-40gb-16gpu_all_reduce_perf.txt": (0.09, 0.22),
-    "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt": (0.16, 0.53),
+    "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt": (0.145, 0.52),
 }
 
 
@@ -155,9 +184,11 @@ def test_one_fit_per_system_reproduces_its_logs(fitted):
 
 
 def test_multi_process_logs_meet_the_target_where_the_model_holds(fitted):
-    """p5 and Azure 16 GPUs (one process per GPU) are within 10 % from 64 KiB; p4de misses only
-    at 4 and 16 MiB (mid-size pipelining NCCL's tuner does not model); small sizes within 25 %
-    except the noisy Azure 32-GPU rows (2 KiB: 147 µs between 53 µs and 59 µs)."""
+    """p5 and Azure 16 GPUs (one process per GPU) are within 10 % from 64 KiB (p5 but 64 KiB,
+    measured slower than 128 KiB); p4de, with the Simple pipeline fill, is within 10 % from 128 KiB,
+    its 4 and 16 MiB rows included (they missed by 12-13 % without the fill), and within 12 % at
+    64 KiB; small sizes within 25 % except the noisy Azure 32-GPU rows (2 KiB: 147 µs between
+    53 µs and 59 µs)."""
     for topo, name in (("p5-efa", "p5-"), ("azure-ndv4", "azure-ndv4-a100-40gb-16gpu")):
         spec, system, logs, cal = fitted[topo]
         model = NcclModel(system, NcclTuning.from_comm(NS(nccl=cal)))
@@ -169,8 +200,10 @@ def test_multi_process_logs_meet_the_target_where_the_model_holds(fitted):
     spec, system, (log,), cal = fitted["p4de-efa"]
     model = NcclModel(system, NcclTuning.from_comm(NS(nccl=cal)))
     e = np.abs(errors(model, log))
-    ok = (log.size_bytes >= 64 << 10) & ~np.isin(log.size_bytes, [4 << 20, 16 << 20])
+    ok = log.size_bytes >= 128 << 10
     assert e[ok].max() <= 0.10
+    assert e[np.isin(log.size_bytes, [4 << 20, 16 << 20])].max() <= 0.08
+    assert e[log.size_bytes == 64 << 10].max() <= 0.125
     assert e[log.size_bytes < 64 << 10].max() <= 0.25
 
 
@@ -253,7 +286,9 @@ def test_explain_prints_choice_per_size(tmp_path):
     assert res.exit_code == 0, res.output
     rows = [l.split() for l in res.stdout.splitlines() if l and not l.startswith("#")]
     assert [r[:3] for r in rows] == [["1048576", "tree", "LL128"], ["1073741824", "tree", "Simple"]]
-    assert float(rows[0][8]) == pytest.approx(92.2, rel=0.01)
+    assert float(rows[0][11]) == pytest.approx(92.2, rel=0.01)
+    # the pipeline fill is printed: none for LL128, the tree's 15 stages of 512 KiB for Simple at 1 GiB
+    assert float(rows[0][6]) == 0.0 and float(rows[1][6]) > 0 and rows[1][7:9] == ["15", "524288"]
 
 
 def test_calibrate_writes_nccl_constants_with_provenance():

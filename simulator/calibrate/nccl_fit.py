@@ -16,8 +16,8 @@ so the constants are the system's, not a size's or a log's. Fitted (``NcclCalibr
 
 - ll_bw_scale, ll128_bw_scale: achieved / NCCL's LL and LL128 bandwidth factors (at most 1);
 - ll128_latency_scale, simple_latency_scale: the LL128 and Simple latencies relative to LL's (the
-  Simple step moves a 512 KiB chunk, so its real latency includes a chunk's pipeline fill; NCCL's
-  own 2.18 comment says as much of Tree/Simple);
+  Simple pipeline fill, which NCCL's own 2.18 comment folds into the Tree/Simple latency, is an
+  explicit term of the model now: ``simulator.network.nccl.pipeline_fill_us``, no constant);
 - intra_latency_scale: latency_scale for collectives inside one node (fitted only with such logs).
 
 The objective is the relative time error at every size, weighted by the tolerance the issue

@@ -14,7 +14,11 @@ What it does, per collective (op, size, group):
 3. time (§3.4): time_us = latency + nBytes / (1000 x bw), with the Tree size correction and the
    Ring/Simple plateau factor; NCCL picks the minimum over enabled pairs in its scan order
    (§3.5), and so does ``NcclModel.choose``;
-4. channels and threads for the launch (§3.7).
+4. channels and threads for the launch (§3.7);
+5. the pipeline fill NCCL's tuner leaves out (§4.4, §4.5; ``pipeline_fill_us``): Simple moves
+   slices store-and-forward through an 8-slot FIFO, so each stage a slice crosses outside the
+   lockstep ring (the hops of a tree or a broadcast chain, NVLS's
+   switch) adds one slice time, with NCCL's own chunk and slice sizes per channel launched.
 
 NCCL's absolute times are optimistic (its tuner only ranks choices, §8.4). A per-system
 calibration (``simulator.calibrate.nccl_fit``, stored in ``Profile.comm.nccl``) scales a few
@@ -289,11 +293,14 @@ class Choice:
     algorithm: str
     protocol: str
     time_us: float
-    latency_us: float  # latency x latCount (after the plateau factor) + launch
+    latency_us: float  # latency x latCount (after the plateau factor) + pipeline fill + launch
     bandwidth_GBps: float  # algorithm bandwidth used for the size term (after corrections)
     channels: int  # CTAs NCCL launches (§3.7)
     threads: int
     table: dict = field(default_factory=dict)  # (algo, proto) -> time_us of every enabled pair
+    pipeline_us: float = 0.0  # the pipeline fill (part of latency_us): see pipeline_fill_us
+    pipeline_unit_bytes: float = 0.0  # the store-and-forward unit (slice or chunk) per channel
+    pipeline_stages: float = 0.0  # store-and-forward stages a unit crosses beyond the lockstep ring
 
     @property
     def bw_time_us(self) -> float:
@@ -448,6 +455,78 @@ def algo_time_us(sys: NcclSystem, op: str, size: float, n: int, n_nodes: int, al
     return lat + size / (1000.0 * bw), lat, bw
 
 
+# --- §4.4 chunking (enqueue.cc calcCollChunking, collectives.h, init.cc computeBuffSizes) ---------
+NCCL_STEPS = 8  # device.h: FIFO slots per connection
+SIMPLE_STEP_BYTES = (4 << 20) // NCCL_STEPS  # NCCL_BUFFSIZE 4 MiB / 8 steps = 512 KiB per step
+# Ring AllReduce/AllGather/ReduceScatter: chunk = NCCL_STEPS/2 steps (2 MiB), slice = NCCL_STEPS/4 (1 MiB)
+RING_CHUNK_BYTES = SIMPLE_STEP_BYTES * (NCCL_STEPS // 2)
+RING_SLICES_PER_CHUNK = (NCCL_STEPS // 2) // (NCCL_STEPS // 4)
+TREE_CHUNK_BYTES = SIMPLE_STEP_BYTES  # Tree/Simple and Broadcast/Reduce: one step per chunk
+NVLS_CHUNK_BYTES = 128 << 10  # NCCL_NVLS_CHUNKSIZE
+NVLS_TREE_CHUNK_4NODES_BYTES = 64 << 10  # NCCL_NVLSTREE_MAX_CHUNKSIZE auto at >= 4 nodes
+
+
+def _units(bytes_per_channel: float, unit_max: float) -> float:
+    """The unit a channel's data is cut into: as large as unit_max, the remainder spread evenly
+    (the device loop shrinks its last chunk, runRing / runTree)."""
+    k = max(1, math.ceil(bytes_per_channel / unit_max))
+    return bytes_per_channel / k
+
+
+def pipeline_fill_us(g: Graph, algo: str, proto: str, op: str, size: float, n: int, n_nodes: int, ppn: int,
+                     channels: int, tuning: NcclTuning) -> tuple[float, float, float]:
+    """Pipeline fill of one collective NCCL's tuner leaves out (§4.5): (fill µs, unit bytes, stages).
+
+    Simple moves data in steps through an 8-slot FIFO and a receiver starts on a slice only once
+    the sender has posted all of it (prims_simple: wait on the tail counter per slice), so every
+    store-and-forward stage a slice crosses in sequence adds one slice time. LL and LL128 carry a
+    flag in every 16-byte / 128-byte line and forward each line as it lands: no fill beyond NCCL's
+    per-hop latencies (0 here). Stages per algorithm (Simple):
+    - ring AllReduce/AllGather/ReduceScatter: every rank runs its steps in lockstep (all start
+      together, each step needs only the neighbour's previous step), and a network crossing's
+      extra stage hides behind the second slice of the chunk (see below): no fill;
+    - ring Broadcast/Reduce: a chain from/to the root, n - 1 stages;
+    - tree: a chain up and down, 2 x ((ppn - 1) NVLink hops + log2(nodes) network hops);
+    - NVLS: scatter into the switch and multicast out (2 NVLink stages), NVLS Tree adds the
+      tree's network hops; CollNet and PAT: not modelled (0).
+    The unit is the slice (ring: a 2 MiB chunk in 2 slices, shrunk to the channel's share of one
+    loop, n x chunk, for smaller messages), the 512 KiB step (tree, broadcast) or the 128/64 KiB
+    NVLS chunk, per channel actually launched. One stage's unit is inside the bandwidth term
+    already, so the fill is the sum of the stage times less the slowest one. Rates per runtime
+    channel from the graph (calibrated scales applied)."""
+    if proto != "Simple" or size <= 0 or algo in ("pat", "collnet_direct", "collnet_chain"):
+        return 0.0, 0.0, 0.0
+    rt = max(1, g.runtime_ch)
+    per_ch = size / max(1, channels)
+    r_intra = g.bw_intra * g.n_ch * tuning.intra_bw_scale / rt * 1e3  # bytes per µs per channel
+    r_net = g.bw_inter * g.n_ch * (tuning.inter_bw_scale if n_nodes > 1 else tuning.intra_bw_scale) / rt * 1e3
+    log_nodes = int(math.log2(n_nodes)) if n_nodes > 1 else 0
+    if algo == "ring" and op in ("all_reduce", "all_gather", "reduce_scatter"):
+        chunk = _units(per_ch / n, RING_CHUNK_BYTES)
+        unit = chunk / RING_SLICES_PER_CHUNK
+        # Lockstep: every rank starts at once and step k needs only the neighbour's step k-1, so
+        # the longest dependency path is a rank's own sequence of slices (the bandwidth term). A
+        # network crossing puts the NIC between two ranks as one more store-and-forward stage,
+        # but with 2 slices per chunk the rank works on its next slice while the previous one
+        # crosses, and the NIC moves a slice no slower than the ring's pace (the ring runs at its
+        # slowest link's per-channel rate, the NIC's): the stage hides, and what remains is the
+        # network latency NCCL already counts (nInterSteps x interLat). Hence no fill.
+        return 0.0, unit, 0.0
+    if algo == "ring":  # broadcast / reduce chain
+        unit = _units(per_ch, TREE_CHUNK_BYTES)
+        hops = [unit / r_intra] * (n - n_nodes) + [unit / r_net] * (n_nodes - 1)
+    elif algo == "tree":
+        unit = _units(per_ch, TREE_CHUNK_BYTES)
+        hops = ([unit / r_intra] * (ppn - 1) + [unit / r_net] * log_nodes) * 2
+    else:  # nvls, nvls_tree
+        cmax = NVLS_TREE_CHUNK_4NODES_BYTES if (algo == "nvls_tree" and n_nodes >= 4) else NVLS_CHUNK_BYTES
+        unit = _units(per_ch, cmax)
+        hops = [unit / r_intra] * 2 + ([unit / r_net] * (2 * log_nodes) if algo == "nvls_tree" else [])
+    if len(hops) <= 1:
+        return 0.0, unit, float(len(hops))
+    return sum(hops) - max(hops), unit, float(len(hops) - 1)
+
+
 def _launch_shape(g: Graph, algo: str, proto: str, op: str, size: float, n: int, gen: int) -> tuple[int, int]:
     """§3.7: channels (CTAs) and threads per CTA NCCL launches for this size."""
     if algo.startswith("nvls"):
@@ -530,12 +609,15 @@ class NcclModel:
                     continue
                 g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
                 t, lat, bw = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, e[0], e[1], g.runtime_ch)
+                nc, nt = _launch_shape(g, algo, proto, top, size, n, self.system.gen)
+                fill, unit, stages = pipeline_fill_us(g, algo, proto, top, size, n, n_nodes, ppn, nc, tn)
+                t, lat = t + fill, lat + fill
                 times[(algo, proto)] = max(t + stagger, floor)
                 if best is None or t < best[0]:
-                    best = (t, lat, bw, algo, proto, g)
-        t, lat, bw, algo, proto, g = best
-        nc, nt = _launch_shape(g, algo, proto, top, size, n, self.system.gen)
-        return self._floor(Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times), floor)
+                    best = (t, lat, bw, algo, proto, nc, nt, (fill, unit, stages))
+        t, lat, bw, algo, proto, nc, nt, pipe = best
+        c = Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times, *pipe)
+        return self._floor(c, floor)
 
     @staticmethod
     def _floor(c: Choice, floor_us: float) -> Choice:
