@@ -512,3 +512,38 @@ def test_bundle_step_times_must_be_positive(workdir, wall_s):
     code, err = run_cli(["calibrate", bundle, "--out", workdir / "p.json"])
     assert code == 2 and "wall_s" in err, err
     assert not (workdir / "p.json").exists()
+
+
+@pytest.mark.parametrize("base", [float("nan"), 2**70, -5])
+def test_corrupt_base_time_is_said_not_a_traceback(workdir, base):
+    trace = copy.deepcopy(KINETO)
+    trace["baseTimeNanoseconds"] = base
+    path = workdir / "t.json"
+    path.write_text(json.dumps(trace))
+    result = CliRunner().invoke(app, ["trace", "info", str(path), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert any("baseTimeNanoseconds" in w for w in json.loads(result.stdout)["warnings"])
+
+
+def test_corrupt_parquet_table_is_one_line(workdir):
+    import shutil
+
+    bundle = workdir / "b"
+    shutil.copytree(Path(__file__).parents[1] / "traces" / "cpu-gloo-collectives", bundle)
+    (bundle / "collectives.parquet").write_bytes(b"not parquet" * 8)
+    code, err = run_cli(["calibrate", bundle, "--out", workdir / "p.json"])
+    assert code == 2 and "not a readable parquet table" in err, err
+    assert not (workdir / "p.json").exists()
+
+
+def test_schedule_csv_with_a_huge_microbatch_is_refused_at_once(workdir):
+    import time
+
+    path = workdir / "s.csv"
+    path.write_text("0F999999999,0B999999999\n1F999999999,1B999999999\n")
+    scenario = workdir / "s.yaml"
+    scenario.write_text(to_yaml(TINY))
+    t0 = time.perf_counter()
+    code, err = run_cli(["simulate", scenario, "--schedule-file", path, "--no-dashboard"])
+    assert code == 2 and "beyond the 100,000 microbatches" in err, err
+    assert time.perf_counter() - t0 < 20  # refused before anything is sized by it (was 70 s)

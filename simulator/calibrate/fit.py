@@ -84,6 +84,15 @@ def _files_record(path: Path, files: list[Path]) -> dict:
 # reading sources
 # ---------------------------------------------------------------------------------------------
 
+def _read_table(path: Path) -> pd.DataFrame:
+    """A bundle's parquet table; a corrupt or truncated one is one line, not a pyarrow traceback."""
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError and others for damaged files
+        reason = " ".join(str(exc).split())[:160]
+        raise UserError(f"{str(path)!r} is not a readable parquet table ({reason}): re-capture the bundle") from None
+
+
 def read_sources(paths: list[Path], topology: TopologySpec | None, mesh=None, collective: str | None = None) -> Sources:
     src = Sources()
     for p in paths:
@@ -130,7 +139,7 @@ def _read_dir(p: Path, src: Sources, topology: TopologySpec | None, mesh=None) -
     if m.scenario and m.step_times:
         src.train_bundles.append((p, m))
     if (p / "compute.parquet").exists():
-        t = pd.read_parquet(p / "compute.parquet")
+        t = _read_table(p / "compute.parquet")
         cls = t["op"].map(COMPUTE_OP_CLASS)
         unknown = sorted(set(t.loc[cls.isna(), "op"]))
         if unknown:
@@ -140,7 +149,7 @@ def _read_dir(p: Path, src: Sources, topology: TopologySpec | None, mesh=None) -
                                          "time_us": t["time_us"]}))
         used_table = True
     if (p / "collectives.parquet").exists():
-        t = pd.read_parquet(p / "collectives.parquet")
+        t = _read_table(p / "collectives.parquet")
         g = t["group_size"] if "group_size" in t else t["nranks"]
         g = g.astype(int)
         src.comm.append(pd.DataFrame({

@@ -149,6 +149,12 @@ def parse_schedule_csv(
         (r, leaf) for r, ops in enumerate(rank_actions) for a in ops for leaf in (a.sub if a.sub else (a,))
     ]
     n_file = max(leaf.microbatch for _, leaf in leaves) + 1
+    if n_file > MAX_FILE_MICROBATCHES:
+        # Checked before anything is sized by it: a typo must not build a billion-entry table.
+        raise UserError(
+            f"{source}: microbatch {n_file - 1} is beyond the {MAX_FILE_MICROBATCHES:,} microbatches a step can have; "
+            "number microbatches from 0"
+        )
     if num_microbatches is not None and num_microbatches != n_file:
         raise UserError(
             f"{source}: the file runs microbatches 0..{n_file - 1} ({n_file}) but the scenario has "
@@ -191,6 +197,10 @@ def _parse_chains(spec: str, where: str) -> tuple[tuple[int, ...], ...]:
             )
         chains.append(chain)
     return tuple(chains)
+
+
+# The scenario's own bound (simulator.scenario.MAX_MICROBATCHES), kept here to stay below the scenario layer.
+MAX_FILE_MICROBATCHES = 100_000
 
 
 def load_schedule_csv(

@@ -651,7 +651,13 @@ def import_kineto(path: str | Path, rank: int | None = None) -> KinetoTrace:
     world = di.get(K.DI_WORLD_SIZE) if isinstance(di.get(K.DI_WORLD_SIZE), int) else None
     props = top.get(K.DEVICE_PROPERTIES) if isinstance(top.get(K.DEVICE_PROPERTIES), list) else []
     base_ns = top.get(K.BASE_TIME_NS)
-    base_ns = int(base_ns) if isinstance(base_ns, (int, float)) else 0
+    # A corrupt base (NaN, infinite, beyond 64 bits) would shift every timestamp: count it, use 0.
+    if isinstance(base_ns, bool) or not isinstance(base_ns, (int, float)) or not math.isfinite(base_ns) \
+            or not 0 <= base_ns < 2**63:
+        if base_ns is not None:
+            warn.append(f"{path.name}: baseTimeNanoseconds {base_ns!r} is not a usable time; timestamps taken as they are")
+        base_ns = 0
+    base_ns = int(base_ns)
     if col.malformed:
         noun = "event" if col.malformed == 1 else "events"
         warn.append(f"{path.name}: skipped {col.malformed} {noun} without a usable ts, dur or name (negative, non-finite or absurd)")
