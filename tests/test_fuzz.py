@@ -9,6 +9,8 @@ counts keep the whole file within about a minute on two cores.
 from __future__ import annotations
 
 import copy
+import os
+from collections import Counter
 import gzip
 import json
 import math
@@ -41,8 +43,12 @@ TINY = {
 }
 
 CASE_LIMIT_S = 60
+# CI runs a bounded number of cases per target; CLUSTERSIM_FUZZ_EXAMPLES raises it for a longer hunt,
+# and then the outcome counts per command are printed at the end (pytest -s).
+EXAMPLES = int(os.environ.get("CLUSTERSIM_FUZZ_EXAMPLES", "25"))
+OUTCOMES: Counter = Counter()
 # No shrinking: a failure prints its (unshrunk) example at once instead of searching for minutes.
-FUZZ = settings(max_examples=25, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                 phases=[Phase.explicit, Phase.generate],
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -67,11 +73,23 @@ def run_cli(args: list[str]) -> tuple[int, str]:
     with time_limit(CASE_LIMIT_S):
         result = runner.invoke(app, [str(a) for a in args], catch_exceptions=True)
     exc = result.exception
+    command = " ".join(str(a) for a in args[:2] if not str(a).startswith("/"))
     if isinstance(exc, UserError):
+        OUTCOMES[(command, "exit 2")] += 1
         return 2, f"error: {exc}"
     if exc is not None and not isinstance(exc, SystemExit):
+        OUTCOMES[(command, "traceback")] += 1
         raise AssertionError(f"clustersim {' '.join(map(str, args))} raised {type(exc).__name__}: {exc}") from exc
+    OUTCOMES[(command, f"exit {result.exit_code}")] += 1
     return result.exit_code, result.stderr if hasattr(result, "stderr") else ""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_outcomes():
+    yield
+    if "CLUSTERSIM_FUZZ_EXAMPLES" in os.environ:
+        for (command, outcome), n in sorted(OUTCOMES.items()):
+            print(f"fuzz outcome: {command:24s} {outcome:10s} {n}")
 
 
 def assert_clean_exit(args: list[str]) -> None:
@@ -258,7 +276,7 @@ event_edit = st.tuples(
 )
 
 
-@settings(FUZZ, max_examples=80)
+@settings(FUZZ, max_examples=max(80, EXAMPLES))
 @given(edits=st.lists(event_edit, min_size=1, max_size=8), drop_base=st.booleans())
 def test_fuzz_kineto_traces(workdir, edits, drop_base):
     trace = copy.deepcopy(KINETO)
