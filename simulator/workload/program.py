@@ -160,30 +160,45 @@ def split_layers(num_layers: int, positions: int, override: list[int] | None = N
     return out
 
 
-def _segments(ops: list[tuple[Op, int]], times: dict[int, float]) -> Segments:
-    """Merge consecutive kernels into segments; a collective closes a segment."""
+def host_issue_s(profile: Profile, op: Op) -> float:
+    """Host time to issue ``op``'s kernels (or its collective's launch) in eager PyTorch: forward
+    ops on the Python thread, backward (I/W) ops on the autograd thread."""
+    per_us = profile.compute.host_launch_forward_us if op.phase == "F" else profile.compute.host_launch_backward_us
+    return op.launches * per_us * 1e-6
+
+
+def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int, float] | None = None) -> Segments:
+    """Merge consecutive kernels into segments; a collective closes a segment.
+
+    ``host``: host issue time per op. A segment takes at least the time its host needs to issue
+    its kernels and the collective that closes it: when kernels are shorter than their launch
+    cost the device waits on the host (small layers, high TP). Taken per segment, the bound
+    ignores the host running ahead across a collective (an upper bound of the pipelined issue)."""
     compute, comms, layers, labels, grads, flops, egrads = [], [], [], [], [], [], []
-    acc_t = acc_g = acc_f = acc_e = 0.0
+    host = host or {}
+    acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
     first = None
     last_layer = ops[0][1] if ops else 0
     for op, layer in ops:
         if layer != last_layer and (acc_t > 0 or acc_g > 0 or acc_e > 0) and first is not None:
             # A layer boundary closes a segment: FSDP units, gradient buckets and the timeline
             # all work per layer.
-            compute.append(acc_t); comms.append(None); layers.append(last_layer)
+            compute.append(max(acc_t, acc_h)); comms.append(None); layers.append(last_layer)
             labels.append(first); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
-            acc_t = acc_g = acc_f = acc_e = 0.0
+            acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
             first = None
         last_layer = layer
         if op.comm is not None:
             if op.comm.op == "identity_ar":
                 continue
-            compute.append(acc_t); comms.append(op.comm); layers.append(layer)
+            acc_h += host.get(id(op), 0.0)
+            compute.append(max(acc_t, acc_h)); comms.append(op.comm); layers.append(layer)
             labels.append(first or op.name); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
-            acc_t = acc_g = acc_f = acc_e = 0.0
+            acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
             first = None
             continue
         acc_t += times[id(op)]
+        acc_h += host.get(id(op), 0.0)
         acc_f += op.exec_flops
         if op.phase == "W":
             if op.name.startswith("experts_"):
@@ -192,7 +207,7 @@ def _segments(ops: list[tuple[Op, int]], times: dict[int, float]) -> Segments:
                 acc_g += op.params * GRAD_REDUCE_BYTES
         first = first or op.name
     if acc_t > 0 or not compute:
-        compute.append(acc_t); comms.append(None); layers.append(last_layer)
+        compute.append(max(acc_t, acc_h)); comms.append(None); layers.append(last_layer)
         labels.append(first or "compute"); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
     return Segments(np.array(compute), comms, np.array(layers), labels, np.array(grads), np.array(flops), np.array(egrads))
 
@@ -222,6 +237,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     speedup = fp8_speedup(sc, profile)
     dur = op_durations_s(profile, kernels, sc, fp8_speedup=speedup)
     times = {id(o): float(t) for o, t in zip(kernels, dur)}
+    host = {id(o): host_issue_s(profile, o) for o in all_ops}
 
     def kind_of(layer: int) -> str:
         if m.is_moe and layer >= m.num_dense_layers:
@@ -269,10 +285,10 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
             i_ops += rec + li
             w_ops += lw
             b_ops += rec + li + lw
-        segments[(pos, "F")] = _segments(f_ops, times)
-        segments[(pos, "I")] = _segments(i_ops, times)
-        segments[(pos, "W")] = _segments(w_ops, times)
-        segments[(pos, "B")] = _segments(b_ops, times)
+        segments[(pos, "F")] = _segments(f_ops, times, host)
+        segments[(pos, "I")] = _segments(i_ops, times, host)
+        segments[(pos, "W")] = _segments(w_ops, times, host)
+        segments[(pos, "B")] = _segments(b_ops, times, host)
         stage_params.append(sum(layer_kinds[k].params for k, _ in chain))
         stage_expert_params.append(sum(o.params for k, _ in chain for o in layer_kinds[k].forward if o.name.startswith("experts_")))
 
