@@ -22,7 +22,7 @@ from simulator.topology.placement import Mesh
 from simulator.workload.ops import Comm, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor, op_durations_s, optimizer_time_s
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
-    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
+    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, grad_reduce_bytes, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
 )
 
 
@@ -167,7 +167,8 @@ def host_issue_s(profile: Profile, op: Op) -> float:
     return op.launches * per_us * 1e-6
 
 
-def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int, float] | None = None) -> Segments:
+def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int, float] | None = None,
+              grad_bytes_per_param: float = GRAD_REDUCE_BYTES) -> Segments:
     """Merge consecutive kernels into segments; a collective closes a segment.
 
     ``host``: host issue time per op. A segment takes at least the time its host needs to issue
@@ -202,9 +203,9 @@ def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int
         acc_f += op.exec_flops
         if op.phase == "W":
             if op.name.startswith("experts_"):
-                acc_e += op.params * GRAD_REDUCE_BYTES
+                acc_e += op.params * grad_bytes_per_param
             else:
-                acc_g += op.params * GRAD_REDUCE_BYTES
+                acc_g += op.params * grad_bytes_per_param
         first = first or op.name
     if acc_t > 0 or not compute:
         compute.append(max(acc_t, acc_h)); comms.append(None); layers.append(last_layer)
@@ -238,6 +239,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     dur = op_durations_s(profile, kernels, sc, fp8_speedup=speedup)
     times = {id(o): float(t) for o, t in zip(kernels, dur)}
     host = {id(o): host_issue_s(profile, o) for o in all_ops}
+    gbytes = grad_reduce_bytes(sc.dtype, p.zero)
 
     def kind_of(layer: int) -> str:
         if m.is_moe and layer >= m.num_dense_layers:
@@ -285,10 +287,10 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
             i_ops += rec + li
             w_ops += lw
             b_ops += rec + li + lw
-        segments[(pos, "F")] = _segments(f_ops, times, host)
-        segments[(pos, "I")] = _segments(i_ops, times, host)
-        segments[(pos, "W")] = _segments(w_ops, times, host)
-        segments[(pos, "B")] = _segments(b_ops, times, host)
+        segments[(pos, "F")] = _segments(f_ops, times, host, gbytes)
+        segments[(pos, "I")] = _segments(i_ops, times, host, gbytes)
+        segments[(pos, "W")] = _segments(w_ops, times, host, gbytes)
+        segments[(pos, "B")] = _segments(b_ops, times, host, gbytes)
         stage_params.append(sum(layer_kinds[k].params for k, _ in chain))
         stage_expert_params.append(sum(o.params for k, _ in chain for o in layer_kinds[k].forward if o.name.startswith("experts_")))
 
@@ -340,7 +342,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         pp_bytes=pp_bytes, pp_gather_bytes=pp_gather_bytes, optimizer_s=optimizer_s, stage_params=stage_params,
         model_flops_per_step=model_flops, tokens_per_step=sc.batch.global_batch_size * sc.batch.seq_length,
         zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
-        grad_bucket_bytes=p.grad_bucket_params * GRAD_REDUCE_BYTES,
+        grad_bucket_bytes=p.grad_bucket_params * gbytes,
         # FSDP with FP8 all-gather moves 1-byte weights (torchtitan enable_fsdp_float8_all_gather).
         param_bytes=1 if sc.dtype == "fp8" and sc.fp8.param_all_gather and p.zero >= 3 else sc.dtype_bytes,
         unit_params=unit_params,
@@ -369,7 +371,8 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
     out: list[StepCollective] = []
     if m.tied_embeddings and p.pp > 1:
         emb_params = m.vocab_size * m.hidden_size / p.tp
-        out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * GRAD_REDUCE_BYTES))
+        # In the gradient buffer's dtype (Megatron all-reduces the embedding's main_grad).
+        out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * grad_reduce_bytes(sc.dtype, p.zero)))
     if sc.dtype == "fp16":
         # fp16 with dynamic loss scaling: main grads unscaled in place (multi_tensor_scale reads
         # and writes 4 bytes a parameter) and an inf/nan flag all-reduced over the model-parallel
