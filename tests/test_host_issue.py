@@ -45,3 +45,16 @@ def test_floor_is_the_issue_time_of_the_segment():
     seg = prog.segments[(0, "F")]
     # 1 ms per launch dwarfs every kernel: each segment takes exactly its launches x 1 ms.
     assert all(abs(t * 1e3 - round(t * 1e3)) < 1e-6 and t >= 1e-3 for t in seg.compute_s)
+
+
+def test_a_collective_call_costs_the_host_its_measured_c10d_time():
+    from simulator.workload.ops import Comm, Op
+    from simulator.workload.program import host_issue_s
+
+    prof = load_profile("a100-sxm-80gb")
+    ar = Op("mlp_out", "other", "F", comm=Comm("tp", "all_reduce", 4e6))
+    assert host_issue_s(prof, ar) == 80e-6
+    # Without the measured figure a collective counts as one launch of its phase.
+    bare = prof.model_copy(update={"compute": prof.compute.model_copy(update={"host_collective_us": 0.0})})
+    assert host_issue_s(bare, ar) == 20e-6
+    assert host_issue_s(bare, Op("x.bwd", "other", "I", comm=Comm("tp", "all_reduce", 4e6))) == 43e-6

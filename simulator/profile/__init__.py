@@ -110,6 +110,9 @@ class ComputeModel(BaseModel):
     # bookkeeping, AccumulateGrad). 0: the host always runs ahead (no floor).
     host_launch_forward_us: float = Field(0.0, ge=0, description="Host time to issue one forward kernel (eager), µs.")
     host_launch_backward_us: float = Field(0.0, ge=0, description="Host time to issue one backward kernel (autograd thread), µs.")
+    # A collective call costs the host more than a kernel launch (c10d work object, stream
+    # events, NCCL enqueue). 0: charged as one kernel launch.
+    host_collective_us: float = Field(0.0, ge=0, description="Host time of one c10d collective call (eager), µs.")
     # Added by calibration: when the "devices" are CPU ranks sharing one host's cores (a gloo
     # capture), a rank that idles lends its core to the others, so a step takes at least the
     # ranks' total compute divided by the cores. None: every rank has a device of its own.

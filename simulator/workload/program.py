@@ -163,7 +163,10 @@ def split_layers(num_layers: int, positions: int, override: list[int] | None = N
 def host_issue_s(profile: Profile, op: Op) -> float:
     """Host time to issue ``op``'s kernels (or its collective's launch) in eager PyTorch: forward
     ops on the Python thread, backward (I/W) ops on the autograd thread."""
-    per_us = profile.compute.host_launch_forward_us if op.phase == "F" else profile.compute.host_launch_backward_us
+    c = profile.compute
+    if op.comm is not None and op.comm.op != "identity_ar" and c.host_collective_us > 0:
+        return c.host_collective_us * 1e-6
+    per_us = c.host_launch_forward_us if op.phase == "F" else c.host_launch_backward_us
     return op.launches * per_us * 1e-6
 
 
