@@ -246,9 +246,15 @@ def _graphs(sys: NcclSystem, n_nodes: int, ppn: int) -> dict[str, Graph]:
         nic = sys.nic_GBps
         path = min(sys.pcie_GBps, nic)
         ladder = _ladder_at_most(SPEED_INTER[gen], path)
+        # The NICs a ring or tree gets: those local to its GPUs in each node. NCCL picks the nets
+        # closest to the ring's GPUs (search.cc ncclTopoSelectNets, rail-aligned with CROSS_NIC=2);
+        # a group with fewer GPUs per node than the node has (Megatron's DP group under TP: one
+        # GPU per node at tp8) shares the node's NICs with the sibling groups that run at the same
+        # time (every TP rank reduces its gradients together), each on its own rails.
+        nics = max(1, round(sys.nics_per_node * min(ppn, sys.gpus_per_node) / sys.gpus_per_node))
         best = None
         for s in ladder:
-            c = min(MAX_SEARCH_CHANNELS, sys.nics_per_node * int(nic // s + 1e-9), int(nvl // s))
+            c = min(MAX_SEARCH_CHANNELS, nics * int(nic // s + 1e-9), int(nvl // s))
             if c >= 1 and (best is None or c * s > best[0] * best[1] + 1e-9):
                 best = (c, s)
             if best is not None and s < 0.49 * best[1]:
@@ -266,7 +272,9 @@ def _graphs(sys: NcclSystem, n_nodes: int, ppn: int) -> dict[str, Graph]:
         if gen >= _HOPPER and ring.bw_intra > 45 and ring.n_ch < 16:  # §4.1 item 4
             rt = min(64, 2 * rt)
         out["ring"] = Graph(ring.n_ch, ring.bw_intra, ring.bw_inter, rt)
-        tree = Graph(ring.n_ch, t_intra * ring.n_ch / c, s * ring.n_ch / c, rt)
+        # Duplicated channels halve each channel's bandwidth, the tree's as the ring's (the
+        # ratio was inverted; latent while no multi-node graph was duplicated).
+        tree = Graph(ring.n_ch, t_intra * c / ring.n_ch, s * c / ring.n_ch, rt)
         out["tree"] = tree
         out["pat"] = tree
     if sys.nvls and ppn > 2:

@@ -103,6 +103,16 @@ class ComputeModel(BaseModel):
     # runs ahead of the device and this stays 0; when the "device" is a CPU rank, that time is on
     # the critical path. Fitted from the step times of train bundles (simulator.calibrate.fit).
     host_overhead_us: float = Field(0.0, ge=0, description="Host time per modelled kernel outside measured ops, µs.")
+    # Eager PyTorch issues every kernel from Python: the host spends this long per launch
+    # (framework dispatch, autograd, the launch call), so a run of small kernels cannot finish
+    # faster than the host can issue them, whatever the device time. Forward ops are issued by
+    # the Python thread, backward ops by the autograd engine's thread (slower per launch: graph
+    # bookkeeping, AccumulateGrad). 0: the host always runs ahead (no floor).
+    host_launch_forward_us: float = Field(0.0, ge=0, description="Host time to issue one forward kernel (eager), µs.")
+    host_launch_backward_us: float = Field(0.0, ge=0, description="Host time to issue one backward kernel (autograd thread), µs.")
+    # A collective call costs the host more than a kernel launch (c10d work object, stream
+    # events, NCCL enqueue). 0: charged as one kernel launch.
+    host_collective_us: float = Field(0.0, ge=0, description="Host time of one c10d collective call (eager), µs.")
     # Added by calibration: when the "devices" are CPU ranks sharing one host's cores (a gloo
     # capture), a rank that idles lends its core to the others, so a step takes at least the
     # ranks' total compute divided by the cores. None: every rank has a device of its own.

@@ -46,7 +46,7 @@ from simulator.contention import collective_ctas, compute_slowdown
 from simulator.schedules.base import Action
 from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim
 from simulator.workload.plan import (
-    GRAD_REDUCE_BYTES, GradBuckets, communication_groups, emit_action, hsdp_shard_of, linear_replay,
+    GradBuckets, grad_reduce_bytes, communication_groups, emit_action, hsdp_shard_of, linear_replay,
     ADAM_BYTES_PER_PARAM, optimizer_state_bytes, pp_message_bytes,
 )
 from simulator.workload.ops import optimizer_time_s
@@ -483,7 +483,7 @@ class Estimator:
                 if pos_eparams[0] > 0 and use_edp:
                     start_s += coll(Dim.EDP, CollectiveOp.ALL_GATHER, float(pos_eparams[0]) * param_bytes)
         if dp > 1 or use_edp:
-            bucket_bytes = p.grad_bucket_params * GRAD_REDUCE_BYTES
+            bucket_bytes = p.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero)
             # The tail differs by the stages a rank holds: the first and last ranks hold the
             # embedding and the head, every middle rank the same layers (up to uneven splits).
             for r in sorted({0, p.pp // 2, p.pp - 1}):
@@ -552,7 +552,7 @@ class Estimator:
                 view = dataclasses.replace(
                     tab.program, scenario=sc, mesh=mesh, schedule=sched, position_layers=layers,
                     stage_params=[float(x) for x in pos_params], zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
-                    grad_bucket_bytes=p.grad_bucket_params * GRAD_REDUCE_BYTES, param_bytes=param_bytes,
+                    grad_bucket_bytes=p.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero), param_bytes=param_bytes,
                 )
             else:
                 view = tab.program

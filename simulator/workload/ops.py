@@ -54,6 +54,9 @@ class Op:
     bwd_bytes: float | None = None  # memory-bound op whose backward moves these bytes (not 2x forward)
     # One kernel timed by shape (simulator.workload.kernel_model); None: by class, FLOPs and bytes.
     kernel: Kernel | None = None
+    # Kernels the framework launches for this op (host issue cost, ``host_launch_*_us``).
+    launches: int = 1
+    bias: bool = False  # a linear with a bias (GPT): its backward reduces and accumulates the bias gradient
 
 
 @dataclass
@@ -106,29 +109,38 @@ class LayerOps:
                     # LinearWithGradAccumulationAndAsyncCommunication.backward).
                     prev = self.forward[i - 1].comm
                     i_ops.append(Op(op.name + ".input_regather", "other", "I", comm=replace(prev, overlap=True)))
-                i_ops.append(replace(op, name=op.name + ".dgrad", phase="I", kernel=dk))
+                i_ops.append(replace(op, name=op.name + ".dgrad", phase="I", kernel=dk, launches=1))
                 if op.params > 0:
-                    w_ops.append(replace(op, name=op.name + ".wgrad", phase="W", kernel=wk))
+                    # Launches: the wgrad GEMM and AccumulateGrad's add into .grad (gradient
+                    # accumulation over microbatches); with a bias, its reduction and its add.
+                    w_ops.append(replace(op, name=op.name + ".wgrad", phase="W", kernel=wk,
+                                         launches=2 + (2 if op.bias else 0)))
             elif op.op_class == "attention":
                 # dQ, dK, dV: twice the forward matmul work.
                 k = op.kernel
                 bk = replace(k, backward=True, flops=2 * k.flops) if k is not None and k.kind == "flash" else (
                     replace(k, batch=2 * k.batch) if k is not None else None)
                 i_ops.append(replace(op, name=op.name + ".bwd", phase="I", exec_flops=2 * op.exec_flops,
-                                     model_flops=2 * op.model_flops, bytes=2 * op.bytes, kernel=bk))
+                                     model_flops=2 * op.model_flops, bytes=2 * op.bytes, kernel=bk,
+                                     launches=2 * op.launches if k is None or k.kind != "flash" else op.launches))
             elif op.bwd_bytes is not None:
                 # FP8 casts: the backward quantizes the output gradient, with its own size.
                 if op.bwd_bytes > 0:
                     i_ops.append(replace(op, name=op.name + ".bwd", phase="I", bytes=op.bwd_bytes, exec_flops=0.0,
                                          model_flops=0.0, params=0.0))
             else:
+                # Launches: apex's fused LayerNorm backward runs three kernels (input grad, partial
+                # and final gamma/beta grads); an elementwise op's backward two per forward kernel
+                # (the gradient, and the bias-gradient reduction or the residual's gradient sum).
                 i_ops.append(replace(op, name=op.name + ".bwd", phase="I", bytes=2 * op.bytes,
-                                     exec_flops=2 * op.exec_flops, model_flops=0.0, params=0.0))
+                                     exec_flops=2 * op.exec_flops, model_flops=0.0, params=0.0,
+                                     launches=3 if op.op_class == "norm" else 2 * op.launches))
                 if op.params > 0:
                     # Norm weights: their gradient is a by-product of the input-grad kernel;
-                    # a zero-cost W entry carries it to the gradient reduction.
+                    # a zero-cost W entry carries it to the gradient reduction (AccumulateGrad:
+                    # one add per weight tensor, two with a bias).
                     w_ops.append(replace(op, name=op.name + ".wgrad", phase="W", exec_flops=0.0, model_flops=0.0,
-                                         bytes=0.0))
+                                         bytes=0.0, launches=2 if op.bias else 1))
         return i_ops, w_ops
 
 
@@ -165,10 +177,12 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     recipe = sc.fp8.recipe
     nmb = max(1, sc.num_microbatches)
 
+    gpt_bias = m.mlp == "gelu"  # GPT linears and LayerNorms carry biases; Llama's none
+
     def gemm(name: str, tokens: int, k: int, n: int) -> Op:
         flops = 2.0 * tokens * k * n
         return Op(name, "gemm", "F", flops, flops, (tokens * k + k * n + tokens * n) * dt, params=k * n,
-                  kernel=gemm_kernel("gemm", 1, tokens, n, k, dt, b_batched=False))
+                  kernel=gemm_kernel("gemm", 1, tokens, n, k, dt, b_batched=False), bias=gpt_bias and name != "lm_head")
 
     def linear(name: str, tokens: int, k: int, n: int) -> list[Op]:
         """A linear layer: one GEMM, and under FP8 its quantization kernels first."""
@@ -199,7 +213,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     norm_params = 2 * h if m.mlp == "gelu" else h  # LayerNorm (GPT) has a bias, RMSNorm (Llama) not
 
     def norm(name: str) -> Op:
-        return Op(name, "norm", "F", 5.0 * Tn * h, 0.0, 2 * Tn * h * dt, params=norm_params)
+        return Op(name, "norm", "F", 5.0 * Tn * h, 0.0, 2 * Tn * h * dt, params=norm_params, bias=gpt_bias)
 
     def residual(name: str) -> Op:
         return Op(name, "elementwise", "F", Tn * h, 0.0, 3 * Tn * h * dt)
@@ -244,12 +258,14 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
         else:
             # Materialised scores: QK^T and PV as batched GEMMs of equal work (b x heads each).
             kern = gemm_kernel("attention", 2 * b * max(a // t, 1), s, s_full, d, dt)
+        # Classic attention launches two batched GEMMs (baddbmm QK^T, bmm PV); FlashAttention one.
         attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes, kernel=kern,
-                       fp8=fp8 and sc.fp8.attention))
+                       fp8=fp8 and sc.fp8.attention, launches=1 if sc.flash_attention else 2))
     if not sc.flash_attention:
         # Materialised scores: baddbmm write, fused scale-mask-softmax read+write, dropout, bmm read.
         score_elems = b * (a / t) * s * s_full
-        attn.append(Op("softmax_dropout", "elementwise", "F", 5.0 * score_elems, 0.0, 11.0 * score_elems))
+        # Two launches: Megatron's fused scale-mask-softmax kernel, then the dropout kernel.
+        attn.append(Op("softmax_dropout", "elementwise", "F", 5.0 * score_elems, 0.0, 11.0 * score_elems, launches=2))
     attn += linear("attn_out_proj", T, attn_width, h)
     attn += tp_out("attn_out")
     attn.append(residual("attn_residual"))

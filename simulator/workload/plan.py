@@ -146,6 +146,15 @@ class Plan:
 
 # Megatron keeps fp32 main gradients and reduces them in fp32 when training in bf16.
 GRAD_REDUCE_BYTES = 4
+
+
+def grad_reduce_bytes(dtype: str, zero: int) -> int:
+    """Bytes per parameter of the data-parallel gradient reduction. Megatron reduces in the
+    parameter dtype unless asked for fp32 (megatron-core DistributedDataParallelConfig
+    grad_reduce_in_fp32=False: grad_dtype = float if grad_reduce_in_fp32 else param.dtype;
+    Megatron-LM's arguments force fp32 only for bf16): fp16 runs reduce fp16 gradients. FSDP
+    (torchtitan, zero 3) reduces in fp32 (mixed_precision_reduce = float32)."""
+    return 2 if dtype == "fp16" and zero < 3 else GRAD_REDUCE_BYTES
 # Adam step per parameter: read fp32 master, grad, m, v; write master, m, v; write bf16 copy.
 ADAM_BYTES_PER_PARAM = 30
 

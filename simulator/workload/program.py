@@ -22,7 +22,7 @@ from simulator.topology.placement import Mesh
 from simulator.workload.ops import Comm, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor, op_durations_s, optimizer_time_s
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
-    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
+    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, grad_reduce_bytes, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
 )
 
 
@@ -160,39 +160,58 @@ def split_layers(num_layers: int, positions: int, override: list[int] | None = N
     return out
 
 
-def _segments(ops: list[tuple[Op, int]], times: dict[int, float]) -> Segments:
-    """Merge consecutive kernels into segments; a collective closes a segment."""
+def host_issue_s(profile: Profile, op: Op) -> float:
+    """Host time to issue ``op``'s kernels (or its collective's launch) in eager PyTorch: forward
+    ops on the Python thread, backward (I/W) ops on the autograd thread."""
+    c = profile.compute
+    if op.comm is not None and op.comm.op != "identity_ar" and c.host_collective_us > 0:
+        return c.host_collective_us * 1e-6
+    per_us = c.host_launch_forward_us if op.phase == "F" else c.host_launch_backward_us
+    return op.launches * per_us * 1e-6
+
+
+def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int, float] | None = None,
+              grad_bytes_per_param: float = GRAD_REDUCE_BYTES) -> Segments:
+    """Merge consecutive kernels into segments; a collective closes a segment.
+
+    ``host``: host issue time per op. A segment takes at least the time its host needs to issue
+    its kernels and the collective that closes it: when kernels are shorter than their launch
+    cost the device waits on the host (small layers, high TP). Taken per segment, the bound
+    ignores the host running ahead across a collective (an upper bound of the pipelined issue)."""
     compute, comms, layers, labels, grads, flops, egrads = [], [], [], [], [], [], []
-    acc_t = acc_g = acc_f = acc_e = 0.0
+    host = host or {}
+    acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
     first = None
     last_layer = ops[0][1] if ops else 0
     for op, layer in ops:
         if layer != last_layer and (acc_t > 0 or acc_g > 0 or acc_e > 0) and first is not None:
             # A layer boundary closes a segment: FSDP units, gradient buckets and the timeline
             # all work per layer.
-            compute.append(acc_t); comms.append(None); layers.append(last_layer)
+            compute.append(max(acc_t, acc_h)); comms.append(None); layers.append(last_layer)
             labels.append(first); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
-            acc_t = acc_g = acc_f = acc_e = 0.0
+            acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
             first = None
         last_layer = layer
         if op.comm is not None:
             if op.comm.op == "identity_ar":
                 continue
-            compute.append(acc_t); comms.append(op.comm); layers.append(layer)
+            acc_h += host.get(id(op), 0.0)
+            compute.append(max(acc_t, acc_h)); comms.append(op.comm); layers.append(layer)
             labels.append(first or op.name); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
-            acc_t = acc_g = acc_f = acc_e = 0.0
+            acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
             first = None
             continue
         acc_t += times[id(op)]
+        acc_h += host.get(id(op), 0.0)
         acc_f += op.exec_flops
         if op.phase == "W":
             if op.name.startswith("experts_"):
-                acc_e += op.params * GRAD_REDUCE_BYTES
+                acc_e += op.params * grad_bytes_per_param
             else:
-                acc_g += op.params * GRAD_REDUCE_BYTES
+                acc_g += op.params * grad_bytes_per_param
         first = first or op.name
     if acc_t > 0 or not compute:
-        compute.append(acc_t); comms.append(None); layers.append(last_layer)
+        compute.append(max(acc_t, acc_h)); comms.append(None); layers.append(last_layer)
         labels.append(first or "compute"); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
     return Segments(np.array(compute), comms, np.array(layers), labels, np.array(grads), np.array(flops), np.array(egrads))
 
@@ -222,6 +241,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     speedup = fp8_speedup(sc, profile)
     dur = op_durations_s(profile, kernels, sc, fp8_speedup=speedup)
     times = {id(o): float(t) for o, t in zip(kernels, dur)}
+    host = {id(o): host_issue_s(profile, o) for o in all_ops}
+    gbytes = grad_reduce_bytes(sc.dtype, p.zero)
 
     def kind_of(layer: int) -> str:
         if m.is_moe and layer >= m.num_dense_layers:
@@ -269,10 +290,10 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
             i_ops += rec + li
             w_ops += lw
             b_ops += rec + li + lw
-        segments[(pos, "F")] = _segments(f_ops, times)
-        segments[(pos, "I")] = _segments(i_ops, times)
-        segments[(pos, "W")] = _segments(w_ops, times)
-        segments[(pos, "B")] = _segments(b_ops, times)
+        segments[(pos, "F")] = _segments(f_ops, times, host, gbytes)
+        segments[(pos, "I")] = _segments(i_ops, times, host, gbytes)
+        segments[(pos, "W")] = _segments(w_ops, times, host, gbytes)
+        segments[(pos, "B")] = _segments(b_ops, times, host, gbytes)
         stage_params.append(sum(layer_kinds[k].params for k, _ in chain))
         stage_expert_params.append(sum(o.params for k, _ in chain for o in layer_kinds[k].forward if o.name.startswith("experts_")))
 
@@ -324,7 +345,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         pp_bytes=pp_bytes, pp_gather_bytes=pp_gather_bytes, optimizer_s=optimizer_s, stage_params=stage_params,
         model_flops_per_step=model_flops, tokens_per_step=sc.batch.global_batch_size * sc.batch.seq_length,
         zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
-        grad_bucket_bytes=p.grad_bucket_params * GRAD_REDUCE_BYTES,
+        grad_bucket_bytes=p.grad_bucket_params * gbytes,
         # FSDP with FP8 all-gather moves 1-byte weights (torchtitan enable_fsdp_float8_all_gather).
         param_bytes=1 if sc.dtype == "fp8" and sc.fp8.param_all_gather and p.zero >= 3 else sc.dtype_bytes,
         unit_params=unit_params,
@@ -353,7 +374,8 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
     out: list[StepCollective] = []
     if m.tied_embeddings and p.pp > 1:
         emb_params = m.vocab_size * m.hidden_size / p.tp
-        out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * GRAD_REDUCE_BYTES))
+        # In the gradient buffer's dtype (Megatron all-reduces the embedding's main_grad).
+        out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * grad_reduce_bytes(sc.dtype, p.zero)))
     if sc.dtype == "fp16":
         # fp16 with dynamic loss scaling: main grads unscaled in place (multi_tensor_scale reads
         # and writes 4 bytes a parameter) and an inf/nan flag all-reduced over the model-parallel

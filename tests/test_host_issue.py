@@ -1,0 +1,62 @@
+"""Host issue floor: eager PyTorch launches every kernel from Python, so a run of small kernels
+takes at least the host's launch time (profile host_launch_*_us), while large kernels hide it."""
+
+import pytest
+
+from simulator.calibrate.published import vtrain_scenario
+from simulator.profile import load_profile
+from simulator.scenario import build_scenario
+from simulator.simulate import resolve_schedule
+from simulator.workload.program import build_program
+
+
+def _row(h: int, tp: int, mb: int) -> dict:
+    return {"hidden size": str(h), "# layers": "4", "attention heads": "16", "sequence length": "1024",
+            "tensor parallelism": str(tp), "pipeline parallelism": "1", "data parallelism": "1",
+            "micro batch": str(mb), "global batch": str(mb * 2), "# GPUs": str(tp)}
+
+
+def _backward_s(sc, profile) -> float:
+    prog = build_program(sc, profile, resolve_schedule(sc))
+    return prog.segments[(0, "B")].total_compute_s
+
+
+def test_a100_profile_carries_the_measured_launch_costs():
+    c = load_profile("a100-sxm-80gb").compute
+    assert c.host_launch_forward_us == 20.0 and c.host_launch_backward_us == 43.0
+
+
+def test_small_kernels_wait_on_the_host_large_ones_hide_it():
+    prof = load_profile("a100-sxm-80gb")
+    free = prof.model_copy(update={"compute": prof.compute.model_copy(
+        update={"host_launch_forward_us": 0.0, "host_launch_backward_us": 0.0})})
+    small = build_scenario(vtrain_scenario(_row(1024, 8, 1)))
+    big = build_scenario(vtrain_scenario(_row(8192, 1, 8)))
+    # h1024 at tp8: each kernel is a few µs, shorter than its launch: the host sets the pace.
+    assert _backward_s(small, prof) > 1.5 * _backward_s(small, free)
+    # h8192, 8 sequences per microbatch: kernels of milliseconds; the floor changes nothing.
+    assert abs(_backward_s(big, prof) / _backward_s(big, free) - 1) < 0.01
+
+
+def test_floor_is_the_issue_time_of_the_segment():
+    prof = load_profile("a100-sxm-80gb")
+    slow = prof.model_copy(update={"compute": prof.compute.model_copy(
+        update={"host_launch_forward_us": 1000.0, "host_launch_backward_us": 1000.0})})
+    sc = build_scenario(vtrain_scenario(_row(1024, 1, 1)))
+    prog = build_program(sc, slow, resolve_schedule(sc))
+    seg = prog.segments[(0, "F")]
+    # 1 ms per launch dwarfs every kernel: each segment takes exactly its launches x 1 ms.
+    assert all(abs(t * 1e3 - round(t * 1e3)) < 1e-6 and t >= 1e-3 for t in seg.compute_s)
+
+
+def test_a_collective_call_costs_the_host_its_measured_c10d_time():
+    from simulator.workload.ops import Comm, Op
+    from simulator.workload.program import host_issue_s
+
+    prof = load_profile("a100-sxm-80gb")
+    ar = Op("mlp_out", "other", "F", comm=Comm("tp", "all_reduce", 4e6))
+    assert host_issue_s(prof, ar) == pytest.approx(80e-6)
+    # Without the measured figure a collective counts as one launch of its phase.
+    bare = prof.model_copy(update={"compute": prof.compute.model_copy(update={"host_collective_us": 0.0})})
+    assert host_issue_s(bare, ar) == pytest.approx(20e-6)
+    assert host_issue_s(bare, Op("x.bwd", "other", "I", comm=Comm("tp", "all_reduce", 4e6))) == pytest.approx(43e-6)
