@@ -249,3 +249,25 @@ def test_regular_install_runs_from_any_folder(tmp_path):
     # 16x less scale-out bandwidth: the cross-node dp and pp traffic of this layout slows the step.
     assert json.loads(r.stdout)["step_time_s"] > report["step_time_s"] * 1.05
     assert list(run_dir.iterdir()) == []
+
+
+def test_guard_for_a_clone_right_in_the_temporary_folder():
+    """CI may clone into the temporary folder itself: libraries' scratch files there (dask, Chromium,
+    torch) are not data, but a shared/ folder or another checkout beside the clone still are."""
+    import tempfile
+
+    from conftest import ReadGuard
+
+    temp = Path(tempfile.gettempdir())
+    guard = ReadGuard(temp / "clustersim-clone")
+    assert not guard.forbidden(str(temp / "dask-scratch-space" / "worker-1"))
+    assert not guard.forbidden(str(temp / "clustersim-rank0-abc" / "trace.json"))
+    assert guard.forbidden(str(temp / "shared" / "reference" / "x.json"))
+    assert guard.forbidden(str(temp / "clustersim-clone-2" / "x")) is False  # no .git: scratch, not a checkout
+    (temp / "clustersim-guard-test-checkout" / ".git").mkdir(parents=True, exist_ok=True)
+    try:
+        assert guard.forbidden(str(temp / "clustersim-guard-test-checkout" / "data.json"))
+    finally:
+        import shutil
+
+        shutil.rmtree(temp / "clustersim-guard-test-checkout", ignore_errors=True)
