@@ -83,6 +83,16 @@ def _span(event: dict) -> tuple[float, float]:
     return ts, dur
 
 
+def _int64_or(value, default: int) -> int:
+    """An id that fits an int64 column, or ``default`` (NaN, inf, text, 2**64 in a corrupt trace)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    if isinstance(value, float) and not math.isfinite(value):
+        return default
+    value = int(value)
+    return value if -2**63 <= value < 2**63 else default
+
+
 def _args_of(event: dict) -> dict:
     """An event's ``args``; anything but a mapping (a hand-edited or corrupt trace) counts as none."""
     args = event.get("args")
@@ -380,6 +390,8 @@ class _Collector:
         return code
 
     def _thread(self, pid, tid) -> int:
+        # Ids become int64 columns: anything that is not a 64-bit integer is kept as text.
+        pid, tid = (v if isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63 else str(v) for v in (pid, tid))
         key = (pid, tid)
         code = self.thread_codes.get(key)
         if code is None:
@@ -414,7 +426,9 @@ class _Collector:
                 if corr is None:
                     return
                 ts, _ = _span(e)
-                corr = int(corr)
+                corr = _int64_or(corr, -1)
+                if corr < 0:
+                    raise ValueError("unusable correlation id")  # counted as malformed, never linked
                 thread = self._thread(e.get("pid"), e.get("tid"))
                 self.r_corr.append(corr)
                 self.r_thread.append(thread)
@@ -431,7 +445,7 @@ class _Collector:
         ts, dur = _span(e)
         args = _args_of(e)
         # Everything that can fail is read before the first append: the columns stay aligned.
-        ext = int(args.get(K.ARG_EXTERNAL_ID, -1))
+        ext = _int64_or(args.get(K.ARG_EXTERNAL_ID, -1), -1)
         thread = self._thread(e.get("pid"), e.get("tid"))
         code = self._name(name)
         i = len(self.h_ts)
@@ -480,12 +494,10 @@ class _Collector:
         args = _args_of(e)
         ts, dur = _span(e)
         # Everything that can fail is read before the first append: the columns stay aligned.
-        dev = args.get(K.ARG_DEVICE, e.get("pid"))
-        dev = int(dev) if isinstance(dev, (int, float)) else -1
-        stream = args.get(K.ARG_STREAM, e.get("tid"))
-        stream = int(stream) if isinstance(stream, (int, float)) else -1
-        ext = int(args.get(K.ARG_EXTERNAL_ID, -1))
-        corr = int(args.get(K.ARG_CORRELATION, -1))
+        dev = _int64_or(args.get(K.ARG_DEVICE, e.get("pid")), -1)
+        stream = _int64_or(args.get(K.ARG_STREAM, e.get("tid")), -1)
+        ext = _int64_or(args.get(K.ARG_EXTERNAL_ID, -1), -1)
+        corr = _int64_or(args.get(K.ARG_CORRELATION, -1), -1)
         i = len(self.g_ts)
         gcat = _GPU_CAT_KERNEL if cat in K.CAT_KERNEL else _GPU_CAT_MEMCPY if cat in K.CAT_MEMCPY else _GPU_CAT_MEMSET
         self.g_cat.append(gcat)
