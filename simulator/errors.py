@@ -48,6 +48,16 @@ MAX_DOCUMENT_VALUES = 1_000_000
 MAX_DOCUMENT_DEPTH = 100
 
 
+def path_exists(path) -> bool:
+    """Path.exists() that answers False, not OSError, for a name the OS refuses (too long, NUL)."""
+    from pathlib import Path
+
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
 def _fmt_bytes(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
 

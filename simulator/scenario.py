@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator.profile import Profile, load_profile
-from simulator.errors import UserError, read_json, read_yaml, validation_error_line
+from simulator.errors import UserError, path_exists, read_json, read_yaml, validation_error_line
 from simulator.topology.spec import TopologySpec, first_validation_error, load_topology
 from simulator.whatif.perturbations import Perturbations
 
@@ -447,7 +447,7 @@ def resolve_model(name_or_path: str) -> ModelConfig:
     if name_or_path in MODEL_PRESETS:
         return ModelConfig(name=name_or_path, **MODEL_PRESETS[name_or_path])
     path = Path(name_or_path)
-    if path.suffix == ".json" or path.exists():
+    if path.suffix == ".json" or path_exists(path):
         return model_from_hf_config(path)
     raise UserError(
         f"unknown model {name_or_path!r}: use a preset ({', '.join(MODEL_PRESETS)}) or a path to a HuggingFace config.json"

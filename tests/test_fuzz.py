@@ -565,3 +565,9 @@ def test_schedule_csv_with_a_huge_microbatch_is_refused_at_once(workdir):
     code, err = run_cli(["simulate", scenario, "--schedule-file", path, "--no-dashboard"])
     assert code == 2 and "beyond the 100,000 microbatches" in err, err
     assert time.perf_counter() - t0 < 20  # refused before anything is sized by it (was 70 s)
+
+
+@pytest.mark.parametrize("flag", ["--topology", "--gpu", "--model"])
+def test_names_longer_than_the_os_allows_are_unknown_names(workdir, flag):
+    code, err = run_cli(["simulate", flag, "a" * 300, "--no-dashboard"])
+    assert code == 2 and "unknown" in err, err

@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from simulator.data import data_dir
-from simulator.errors import UserError, read_json, validation_error_line
+from simulator.errors import UserError, path_exists, read_json, validation_error_line
 
 PROFILE_SCHEMA_VERSION = 1
 CALIBRATION_DIR = data_dir("profiles")
@@ -311,7 +311,7 @@ def load_profile(name_or_path: "str | Path | Profile") -> Profile:
     path = Path(name_or_path)
     if path.suffix != ".json":
         path = CALIBRATION_DIR / f"{name_or_path}.json"
-        if not path.exists():
+        if not path_exists(path):
             raise UserError(
                 f"unknown GPU profile {str(name_or_path)!r}: use one of {', '.join(available_profiles())} or a path to a profile JSON"
             )

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from simulator.data import data_dir
-from simulator.errors import UserError, read_yaml, validation_error_line
+from simulator.errors import UserError, path_exists, read_yaml, validation_error_line
 
 TOPOLOGY_DIR = data_dir("topologies")
 
@@ -164,7 +164,7 @@ def load_topology(name_or_path: "str | Path | TopologySpec") -> TopologySpec:
     path = Path(name_or_path)
     if not path.suffix:
         path = TOPOLOGY_DIR / f"{name_or_path}.yaml"
-        if not path.exists():
+        if not path_exists(path):
             raise UserError(
                 f"unknown topology {str(name_or_path)!r}: use one of "
                 f"{', '.join(available_topologies())} or a path to a YAML file"
