@@ -78,6 +78,13 @@ def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], Non
         from simulator.whatif.run import simulate_whatif
 
         return simulate_whatif(sc, mode=mode, progress=progress)
+    return simulate_step(sc, mode, progress)
+
+
+def simulate_step(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None,
+                  what: str = "", wait_log: list | None = None) -> SimulationResult:
+    """The one wiring of scenario -> workload plan -> engine -> report, for plain and what-if runs.
+    ``what`` qualifies the progress line ("clean"); ``wait_log``, given, collects the engine's waits."""
     profile = load_profile(sc.cluster.gpu)
     topo = load_topology(sc.cluster.topology)
     sched = resolve_schedule(sc)
@@ -85,10 +92,13 @@ def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], Non
     plan = build_plan(prog)
     net = make_network(sc, topo, profile)
     if progress is not None:
-        progress(f"simulating {sc.name}: {sc.model.name} on {sc.cluster.gpus} x {sc.cluster.gpu_name}, "
-                 f"{Path(sc.schedule_file).name if sc.schedule_file else sched.name} with "
+        progress(f"simulating {sc.name}{' ' + what if what else ''}: {sc.model.name} on {sc.cluster.gpus} x "
+                 f"{sc.cluster.gpu_name}, {Path(sc.schedule_file).name if sc.schedule_file else sched.name} with "
                  f"{plural(sched.num_microbatches, 'microbatch')} ({mode} mode)")
-    tl = Engine(prog, net, mode=mode, plan=plan, sm_count=profile.compute.sm_count).run()
+    engine = Engine(prog, net, mode=mode, plan=plan, sm_count=profile.compute.sm_count)
+    if wait_log is not None:
+        engine.wait_log = wait_log
+    tl = engine.run()
     mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
     report = build_report(sc.name, prog, tl, mem, profile.compute.peak_tflops, sc.cluster.gpus)
     return SimulationResult(sc, profile, topo, prog, tl, mem, report, plan)

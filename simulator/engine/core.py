@@ -256,14 +256,19 @@ class Engine:
             self.events[key] = ev
         return ev
 
-    def _collective(self, rank: int, dim: str, op: str, size_bytes: float):
-        """Rendezvous with the group's simulated members, then run the collective."""
+    def _request_counted(self, rank: int, dim: str, op: str, size_bytes: float) -> tuple[CollectiveRequest, tuple]:
+        """The request (``_request``), with the bytes this rank puts on the wire counted."""
         req, gkey = self._request(dim, op, size_bytes, rank)
         fkey = (dim, op)
         f = self._wire_factor.get(fkey)
         if f is None:
             f = self._wire_factor[fkey] = bus_factor(op, self._groups[dim].shape[1])
         self.comm_bytes[rank][BASE_DIM[dim]] += f * size_bytes
+        return req, gkey
+
+    def _collective(self, rank: int, dim: str, op: str, size_bytes: float):
+        """Rendezvous with the group's simulated members, then run the collective."""
+        req, gkey = self._request_counted(rank, dim, op, size_bytes)
         needed = self._needed.get(gkey)
         if needed is None:
             needed = int(self.simulated[self._groups[dim][gkey[1]]].sum())

@@ -286,29 +286,10 @@ def describe(pert: Perturbations) -> list[str]:
 
 def _simulate_clean(sc, mode: str, progress):
     """``simulate.simulate`` of the clean scenario, also keeping the engine's wait log."""
-    from simulator.profile import load_profile
-    from simulator.report.metrics import build_report
-    from simulator.simulate import SimulationResult, make_network, resolve_schedule
-    from simulator.topology import load_topology
-    from simulator.workload.memory import memory_report
-    from simulator.workload.plan import build_plan
-    from simulator.workload.program import build_program
+    from simulator.simulate import simulate_step
 
-    profile = load_profile(sc.cluster.gpu)
-    topo = load_topology(sc.cluster.topology)
-    sched = resolve_schedule(sc)
-    prog = build_program(sc, profile, sched)
-    plan = build_plan(prog)
-    net = make_network(sc, topo, profile)
-    if progress is not None:
-        progress(f"simulating {sc.name} clean: {sc.model.name} on {sc.cluster.gpus} x {sc.cluster.gpu}, "
-                 f"{sched.name} with {sched.num_microbatches} microbatches ({mode} mode)")
-    eng = Engine(prog, net, mode=mode, plan=plan, sm_count=profile.compute.sm_count)
-    eng.wait_log = []
-    tl = eng.run()
-    mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
-    report = build_report(sc.name, prog, tl, mem, profile.compute.peak_tflops, sc.cluster.gpus)
-    return SimulationResult(sc, profile, topo, prog, tl, mem, report, plan), eng.wait_log
+    log: list = []
+    return simulate_step(sc, mode, progress, what="clean", wait_log=log), log
 
 
 def validate_perturbations(sc) -> None:
@@ -354,13 +335,9 @@ def seed_step_times(runner: "WhatIfRunner", seeds: list[int], workers: int = 1) 
 def simulate_whatif(sc, mode: str = "reduced", progress=None, workers: int = 1):
     """Simulate the clean step and the perturbed one; the result is the perturbed step with a
     ``whatif`` section in its report."""
-    from simulator.profile import load_profile
     from simulator.report.metrics import build_report
     from simulator.simulate import SimulationResult, make_network
-    from simulator.topology import load_topology
     from simulator.workload.memory import memory_report
-    from simulator.workload.plan import build_plan
-    from simulator.workload.program import build_program
 
     pert: Perturbations = sc.perturbations
     validate_perturbations(sc)  # before any simulation: bad input costs nothing

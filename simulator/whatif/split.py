@@ -26,7 +26,7 @@ import simpy
 
 from simulator.engine.core import BASE_DIM, Engine
 from simulator.network.base import CollectiveRequest
-from simulator.vocabulary import GROUP_DIMS, CollectiveOp, Dim, bus_factor
+from simulator.vocabulary import GROUP_DIMS, CollectiveOp, Dim
 from simulator.workload.plan import Plan
 from simulator.workload.program import Program
 
@@ -184,12 +184,7 @@ class SplitEngine(Engine):
     # ------------------------------------------------------------------ rendezvous
 
     def _collective(self, rank: int, dim: str, op: str, size_bytes: float):
-        req, gkey = self._request(dim, op, size_bytes, rank)
-        fkey = (dim, op)
-        f = self._wire_factor.get(fkey)
-        if f is None:
-            f = self._wire_factor[fkey] = bus_factor(op, self._groups[dim].shape[1])
-        self.comm_bytes[rank][BASE_DIM[dim]] += f * size_bytes
+        req, gkey = self._request_counted(rank, dim, op, size_bytes)
         sk = (rank, dim)
         seq = self.seq[sk]
         self.seq[sk] = seq + 1
