@@ -521,6 +521,15 @@ def calibrate(
                 notes.add(f"{cls}: {measured[0] / 1e3:.4g} ms measured in {measured[1]} kernels whose ops carry no FLOPs or bytes "
                           f"(no shapes, or shapes that do not tell): kept {base_profile.name}'s spec model for it")
             continue
+        km = base_profile.compute.kernels if base_profile is not None else None
+        if km is not None and cls in km.mem_efficiency and cls not in fits:
+            # Spec profiles time memory-bound classes by shape (compute.kernels), not by a class
+            # curve: the same bytes-only cost as a curve, from the base's kernel model.
+            classes[cls] = OpClassModel(bandwidth_efficiency=km.mem_efficiency[cls], overhead_us=km.launch_floor_us, basis="bytes")
+            items.append(ProvenanceItem(field=f"compute.classes.{cls}", value="from base kernel model",
+                                        source=f"base profile {base_profile.name}: compute.kernels.mem_efficiency.{cls} and launch_floor_us "
+                                               "(no ops of this class were captured)"))
+            continue
         # Nothing captured: borrow the closest fitted class (memory-bound ones from each other).
         order = ("elementwise", "norm", "optimizer", "other", "gemm", "attention") if cls not in ("gemm", "attention") else (
             "gemm", "attention", "elementwise", "norm", "optimizer", "other")
@@ -560,6 +569,10 @@ def calibrate(
         for tier, key, link_name in (("intra", "nvlink_efficiency", "nvlink_GBps"), ("inter", "nic_efficiency", "nic")):
             raw = link["raw_efficiency"][tier]
             if raw is None:
+                if base_profile is None:
+                    items.append(ProvenanceItem(field=f"comm.{key}", value=comm_kw[key],
+                                                source=f"not fitted: no {tier}-node collective was measured; 1.0 leaves the "
+                                                       f"topology's {link_name} as given"))
                 continue
             if raw > 1.0:
                 notes.add(
@@ -599,6 +612,13 @@ def calibrate(
     if mem_gib is not None:
         items.append(ProvenanceItem(field="hbm_gib", value=round(mem_gib, 2),
                                     source="deviceProperties.totalGlobalMem of the traced GPU"))
+    elif base_profile is None:
+        items.append(ProvenanceItem(field="hbm_gib", value=_host_memory_gib(device),
+                                    source="nominal, not measured: the bundles do not record the device's memory"))
+    if base_profile is None:
+        items.append(ProvenanceItem(field="usable_memory_fraction", value=0.95,
+                                    source="calibrate's default for a profile without a base, as the GPU spec profiles "
+                                           "(judgement: 5% kept for allocator fragmentation)"))
     prof_kw = dict(
         name=name,
         device=device,

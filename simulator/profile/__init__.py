@@ -35,8 +35,10 @@ _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 class OpClassModel(BaseModel):
     model_config = _STRICT
 
-    peak_efficiency: float = Field(gt=0, le=1, description="Fraction of peak FLOP/s that large ops of this class reach.")
-    half_efficiency_flops: float = Field(ge=0, description="FLOPs at which an op reaches half of peak_efficiency.")
+    # Defaults: the datasheet peak with no size penalty, the physical bound. A memory-bound class
+    # (basis "bytes") reads them only for an op that moves no bytes, so spec profiles leave them out.
+    peak_efficiency: float = Field(1.0, gt=0, le=1, description="Fraction of peak FLOP/s that large ops of this class reach.")
+    half_efficiency_flops: float = Field(0.0, ge=0, description="FLOPs at which an op reaches half of peak_efficiency.")
     bandwidth_efficiency: float = Field(gt=0, le=1, description="Fraction of HBM bandwidth memory-bound ops reach.")
     overhead_us: float = Field(0.0, ge=0, description="Fixed cost per kernel (launch, tail), µs.")
     # A fitted lookup (from calibration): achieved TFLOP/s at given FLOPs, log-space interpolated.
@@ -96,7 +98,8 @@ class ComputeModel(BaseModel):
     # Block-scaled MXFP8 (OCP microscaling) tensor-core peak; None = the device has none (Hopper and older).
     peak_tflops_mxfp8: float | None = Field(None, gt=0, description="Peak dense MXFP8 TFLOP/s (None: no MXFP8 tensor cores).")
     classes: dict[str, OpClassModel] = Field(description="Cost model per op class; must include 'other', the fallback.")
-    # Compute kernels slow down while communication kernels share the SMs and HBM.
+    # Compute kernels slow down while communication kernels share the SMs and HBM. Calibration
+    # measures and carries it; no simulation path reads it yet, so spec profiles leave it out.
     overlap_slowdown: float = Field(1.0, ge=1.0, description="Factor on compute time while communication overlaps it.")
     # Added by calibration: time per modelled kernel that the device's host spends outside the
     # measured ops (framework dispatch, Python, autograd and hook bookkeeping). On a GPU the host

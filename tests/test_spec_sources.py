@@ -1,0 +1,67 @@
+"""The "measured:" kernel constants of the shipped spec profiles are what
+simulator.calibrate.spec_sources computes from the reference data in tests/data/reference, and
+they respect physics (efficiencies in (0, 1], a floor of a few microseconds)."""
+
+from pathlib import Path
+
+import pytest
+
+from simulator.calibrate import spec_sources as S
+from simulator.errors import UserError
+from simulator.profile import load_profile
+from simulator.workload.kernel_model import MAX_MEM_EFFICIENCY
+
+REF = Path(__file__).resolve().parent / "data" / "reference"
+
+
+@pytest.fixture(scope="module")
+def measured():
+    out = {}
+    for folder, (prof, hbm) in S.NEUSIGHT_GPUS.items():
+        tables = S.neusight_tables(REF / "neusight" / folder)
+        out[prof] = (S.neusight_mem_efficiency(tables, hbm), S.neusight_accumulate_efficiency(tables, hbm))
+    return out
+
+
+def test_measured_efficiencies_are_physical_and_have_samples(measured):
+    for prof, (mem, acc) in measured.items():
+        for cls in ("elementwise", "attention", "norm", "embedding"):
+            m = mem[cls]
+            assert 0 < m.value <= 1 and 0 < m.aggregate <= 1 and m.n >= 2, (prof, cls, m)
+        assert 0 < acc.value <= 1 and acc.n >= 20
+        # Streams beat LayerNorm and embedding gathers: the ordering physics expects.
+        assert mem["elementwise"].value > mem["norm"].value > mem["embedding"].value
+
+
+@pytest.mark.parametrize("prof", ["h100-sxm-80gb", "a100-pcie-80gb"])
+def test_profiles_carry_the_measured_values(measured, prof):
+    mem, acc = measured[prof]
+    km = load_profile(prof).compute.kernels
+    for cls in ("elementwise", "attention", "norm", "embedding"):
+        assert km.mem_efficiency[cls] == pytest.approx(mem[cls].value, abs=0.005), cls
+    # Capped at the kernel model's streaming bound (BabelStream), which H100's measured 0.93 tops.
+    assert km.mem_efficiency["optimizer"] == pytest.approx(min(acc.value, MAX_MEM_EFFICIENCY), abs=0.005)
+    p = load_profile(prof)
+    assert p.compute.classes["optimizer"].bandwidth_efficiency == km.mem_efficiency["optimizer"]
+    assert p.compute.classes["gemm"].overhead_us == km.launch_floor_us
+
+
+def test_launch_floor_from_kineto_matches_profiles():
+    lf = S.kineto_launch_floor(REF / S.KINETO_A100)
+    assert 1.0 <= lf.floor_us <= 20.0 and lf.n_floor > 1000
+    # The floor is one kernel's time plus the queued gap to the next, measured apart.
+    assert lf.floor_us == pytest.approx(lf.kernel_us + lf.gap_us, abs=2.0)
+    for prof in ("a100-sxm-80gb", "h100-sxm-80gb", "b200"):
+        assert load_profile(prof).compute.kernels.launch_floor_us == pytest.approx(lf.floor_us, abs=0.05)
+
+
+def test_unphysical_samples_are_dropped_and_counted():
+    m = S._aggregate([1e9, 1e9], [1e3, 1.0], 1000.0)  # 1 GB in 1 ms = 1 TB/s = 1.0; in 1 us: impossible
+    assert m.n == 1 and m.dropped == 1 and m.value == pytest.approx(1.0)
+    with pytest.raises(UserError):
+        S._aggregate([1e9], [1.0], 1000.0)
+
+
+def test_missing_reference_data_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="NeuSight"):
+        S.neusight_tables(tmp_path)
