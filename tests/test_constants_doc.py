@@ -3,6 +3,8 @@ the generator makes of today's profiles (regenerate: python -m simulator.calibra
 
 from pathlib import Path
 
+import pytest
+
 from simulator.calibrate.constants_doc import NO_SOURCE, profile_constants, render, schema_defaults
 from simulator.profile import available_profiles, load_profile
 
@@ -49,3 +51,21 @@ def test_defaults_the_model_reads_are_listed():
     d = dict(schema_defaults("h100-sxm-80gb"))
     assert d["compute.host_launch_forward_us"] == 0.0 and "compute.overlap_slowdown" not in d
     assert "`compute.host_launch_forward_us` 0" in DOC.read_text()
+
+
+def test_old_profile_files_still_load():
+    # Profiles written before the cleanup (all six class curves, overlap_slowdown) load unchanged,
+    # and their extra curves still time ops of those classes.
+    import json
+
+    import numpy as np
+
+    from simulator.profile import CALIBRATION_DIR, Profile
+
+    d = json.loads((CALIBRATION_DIR / "h100-sxm-80gb.json").read_text())
+    d["compute"]["overlap_slowdown"] = 1.0
+    d["compute"]["classes"]["elementwise"] = {"peak_efficiency": 0.5, "half_efficiency_flops": 1e9, "bandwidth_efficiency": 0.5,
+                                              "overhead_us": 1.0}
+    p = Profile.model_validate(d)
+    t = p.compute_time_s(np.array(["elementwise"]), np.array([0.0]), np.array([1e9]))[0]
+    assert t == pytest.approx(1e9 / (3350e9 * 0.5) + 1e-6)
