@@ -78,7 +78,8 @@ def test_launch_floor_dominates_small_models():
         return floor * len(ops) / op_durations_s(p, ops, sc).sum()
 
     small, large = floor_share(32, 1), floor_share(1024, 4)
-    assert small > 0.1 and large < 0.03 and small > 10 * large
+    # The floor is the measured 7 us (Kineto, A100; was an assumed 3 us): ~3% of a GPT-2 Large b4 layer.
+    assert small > 0.1 and large < 0.05 and small > 10 * large
 
 
 def test_hf_eager_gpt2_layer_matches_hf_ops():
