@@ -15,6 +15,8 @@ The file is streamed (jsonstream) and kept as compact arrays, never as a list of
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import re
 import warnings
@@ -646,9 +648,30 @@ def _merge(primary: _Coll | None, fallback: _Coll | None) -> _Coll | None:
 # import
 # ---------------------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause the cyclic garbage collector while a trace is parsed: the parse allocates millions of
+    dicts and lists (orjson/json objects, column arrays) that hold no reference cycles, so every
+    collection it triggers scans them for nothing. Measured on the HTA A100 rank trace (25.8 MB of
+    JSON, 108k events): import 1.1-1.4 s CPU with the collector on, 0.6-0.7 s paused. Reference
+    counting still frees each event as soon as it is dropped; the collector's previous state is
+    restored, so a caller that had it off keeps it off."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def import_kineto(path: str | Path, rank: int | None = None) -> KinetoTrace:
     """Read one Kineto trace (.json or .json.gz). Raises UserError on input that is not one."""
-    path = Path(path)
+    with _gc_paused():
+        return _import_kineto(Path(path), rank)
+
+
+def _import_kineto(path: Path, rank: int | None) -> KinetoTrace:
     col = _Collector()
     top, n_events = stream_trace(path, col.on_event)
     if K.TRACE_EVENTS not in top:
