@@ -335,6 +335,7 @@ class _Collector:
         self.g_ext = array("q")
         self.g_corr = array("q")
         self.g_coll_args: dict[int, dict] = {}
+        self.g_grid: dict[int, int] = {}  # row -> CTAs launched, NCCL kernels only
         # launches (cuda_runtime / cuda_driver)
         self.r_corr = array("q")
         self.r_thread = array("l")
@@ -512,7 +513,15 @@ class _Collector:
         self.g_corr.append(corr)
         if K.ARG_COLL_NAME in args:
             self.g_coll_args[i] = {k: args[k] for k in _COLL_ARG_KEYS if k in args}
+        if name.startswith(_NCCL_KERNEL_PREFIXES):
+            grid = args.get(K.ARG_GRID)
+            if isinstance(grid, list) and grid and all(type(g) is int and 0 < g < 2**31 for g in grid):
+                blocks = math.prod(grid)
+                if blocks < 2**31:
+                    self.g_grid[i] = blocks
 
+
+_NCCL_KERNEL_PREFIXES = ("ncclKernel", "ncclDevKernel", "void ncclKernel", "void ncclDevKernel")
 
 _COLL_ARG_KEYS = (
     K.ARG_COLL_NAME, K.ARG_COLL_DTYPE, K.ARG_IN_NELEMS, K.ARG_OUT_NELEMS, K.ARG_GROUP_SIZE,
@@ -1024,6 +1033,10 @@ def _gpu_rows(col: _Collector, default_group: int | None, warn: list[str], path:
         "correlation": g_corr,
     }
     out.update(_coll_columns(colls, n, g_ts, out["stream"]))
+    grid = [pd.NA] * n
+    for r, b in col.g_grid.items():
+        grid[r] = b
+    out["grid_blocks"] = pd.array(grid, dtype="Int32")
     out["_unknown_colls"] = unknown
     return out
 
