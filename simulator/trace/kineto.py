@@ -393,6 +393,12 @@ class _Collector:
         return code
 
     def _thread(self, pid, tid) -> int:
+        if type(pid) is int and type(tid) is int:
+            # Fast path (every event has a thread): a key seen before was stored as these very
+            # ints; an int beyond 64 bits was stored as text and misses here, as it must.
+            code = self.thread_codes.get((pid, tid))
+            if code is not None:
+                return code
         # Ids become int64 columns: anything that is not a 64-bit integer is kept as text.
         pid, tid = (v if isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63 else str(v) for v in (pid, tid))
         key = (pid, tid)
