@@ -16,6 +16,8 @@ Only what can be a like-for-like comparison counts:
   are other convolutions under the same name;
 - the alone launches agree (interquartile range within ``MAX_ALONE_SPREAD`` of the median), so
   the signature is one piece of work;
+- the kernel fills the GPU (launches at least as many CTAs as it has SMs, where the trace records
+  the grid): a smaller one runs beside NCCL's CTAs on free SMs, outside the SM-share law;
 - the kernel runs at least ``MIN_KERNEL_US``: Kineto writes ts/dur in whole microseconds in
   older traces (the HTA ones), so a 3 µs kernel that reads 4 µs is a rounding step, not +33%.
 
@@ -64,7 +66,7 @@ def _coverage(comp: pd.DataFrame, comm: pd.DataFrame) -> tuple[np.ndarray, np.nd
 def measure_overlap(tables: list[pd.DataFrame], sm_count: int | None) -> dict[str, OverlapFit]:
     """Per compute class, the measured slowdown of kernels that NCCL kernels overlap (see the
     module doc). Classes with no usable signature are absent."""
-    per_sig = []  # (class, ratio, overlapped launches, CTAs median)
+    parts = []
     for ops in tables:
         if ops is None or not len(ops) or "category" not in ops:
             continue
@@ -72,23 +74,37 @@ def measure_overlap(tables: list[pd.DataFrame], sm_count: int | None) -> dict[st
         for (_, _), r in k.groupby(["rank", "device"], sort=True, observed=True):
             comm = r[r["op_class"] == "communication"]
             comp = r[r["op_class"].isin(COMPUTE_CLASSES) & r["shapes_known"].astype(bool) & (r["dur_us"] > 0)]
+            if sm_count:
+                # The SM-share law is about kernels that fill the GPU: one with fewer CTAs than SMs
+                # runs beside NCCL's CTAs on the SMs it leaves free (and its trace says nothing of
+                # contention). Without a grid in the trace a kernel is kept.
+                grid = comp["grid_blocks"].astype("Float64").fillna(np.inf).to_numpy(float) if "grid_blocks" in comp \
+                    else np.full(len(comp), np.inf)
+                comp = comp[grid >= sm_count]
             if comm.empty or comp.empty:
                 continue
             cov, ctas = _coverage(comp, comm)
-            df = pd.DataFrame({"key": comp["name"].astype(str).to_numpy() + "|" + comp["op_sig"].astype(str).to_numpy(),
-                               "cls": comp["op_class"].astype(str).to_numpy(), "t": comp["dur_us"].to_numpy(float),
-                               "cov": cov, "ctas": ctas})
-            for _, g in df.groupby("key", sort=False):
-                over = g[g["cov"] >= COVERED]
-                alone = g.loc[g["cov"] == 0.0, "t"]
-                if len(over) < MIN_PER_SIDE or len(alone) < MIN_PER_SIDE:
-                    continue
-                med = float(alone.median())
-                if med < MIN_KERNEL_US:
-                    continue
-                if float(alone.quantile(0.75) - alone.quantile(0.25)) > MAX_ALONE_SPREAD * med:
-                    continue
-                per_sig.append((g["cls"].iloc[0], float(over["t"].median()) / med, len(over), float(over["ctas"].median())))
+            parts.append(pd.DataFrame({"key": comp["name"].astype(str).to_numpy() + "|" + comp["op_sig"].astype(str).to_numpy(),
+                                       "cls": comp["op_class"].astype(str).to_numpy(), "t": comp["dur_us"].to_numpy(float),
+                                       "cov": cov, "ctas": ctas}))
+    per_sig = []  # (class, ratio, overlapped launches, CTAs median)
+    if parts:
+        # One signature is one piece of work wherever it ran: its launches on every rank pool.
+        df = pd.concat(parts, ignore_index=True)
+        df["over"] = df["cov"] >= COVERED
+        df["alone"] = df["cov"] == 0.0
+        # Only signatures seen often enough both ways are compared (few; the rest cost nothing).
+        n = df.groupby("key", sort=False)[["over", "alone"]].sum()
+        keep = n.index[(n["over"] >= MIN_PER_SIDE) & (n["alone"] >= MIN_PER_SIDE)]
+        for _, g in df[df["key"].isin(keep)].groupby("key", sort=False):
+            over = g[g["over"]]
+            alone = g.loc[g["alone"], "t"]
+            med = float(alone.median())
+            if med < MIN_KERNEL_US:
+                continue
+            if float(alone.quantile(0.75) - alone.quantile(0.25)) > MAX_ALONE_SPREAD * med:
+                continue
+            per_sig.append((g["cls"].iloc[0], float(over["t"].median()) / med, len(over), float(over["ctas"].median())))
     out: dict[str, OverlapFit] = {}
     for cls in COMPUTE_CLASSES:
         rows = [p for p in per_sig if p[0] == cls]

@@ -335,7 +335,7 @@ class _Collector:
         self.g_ext = array("q")
         self.g_corr = array("q")
         self.g_coll_args: dict[int, dict] = {}
-        self.g_grid: dict[int, int] = {}  # row -> CTAs launched, NCCL kernels only
+        self.g_grid: dict[int, int] = {}  # row -> CTAs launched (kernels whose args carry a grid)
         # launches (cuda_runtime / cuda_driver)
         self.r_corr = array("q")
         self.r_thread = array("l")
@@ -519,15 +519,14 @@ class _Collector:
         self.g_corr.append(corr)
         if K.ARG_COLL_NAME in args:
             self.g_coll_args[i] = {k: args[k] for k in _COLL_ARG_KEYS if k in args}
-        if name.startswith(_NCCL_KERNEL_PREFIXES):
-            grid = args.get(K.ARG_GRID)
-            if isinstance(grid, list) and grid and all(type(g) is int and 0 < g < 2**31 for g in grid):
-                blocks = math.prod(grid)
+        grid = args.get(K.ARG_GRID)
+        if type(grid) is list and len(grid) == 3:
+            x, y, z = grid
+            if type(x) is int and type(y) is int and type(z) is int and x > 0 and y > 0 and z > 0:
+                blocks = x * y * z
                 if blocks < 2**31:
                     self.g_grid[i] = blocks
 
-
-_NCCL_KERNEL_PREFIXES = ("ncclKernel", "ncclDevKernel", "void ncclKernel", "void ncclDevKernel")
 
 _COLL_ARG_KEYS = (
     K.ARG_COLL_NAME, K.ARG_COLL_DTYPE, K.ARG_IN_NELEMS, K.ARG_OUT_NELEMS, K.ARG_GROUP_SIZE,
