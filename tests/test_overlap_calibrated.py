@@ -142,3 +142,25 @@ def test_profile_field_round_trips():
     p2 = prof.model_copy(update={"compute": prof.compute.model_copy(update={"overlap_fits": {"gemm": f}})})
     back = type(prof).model_validate_json(p2.model_dump_json())
     assert back.compute.overlap_fits["gemm"] == f
+
+
+def test_calibrate_reports_the_measurement(tmp_path):
+    """`calibrate` on the sampled pair: the figure lands in the profile with its counts, and one
+    readable note says it is reported, not used."""
+    import shutil
+
+    from simulator.calibrate.fit import calibrate
+    from simulator.calibrate.physics import Notes
+
+    for r in (0, 1):
+        d = tmp_path / f"rank_{r}"
+        d.mkdir()
+        shutil.copy(KINETO / f"hta_sampled_rank{r}of128.json.gz", d / "trace.json.gz")
+    notes = Notes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = calibrate([tmp_path], "sampled", base="a100-sxm-80gb", notes=notes)
+    g = prof.compute.overlap_fits["gemm"]
+    assert (g.signatures, g.overlapped_kernels, g.sm_count, g.confident) == (3, 10, 108, False)
+    assert any(ln.startswith("overlap: gemm kernels under NCCL kernels run x0.987") for ln in notes.lines)
+    assert any(i.field == "compute.overlap_fits.gemm" for i in prof.provenance.items)
