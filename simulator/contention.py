@@ -40,3 +40,29 @@ def compute_slowdown(sm_count: int | None, sms_taken: int) -> float:
         return 1.0
     # NCCL never gets every SM: keep at least one for compute (a bound, not a fitted number).
     return sm_count / max(1, sm_count - sms_taken)
+
+
+# --- calibrated input (issue 15 item 2: "calibrate it where traces show overlap") -------------
+# simulator.calibrate.overlap measures, per compute class, how much slower kernels run under NCCL
+# kernels than the same signature alone (profile compute.overlap_fits). The SM-share model above
+# stays the law; a confident GEMM measurement scales its excess: the measured excess over the
+# excess the model predicts for the CTAs the trace's NCCL kernels launched.
+
+
+def measured_excess_scale(overlap_fits, sm_count: int | None) -> float:
+    """Scale on the SM-share model's excess (``compute_slowdown - 1``) from a confident measured
+    GEMM figure (an object with ``slowdown``, ``nccl_ctas``, ``confident``); 1.0 without one.
+    Compute-bound GEMMs are what the SM-share model describes, and they dominate overlapped time."""
+    fit = (overlap_fits or {}).get("gemm")
+    if fit is None or not fit.confident or not fit.nccl_ctas or not sm_count:
+        return 1.0
+    model_excess = compute_slowdown(sm_count, int(round(fit.nccl_ctas))) - 1.0
+    if model_excess <= 0:
+        return 1.0
+    # No negative excess: overlapped kernels measured faster than alone are noise, not a speed-up.
+    return max(0.0, fit.slowdown - 1.0) / model_excess
+
+
+def scaled_slowdown(slowdown: float, excess_scale: float) -> float:
+    """The SM-share factor with its excess scaled by a measured ``excess_scale``."""
+    return 1.0 + excess_scale * (slowdown - 1.0)

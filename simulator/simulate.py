@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
 
+from simulator.contention import measured_excess_scale
 from simulator.profile import Profile, load_profile
 from simulator.engine.core import Engine, Mode, Timeline
 from simulator.errors import UserError
@@ -95,7 +96,8 @@ def simulate_step(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str]
         progress(f"simulating {sc.name}{' ' + what if what else ''}: {sc.model.name} on {sc.cluster.gpus} x "
                  f"{sc.cluster.gpu_name}, {Path(sc.schedule_file).name if sc.schedule_file else sched.name} with "
                  f"{plural(sched.num_microbatches, 'microbatch')} ({mode} mode)")
-    engine = Engine(prog, net, mode=mode, plan=plan, sm_count=profile.compute.sm_count)
+    engine = Engine(prog, net, mode=mode, plan=plan, sm_count=profile.compute.sm_count,
+                    contention_scale=measured_excess_scale(profile.compute.overlap_fits, profile.compute.sm_count))
     if wait_log is not None:
         engine.wait_log = wait_log
     tl = engine.run()

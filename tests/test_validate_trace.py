@@ -46,9 +46,13 @@ def test_self_consistency_on_gpt2_large(gpu):
     assert set(r["exposed_comm"]) == {"tp", "cp", "ep", "pp", "dp"}
 
 
-# A100 OPT-1.3B batch 2: NeuSight's e2e (3,189 ms) is 19% above the sum of its own per-op
-# measurements (2,683 ms), while batch 1 matches its sum within 2%; an op-level model cannot follow.
-_MISSES = {("a100", "opt_13-train-2048-2"): "measured e2e 19% above the sum of the table's own ops; predicted -17%"}
+# A100 OPT-1.3B batch 2: NeuSight's measured forward (1,335 ms) is 1.48x the sum of its own
+# forward op measurements (904 ms) and 2.95x batch 1's forward (452 ms), while its backward
+# (1,854 ms) is 1.035x its ops and 2.02x batch 1's; every other run's forward is 0.74-1.02x its
+# ops except two other A100 runs (GPT-2 Large b1 1.37x, GPT-3 2.7B 1.61x). An op-level model
+# predicts -19.6%; against the per-op-consistent step (904 + 1,854 = 2,758 ms) it is -7.0%.
+_MISSES = {("a100", "opt_13-train-2048-2"): "measured forward 1.48x the sum of the table's own forward ops (backward "
+                                            "1.035x): predicted -19.6%, -7.0% against forward ops + measured backward"}
 
 
 @pytest.mark.parametrize("gpu", list(GPUS))
@@ -72,11 +76,15 @@ DIST = [
     ("h100", "gpt2_large-train-1024-16-tp4", 729.7, 0.131), ("h100", "gpt2_large-train-1024-16-pp4_1", 2384.0, 0.107),
     ("h100", "gpt3_xl-train-2048-4-tp4", 1010.5, 0.037), ("h100", "gpt3_xl-train-2048-4-pp4_1", 3554.4, 0.046),
 ]
+# The shipped sources name NeuSight's A100s PCIe parts (the single-GPU labels) and say nothing of
+# the 4-GPU A100 box; simulated over PCIe Gen4 as they say, the TP row cannot fit: 144 fp32
+# all-reduces of 21 MB need 143.8 ms at PCIe's 31.5 GB/s peak beside >= 408.9 ms of compute (a
+# quarter of the measured single-GPU batch-4 step), 552.7 ms > 484.9 measured. With 300 GB/s NVLink
+# links (dgx-a100-fattree) the A100 rows come out TP -3.7%, DP -4.2%, PP -1.9%.
 _DIST_MISSES = {
-    ("a100", "gpt2_large-train-1024-4-tp4"): "PCIe Gen4 between the A100s gives +33%: 144 fp32 all-reduces of 21 MB "
-                                             "cannot fit the measured step over PCIe (the box must have had NVLink)",
-    ("h100", "gpt2_large-train-1024-4-pp4_1"): "+2.04% against NeuSight's 2.0% (the single-GPU step is +1.8%)",
-    ("h100", "gpt2_large-train-1024-16-dp4"): "+1.5% against NeuSight's 1.2%",
+    ("a100", "gpt2_large-train-1024-4-tp4"): "+39.4% over PCIe Gen4, as the sources describe the A100s: the TP "
+                                             "all-reduces alone need 143.8 ms at PCIe's peak, compute >= 408.9 ms, "
+                                             "552.7 ms > 484.9 ms measured (with NVLink: -3.7%)",
 }
 
 

@@ -24,6 +24,7 @@ import pandas as pd
 
 from simulator.calibrate.comm_fit import collectives_from_ops, fit_collectives, large_message_busbw
 from simulator.calibrate.compute_fit import ClassFit, fit_compute
+from simulator.calibrate.overlap import measure_overlap, overlap_lines
 from simulator.calibrate.physics import FEW_SAMPLES, Notes, check_collective, check_compute, identify_gpu
 from simulator.profile import (
     OP_CLASSES,
@@ -545,7 +546,18 @@ def calibrate(
     if cores:
         items.append(ProvenanceItem(field="compute.host_cores", value=cores,
                                     source="--host-cores" if host_cores else "cores of this machine, where the bundles were captured (os.cpu_count)"))
-    compute = ComputeModel(peak_tflops=peak, hbm_GBps=hbm, classes=classes, overlap_slowdown=overlap, host_cores=cores)
+    # Per-class slowdown of compute kernels under NCCL kernels, like-for-like signatures only.
+    sms = next((int(d["numSms"]) for d in src.device_props if isinstance(d.get("numSms"), int) and d["numSms"] > 0),
+               base_profile.compute.sm_count if base_profile is not None else None)
+    overlap_fits = measure_overlap(src.traces, sms)
+    for line in overlap_lines(overlap_fits):
+        notes.add(line)
+    for cls, f in overlap_fits.items():
+        items.append(ProvenanceItem(field=f"compute.overlap_fits.{cls}", value=round(f.slowdown, 4),
+                                    source=f"{f.overlapped_kernels} kernels of {f.signatures} signatures timed under NCCL kernels "
+                                           f"and alone ({'confident' if f.confident else 'low confidence: reported, not used'})"))
+    compute = ComputeModel(peak_tflops=peak, hbm_GBps=hbm, classes=classes, overlap_slowdown=overlap, host_cores=cores,
+                           overlap_fits=overlap_fits)
 
     # --- communication ---
     comm_samples = pd.concat(src.comm, ignore_index=True) if src.comm else pd.DataFrame(columns=["collective", "group_size", "tier", "size_bytes", "time_us"])

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import typer
 
+from simulator.contention import measured_excess_scale
 from simulator.profile import OP_CLASSES, OpClassModel, Profile, load_profile
 from simulator.errors import UserError
 from simulator.vocabulary import COMM_STREAMS, Stream
@@ -123,7 +124,8 @@ def simulate_bundle_scenario(sc, profile: Profile):
     sched = resolve_schedule(sc)
     prog = build_program(sc, profile, sched)
     net = FittedNetwork(make_network(sc, topo, profile), profile.comm, topo.node.gpus_per_node)
-    tl = Engine(prog, net, mode="reduced", sm_count=profile.compute.sm_count).run()
+    tl = Engine(prog, net, mode="reduced", sm_count=profile.compute.sm_count,
+                contention_scale=measured_excess_scale(profile.compute.overlap_fits, profile.compute.sm_count)).run()
     return prog, sched, tl
 
 

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from simulator.contention import P2P_CTAS, collective_ctas, compute_slowdown
+from simulator.contention import P2P_CTAS, collective_ctas, compute_slowdown, scaled_slowdown
 from simulator.errors import SimulationStalled
 from simulator.network.base import CollectiveRequest, Network
 from simulator.vocabulary import GROUP_DIMS, REPORT_DIMS, RECV_STREAM_OF, CollectiveOp, Dim, Stream, bus_factor
@@ -83,10 +83,13 @@ class _Rendezvous:
 
 class Engine:
     def __init__(self, program: Program, network: Network, mode: Mode = "reduced", plan: Plan | None = None,
-                 sm_count: int | None = None):
+                 sm_count: int | None = None, contention_scale: float = 1.0):
         """``sm_count``: the GPU's SMs; given, compute that overlaps in-flight communication
-        kernels slows down by the SMs they hold (``simulator.contention``); None: no contention."""
+        kernels slows down by the SMs they hold (``simulator.contention``); None: no contention.
+        ``contention_scale``: scale on that slowdown's excess measured from traces
+        (``simulator.contention.measured_excess_scale``); 1.0: the SM-share model as it is."""
         self.sm_count = sm_count
+        self.contention_scale = contention_scale
         self.prog = program
         self.plan = plan if plan is not None else build_plan(program)
         self.net = network
@@ -375,7 +378,8 @@ class Engine:
                     ci += 1
                 if self.sms_taken[rank] and self.sm_count:
                     # Overlapped with communication kernels: fewer SMs for this segment.
-                    slowed = seconds * compute_slowdown(self.sm_count, self.sms_taken[rank])
+                    slowed = seconds * scaled_slowdown(compute_slowdown(self.sm_count, self.sms_taken[rank]),
+                                                       self.contention_scale)
                     self.contention[rank] += slowed - seconds
                     seconds = slowed
                 yield env.timeout(seconds)

@@ -82,6 +82,23 @@ class KernelModel(BaseModel):
     fit_source: str | None = Field(None, description="What the constants were fitted on.")
 
 
+class OverlapFit(BaseModel):
+    """Measured from traces (simulator.calibrate.overlap): compute kernels of one class that NCCL
+    kernels on another stream overlap, against the same kernel signature (name + input shapes) alone."""
+
+    model_config = _STRICT
+
+    slowdown: float = Field(gt=0, description="Median (weighted by overlapped launches) of the signatures' overlapped/alone time.")
+    signatures: int = Field(ge=1, description="Kernel signatures seen both overlapped and alone.")
+    overlapped_kernels: int = Field(ge=1, description="Overlapped launches behind the figure.")
+    ratio_min: float = Field(gt=0, description="Smallest per-signature ratio.")
+    ratio_max: float = Field(gt=0, description="Largest per-signature ratio.")
+    nccl_ctas: float | None = Field(None, gt=0, description="Median CTAs (one SM each) of the overlapping NCCL kernels.")
+    sm_count: int | None = Field(None, ge=1, description="SMs of the traced GPU.")
+    sm_share_slowdown: float | None = Field(None, ge=1, description="What the SM-share model predicts: sm_count / (sm_count - nccl_ctas).")
+    confident: bool = Field(description="Enough signatures and launches for the simulator to use it.")
+
+
 class ComputeModel(BaseModel):
     model_config = _STRICT
 
@@ -101,6 +118,9 @@ class ComputeModel(BaseModel):
     # Compute kernels slow down while communication kernels share the SMs and HBM. Calibration
     # measures and carries it; no simulation path reads it yet, so spec profiles leave it out.
     overlap_slowdown: float = Field(1.0, ge=1.0, description="Factor on compute time while communication overlaps it.")
+    # Added by calibration from traces where NCCL kernels overlap compute (simulator.calibrate.overlap);
+    # a confident GEMM figure scales the SM-share contention model (simulator.contention.measured_excess_scale).
+    overlap_fits: dict[str, OverlapFit] = Field(default_factory=dict, description="Measured overlap slowdown per compute class.")
     # Added by calibration: time per modelled kernel that the device's host spends outside the
     # measured ops (framework dispatch, Python, autograd and hook bookkeeping). On a GPU the host
     # runs ahead of the device and this stays 0; when the "device" is a CPU rank, that time is on

@@ -42,7 +42,7 @@ from simulator.schedules.base import PipelineSchedule
 from simulator.topology import load_topology
 from simulator.topology.placement import Mesh
 from simulator.workload.memory import memory_report
-from simulator.contention import collective_ctas, compute_slowdown
+from simulator.contention import collective_ctas, compute_slowdown, measured_excess_scale, scaled_slowdown
 from simulator.schedules.base import Action
 from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim
 from simulator.workload.plan import (
@@ -55,6 +55,12 @@ from simulator.workload.program import Program, build_program, split_layers
 KINDS = ("F", "B", "I", "W")
 # Cost ratios are quantised so that one replay serves many points (error well under 1%).
 RATIO_STEP = 0.1
+
+
+def _contention_scale(prof) -> float:
+    """The engine's contention scale (simulator.contention.measured_excess_scale), so the
+    estimate and the engine slow overlapped compute alike."""
+    return measured_excess_scale(prof.compute.overlap_fits, prof.compute.sm_count)
 
 
 @dataclass
@@ -373,7 +379,7 @@ class Estimator:
                         lc = replayed.get(rkey)
                         if lc is None:
                             lc = replayed[rkey] = linear_replay(self._action_instrs(prog, pos, k, blocking=blocking), coll,
-                                                            prof.compute.sm_count)
+                                                            prof.compute.sm_count, _contention_scale(prof))
                         costs[k][pos] = lc.end_s
                         for d, v in lc.exposed_s.items():
                             if v:
@@ -401,7 +407,8 @@ class Estimator:
                     # While the gather runs, the compute behind it runs slowed by the SMs the
                     # gather's kernel holds (simulator.contention): in time ag it does ag / f of
                     # work; the unit then waits for whatever of the gather is left.
-                    f_c = compute_slowdown(prof.compute.sm_count, collective_ctas(CollectiveOp.ALL_GATHER))
+                    f_c = scaled_slowdown(compute_slowdown(prof.compute.sm_count, collective_ctas(CollectiveOp.ALL_GATHER)),
+                                          _contention_scale(prof))
                     extra = np.where(behind >= ag / f_c, ag * (1 - 1 / f_c), ag - behind)
                     extra = np.maximum(extra, 0.0)
                     wait = np.maximum(0.0, ag - behind * f_c)
@@ -522,7 +529,7 @@ class Estimator:
                             gb.split(float(tab.grad_bytes[lo:hi].sum()), float(tab.expert_grad_bytes[lo:hi].sum()), "grads")
                     gb.join()
                     # What the buckets add: their exposed wait and the compute their kernels slow.
-                    lc = linear_replay(out, coll, prof.compute.sm_count)
+                    lc = linear_replay(out, coll, prof.compute.sm_count, _contention_scale(prof))
                     tail = self._tails[tkey] = max(0.0, lc.end_s - bare_s)
                 end_dp = max(end_dp, tail)
         exposed["dp"] = exposed.get("dp", 0.0) + start_s + end_dp

@@ -15,6 +15,8 @@ The file is streamed (jsonstream) and kept as compact arrays, never as a list of
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import re
 import warnings
@@ -333,6 +335,7 @@ class _Collector:
         self.g_ext = array("q")
         self.g_corr = array("q")
         self.g_coll_args: dict[int, dict] = {}
+        self.g_grid: dict[int, int] = {}  # row -> CTAs launched (kernels whose args carry a grid)
         # launches (cuda_runtime / cuda_driver)
         self.r_corr = array("q")
         self.r_thread = array("l")
@@ -390,6 +393,12 @@ class _Collector:
         return code
 
     def _thread(self, pid, tid) -> int:
+        if type(pid) is int and type(tid) is int:
+            # Fast path (every event has a thread): a key seen before was stored as these very
+            # ints; an int beyond 64 bits was stored as text and misses here, as it must.
+            code = self.thread_codes.get((pid, tid))
+            if code is not None:
+                return code
         # Ids become int64 columns: anything that is not a 64-bit integer is kept as text.
         pid, tid = (v if isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63 else str(v) for v in (pid, tid))
         key = (pid, tid)
@@ -510,6 +519,13 @@ class _Collector:
         self.g_corr.append(corr)
         if K.ARG_COLL_NAME in args:
             self.g_coll_args[i] = {k: args[k] for k in _COLL_ARG_KEYS if k in args}
+        grid = args.get(K.ARG_GRID)
+        if type(grid) is list and len(grid) == 3:
+            x, y, z = grid
+            if type(x) is int and type(y) is int and type(z) is int and x > 0 and y > 0 and z > 0:
+                blocks = x * y * z
+                if blocks < 2**31:
+                    self.g_grid[i] = blocks
 
 
 _COLL_ARG_KEYS = (
@@ -646,9 +662,30 @@ def _merge(primary: _Coll | None, fallback: _Coll | None) -> _Coll | None:
 # import
 # ---------------------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause the cyclic garbage collector while a trace is parsed: the parse allocates millions of
+    dicts and lists (orjson/json objects, column arrays) that hold no reference cycles, so every
+    collection it triggers scans them for nothing. Measured on the HTA A100 rank trace (25.8 MB of
+    JSON, 108k events): import 1.1-1.4 s CPU with the collector on, 0.6-0.7 s paused. Reference
+    counting still frees each event as soon as it is dropped; the collector's previous state is
+    restored, so a caller that had it off keeps it off."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def import_kineto(path: str | Path, rank: int | None = None) -> KinetoTrace:
     """Read one Kineto trace (.json or .json.gz). Raises UserError on input that is not one."""
-    path = Path(path)
+    with _gc_paused():
+        return _import_kineto(Path(path), rank)
+
+
+def _import_kineto(path: Path, rank: int | None) -> KinetoTrace:
     col = _Collector()
     top, n_events = stream_trace(path, col.on_event)
     if K.TRACE_EVENTS not in top:
@@ -1001,6 +1038,10 @@ def _gpu_rows(col: _Collector, default_group: int | None, warn: list[str], path:
         "correlation": g_corr,
     }
     out.update(_coll_columns(colls, n, g_ts, out["stream"]))
+    grid = [pd.NA] * n
+    for r, b in col.g_grid.items():
+        grid[r] = b
+    out["grid_blocks"] = pd.array(grid, dtype="Int32")
     out["_unknown_colls"] = unknown
     return out
 

@@ -58,6 +58,8 @@ ARG_EXTERNAL_ID = "External id"
 ARG_CORRELATION = "correlation"
 ARG_STREAM = "stream"
 ARG_DEVICE = "device"
+# Kernel launch grid [x, y, z] (Kineto CUPTI kernel args): an NCCL kernel launches one CTA per channel.
+ARG_GRID = "grid"
 ARG_INPUT_DIMS = "Input Dims"
 ARG_INPUT_TYPE = "Input type"
 ARG_FLOPS = "flops"

@@ -54,6 +54,10 @@ OPTABLE_COLUMNS: dict[str, str] = {
     "transfer_source": "category",  # "instance" (all members found) or "envelope"
     "external_id": "int64",
     "correlation": "int64",
+    # CTAs the kernel launched (product of Kineto's args.grid; <NA> where the trace has none): an
+    # NCCL kernel runs one CTA per channel, each resident on one SM while it runs (contention), and
+    # a compute kernel with fewer CTAs than SMs leaves SMs free for it.
+    "grid_blocks": "Int32",
 }
 OPTABLE_COLUMN_NAMES = tuple(OPTABLE_COLUMNS)
 

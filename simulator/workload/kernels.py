@@ -43,6 +43,11 @@ class Kernel:
     # Fused attention (kind "flash"): batch = sequences x heads, m = query rows, n = keys, k = head dim.
     causal: bool = False
     backward: bool = False
+    # Memory-bound kernels that stream slower than a pointwise pass over the same bytes, measured
+    # apart (NeuSight, HF GPT-2 Large/GPT-3 XL, H100 and A100 alike: softmax backward at 0.72-0.77x
+    # and dropout backward at 0.48x the rate of the class's forward kernels): their efficiency is
+    # looked up as "class:variant" in KernelModel.mem_efficiency, else the class's.
+    variant: str = ""
 
 
 def numel(shape) -> int:
@@ -81,8 +86,8 @@ def adam_kernels(params: float, tensors: int, bytes_per_param: float) -> list[Ke
     return [mem_kernel("optimizer", params * bytes_per_param / n, 10.0 * params / n) for _ in range(n)]
 
 
-def mem_kernel(op_class: str, bytes_: float, flops: float = 0.0, param_numel: float = 0.0) -> Kernel:
-    return Kernel("mem", op_class, bytes=float(bytes_), flops=float(flops), param_numel=param_numel)
+def mem_kernel(op_class: str, bytes_: float, flops: float = 0.0, param_numel: float = 0.0, variant: str = "") -> Kernel:
+    return Kernel("mem", op_class, bytes=float(bytes_), flops=float(flops), param_numel=param_numel, variant=variant)
 
 
 # Ops that launch no kernel: views, shape queries, Python scalars.
@@ -131,7 +136,7 @@ def op_kernels(op_type: str, op_class: str, in_shapes: list, out_shape, dt: int,
                                                                 param_numel=rows * h)]
         return fw, bw
     if op_type in SOFTMAX_OPS:
-        return [mem_kernel(op_class, 2 * out * dt, 5.0 * out)], [mem_kernel(op_class, 3 * out * dt, 3.0 * out)]
+        return [mem_kernel(op_class, 2 * out * dt, 5.0 * out)], [mem_kernel(op_class, 3 * out * dt, 3.0 * out, variant="softmax_bw")]
     if op_type in LOSS_OPS:
         n = numel(in_shapes[0]) if in_shapes else out
         # Log-softmax and NLL forward; their backward (softmax minus one-hot) in one pass each.
@@ -141,7 +146,8 @@ def op_kernels(op_type: str, op_class: str, in_shapes: list, out_shape, dt: int,
         if not training:
             return [], []
         # Bernoulli mask (1 byte) and scaled output; backward: G x mask x scale.
-        return [mem_kernel(op_class, out * (2 * dt + 1), 2.0 * out)], [mem_kernel(op_class, out * (2 * dt + 1), 2.0 * out)]
+        return ([mem_kernel(op_class, out * (2 * dt + 1), 2.0 * out)],
+                [mem_kernel(op_class, out * (2 * dt + 1), 2.0 * out, variant="dropout_bw")])
     # Elementwise and everything else: read the tensor inputs, write the output.
     read = sum(numel(s) for s in tensors)
     fw = [mem_kernel(op_class, (read + out) * dt, float(out))]

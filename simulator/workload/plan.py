@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.contention import collective_ctas, compute_slowdown
+from simulator.contention import collective_ctas, compute_slowdown, scaled_slowdown
 from simulator.schedules.base import Action, PipelineSchedule, required_inputs
 from simulator.topology.placement import Mesh
 from simulator.vocabulary import CollectiveOp, Dim, Stream
@@ -275,7 +275,7 @@ class LinearCost:
     exposed_s: dict[Dim, float]  # by base dimension
 
 
-def linear_replay(instrs, coll_time, sm_count: int | None = None) -> LinearCost:
+def linear_replay(instrs, coll_time, sm_count: int | None = None, contention_scale: float = 1.0) -> LinearCost:
     """Replay one rank's instructions alone: what the engine does with inputs always ready.
 
     ``coll_time(dim, op, size_bytes)`` prices a collective (the network's isolated time). Streams
@@ -296,7 +296,7 @@ def linear_replay(instrs, coll_time, sm_count: int | None = None) -> LinearCost:
                 running = [r for r in running if r[1] > now]
                 taken = sum(c for st, _, c in running if st <= now)
                 if taken:
-                    sec *= compute_slowdown(sm_count, taken)
+                    sec *= scaled_slowdown(compute_slowdown(sm_count, taken), contention_scale)
             now += sec
             busy += sec
         elif t is Collective:
