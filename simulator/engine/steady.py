@@ -230,7 +230,7 @@ def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dic
         for j in range(1, VERIFY_PERIODS):
             other = window(df, j).sort_values(["rank", "start_s", "end_s"], kind="stable")
             if len(other) != len(ref) or not (other["rank"].to_numpy() == ref["rank"].to_numpy()).all():
-                import pandas as _p; print(_p.concat([other.groupby(["rank","stream","kind"]).size(), ref.groupby(["rank","stream","kind"]).size()],axis=1)); print(window(df,2).groupby(["rank","stream","kind"]).size()); return None
+                return None
             if not _close(other[["start_s", "end_s"]].to_numpy() + j * period, ref[["start_s", "end_s"]].to_numpy(), tol):
                 return None
             col = "stream" if is_ev else "cause"
