@@ -25,6 +25,7 @@ The event loop stays the source of truth: nothing here computes a duration.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -39,7 +40,7 @@ from simulator.schedules.base import Action, PipelineSchedule
 # and rows), so 2 means two identical consecutive periods.
 VERIFY_PERIODS = 2
 # Steady microbatches before the observed periods, for the pipeline to settle after its
-# warm-up (at least one period); the verification decides whether it did.
+# warm-up, where a period is shorter; the verification decides whether it did settle.
 SETTLE_MICROBATCHES = 4
 # Relative tolerance (of the step time) for "the same time" in the verification: float rounding
 # of sums of a few thousand durations is ~1e-13 of the step, a real difference is far larger.
@@ -83,7 +84,7 @@ def find_cut(full: PipelineSchedule, m_short: int, q: int, short: PipelineSchedu
             return None
         a_len = extra // n
         c = _common_prefix(L, S)
-        settle = max(1, -(-SETTLE_MICROBATCHES // q))
+        settle = -(-SETTLE_MICROBATCHES // q) if q < SETTLE_MICROBATCHES else 0
         if c < (VERIFY_PERIODS + settle + 1) * a_len:
             return None
         block = S[c - a_len:c]
@@ -118,10 +119,13 @@ def plan_cut(full: PipelineSchedule, build: Callable[[int], PipelineSchedule]) -
                 if cut is not None:
                     return short, cut
             m_s += q
-            if m_s > m // 2 + q:  # not worth it: the plain path is as quick
+            if m_s > MAX_SHORT_FRACTION * m:  # not worth it: the plain path is about as quick
                 break
     return None
 
+
+# The longest short run tried, as a fraction of the step's microbatches.
+MAX_SHORT_FRACTION = 0.75
 
 _LABEL = re.compile(r"(\d+)(F|BI|B|I|W)(\d+)")
 _MB = re.compile(r"mb(\d+)")
@@ -138,9 +142,16 @@ def _close(a: np.ndarray, b: np.ndarray, tol: float) -> bool:
     return a.shape == b.shape and bool(np.all(np.abs(a - b) <= tol))
 
 
-def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dict[tuple, tuple]]) -> Timeline | None:
+def _fail(why: list[str] | None, reason: str) -> None:
+    if why is not None:
+        why.append(reason)
+    return None
+
+
+def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dict[tuple, tuple]],
+           why: list[str] | None = None) -> Timeline | None:
     """The full step's timeline from the short run ``tl``, or None where the short run is not
-    verified periodic before the cut.
+    verified periodic before the cut (``why``, given, gets the reason).
 
     The cut is one instant T* at which every rank is inside a steady block and no rank has
     started an action past its steady phase, so the short and the full run agree up to T*;
@@ -161,24 +172,26 @@ def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dic
         hit = marks.get(r, {}).get(key(short.actions[pp_of[r]][i]))
         return None if hit is None else hit[0]
 
-    ends = {}
-    for r in tl.ranks:
-        t = t_of(r, cut.cut_index[pp_of[r]])
-        if t is None:
-            return None
-        ends[r] = t
-    t_min = min(ends.values())
-    r0 = min(ends, key=ends.get)
-    p0, c0, a0 = pp_of[r0], cut.cut_index[pp_of[r0]], cut.period_actions[pp_of[r0]]
+    r0 = tl.ranks[0]
+    c0, a0 = cut.cut_index[pp_of[r0]], cut.period_actions[pp_of[r0]]
     t_a, t_b = t_of(r0, c0 - a0), t_of(r0, c0 - 2 * a0)
     if t_a is None or t_b is None:
-        return None
+        return _fail(why, 'no mark for the period before the cut')
     period = t_a - t_b
     if period <= tol:
-        return None
+        return _fail(why, 'no positive period')
+    # The short and the full run agree until a rank starts its first action past the steady
+    # phase (short run) or the repeated block would start (full run): t_min.
+    t_min = math.inf
+    for r in tl.ranks:
+        c, a_len = cut.cut_index[pp_of[r]], cut.period_actions[pp_of[r]]
+        t_c, t_last = t_of(r, c), t_of(r, c - a_len)
+        if t_c is None or t_last is None:
+            return _fail(why, 'a rank has no mark at its cut')
+        t_min = min(t_min, t_c, t_last + period)
     ev, waits = tl.events, tl.waits
     if waits is None:
-        return None
+        return _fail(why, 'no wait rows')
     # T*: the middle of the widest gap between row starts in the period before t_min.
     starts = np.unique(np.concatenate([ev["start_s"].to_numpy(), waits["start_s"].to_numpy()]))
     inside = starts[(starts > t_min - period) & (starts < t_min)]
@@ -193,7 +206,7 @@ def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dic
         while True:  # the block of this rank that holds T*
             t_prev = t_of(r, c - a_len) if c - a_len >= 0 else None
             if t_prev is None:
-                return None
+                return _fail(why, "a rank's block holding T* is not in the simulated steady phase")
             if t_prev <= t_star:
                 break
             c -= a_len
@@ -202,19 +215,19 @@ def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dic
             i = c - j * a_len
             hit = marks.get(r, {}).get(key(short.actions[p][i])) if i >= 0 else None
             if hit is None:
-                return None
+                return _fail(why, 'a mark is missing or the schedule does not repeat there')
             # the schedule repeats there too
             if relabel(short.actions[p][i], (j - 1) * cut.q) != short.actions[p][c - a_len]:
-                return None
+                return _fail(why, "the schedule does not repeat over a rank's observed periods")
             t0, busy, exposed, nbytes, cont = hit
             snaps.append((t0, np.array([busy, *exposed, *nbytes, cont], dtype=np.float64)))
         per = [snaps[j][0] - snaps[j + 1][0] for j in range(VERIFY_PERIODS)]
         if any(abs(x - period) > tol for x in per):
-            return None
+            return _fail(why, f"rank {r}'s period differs from the others' ({per} vs {period})")
         incs = [snaps[j][1] - snaps[j + 1][1] for j in range(VERIFY_PERIODS)]
         scale = np.maximum(np.abs(incs[0]), 1.0) * 1e-9
         if any(not np.all(np.abs(x - incs[0]) <= scale) for x in incs[1:]):
-            return None
+            return _fail(why, 'accumulator increments differ between periods')
         delta[r] = incs[0]
 
     ev_parts, w_parts = [], []
@@ -230,12 +243,12 @@ def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dic
         for j in range(1, VERIFY_PERIODS):
             other = window(df, j).sort_values(["rank", "start_s", "end_s"], kind="stable")
             if len(other) != len(ref) or not (other["rank"].to_numpy() == ref["rank"].to_numpy()).all():
-                return None
+                return _fail(why, 'row counts differ between periods')
             if not _close(other[["start_s", "end_s"]].to_numpy() + j * period, ref[["start_s", "end_s"]].to_numpy(), tol):
-                return None
+                return _fail(why, 'row times differ between periods')
             col = "stream" if is_ev else "cause"
             if not (other[col].astype(str).to_numpy() == ref[col].astype(str).to_numpy()).all():
-                return None
+                return _fail(why, 'row streams differ between periods')
         # Build: up to T* as simulated; the verified period n more times; the rest shifted.
         parts.append(df[df["start_s"] < t_star])
         parts.append(_copies(window(df, 0), n, period, q, is_ev))
