@@ -293,21 +293,28 @@ def _template(s: str) -> tuple[list[str], list[int]] | None:
     return pieces, nums
 
 
-def _relabelled(strings: list[str], ks: np.ndarray, q: int) -> list[str]:
-    """Copy j of every string with its microbatch numbers advanced by ks[j] * q."""
+def _relabelled(strings: np.ndarray, n: int, q: int) -> np.ndarray:
+    """Copies 1..n of ``strings`` (row-major: copy k is block k-1), microbatch numbers advanced by k*q."""
+    m = len(strings)
+    out = np.empty((n, m), dtype=object)
     cache: dict[str, tuple | None] = {}
-    out = []
-    for s, k in zip(strings, ks.tolist()):
+    ks = range(1, n + 1)
+    for j, s in enumerate(strings.tolist()):
+        s = str(s)
         tpl = cache.get(s, 0)
         if tpl == 0:
             tpl = cache[s] = _template(s)
         if tpl is None:
-            out.append(s)
+            out[:, j] = s
             continue
         pieces, nums = tpl
-        d = k * q
-        out.append("".join(p + str(x + d) for p, x in zip(pieces, nums)) + pieces[-1])
-    return out
+        tail = pieces[-1]
+        if len(nums) == 1:
+            p0, x0 = pieces[0], nums[0]
+            out[:, j] = [f"{p0}{x0 + k * q}{tail}" for k in ks]
+        else:
+            out[:, j] = ["".join(p + str(x + k * q) for p, x in zip(pieces, nums)) + tail for k in ks]
+    return out.reshape(-1)
 
 
 def _copies(df: pd.DataFrame, n: int, period: float, q: int, is_ev: bool) -> pd.DataFrame:
@@ -315,19 +322,22 @@ def _copies(df: pd.DataFrame, n: int, period: float, q: int, is_ev: bool) -> pd.
     if not len(df) or n <= 0:
         return df.iloc[:0]
     m = len(df)
-    out = df.iloc[np.tile(np.arange(m), n)].reset_index(drop=True)
     ks = np.repeat(np.arange(1, n + 1), m)
     dt = ks * period
-    out["start_s"] = out["start_s"].to_numpy() + dt
-    out["end_s"] = out["end_s"].to_numpy() + dt
-    if is_ev:
-        mb = out["microbatch"].to_numpy()
-        out["microbatch"] = np.where(mb >= 0, mb + ks * q, mb)
-        out["name"] = _relabelled([str(x) for x in out["name"]], ks, q)
-    else:
-        out["issued_s"] = out["issued_s"].to_numpy() + dt
-        out["what"] = _relabelled([str(x) for x in out["what"]], ks, q)
-    return out
+    cols: dict[str, np.ndarray] = {}
+    for col in df.columns:
+        v = df[col].to_numpy(dtype=object) if df[col].dtype == object or str(df[col].dtype).startswith("string") \
+            else df[col].to_numpy()
+        if col in ("start_s", "end_s", "issued_s"):
+            cols[col] = np.tile(v, n) + dt
+        elif col == "microbatch":
+            t = np.tile(v, n)
+            cols[col] = np.where(t >= 0, t + ks * q, t)
+        elif col in ("name", "what"):
+            cols[col] = _relabelled(v, n, q)
+        else:
+            cols[col] = np.tile(v, n)
+    return pd.DataFrame(cols, columns=df.columns)
 
 
 def _shifted(df: pd.DataFrame, dt: float, dmb: int, is_ev: bool) -> pd.DataFrame:
