@@ -85,21 +85,30 @@ def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], Non
 
 def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: PipelineSchedule) -> Timeline | None:
     """The step's timeline from a shorter pipeline whose steady period is verified and replayed
-    in closed form (``simulator.engine.steady``); None where that does not apply."""
-    from simulator.engine.steady import extend, plan_cut
+    in closed form (``simulator.engine.steady``); None where that does not apply. A short run
+    that had not settled is retried once with at least 1.5x the microbatches, if that is still
+    at most half the step's."""
+    from simulator.engine.steady import extend, plan_cuts
 
     p = sc.parallelism
-    found = plan_cut(sched, lambda m: build_schedule(sc.schedule, p.pp, m, p.vpp))
-    if found is None:
-        return None
-    short, cut = found
-    validate_schedule(short)
-    prog_s = build_program(sc, profile, short)
-    engine = Engine(prog_s, make_network(sc, topo, profile), mode="reduced", plan=build_plan(prog_s),
-                    sm_count=profile.compute.sm_count)
-    engine.action_marks = {}
-    tl = engine.run()
-    return extend(tl, short, cut, engine.action_marks)
+    m = sched.num_microbatches
+    tried = 0
+    for short, cut in plan_cuts(sched, lambda n: build_schedule(sc.schedule, p.pp, n, p.vpp)):
+        if tried and (short.num_microbatches < 1.5 * tried or short.num_microbatches > m // 2):
+            if short.num_microbatches > m // 2:
+                return None
+            continue
+        validate_schedule(short)
+        prog_s = build_program(sc, profile, short)
+        engine = Engine(prog_s, make_network(sc, topo, profile), mode="reduced", plan=build_plan(prog_s),
+                        sm_count=profile.compute.sm_count)
+        engine.action_marks = {}
+        tl = engine.run()
+        out = extend(tl, short, cut, engine.action_marks)
+        if out is not None or tried:
+            return out
+        tried = short.num_microbatches
+    return None
 
 
 def simulate_step(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None,

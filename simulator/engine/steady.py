@@ -28,12 +28,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
 
 from simulator.engine.core import Timeline
+from simulator.errors import UserError
 from simulator.schedules.base import Action, PipelineSchedule
 
 # Periods observed before the cut: each must repeat the one after it (same period, increments
@@ -103,25 +104,32 @@ def find_cut(full: PipelineSchedule, m_short: int, q: int, short: PipelineSchedu
     return Cut(m_short, q, n, cuts, periods)
 
 
-def plan_cut(full: PipelineSchedule, build: Callable[[int], PipelineSchedule]) -> tuple[PipelineSchedule, Cut] | None:
-    """A shorter schedule and its cut, worth simulating instead of ``full``; None where none is."""
+def plan_cuts(full: PipelineSchedule, build: Callable[[int], PipelineSchedule]) -> Iterator[tuple[PipelineSchedule, Cut]]:
+    """Shorter schedules and their cuts, fewest microbatches first, each worth simulating
+    instead of ``full`` (at most MAX_SHORT_FRACTION of its microbatches)."""
     m, pp = full.num_microbatches, full.num_ranks
     for q in dict.fromkeys((1, 2, pp)):
-        # The fewest microbatches whose steady phase holds VERIFY_PERIODS periods (find_cut says).
+        # The fewest microbatches whose steady phase holds the observed periods (find_cut says).
         m_s = -(-pp // q) * q
-        while m_s + q <= m:
+        found = False
+        while m_s + q <= m and m_s <= MAX_SHORT_FRACTION * m:
             if (m - m_s) % q == 0:
                 try:
                     short = build(m_s)
-                except Exception:  # the schedule rejects this count: try another period
+                except UserError:  # the schedule rejects this count: try another period
                     break
                 cut = find_cut(full, m_s, q, short)
                 if cut is not None:
-                    return short, cut
+                    found = True
+                    yield short, cut
             m_s += q
-            if m_s > MAX_SHORT_FRACTION * m:  # not worth it: the plain path is about as quick
-                break
-    return None
+        if found:
+            return
+
+
+def plan_cut(full: PipelineSchedule, build: Callable[[int], PipelineSchedule]) -> tuple[PipelineSchedule, Cut] | None:
+    """The shortest of ``plan_cuts``, or None."""
+    return next(plan_cuts(full, build), None)
 
 
 # The longest short run tried, as a fraction of the step's microbatches.
