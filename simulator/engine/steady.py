@@ -132,8 +132,9 @@ def plan_cut(full: PipelineSchedule, build: Callable[[int], PipelineSchedule]) -
     return next(plan_cuts(full, build), None)
 
 
-# The longest short run tried, as a fraction of the step's microbatches.
-MAX_SHORT_FRACTION = 0.75
+# The longest short run tried, as a fraction of the step's microbatches: a short run that does
+# not verify costs at most half a plain run on top of it.
+MAX_SHORT_FRACTION = 0.5
 
 _LABEL = re.compile(r"(\d+)(F|BI|B|I|W)(\d+)")
 _MB = re.compile(r"mb(\d+)")
