@@ -9,13 +9,14 @@ over and over, shifted in time by ``P``. This module uses that, and only where i
    ``m_s = m - N*q`` in which, on every rank, the block of actions just before a cut index is
    inserted ``N`` more times (labels advanced by ``q`` each time), the rest relabelled by
    ``N*q``. Checked action by action; any other shape (or a schedule file) takes the plain path.
-2. Dynamics: the event loop runs the short plan (every event simulated). On every rank, the last
-   ``K`` periods before the cut must be identical: the same period ``P`` on every rank, the same
-   accumulator increments (compute, exposed communication per dimension, bytes per dimension,
-   contention), and the same timeline rows and waits shifted by ``P``, all to 1e-12 of the
-   step. If not, the plain path runs.
-3. Closed form: the full step is the short one with the verified period inserted ``N`` times:
-   times after the cut move by ``N*P``, accumulators gain ``N`` increments, the rows of the
+2. Dynamics: the event loop runs the short plan (every event simulated). The short and the full
+   run agree up to t_min (no rank has yet left the repeated block); the cut is an instant T*
+   just before it. In the VERIFY_PERIODS periods before T*: the same period ``P`` on every
+   rank, the same accumulator increments (compute, exposed communication per dimension, bytes
+   per dimension, contention), and on every lane the same timeline rows and waits shifted by
+   ``P``, all to 1e-12 of the step. If not, the plain path runs.
+3. Closed form: the full step is the short one with the period before T* inserted ``N`` times:
+   times after T* move by ``N*P``, accumulators gain ``N`` increments, the rows of the
    inserted periods are the verified period's rows shifted and relabelled. In a deterministic
    periodic regime this is what the event loop would produce (to float rounding);
    tests/test_steady.py checks it against the plain path on several schedules and layouts.
