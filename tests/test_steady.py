@@ -84,3 +84,54 @@ def test_fast_path_applies():
     ff = fast.timeline.fast_forward
     assert ff is not None and ff["periods_skipped"] > 0 and ff["microbatches_simulated"] < 24
     assert fast.timeline.num_events < simulate(sc).timeline.num_events
+
+
+def test_find_cut_on_schedules():
+    """The schedule check: 1F1B and interleaved repeat one block; DualPipeV has no such shape."""
+    from simulator.engine.steady import find_cut, plan_cut, relabel
+    from simulator.schedules import build_schedule
+
+    full = build_schedule("1f1b", 4, 40, 1)
+    short, cut = plan_cut(full, lambda m: build_schedule("1f1b", 4, m, 1))
+    assert cut.q == 1 and cut.m_short < 20 and cut.n_periods == 40 - cut.m_short
+    for r in range(4):  # the full schedule is the short one with the block repeated
+        c, a = cut.cut_index[r], cut.period_actions[r]
+        rebuilt = list(short.actions[r][:c])
+        for k in range(1, cut.n_periods + 1):
+            rebuilt += [relabel(x, k) for x in short.actions[r][c - a:c]]
+        rebuilt += [relabel(x, cut.n_periods) for x in short.actions[r][c:]]
+        assert tuple(rebuilt) == full.actions[r]
+    full_i = build_schedule("interleaved-1f1b", 2, 40, 2)
+    _, cut_i = plan_cut(full_i, lambda m: build_schedule("interleaved-1f1b", 2, m, 2))
+    assert cut_i.q == 2
+    # A short schedule of another shape is refused.
+    assert find_cut(full, 20, 1, build_schedule("gpipe", 4, 20, 1)) is None
+    full_d = build_schedule("dualpipev", 4, 40, 1)
+    assert plan_cut(full_d, lambda m: build_schedule("dualpipev", 4, m, 1)) is None
+
+
+def test_unsettled_short_run_is_refused():
+    """The dynamics check can fail: one row moved by a microsecond in the observed periods
+    makes ``extend`` refuse the short run (and say why)."""
+    import simulator.simulate as S
+    from simulator.engine.steady import extend, plan_cut
+    from simulator.schedules import build_schedule
+
+    sc = build_scenario(_scenario("1f1b", 4, 24, 1))
+    profile, topo = S.load_profile(sc.cluster.gpu), S.load_topology(sc.cluster.topology)
+    full = build_schedule("1f1b", 4, 24, 1)
+    short, cut = plan_cut(full, lambda m: build_schedule("1f1b", 4, m, 1))
+    prog = S.build_program(sc, profile, short)
+    eng = S.Engine(prog, S.make_network(sc, topo, profile), plan=S.build_plan(prog), sm_count=profile.compute.sm_count)
+    eng.action_marks = {}
+    tl = eng.run()
+    assert extend(tl, short, cut, eng.action_marks) is not None
+    # Move one compute row of the last steady period on the last rank by 1 us.
+    ev = tl.events
+    last = tl.ranks[-1]
+    comp = ev[(ev["rank"] == last) & (ev["stream"] == "compute") & (ev["microbatch"] == cut.m_short - 3)]
+    i = comp.index[len(comp) // 2]
+    ev.loc[i, ["start_s", "end_s"]] += 1e-6
+    why: list[str] = []
+    assert extend(tl, short, cut, eng.action_marks, why) is None
+    assert why and "differ" in why[0]
