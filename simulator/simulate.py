@@ -121,6 +121,7 @@ def simulate_step(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str]
     topo = load_topology(sc.cluster.topology)
     tl = None
     plan = None
+    sched = prog = None
     if fast_forward and mode == "reduced" and not sc.schedule_file and wait_log is None:
         p = sc.parallelism
         sched = build_schedule(sc.schedule, p.pp, sc.num_microbatches, p.vpp)
@@ -132,8 +133,9 @@ def simulate_step(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str]
                 progress(f"simulated {sc.name}: {sched.name}, {tl.fast_forward['microbatches_simulated']} of "
                          f"{sched.num_microbatches} microbatches, the steady period replayed")
     if tl is None:
-        sched = resolve_schedule(sc)
-        prog = build_program(sc, profile, sched)
+        if sched is None or prog is None:  # (the fast path built and checked them already)
+            sched = resolve_schedule(sc)
+            prog = build_program(sc, profile, sched)
         plan = build_plan(prog)
         net = make_network(sc, topo, profile)
         if progress is not None:
