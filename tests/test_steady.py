@@ -65,7 +65,9 @@ def _same(fast, plain) -> None:
     ("interleaved-1f1b", 2, 24, 2, 2, 2, None, True),
     ("zb-h1", 4, 48, 1, 2, 2, None, True),  # the first short run has not settled: the retry has
     ("zb-h1", 4, 24, 1, 2, 2, None, False),  # too few microbatches to settle: the plain run
+    ("zbv", 4, 48, 1, 2, 2, None, True),
     ("dualpipev", 4, 24, 1, 2, 2, None, False),  # no repeating block of this shape: the plain run
+    ("gpipe", 4, 24, 1, 2, 2, None, False),  # no steady phase: the plain run
 ])
 def test_fast_path_equals_plain(schedule, pp, nmb, vpp, tp, dp, network, replayed):
     sc = build_scenario(_scenario(schedule, pp, nmb, vpp, tp=tp, dp=dp, network=network))

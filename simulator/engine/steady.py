@@ -74,35 +74,43 @@ def _common_prefix(x: tuple, y: tuple) -> int:
 
 def find_cut(full: PipelineSchedule, m_short: int, q: int, short: PipelineSchedule) -> Cut | None:
     """The cut that turns ``short`` into ``full`` by repeating one block per rank, or None."""
+    cut, _ = _find_cut(full, m_short, q, short)
+    return cut
+
+
+def _find_cut(full: PipelineSchedule, m_short: int, q: int, short: PipelineSchedule) -> tuple[Cut | None, bool | None]:
+    """(the cut or None, whether more microbatches could give one: True where the short
+    schedule's steady phase was too short to hold the observed periods, False where it is of
+    another shape, None where the steady phase does not repeat (yet))."""
     m = full.num_microbatches
     if (m - m_short) % q or m <= m_short:
-        return None
+        return None, False
     n = (m - m_short) // q
     cuts, periods = [], []
     for r in range(full.num_ranks):
         L, S = full.actions[r], short.actions[r]
         extra = len(L) - len(S)
         if extra <= 0 or extra % n:
-            return None
+            return None, False
         a_len = extra // n
         c = _common_prefix(L, S)
         settle = -(-SETTLE_MICROBATCHES // q) if q < SETTLE_MICROBATCHES else 0
         if c < (VERIFY_PERIODS + settle + 1) * a_len:
-            return None
+            return None, True
         block = S[c - a_len:c]
         # The schedule itself repeats the block before the cut (steady phase) ...
         for j in range(1, VERIFY_PERIODS + settle + 1):
             if tuple(relabel(a, j * q) for a in S[c - (j + 1) * a_len:c - j * a_len]) != block:
-                return None
+                return None, None  # the warm-up reaches into the observed periods, or no repeat
         # ... and the full schedule is the short one with the block repeated n more times.
         for k in range(1, n + 1):
             if L[c + (k - 1) * a_len:c + k * a_len] != tuple(relabel(a, k * q) for a in block):
-                return None
+                return None, False
         if L[c + n * a_len:] != tuple(relabel(a, n * q) for a in S[c:]):
-            return None
+            return None, False
         cuts.append(c)
         periods.append(a_len)
-    return Cut(m_short, q, n, cuts, periods)
+    return Cut(m_short, q, n, cuts, periods), False
 
 
 def plan_cuts(full: PipelineSchedule, build: Callable[[int], PipelineSchedule]) -> Iterator[tuple[PipelineSchedule, Cut]]:
@@ -113,16 +121,23 @@ def plan_cuts(full: PipelineSchedule, build: Callable[[int], PipelineSchedule]) 
         # The fewest microbatches whose steady phase holds the observed periods (find_cut says).
         m_s = -(-pp // q) * q
         found = False
+        no_repeat = 0
         while m_s + q <= m and m_s <= MAX_SHORT_FRACTION * m:
             if (m - m_s) % q == 0:
                 try:
                     short = build(m_s)
                 except UserError:  # the schedule rejects this count: try another period
                     break
-                cut = find_cut(full, m_s, q, short)
+                cut, longer = _find_cut(full, m_s, q, short)
                 if cut is not None:
                     found = True
                     yield short, cut
+                elif longer is False:  # another shape: more microbatches keep it
+                    break
+                elif longer is None:
+                    no_repeat += 1
+                    if no_repeat > NO_REPEAT_TRIES:  # (GPipe: all forwards, then all backwards)
+                        break
             m_s += q
         if found:
             return
@@ -133,6 +148,8 @@ def plan_cut(full: PipelineSchedule, build: Callable[[int], PipelineSchedule]) -
     return next(plan_cuts(full, build), None)
 
 
+# Short schedules tried whose steady phase does not repeat before giving up on a period.
+NO_REPEAT_TRIES = 12
 # The longest short run tried, as a fraction of the step's microbatches: a short run that does
 # not verify costs at most half a plain run on top of it.
 MAX_SHORT_FRACTION = 0.5
