@@ -72,35 +72,84 @@ def make_network(sc: Scenario, topo: TopologySpec, profile: Profile):
     return net if placement.is_identity else PlacedNetwork(net, placement)
 
 
-def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None) -> SimulationResult:
-    """Simulate one step. ``progress`` hears about the work once all input has been checked."""
+def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None,
+             fast_forward: bool = False) -> SimulationResult:
+    """Simulate one step. ``progress`` hears about the work once all input has been checked.
+    ``fast_forward``: replay a verified steady pipeline period in closed form (``simulate_step``)."""
     if sc.perturbations is not None and not sc.perturbations.empty:
         # What-if: the clean step and the perturbed one (simulator.whatif.run).
         from simulator.whatif.run import simulate_whatif
 
         return simulate_whatif(sc, mode=mode, progress=progress)
-    return simulate_step(sc, mode, progress)
+    return simulate_step(sc, mode, progress, fast_forward=fast_forward)
+
+
+def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: PipelineSchedule) -> Timeline | None:
+    """The step's timeline from a shorter pipeline whose steady period is verified and replayed
+    in closed form (``simulator.engine.steady``); None where that does not apply. A short run
+    that had not settled is retried once with at least 1.5x the microbatches, if that is still
+    at most half the step's."""
+    from simulator.engine.steady import extend, plan_cuts
+
+    p = sc.parallelism
+    m = sched.num_microbatches
+    tried = 0
+    for short, cut in plan_cuts(sched, lambda n: build_schedule(sc.schedule, p.pp, n, p.vpp)):
+        if tried and (short.num_microbatches < 1.5 * tried or short.num_microbatches > m // 2):
+            if short.num_microbatches > m // 2:
+                return None
+            continue
+        validate_schedule(short)
+        prog_s = build_program(sc, profile, short)
+        engine = Engine(prog_s, make_network(sc, topo, profile), mode="reduced", plan=build_plan(prog_s),
+                        sm_count=profile.compute.sm_count,
+                        contention_scale=measured_excess_scale(profile.compute.overlap_fits, profile.compute.sm_count))
+        engine.action_marks = {}
+        tl = engine.run()
+        out = extend(tl, short, cut, engine.action_marks)
+        if out is not None or tried:
+            return out
+        tried = short.num_microbatches
+    return None
 
 
 def simulate_step(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None,
-                  what: str = "", wait_log: list | None = None) -> SimulationResult:
+                  what: str = "", wait_log: list | None = None, fast_forward: bool = False) -> SimulationResult:
     """The one wiring of scenario -> workload plan -> engine -> report, for plain and what-if runs.
-    ``what`` qualifies the progress line ("clean"); ``wait_log``, given, collects the engine's waits."""
+    ``what`` qualifies the progress line ("clean"); ``wait_log``, given, collects the engine's waits.
+    ``fast_forward`` (reduced mode, a named schedule): simulate a shorter pipeline and replay its
+    verified steady period in closed form; the plain run where it does not verify."""
     profile = load_profile(sc.cluster.gpu)
     topo = load_topology(sc.cluster.topology)
-    sched = resolve_schedule(sc)
-    prog = build_program(sc, profile, sched)
-    plan = build_plan(prog)
-    net = make_network(sc, topo, profile)
-    if progress is not None:
-        progress(f"simulating {sc.name}{' ' + what if what else ''}: {sc.model.name} on {sc.cluster.gpus} x "
-                 f"{sc.cluster.gpu_name}, {Path(sc.schedule_file).name if sc.schedule_file else sched.name} with "
-                 f"{plural(sched.num_microbatches, 'microbatch')} ({mode} mode)")
-    engine = Engine(prog, net, mode=mode, plan=plan, sm_count=profile.compute.sm_count,
-                    contention_scale=measured_excess_scale(profile.compute.overlap_fits, profile.compute.sm_count))
-    if wait_log is not None:
-        engine.wait_log = wait_log
-    tl = engine.run()
+    tl = None
+    plan = None
+    sched = prog = None
+    if fast_forward and mode == "reduced" and not sc.schedule_file and wait_log is None:
+        p = sc.parallelism
+        sched = build_schedule(sc.schedule, p.pp, sc.num_microbatches, p.vpp)
+        validate_schedule(sched)
+        prog = build_program(sc, profile, sched)
+        tl = _steady_timeline(sc, profile, topo, sched)
+        if tl is not None:
+            if progress is not None:
+                progress(f"simulated {sc.name}: {sched.name}, {tl.fast_forward['microbatches_simulated']} of "
+                         f"{sched.num_microbatches} microbatches, the steady period replayed")
+    if tl is None:
+        if sched is None or prog is None:  # (the fast path built and checked them already)
+            sched = resolve_schedule(sc)
+            prog = build_program(sc, profile, sched)
+        plan = build_plan(prog)
+        net = make_network(sc, topo, profile)
+        if progress is not None:
+            progress(f"simulating {sc.name}{' ' + what if what else ''}: {sc.model.name} on {sc.cluster.gpus} x "
+                     f"{sc.cluster.gpu_name}, {Path(sc.schedule_file).name if sc.schedule_file else sched.name} with "
+                     f"{plural(sched.num_microbatches, 'microbatch')} ({mode} mode)")
+        engine = Engine(prog, net, mode=mode, plan=plan, sm_count=profile.compute.sm_count,
+                        contention_scale=measured_excess_scale(profile.compute.overlap_fits,
+                                                               profile.compute.sm_count))
+        if wait_log is not None:
+            engine.wait_log = wait_log
+        tl = engine.run()
     mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
     report = build_report(sc.name, prog, tl, mem, profile.compute.peak_tflops, sc.cluster.gpus)
     return SimulationResult(sc, profile, topo, prog, tl, mem, report, plan)

@@ -68,6 +68,9 @@ class Timeline:
     contention_s: dict[int, float] = field(default_factory=dict)
     waits: pd.DataFrame | None = None  # WAIT_COLUMNS; None from an engine that does not record them
     end_time_s: dict[int, float] = field(default_factory=dict)  # rank -> when its compute stream finished
+    # Set when the steady-state fast path (simulator.engine.steady) produced this timeline: how
+    # many schedule periods were replayed in closed form, the period, and the microbatches simulated.
+    fast_forward: dict | None = None
 
 
 class _Rendezvous:
@@ -121,6 +124,10 @@ class Engine:
         # of a compute stream on a pipeline receipt as (waiter, sender, dim, seconds).
         self.compute_factor: dict[int, np.ndarray] = {}
         self.wait_log: list[tuple[int, int, str, float]] | None = None
+        # Steady-state fast path (simulator.engine.steady): when a dict, each simulated rank's
+        # accumulators as its first compute segment of every action starts, keyed by
+        # (stage, kind, microbatch): (time, busy, exposed per dim, bytes per dim, contention).
+        self.action_marks: dict[int, dict[tuple, tuple]] | None = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -367,11 +374,18 @@ class Engine:
                 wait_rows.append((rank, t0, env.now, str(cause), issued, src, self._waiting(rank)))
 
         factor = self.compute_factor.get(rank)
+        marks = None if self.action_marks is None else self.action_marks.setdefault(rank, {})
+        comm_bytes = self.comm_bytes[rank]
         ci = 0
         for ins in rp.instrs:
             t = type(ins)
             if t is Compute:
                 t0 = env.now
+                if marks is not None:
+                    mk = (ins.stage, ins.kind, ins.microbatch)
+                    if mk not in marks:
+                        marks[mk] = (t0, self.busy[rank], tuple(exposed.values()), tuple(comm_bytes.values()),
+                                     self.contention[rank])
                 seconds = ins.seconds
                 if factor is not None:
                     seconds *= float(factor[ci])

@@ -1,0 +1,105 @@
+"""Every row of the published tables in reduced mode: GPUs, microbatches, events, events/s,
+wall and peak RSS per row, and the slowest row against issue 13's 5 s target.
+
+Each row runs in a fresh process (peak RSS is its own), as `validate --published` runs it
+(the steady-state fast path on; `--plain` turns it off). Medians of --repeat. Measured on the
+shared 2-core development machine unless said otherwise: wall and events are both printed
+because wall depends on the load, events do not.
+
+    python bench/bench_published_rows.py [--set megatron-2021|torchtitan-2024|vtrain-single-node|all]
+                                         [--repeat 1] [--rows N] [--plain]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_S = 5.0
+
+_CHILD = r"""
+import json, resource, sys, time
+from simulator.scenario import build_scenario
+from simulator.simulate import simulate
+d, ff = json.loads(sys.argv[1]), sys.argv[2] == "1"
+t = time.perf_counter()
+res = simulate(build_scenario(d), fast_forward=ff)
+wall = time.perf_counter() - t
+tl = res.timeline
+print(json.dumps({"wall_s": wall, "engine_s": tl.sim_wall_s, "events": tl.num_events,
+                  "microbatches": res.program.schedule.num_microbatches,
+                  "simulated_mb": (tl.fast_forward or {}).get("microbatches_simulated", res.program.schedule.num_microbatches),
+                  "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
+"""
+
+
+def rows(name: str) -> list[tuple[str, dict]]:
+    sys.path.insert(0, str(ROOT))
+    from simulator.calibrate import published as P
+
+    table = P.read_table(name)
+    out, seen = [], set()
+    for row in table:
+        if name == "megatron-2021":
+            label, d = f"{row['params_billion']}B tp{row['tp']} pp{row['pp']} dp{row['dp']}", P.megatron_2021_scenario(row)
+        elif name == "torchtitan-2024":
+            d = P.torchtitan_scenario(row)[0]
+            label = f"{row['model']}: {row['table']}"[:40]
+        else:
+            d = P.vtrain_scenario(row)
+            label = f"h{row['hidden size']} L{row['# layers']} tp{row['tensor parallelism']} pp{row['pipeline parallelism']}"
+        key = json.dumps({k: v for k, v in d.items() if k != "name"}, sort_keys=True)
+        if key not in seen:  # validate_published simulates each unique scenario once
+            seen.add(key)
+            out.append((label, d))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", default="megatron-2021", choices=["megatron-2021", "torchtitan-2024", "vtrain-single-node", "all"])
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--rows", type=int, default=None, help="Only the first N unique rows of each set.")
+    ap.add_argument("--plain", action="store_true", help="Without the steady-state fast path.")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    args = ap.parse_args()
+    sets = ["megatron-2021", "torchtitan-2024", "vtrain-single-node"] if args.set == "all" else [args.set]
+    print(f"{'set':18s} {'row':40s} {'GPUs':>6s} {'mb':>5s} {'sim mb':>6s} {'events':>9s} {'events/s':>9s} "
+          f"{'wall s':>7s} {'RSS GiB':>7s}  (median of {args.repeat}; fast path {'off' if args.plain else 'on'})")
+    worst = (0.0, "")
+    for name in sets:
+        for label, d in rows(name)[: args.rows]:
+            runs = []
+            for _ in range(args.repeat):
+                try:
+                    p = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(d), "0" if args.plain else "1"], cwd=ROOT,
+                                       capture_output=True, text=True, timeout=args.timeout,
+                                       env={"PYTHONPATH": str(ROOT), "PATH": ""})
+                except subprocess.TimeoutExpired:
+                    runs = []
+                    break
+                if p.returncode != 0:
+                    print(f"{name:18s} {label:40s} failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+                    runs = []
+                    break
+                runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+            if not runs:
+                continue
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            eps = med["events"] / med["engine_s"] if med["engine_s"] > 0 else float("nan")
+            print(f"{name:18s} {label:40s} {d['cluster']['gpus']:>6,d} {int(med['microbatches']):>5d} "
+                  f"{int(med['simulated_mb']):>6d} {int(med['events']):>9,d} {eps:>9,.0f} {med['wall_s']:>7.2f} "
+                  f"{med['rss_gib']:>7.2f}", flush=True)
+            if med["wall_s"] > worst[0]:
+                worst = (med["wall_s"], f"{name} {label}")
+    print(f"max over rows: {worst[0]:.2f} s ({worst[1]}) vs target <= {TARGET_S:.0f} s: "
+          f"{'met' if worst[0] <= TARGET_S else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

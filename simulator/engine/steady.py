@@ -1,0 +1,388 @@
+"""Steady-state fast path: simulate a shorter pipeline, replay its verified steady period in closed form.
+
+In the steady phase of a pipeline schedule (1F1B, interleaved 1F1B, ...) every rank repeats one
+block of actions, the microbatch labels advanced by the schedule's period ``q`` (1 for 1F1B, pp
+for interleaved). With deterministic durations the event loop then produces the same period
+over and over, shifted in time by ``P``. This module uses that, and only where it is checked:
+
+1. Schedule: the step's schedule with ``m`` microbatches must equal a shorter one with
+   ``m_s = m - N*q`` in which, on every rank, the block of actions just before a cut index is
+   inserted ``N`` more times (labels advanced by ``q`` each time), the rest relabelled by
+   ``N*q``. Checked action by action; any other shape (or a schedule file) takes the plain path.
+2. Dynamics: the event loop runs the short plan (every event simulated). The short and the full
+   run agree up to t_min (no rank has yet left the repeated block); the cut is an instant T*
+   just before it. In the VERIFY_PERIODS periods before T*: the same period ``P`` on every
+   rank, the same accumulator increments (compute, exposed communication per dimension, bytes
+   per dimension, contention), and on every lane the same timeline rows and waits shifted by
+   ``P``, all to 1e-12 of the step. If not, the plain path runs.
+3. Closed form: the full step is the short one with the period before T* inserted ``N`` times:
+   times after T* move by ``N*P``, accumulators gain ``N`` increments, the rows of the
+   inserted periods are the verified period's rows shifted and relabelled. In a deterministic
+   periodic regime this is what the event loop would produce (to float rounding);
+   tests/test_steady.py checks it against the plain path on several schedules and layouts.
+
+The event loop stays the source of truth: nothing here computes a duration.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from simulator.engine.core import Timeline
+from simulator.errors import UserError
+from simulator.schedules.base import Action, PipelineSchedule
+
+# Periods observed before the cut: each must repeat the one after it (same period, increments
+# and rows), so 2 means two identical consecutive periods.
+VERIFY_PERIODS = 2
+# Steady microbatches before the observed periods, for the pipeline to settle after its
+# warm-up, where a period is shorter; the verification decides whether it did settle.
+SETTLE_MICROBATCHES = 4
+# Relative tolerance (of the step time) for "the same time" in the verification: float rounding
+# of sums of a few thousand durations is ~1e-13 of the step, a real difference is far larger.
+REL_TOL = 1e-12
+
+
+@dataclass
+class Cut:
+    m_short: int
+    q: int  # microbatch labels advance by q per period
+    n_periods: int  # periods inserted in closed form
+    cut_index: list[int]  # per pipeline rank: index into the short schedule's actions
+    period_actions: list[int]  # per pipeline rank: actions in one period
+
+
+def relabel(a: Action, d: int) -> Action:
+    if a.sub is not None:
+        return Action(a.stage, a.kind, a.microbatch + d, (relabel(a.sub[0], d), relabel(a.sub[1], d)))
+    return Action(a.stage, a.kind, a.microbatch + d)
+
+
+def _common_prefix(x: tuple, y: tuple) -> int:
+    n = min(len(x), len(y))
+    i = 0
+    while i < n and x[i] == y[i]:
+        i += 1
+    return i
+
+
+def find_cut(full: PipelineSchedule, m_short: int, q: int, short: PipelineSchedule) -> Cut | None:
+    """The cut that turns ``short`` into ``full`` by repeating one block per rank, or None."""
+    cut, _ = _find_cut(full, m_short, q, short)
+    return cut
+
+
+def _find_cut(full: PipelineSchedule, m_short: int, q: int, short: PipelineSchedule) -> tuple[Cut | None, bool | None]:
+    """(the cut or None, whether more microbatches could give one: True where the short
+    schedule's steady phase was too short to hold the observed periods, False where it is of
+    another shape, None where the steady phase does not repeat (yet))."""
+    m = full.num_microbatches
+    if (m - m_short) % q or m <= m_short:
+        return None, False
+    n = (m - m_short) // q
+    cuts, periods = [], []
+    for r in range(full.num_ranks):
+        L, S = full.actions[r], short.actions[r]
+        extra = len(L) - len(S)
+        if extra <= 0 or extra % n:
+            return None, False
+        a_len = extra // n
+        c = _common_prefix(L, S)
+        settle = -(-SETTLE_MICROBATCHES // q) if q < SETTLE_MICROBATCHES else 0
+        if c < (VERIFY_PERIODS + settle + 1) * a_len:
+            return None, True
+        block = S[c - a_len:c]
+        # The schedule itself repeats the block before the cut (steady phase) ...
+        for j in range(1, VERIFY_PERIODS + settle + 1):
+            if tuple(relabel(a, j * q) for a in S[c - (j + 1) * a_len:c - j * a_len]) != block:
+                return None, None  # the warm-up reaches into the observed periods, or no repeat
+        # ... and the full schedule is the short one with the block repeated n more times.
+        for k in range(1, n + 1):
+            if L[c + (k - 1) * a_len:c + k * a_len] != tuple(relabel(a, k * q) for a in block):
+                return None, False
+        if L[c + n * a_len:] != tuple(relabel(a, n * q) for a in S[c:]):
+            return None, False
+        cuts.append(c)
+        periods.append(a_len)
+    return Cut(m_short, q, n, cuts, periods), False
+
+
+def plan_cuts(full: PipelineSchedule, build: Callable[[int], PipelineSchedule]) -> Iterator[tuple[PipelineSchedule, Cut]]:
+    """Shorter schedules and their cuts, fewest microbatches first, each worth simulating
+    instead of ``full`` (at most MAX_SHORT_FRACTION of its microbatches)."""
+    m, pp = full.num_microbatches, full.num_ranks
+    for q in dict.fromkeys((1, 2, pp)):
+        # The fewest microbatches whose steady phase holds the observed periods (find_cut says).
+        m_s = -(-pp // q) * q
+        found = False
+        no_repeat = 0
+        while m_s + q <= m and m_s <= MAX_SHORT_FRACTION * m:
+            if (m - m_s) % q == 0:
+                try:
+                    short = build(m_s)
+                except UserError:  # the schedule rejects this count: try another period
+                    break
+                cut, longer = _find_cut(full, m_s, q, short)
+                if cut is not None:
+                    found = True
+                    yield short, cut
+                elif longer is False:  # another shape: more microbatches keep it
+                    break
+                elif longer is None:
+                    no_repeat += 1
+                    if no_repeat > NO_REPEAT_TRIES:  # (GPipe: all forwards, then all backwards)
+                        break
+            m_s += q
+        if found:
+            return
+
+
+def plan_cut(full: PipelineSchedule, build: Callable[[int], PipelineSchedule]) -> tuple[PipelineSchedule, Cut] | None:
+    """The shortest of ``plan_cuts``, or None."""
+    return next(plan_cuts(full, build), None)
+
+
+# Short schedules tried whose steady phase does not repeat before giving up on a period.
+NO_REPEAT_TRIES = 12
+# The longest short run tried, as a fraction of the step's microbatches: a short run that does
+# not verify costs at most half a plain run on top of it.
+MAX_SHORT_FRACTION = 0.5
+
+_LABEL = re.compile(r"(\d+)(F|BI|B|I|W)(\d+)")
+_MB = re.compile(r"mb(\d+)")
+# An action label's microbatch (group 3) or "mb<n>" (group 4).
+_ANY = re.compile(r"(\d+)(F|BI|B|I|W)(\d+)|mb(\d+)")
+
+
+def _relabel_text(s: str, d: int) -> str:
+    s = _LABEL.sub(lambda mo: f"{mo.group(1)}{mo.group(2)}{int(mo.group(3)) + d}", s)
+    return _MB.sub(lambda mo: f"mb{int(mo.group(1)) + d}", s)
+
+
+def _close(a: np.ndarray, b: np.ndarray, tol: float) -> bool:
+    return a.shape == b.shape and bool(np.all(np.abs(a - b) <= tol))
+
+
+def _fail(why: list[str] | None, reason: str) -> None:
+    if why is not None:
+        why.append(reason)
+    return None
+
+
+def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dict[tuple, tuple]],
+           why: list[str] | None = None) -> Timeline | None:
+    """The full step's timeline from the short run ``tl``, or None where the short run is not
+    verified periodic before the cut (``why``, given, gets the reason).
+
+    The cut is one instant T* at which every rank is inside a steady block and no rank has
+    started an action past its steady phase, so the short and the full run agree up to T*;
+    the full run then repeats the period before T* ``n`` more times and goes on as the short one
+    does after T*, shifted by ``n`` periods."""
+    step_s = tl.step_time_s
+    tol = max(REL_TOL * step_s, 1e-15)
+    pp_of = tl.pp_rank_of
+    n = cut.n_periods
+
+    def key(a: Action) -> tuple:
+        first = a.sub[0] if a.sub is not None else a
+        return (first.stage, first.kind, first.microbatch)
+
+    def t_of(r: int, i: int) -> float | None:
+        if i >= len(short.actions[pp_of[r]]):  # no action after the steady phase: the rank's end
+            return tl.end_time_s.get(r)
+        hit = marks.get(r, {}).get(key(short.actions[pp_of[r]][i]))
+        return None if hit is None else hit[0]
+
+    r0 = tl.ranks[0]
+    c0, a0 = cut.cut_index[pp_of[r0]], cut.period_actions[pp_of[r0]]
+    t_a, t_b = t_of(r0, c0 - a0), t_of(r0, c0 - 2 * a0)
+    if t_a is None or t_b is None:
+        return _fail(why, 'no mark for the period before the cut')
+    period = t_a - t_b
+    if period <= tol:
+        return _fail(why, 'no positive period')
+    # The short and the full run agree until a rank starts its first action past the steady
+    # phase (short run) or the repeated block would start (full run): t_min.
+    t_min = math.inf
+    for r in tl.ranks:
+        c, a_len = cut.cut_index[pp_of[r]], cut.period_actions[pp_of[r]]
+        t_c, t_last = t_of(r, c), t_of(r, c - a_len)
+        if t_c is None or t_last is None:
+            return _fail(why, 'a rank has no mark at its cut')
+        t_min = min(t_min, t_c, t_last + period)
+    ev, waits = tl.events, tl.waits
+    if waits is None:
+        return _fail(why, 'no wait rows')
+    # T*: the middle of the widest gap between row starts in the period before t_min.
+    starts = np.unique(np.concatenate([ev["start_s"].to_numpy(), waits["start_s"].to_numpy()]))
+    inside = starts[(starts > t_min - period) & (starts < t_min)]
+    edges = np.concatenate([[t_min - period], inside, [t_min]])
+    g = int(np.argmax(np.diff(edges)))
+    t_star = 0.5 * (edges[g] + edges[g + 1])
+
+    delta: dict[int, np.ndarray] = {}
+    for r in tl.ranks:
+        p, a_len = pp_of[r], cut.period_actions[pp_of[r]]
+        c = cut.cut_index[p]
+        while True:  # the block of this rank that holds T*
+            t_prev = t_of(r, c - a_len) if c - a_len >= 0 else None
+            if t_prev is None:
+                return _fail(why, "a rank's block holding T* is not in the simulated steady phase")
+            if t_prev <= t_star:
+                break
+            c -= a_len
+        snaps = []
+        for j in range(1, VERIFY_PERIODS + 2):
+            i = c - j * a_len
+            hit = marks.get(r, {}).get(key(short.actions[p][i])) if i >= 0 else None
+            if hit is None:
+                return _fail(why, 'a mark is missing or the schedule does not repeat there')
+            # the schedule repeats there too
+            if relabel(short.actions[p][i], (j - 1) * cut.q) != short.actions[p][c - a_len]:
+                return _fail(why, "the schedule does not repeat over a rank's observed periods")
+            t0, busy, exposed, nbytes, cont = hit
+            snaps.append((t0, np.array([busy, *exposed, *nbytes, cont], dtype=np.float64)))
+        per = [snaps[j][0] - snaps[j + 1][0] for j in range(VERIFY_PERIODS)]
+        if any(abs(x - period) > tol for x in per):
+            return _fail(why, f"rank {r}'s period differs from the others' ({per} vs {period})")
+        incs = [snaps[j][1] - snaps[j + 1][1] for j in range(VERIFY_PERIODS)]
+        scale = np.maximum(np.abs(incs[0]), 1.0) * 1e-9
+        if any(not np.all(np.abs(x - incs[0]) <= scale) for x in incs[1:]):
+            return _fail(why, 'accumulator increments differ between periods')
+        delta[r] = incs[0]
+
+    ev_parts, w_parts = [], []
+    q = cut.q
+
+    def window(df: pd.DataFrame, j: int) -> pd.DataFrame:
+        lo, hi = t_star - (j + 1) * period, t_star - j * period
+        return df[(df["start_s"] >= lo) & (df["start_s"] < hi)]
+
+    for df, parts, is_ev in ((ev, ev_parts, True), (waits, w_parts, False)):
+        # Verify: every lane's rows in each of the last VERIFY_PERIODS periods before T* are the next one's, shifted.
+        ref = window(df, 0).sort_values(["rank", "start_s", "end_s"], kind="stable")
+        for j in range(1, VERIFY_PERIODS):
+            other = window(df, j).sort_values(["rank", "start_s", "end_s"], kind="stable")
+            if len(other) != len(ref) or not (other["rank"].to_numpy() == ref["rank"].to_numpy()).all():
+                return _fail(why, 'row counts differ between periods')
+            if not _close(other[["start_s", "end_s"]].to_numpy() + j * period, ref[["start_s", "end_s"]].to_numpy(), tol):
+                return _fail(why, 'row times differ between periods')
+            col = "stream" if is_ev else "cause"
+            if not (other[col].astype(str).to_numpy() == ref[col].astype(str).to_numpy()).all():
+                return _fail(why, 'row streams differ between periods')
+        # Build: up to T* as simulated; the verified period n more times; the rest shifted.
+        parts.append(df[df["start_s"] < t_star])
+        parts.append(_copies(window(df, 0), n, period, q, is_ev))
+        parts.append(_shifted(df[df["start_s"] >= t_star], n * period, n * q, is_ev))
+    events = pd.concat(ev_parts, ignore_index=True)
+    new_waits = pd.concat(w_parts, ignore_index=True)
+
+    dims = list(next(iter(tl.exposed_s.values())).keys())
+    nd = len(dims)
+    busy, exposed, nbytes, cont, end_t = {}, {}, {}, {}, {}
+    for r in tl.ranks:
+        g = n * delta[r]
+        busy[r] = tl.busy_compute_s[r] + g[0]
+        exposed[r] = {d: tl.exposed_s[r][d] + g[1 + i] for i, d in enumerate(dims)}
+        nbytes[r] = {d: tl.comm_bytes[r][d] + g[1 + nd + i] for i, d in enumerate(dims)}
+        cont[r] = tl.contention_s.get(r, 0.0) + g[1 + 2 * nd]
+        end_t[r] = tl.end_time_s[r] + n * period
+    return Timeline(
+        events=events, step_time_s=max(end_t.values()), ranks=list(tl.ranks), pp_rank_of=dict(pp_of),
+        busy_compute_s=busy, exposed_s=exposed, comm_bytes=nbytes, sim_wall_s=tl.sim_wall_s, num_events=tl.num_events,
+        mode=tl.mode,
+        # Link statistics of the skipped periods are not replayed: the fabric's per-link bytes
+        # are not sampled per period, so no busiest-link table rather than a wrong one.
+        network_report=[], contention_s=cont, waits=new_waits, end_time_s=end_t,
+        fast_forward={"microbatches_simulated": cut.m_short, "periods_skipped": n, "period_s": period,
+                      "microbatches_per_period": q},
+    )
+
+
+def _template(s: str) -> tuple[list[str], list[int]] | None:
+    """``s`` split around the microbatch numbers it names (action labels, "mb<n>")."""
+    pieces, nums, pos = [], [], 0
+    for mo in _ANY.finditer(s):
+        g = mo.lastindex
+        start, end = mo.span(g)
+        pieces.append(s[pos:start])
+        nums.append(int(mo.group(g)))
+        pos = end
+    if not nums:
+        return None
+    pieces.append(s[pos:])
+    return pieces, nums
+
+
+def _relabelled(strings: np.ndarray, n: int, q: int) -> np.ndarray:
+    """Copies 1..n of ``strings`` (row-major: copy k is block k-1), microbatch numbers advanced by k*q."""
+    m = len(strings)
+    out = np.empty((n, m), dtype=object)
+    cache: dict[str, tuple | None] = {}
+    ks = range(1, n + 1)
+    for j, s in enumerate(strings.tolist()):
+        s = str(s)
+        tpl = cache.get(s, 0)
+        if tpl == 0:
+            tpl = cache[s] = _template(s)
+        if tpl is None:
+            out[:, j] = s
+            continue
+        pieces, nums = tpl
+        tail = pieces[-1]
+        if len(nums) == 1:
+            p0, x0 = pieces[0], nums[0]
+            out[:, j] = [f"{p0}{x0 + k * q}{tail}" for k in ks]
+        else:
+            out[:, j] = ["".join(p + str(x + k * q) for p, x in zip(pieces, nums)) + tail for k in ks]
+    return out.reshape(-1)
+
+
+def _copies(df: pd.DataFrame, n: int, period: float, q: int, is_ev: bool) -> pd.DataFrame:
+    """Copies 1..n of the rows of one period, each shifted by k periods and relabelled by k*q."""
+    if not len(df) or n <= 0:
+        return df.iloc[:0]
+    m = len(df)
+    ks = np.repeat(np.arange(1, n + 1), m)
+    dt = ks * period
+    cols: dict[str, np.ndarray] = {}
+    for col in df.columns:
+        v = df[col].to_numpy(dtype=object) if df[col].dtype == object or str(df[col].dtype).startswith("string") \
+            else df[col].to_numpy()
+        if col in ("start_s", "end_s", "issued_s"):
+            cols[col] = np.tile(v, n) + dt
+        elif col == "microbatch":
+            t = np.tile(v, n)
+            cols[col] = np.where(t >= 0, t + ks * q, t)
+        elif col in ("name", "what"):
+            cols[col] = _relabelled(v, n, q)
+        else:
+            cols[col] = np.tile(v, n)
+    return pd.DataFrame(cols, columns=df.columns)
+
+
+def _shifted(df: pd.DataFrame, dt: float, dmb: int, is_ev: bool) -> pd.DataFrame:
+    if not len(df):
+        return df
+    out = df.copy()
+    out["start_s"] = out["start_s"] + dt
+    out["end_s"] = out["end_s"] + dt
+    if is_ev:
+        mb = out["microbatch"].to_numpy()
+        out["microbatch"] = np.where(mb >= 0, mb + dmb, mb)
+        names = out["name"].astype(object)
+        has = names.str.contains("mb", regex=False).fillna(False).to_numpy(dtype=bool)
+        if has.any():
+            names = names.copy()
+            names[has] = [_relabel_text(s, dmb) for s in names[has]]
+            out["name"] = names
+    else:
+        out["issued_s"] = out["issued_s"] + dt
+        out["what"] = [_relabel_text(str(s), dmb) for s in out["what"]]
+    return out
