@@ -311,11 +311,18 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     if p.loss_all_reduce_per_microbatch and sc.dp > 1:
         # Megatron's loss_func averages each microbatch's loss over dp for logging (one fp32).
         head_ops.append(Op("loss_dp_allreduce", "other", "F", comm=Comm("dp", "all_reduce", 4.0)))
-    head_params = 0.0 if m.tied_embeddings and sc.parallelism.pp == 1 else V * h / t
-    head = LayerOps("head", head_ops, head_params + norm_params)
-    if head_params == 0.0:
-        head.forward = [replace(o, params=0.0) if o.name == "lm_head" else o for o in head.forward]
+    head = LayerOps("head", head_ops, V * h / t + norm_params)
     head.sp_regather = sp
+    if m.tied_embeddings and sc.parallelism.pp == 1:
+        # A tied LM head shares the embedding's matrix, but autograd still runs its weight
+        # gradient: dW = G^T X, 2*T*h*V/tp FLOPs a microbatch, added into the shared matrix's
+        # .grad (Megatron/DeepSpeed GPT: logits = F.linear(x, word_embeddings.weight)). Keep that
+        # GEMM and count the matrix once, on the embedding (as the hf-eager path below does).
+        i_ops, w_ops = head.backward()
+        w_ops = [replace(o, params=0.0) if o.name.startswith("lm_head") else o for o in w_ops]
+        head.forward = [replace(o, params=0.0) if o.name == "lm_head" else o for o in head.forward]
+        head.params = norm_params
+        head.explicit_backward = (i_ops, w_ops)
     layers["head"] = head
     return layers
 
