@@ -21,6 +21,7 @@ import numpy as np
 
 from simulator.scenario import Scenario
 from simulator.workload.kernels import Kernel, adam_kernels, flash_kernel, gemm_kernel, mem_kernel, op_kernels
+from simulator.workload.plan import grad_reduce_bytes
 
 Phase = Literal["F", "I", "W"]
 
@@ -73,6 +74,9 @@ class LayerOps:
     # Megatron SP: norm weights see 1/tp of the tokens, so their gradients are all-reduced over tp
     # (finalize_model_grads._allreduce_layernorm_grads); bytes of this layer's share, fp32.
     tp_norm_grad_bytes: float = 0.0
+    # > 0: every microbatch adds each weight's fresh gradient into its main gradient in a separate
+    # elementwise pass of this many HBM bytes per parameter (no gradient-accumulation fusion).
+    grad_accum_bytes_per_param: float = 0.0
 
     def backward(self) -> tuple[list[Op], list[Op]]:
         """(input-grad ops, weight-grad ops) in execution order (reverse of forward)."""
@@ -115,6 +119,7 @@ class LayerOps:
                     # accumulation over microbatches); with a bias, its reduction and its add.
                     w_ops.append(replace(op, name=op.name + ".wgrad", phase="W", kernel=wk,
                                          launches=2 + (2 if op.bias else 0)))
+                    w_ops += self.grad_accumulate_ops(op)
             elif op.op_class == "attention":
                 # dQ, dK, dV: twice the forward matmul work.
                 k = op.kernel
@@ -141,7 +146,17 @@ class LayerOps:
                     # one add per weight tensor, two with a bias).
                     w_ops.append(replace(op, name=op.name + ".wgrad", phase="W", exec_flops=0.0, model_flops=0.0,
                                          bytes=0.0, launches=2 if op.bias else 1))
+                    w_ops += self.grad_accumulate_ops(op)
         return i_ops, w_ops
+
+    def grad_accumulate_ops(self, op: Op) -> list[Op]:
+        """The pass that adds ``op``'s weight (and bias) gradient into the main gradient: an
+        elementwise kernel timed by its bytes. Its launch is already counted by the wgrad op's
+        ``launches`` (AccumulateGrad's add); its parameters are carried by the wgrad op."""
+        if self.grad_accum_bytes_per_param <= 0 or op.params <= 0:
+            return []
+        return [Op(op.name + ".grad_accumulate", "elementwise", "W", 0.0, 0.0, op.params * self.grad_accum_bytes_per_param,
+                   launches=0)]
 
 
 # Forward collective -> its backward counterpart (None: no backward communication).
@@ -154,6 +169,24 @@ CONJUGATE: dict[str, str | None] = {
     "all_to_all": "all_to_all",
     "ring_step": "ring_step",
 }
+
+
+def grad_accumulate_bytes_per_param(sc: Scenario) -> float:
+    """HBM bytes per parameter of adding one microbatch's weight gradient into the main gradient
+    when the framework does it in a separate pass (``parallelism.grad_accumulation_fusion``
+    false): read the main gradient, read the fresh gradient (parameter dtype), write the
+    main gradient. The main gradient is kept in the gradient-reduction dtype (fp16 for fp16 runs,
+    fp32 otherwise: ``plan.grad_reduce_bytes``). Megatron-LM 2021 and megatron-core without the
+    fusion: ``param.main_grad.add_(param.grad.data)`` in the DDP backward hook, every microbatch
+    (megatron/core/distributed/distributed_data_parallel.py); PyTorch's AccumulateGrad does the
+    same add into ``.grad``. 0 with the fusion (the wgrad GEMM accumulates in its epilogue) and
+    under FSDP (zero 3: gradients are reduce-scattered, not accumulated by this pass)."""
+    p = sc.parallelism
+    if p.grad_accumulation_fusion or p.zero >= 3:
+        return 0.0
+    main = grad_reduce_bytes(sc.dtype, p.zero)
+    fresh = 4.0 if sc.dtype == "fp32" else 2.0  # fp8 runs keep bf16 parameters and gradients
+    return 2.0 * main + fresh
 
 
 def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
@@ -178,6 +211,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     nmb = max(1, sc.num_microbatches)
 
     gpt_bias = m.mlp == "gelu"  # GPT linears and LayerNorms carry biases; Llama's none
+    acc_bpp = grad_accumulate_bytes_per_param(sc)
 
     def gemm(name: str, tokens: int, k: int, n: int) -> Op:
         flops = 2.0 * tokens * k * n
@@ -285,12 +319,14 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
            residual("mlp_residual")]
 
     layers: dict[str, LayerOps] = {}
-    dense = LayerOps("dense", attn + mlp, sp_regather=sp, tp_norm_grad_bytes=2 * norm_params * 4.0 if sp else 0.0)
+    dense = LayerOps("dense", attn + mlp, sp_regather=sp, tp_norm_grad_bytes=2 * norm_params * 4.0 if sp else 0.0,
+                     grad_accum_bytes_per_param=acc_bpp)
     dense.params = sum(o.params for o in dense.forward)
     layers["dense"] = dense
 
     if m.is_moe:
         layers["moe"] = _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt)
+        layers["moe"].grad_accum_bytes_per_param = acc_bpp
 
     # --- embedding (first position) and LM head + loss (last position) ---
     V = m.vocab_size
@@ -300,7 +336,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
         # Vocab-parallel embedding: partial lookups are summed (reduce-scattered with SP).
         emb.append(Op("embedding_reduce", "other", "F", comm=Comm("tp", "reduce_scatter" if sp else "all_reduce", act_bytes)))
     emb_params = V * h / t + (m.max_position_embeddings * h if m.learned_position_embeddings else 0)
-    layers["embedding"] = LayerOps("embedding", emb, emb_params)
+    layers["embedding"] = LayerOps("embedding", emb, emb_params, grad_accum_bytes_per_param=acc_bpp)
     # The embedding table's gradient is a scatter-add; give the lookup's backward the table's
     # parameters so the DP gradient bucket sees them.
     head_ops = [norm("final_norm"), *tp_in("head_in"), gemm("lm_head", T, h, V // t)]
@@ -311,7 +347,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     if p.loss_all_reduce_per_microbatch and sc.dp > 1:
         # Megatron's loss_func averages each microbatch's loss over dp for logging (one fp32).
         head_ops.append(Op("loss_dp_allreduce", "other", "F", comm=Comm("dp", "all_reduce", 4.0)))
-    head = LayerOps("head", head_ops, V * h / t + norm_params)
+    head = LayerOps("head", head_ops, V * h / t + norm_params, grad_accum_bytes_per_param=acc_bpp)
     head.sp_regather = sp
     if m.tied_embeddings and sc.parallelism.pp == 1:
         # A tied LM head shares the embedding's matrix, but autograd still runs its weight
