@@ -289,6 +289,13 @@ class Scenario(BaseModel):
     flash_attention: bool = Field(
         True, description="Fused attention that skips masked causal blocks and stores no s x s scores."
     )
+    framework: Literal["generic", "megatron-2021", "megatron-deepspeed", "torchtitan"] = Field(
+        "generic",
+        description="Training framework, for its per-microbatch host work outside the layers. megatron-2021 / "
+        "megatron-deepspeed: Megatron's get_batch (attention mask, position ids), vocab-parallel cross-entropy "
+        "and loss_func, kernel by kernel (simulator.workload.ops megatron_loss_path). generic, torchtitan: "
+        "one kernel each.",
+    )
     implementation: Literal["megatron", "hf-eager"] = Field(
         "megatron", description="Kernels the framework runs: Megatron's fused layers, or HuggingFace eager PyTorch (every op its own kernel)."
     )

@@ -148,6 +148,7 @@ def megatron_2021_scenario(row: dict[str, str]) -> dict:
         "batch": {"micro_batch_size": int(row["micro_batch_size"]), "global_batch_size": int(row["global_batch_size"]),
                   "seq_length": 2048},
         "recompute": "full",
+        "framework": "megatron-2021",
         "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
         "dtype": "fp16",
         "flash_attention": False,
@@ -322,6 +323,7 @@ def vtrain_scenario(row: dict[str, str]) -> dict:
         "batch": {"micro_batch_size": int(row["micro batch"]), "global_batch_size": int(row["global batch"]),
                   "seq_length": seq},
         "recompute": "full", "schedule": "1f1b", "dtype": "fp16", "flash_attention": False,
+        "framework": "megatron-deepspeed",
         # One node: the alpha-beta network gives the flow fabric's times (all on NVSwitch).
         "network": "alpha-beta",
         "cluster": {"gpus": int(row["# GPUs"]), "gpu": "a100-sxm-80gb", "topology": "dgx-a100-fattree"},

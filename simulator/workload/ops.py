@@ -58,6 +58,7 @@ class Op:
     # Kernels the framework launches for this op (host issue cost, ``host_launch_*_us``).
     launches: int = 1
     bias: bool = False  # a linear with a bias (GPT): its backward reduces and accumulates the bias gradient
+    bwd_launches: int | None = None  # kernels of its backward where they are not 2 per forward kernel
 
 
 @dataclass
@@ -137,9 +138,10 @@ class LayerOps:
                 # Launches: apex's fused LayerNorm backward runs three kernels (input grad, partial
                 # and final gamma/beta grads); an elementwise op's backward two per forward kernel
                 # (the gradient, and the bias-gradient reduction or the residual's gradient sum).
+                launches = 3 if op.op_class == "norm" else 2 * op.launches
                 i_ops.append(replace(op, name=op.name + ".bwd", phase="I", bytes=2 * op.bytes,
                                      exec_flops=2 * op.exec_flops, model_flops=0.0, params=0.0,
-                                     launches=3 if op.op_class == "norm" else 2 * op.launches))
+                                     launches=launches if op.bwd_launches is None else op.bwd_launches))
                 if op.params > 0:
                     # Norm weights: their gradient is a by-product of the input-grad kernel;
                     # a zero-cost W entry carries it to the gradient reduction (AccumulateGrad:
@@ -169,6 +171,39 @@ CONJUGATE: dict[str, str | None] = {
     "all_to_all": "all_to_all",
     "ring_step": "ring_step",
 }
+
+
+# Kernels Megatron runs per microbatch outside the transformer layers, counted from its code (the
+# host issue floor charges each a launch, profile host_launch_*_us). The 2021 Megatron-LM and
+# Megatron-DeepSpeed functions are the same as megatron-core 0.16's where named.
+# Vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py _VocabParallelCrossEntropy;
+# 2021: mpu/cross_entropy.py): forward float cast, max, sub_, lt, ge, or, clone, sub, masked_fill,
+# arange, gather, clone, masked_fill, exp, sum, log, sub, div_ = 18 (its three all-reduces are
+# collectives); backward arange, float, rsub, gather, sub, index_put, mul_, and the fp16 cast of
+# the logits' gradient = 8.
+MEGATRON_CROSS_ENTROPY_LAUNCHES = {"launches": 18, "bwd_launches": 8}
+# pretrain_gpt.py loss_func: loss_mask * losses, two sums, div; average_losses_across_data_parallel
+# _group: clone, cat, div (its all-reduce is loss_dp_allreduce); fp16 loss scaling: mul = 8.
+# Backward: the div's, the mul's, and the scaling's = 4 (the sums' backward is an expand).
+MEGATRON_LOSS_FUNC_LAUNCHES = {"launches": 8, "bwd_launches": 4}
+
+
+def megatron_embedding_launches(learned_positions: bool) -> dict[str, int]:
+    """Megatron's Embedding.forward: word lookup, position lookup, add, dropout (4; 2 without
+    learned positions). Backward: the dropout's, then per table embedding_dense_backward (PyTorch
+    CUDA: zero the gradient, sort the indices, count, segment offsets, partial sums, sums = 6)."""
+    tables = 2 if learned_positions else 1
+    return {"launches": 2 * tables, "bwd_launches": 1 + 6 * tables}
+
+
+def megatron_get_batch(micro_batch_size: int, seq_length: int) -> Op:
+    """Megatron's get_batch, every microbatch: broadcast_data's size tensor to the GPU and back
+    and its data to the GPU (3 copies), labels and tokens made contiguous (2), and
+    get_ltor_masks_and_position_ids: ones, tril, loss-mask ones, arange, < 0.5 (5) = 10 launches.
+    Bytes: the b x s x s fp32 mask written, read and written by tril, read and written as bool.
+    No backward. Its two broadcasts over tp are left out (host only, size-1 groups at tp 1)."""
+    mask = micro_batch_size * seq_length * seq_length
+    return Op("get_batch", "elementwise", "F", 0.0, 0.0, mask * (4 + 8 + 5), launches=10, bwd_bytes=0.0)
 
 
 def grad_accumulate_bytes_per_param(sc: Scenario) -> float:
@@ -331,7 +366,11 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     # --- embedding (first position) and LM head + loss (last position) ---
     V = m.vocab_size
     emb_bytes = Tn * h * dt * (2 if m.learned_position_embeddings else 1)
-    emb = [Op("embedding_lookup", "elementwise", "F", 0.0, 0.0, emb_bytes + T * 8)]
+    megatron_path = sc.framework in ("megatron-2021", "megatron-deepspeed")
+    emb = [Op("embedding_lookup", "elementwise", "F", 0.0, 0.0, emb_bytes + T * 8,
+              **(megatron_embedding_launches(m.learned_position_embeddings) if megatron_path else {}))]
+    if megatron_path:
+        emb.insert(0, megatron_get_batch(b, s_full))
     if t > 1:
         # Vocab-parallel embedding: partial lookups are summed (reduce-scattered with SP).
         emb.append(Op("embedding_reduce", "other", "F", comm=Comm("tp", "reduce_scatter" if sp else "all_reduce", act_bytes)))
@@ -341,7 +380,14 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     # parameters so the DP gradient bucket sees them.
     head_ops = [norm("final_norm"), *tp_in("head_in"), gemm("lm_head", T, h, V // t)]
     # Vocab-parallel cross-entropy over fp32 logits: max, exp-sum, loss, softmax grad.
-    head_ops.append(Op("cross_entropy", "elementwise", "F", 6.0 * T * V / t, 0.0, 3 * T * (V / t) * 4))
+    head_ops.append(Op("cross_entropy", "elementwise", "F", 6.0 * T * V / t, 0.0, 3 * T * (V / t) * 4,
+                       **(MEGATRON_CROSS_ENTROPY_LAUNCHES if megatron_path else {})))
+    if megatron_path:
+        head_ops.append(Op("loss_func", "elementwise", "F", 0.0, 0.0, 3 * T * 4, **MEGATRON_LOSS_FUNC_LAUNCHES))
+        if sc.parallelism.pp > 1:
+            # The last stage loads the microbatch too (labels, loss mask): DeepSpeed's
+            # _exec_load_micro_batch / Megatron's get_batch on first and last stage.
+            head_ops.insert(0, megatron_get_batch(b, s_full))
     if t > 1:
         head_ops.append(Op("cross_entropy_allreduce", "other", "F", comm=Comm("tp", "all_reduce", 3 * T * 4)))
     if p.loss_all_reduce_per_microbatch and sc.dp > 1:
