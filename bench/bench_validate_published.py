@@ -4,15 +4,21 @@ Per-row tables, stated-setup MAPE and mean signed error (what `clustersim valida
 NAME` prints, set by set).
 
     python bench/bench_validate_published.py [NAME ...]
+
+After each table, the errors grouped by layout (pp, tp, microbatch size, model size): a
+systematic error shows up as a trend over one of them.
 """
 
 import sys
 import time
 
-from simulator.calibrate.published import PUBLISHED, print_published, validate_published
+from simulator.calibrate.published import PUBLISHED, group_errors, print_published, validate_published
 
 # Targets of issue 15 (|mean signed error| <= 3% on every set).
 TARGET_MAPE = {"megatron-2021": 0.05, "torchtitan-2024": 0.10, "vtrain-single-node": 0.08}
+# Layout numbers in each set's row labels worth grouping by.
+GROUP_KEYS = {"megatron-2021": ["B", "tp", "pp"], "torchtitan-2024": [],
+              "vtrain-single-node": ["tp", "pp", "dp", "mb", "h", "L", "gb"]}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(PUBLISHED)
@@ -22,6 +28,9 @@ if __name__ == "__main__":
         v = validate_published(name)
         dt = time.perf_counter() - t0
         print_published(v, max_rows=60 if len(v.rows) > 100 else None)
+        for key in GROUP_KEYS[name]:
+            cells = [f"{k:g}: n={n} {mean:+.1%} (MAPE {mape:.1%})" for k, (n, mean, mape) in group_errors(v, key).items()]
+            print(f"  by {key:3s} " + "  ".join(cells))
         summary.append((name, v, dt))
     print()
     for name, v, dt in summary:

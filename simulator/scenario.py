@@ -145,6 +145,12 @@ class ParallelConfig(BaseModel):
         False, description="The last stage all-reduces each microbatch's loss over dp for logging (Megatron's average_losses_across_data_parallel_group)."
     )
     grad_clip: bool = Field(True, description="Clip gradients by their global norm (a norm over all gradients and an all-reduce).")
+    grad_accumulation_fusion: bool = Field(
+        True,
+        description="The weight-gradient GEMM accumulates into the main gradient (Megatron gradient_accumulation_fusion). "
+        "False: every microbatch adds each parameter's gradient into it in a separate pass over HBM "
+        "(Megatron-LM 2021 and megatron-core without the fusion: main_grad.add_(grad); PyTorch AccumulateGrad).",
+    )
     overlap_grad_reduce: bool = Field(True, description="Overlap the DP gradient reduction with backward (DDP/Megatron buckets).")
     grad_bucket_params: int = Field(40_000_000, ge=1, description="Parameters per DP gradient bucket (Megatron default 40M).")
 
@@ -282,6 +288,13 @@ class Scenario(BaseModel):
     fp8: FP8Config = Field(default_factory=lambda: FP8Config(), description="FP8 training recipe (dtype: fp8 only).")
     flash_attention: bool = Field(
         True, description="Fused attention that skips masked causal blocks and stores no s x s scores."
+    )
+    framework: Literal["generic", "megatron-2021", "megatron-deepspeed", "torchtitan"] = Field(
+        "generic",
+        description="Training framework, for its per-microbatch host work outside the layers. megatron-2021 / "
+        "megatron-deepspeed: Megatron's get_batch (attention mask, position ids), vocab-parallel cross-entropy "
+        "and loss_func, kernel by kernel (simulator.workload.ops megatron_loss_path). generic, torchtitan: "
+        "one kernel each.",
     )
     implementation: Literal["megatron", "hf-eager"] = Field(
         "megatron", description="Kernels the framework runs: Megatron's fused layers, or HuggingFace eager PyTorch (every op its own kernel)."

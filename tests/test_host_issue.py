@@ -60,3 +60,24 @@ def test_a_collective_call_costs_the_host_its_measured_c10d_time():
     bare = prof.model_copy(update={"compute": prof.compute.model_copy(update={"host_collective_us": 0.0})})
     assert host_issue_s(bare, ar) == pytest.approx(20e-6)
     assert host_issue_s(bare, Op("x.bwd", "other", "I", comm=Comm("tp", "all_reduce", 4e6))) == pytest.approx(43e-6)
+
+
+def test_megatron_framework_counts_its_data_and_loss_kernels():
+    # Megatron (2021 and DeepSpeed's fork) runs get_batch, a vocab-parallel cross-entropy of 18
+    # kernels and loss_func every microbatch; the generic framework one kernel each.
+    from simulator.workload.ops import build_layer_ops
+
+    data = vtrain_scenario({**_row(1024, 1, 1), "pipeline parallelism": "2", "# GPUs": "2"})
+    launches = {}
+    for fw in ("generic", "megatron-deepspeed"):
+        data["framework"] = fw
+        layers = build_layer_ops(build_scenario(data))
+        fwd = {k: sum(o.launches for o in layers[k].forward if o.comm is None) for k in ("embedding", "head")}
+        bwd = {k: sum(o.launches for o in layers[k].backward()[0] if o.comm is None) for k in ("embedding", "head")}
+        launches[fw] = (fwd, bwd)
+    (gf, gb), (mf, mb) = launches["generic"], launches["megatron-deepspeed"]
+    assert mf["embedding"] == gf["embedding"] + 10 + 3  # get_batch; position lookup, add, dropout
+    # pp > 1: the last stage loads the microbatch too; cross-entropy 18 not 1; loss_func 8.
+    assert mf["head"] == gf["head"] + 10 + 17 + 8
+    assert mb["head"] == gb["head"] + (8 - 2) + 4
+    assert mb["embedding"] == 13  # dropout, and two embedding_dense_backward of 6 kernels

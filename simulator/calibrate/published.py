@@ -30,6 +30,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -109,6 +110,20 @@ class PublishedValidation:
         }
 
 
+def group_errors(v: PublishedValidation, key: str) -> dict[int, tuple[int, float, float]]:
+    """Stated rows grouped by a layout number in their label (``tp``, ``pp``, ``dp``, ``mb``, ``h``,
+    ``L``, ``gb``; ``B`` for Megatron's model size): value -> (rows, mean signed error, MAPE).
+    A pattern here (say, errors that grow with pp) points at a cause; a flat one at none."""
+    pattern = re.compile(rf"(?:^|\s){re.escape(key)}(\d+)(?:\s|$)" if key != "B" else r"^([\d.]+)B\s")
+    groups: dict = {}
+    for r in v.stated_rows:
+        m = pattern.search(r.label)
+        if m is None or math.isnan(r.error):
+            continue
+        groups.setdefault(float(m.group(1)) if key == "B" else int(m.group(1)), []).append(r.error)
+    return {k: (len(e), sum(e) / len(e), sum(map(abs, e)) / len(e)) for k, e in sorted(groups.items())}
+
+
 # --------------------------------------------------------------------------- Megatron SC'21
 
 def megatron_2021_scenario(row: dict[str, str]) -> dict:
@@ -126,10 +141,14 @@ def megatron_2021_scenario(row: dict[str, str]) -> dict:
             "sequence_parallel": False, "pp_scatter_gather": True, "overlap_grad_reduce": False,
             # Megatron-LM 2021: loss_func averages each microbatch's loss over dp; clip-grad 1.0.
             "loss_all_reduce_per_microbatch": True, "grad_clip": True,
+            # Megatron-LM 2021 had no gradient-accumulation fusion (2022): its DDP hook adds
+            # every microbatch's gradient into main_grad (param.main_grad.add_(param.grad.data)).
+            "grad_accumulation_fusion": False,
         },
         "batch": {"micro_batch_size": int(row["micro_batch_size"]), "global_batch_size": int(row["global_batch_size"]),
                   "seq_length": 2048},
         "recompute": "full",
+        "framework": "megatron-2021",
         "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
         "dtype": "fp16",
         "flash_attention": False,
@@ -297,10 +316,14 @@ def vtrain_scenario(row: dict[str, str]) -> dict:
                   "mlp": "gelu", "tied_embeddings": True, "learned_position_embeddings": True,
                   "max_position_embeddings": seq},
         "parallelism": {"tp": tp, "pp": pp, "dp": dp, "zero": 0, "sequence_parallel": False,
-                        "overlap_grad_reduce": False, "loss_all_reduce_per_microbatch": True, "grad_clip": True},
+                        "overlap_grad_reduce": False, "loss_all_reduce_per_microbatch": True, "grad_clip": True,
+                        # DeepSpeed's engine (ZeRO 0) accumulates fp16 gradients in .grad through
+                        # autograd's AccumulateGrad: one add per parameter per microbatch.
+                        "grad_accumulation_fusion": False},
         "batch": {"micro_batch_size": int(row["micro batch"]), "global_batch_size": int(row["global batch"]),
                   "seq_length": seq},
         "recompute": "full", "schedule": "1f1b", "dtype": "fp16", "flash_attention": False,
+        "framework": "megatron-deepspeed",
         # One node: the alpha-beta network gives the flow fabric's times (all on NVSwitch).
         "network": "alpha-beta",
         "cluster": {"gpus": int(row["# GPUs"]), "gpu": "a100-sxm-80gb", "topology": "dgx-a100-fattree"},

@@ -21,6 +21,7 @@ import numpy as np
 
 from simulator.scenario import Scenario
 from simulator.workload.kernels import Kernel, adam_kernels, flash_kernel, gemm_kernel, mem_kernel, op_kernels
+from simulator.workload.plan import grad_reduce_bytes
 
 Phase = Literal["F", "I", "W"]
 
@@ -57,6 +58,7 @@ class Op:
     # Kernels the framework launches for this op (host issue cost, ``host_launch_*_us``).
     launches: int = 1
     bias: bool = False  # a linear with a bias (GPT): its backward reduces and accumulates the bias gradient
+    bwd_launches: int | None = None  # kernels of its backward where they are not 2 per forward kernel
 
 
 @dataclass
@@ -73,6 +75,9 @@ class LayerOps:
     # Megatron SP: norm weights see 1/tp of the tokens, so their gradients are all-reduced over tp
     # (finalize_model_grads._allreduce_layernorm_grads); bytes of this layer's share, fp32.
     tp_norm_grad_bytes: float = 0.0
+    # > 0: every microbatch adds each weight's fresh gradient into its main gradient in a separate
+    # elementwise pass of this many HBM bytes per parameter (no gradient-accumulation fusion).
+    grad_accum_bytes_per_param: float = 0.0
 
     def backward(self) -> tuple[list[Op], list[Op]]:
         """(input-grad ops, weight-grad ops) in execution order (reverse of forward)."""
@@ -115,6 +120,7 @@ class LayerOps:
                     # accumulation over microbatches); with a bias, its reduction and its add.
                     w_ops.append(replace(op, name=op.name + ".wgrad", phase="W", kernel=wk,
                                          launches=2 + (2 if op.bias else 0)))
+                    w_ops += self.grad_accumulate_ops(op)
             elif op.op_class == "attention":
                 # dQ, dK, dV: twice the forward matmul work.
                 k = op.kernel
@@ -132,16 +138,27 @@ class LayerOps:
                 # Launches: apex's fused LayerNorm backward runs three kernels (input grad, partial
                 # and final gamma/beta grads); an elementwise op's backward two per forward kernel
                 # (the gradient, and the bias-gradient reduction or the residual's gradient sum).
+                launches = 3 if op.op_class == "norm" else 2 * op.launches
                 i_ops.append(replace(op, name=op.name + ".bwd", phase="I", bytes=2 * op.bytes,
                                      exec_flops=2 * op.exec_flops, model_flops=0.0, params=0.0,
-                                     launches=3 if op.op_class == "norm" else 2 * op.launches))
+                                     launches=launches if op.bwd_launches is None else op.bwd_launches))
                 if op.params > 0:
                     # Norm weights: their gradient is a by-product of the input-grad kernel;
                     # a zero-cost W entry carries it to the gradient reduction (AccumulateGrad:
                     # one add per weight tensor, two with a bias).
                     w_ops.append(replace(op, name=op.name + ".wgrad", phase="W", exec_flops=0.0, model_flops=0.0,
                                          bytes=0.0, launches=2 if op.bias else 1))
+                    w_ops += self.grad_accumulate_ops(op)
         return i_ops, w_ops
+
+    def grad_accumulate_ops(self, op: Op) -> list[Op]:
+        """The pass that adds ``op``'s weight (and bias) gradient into the main gradient: an
+        elementwise kernel timed by its bytes. Its launch is already counted by the wgrad op's
+        ``launches`` (AccumulateGrad's add); its parameters are carried by the wgrad op."""
+        if self.grad_accum_bytes_per_param <= 0 or op.params <= 0:
+            return []
+        return [Op(op.name + ".grad_accumulate", "elementwise", "W", 0.0, 0.0, op.params * self.grad_accum_bytes_per_param,
+                   launches=0)]
 
 
 # Forward collective -> its backward counterpart (None: no backward communication).
@@ -154,6 +171,57 @@ CONJUGATE: dict[str, str | None] = {
     "all_to_all": "all_to_all",
     "ring_step": "ring_step",
 }
+
+
+# Kernels Megatron runs per microbatch outside the transformer layers, counted from its code (the
+# host issue floor charges each a launch, profile host_launch_*_us). The 2021 Megatron-LM and
+# Megatron-DeepSpeed functions are the same as megatron-core 0.16's where named.
+# Vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py _VocabParallelCrossEntropy;
+# 2021: mpu/cross_entropy.py): forward float cast, max, sub_, lt, ge, or, clone, sub, masked_fill,
+# arange, gather, clone, masked_fill, exp, sum, log, sub, div_ = 18 (its three all-reduces are
+# collectives); backward arange, float, rsub, gather, sub, index_put, mul_, and the fp16 cast of
+# the logits' gradient = 8.
+MEGATRON_CROSS_ENTROPY_LAUNCHES = {"launches": 18, "bwd_launches": 8}
+# pretrain_gpt.py loss_func: loss_mask * losses, two sums, div; average_losses_across_data_parallel
+# _group: clone, cat, div (its all-reduce is loss_dp_allreduce); fp16 loss scaling: mul = 8.
+# Backward: the div's, the mul's, and the scaling's = 4 (the sums' backward is an expand).
+MEGATRON_LOSS_FUNC_LAUNCHES = {"launches": 8, "bwd_launches": 4}
+
+
+def megatron_embedding_launches(learned_positions: bool) -> dict[str, int]:
+    """Megatron's Embedding.forward: word lookup, position lookup, add, dropout (4; 2 without
+    learned positions). Backward: the dropout's, then per table embedding_dense_backward (PyTorch
+    CUDA: zero the gradient, sort the indices, count, segment offsets, partial sums, sums = 6)."""
+    tables = 2 if learned_positions else 1
+    return {"launches": 2 * tables, "bwd_launches": 1 + 6 * tables}
+
+
+def megatron_get_batch(micro_batch_size: int, seq_length: int) -> Op:
+    """Megatron's get_batch, every microbatch: broadcast_data's size tensor to the GPU and back
+    and its data to the GPU (3 copies), labels and tokens made contiguous (2), and
+    get_ltor_masks_and_position_ids: ones, tril, loss-mask ones, arange, < 0.5 (5) = 10 launches.
+    Bytes: the b x s x s fp32 mask written, read and written by tril, read and written as bool.
+    No backward. Its two broadcasts over tp are left out (host only, size-1 groups at tp 1)."""
+    mask = micro_batch_size * seq_length * seq_length
+    return Op("get_batch", "elementwise", "F", 0.0, 0.0, mask * (4 + 8 + 5), launches=10, bwd_bytes=0.0)
+
+
+def grad_accumulate_bytes_per_param(sc: Scenario) -> float:
+    """HBM bytes per parameter of adding one microbatch's weight gradient into the main gradient
+    when the framework does it in a separate pass (``parallelism.grad_accumulation_fusion``
+    false): read the main gradient, read the fresh gradient (parameter dtype), write the
+    main gradient. The main gradient is kept in the gradient-reduction dtype (fp16 for fp16 runs,
+    fp32 otherwise: ``plan.grad_reduce_bytes``). Megatron-LM 2021 and megatron-core without the
+    fusion: ``param.main_grad.add_(param.grad.data)`` in the DDP backward hook, every microbatch
+    (megatron/core/distributed/distributed_data_parallel.py); PyTorch's AccumulateGrad does the
+    same add into ``.grad``. 0 with the fusion (the wgrad GEMM accumulates in its epilogue) and
+    under FSDP (zero 3: gradients are reduce-scattered, not accumulated by this pass)."""
+    p = sc.parallelism
+    if p.grad_accumulation_fusion or p.zero >= 3:
+        return 0.0
+    main = grad_reduce_bytes(sc.dtype, p.zero)
+    fresh = 4.0 if sc.dtype == "fp32" else 2.0  # fp8 runs keep bf16 parameters and gradients
+    return 2.0 * main + fresh
 
 
 def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
@@ -178,6 +246,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     nmb = max(1, sc.num_microbatches)
 
     gpt_bias = m.mlp == "gelu"  # GPT linears and LayerNorms carry biases; Llama's none
+    acc_bpp = grad_accumulate_bytes_per_param(sc)
 
     def gemm(name: str, tokens: int, k: int, n: int) -> Op:
         flops = 2.0 * tokens * k * n
@@ -285,37 +354,57 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
            residual("mlp_residual")]
 
     layers: dict[str, LayerOps] = {}
-    dense = LayerOps("dense", attn + mlp, sp_regather=sp, tp_norm_grad_bytes=2 * norm_params * 4.0 if sp else 0.0)
+    dense = LayerOps("dense", attn + mlp, sp_regather=sp, tp_norm_grad_bytes=2 * norm_params * 4.0 if sp else 0.0,
+                     grad_accum_bytes_per_param=acc_bpp)
     dense.params = sum(o.params for o in dense.forward)
     layers["dense"] = dense
 
     if m.is_moe:
         layers["moe"] = _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt)
+        layers["moe"].grad_accum_bytes_per_param = acc_bpp
 
     # --- embedding (first position) and LM head + loss (last position) ---
     V = m.vocab_size
     emb_bytes = Tn * h * dt * (2 if m.learned_position_embeddings else 1)
-    emb = [Op("embedding_lookup", "elementwise", "F", 0.0, 0.0, emb_bytes + T * 8)]
+    megatron_path = sc.framework in ("megatron-2021", "megatron-deepspeed")
+    emb = [Op("embedding_lookup", "elementwise", "F", 0.0, 0.0, emb_bytes + T * 8,
+              **(megatron_embedding_launches(m.learned_position_embeddings) if megatron_path else {}))]
+    if megatron_path:
+        emb.insert(0, megatron_get_batch(b, s_full))
     if t > 1:
         # Vocab-parallel embedding: partial lookups are summed (reduce-scattered with SP).
         emb.append(Op("embedding_reduce", "other", "F", comm=Comm("tp", "reduce_scatter" if sp else "all_reduce", act_bytes)))
     emb_params = V * h / t + (m.max_position_embeddings * h if m.learned_position_embeddings else 0)
-    layers["embedding"] = LayerOps("embedding", emb, emb_params)
+    layers["embedding"] = LayerOps("embedding", emb, emb_params, grad_accum_bytes_per_param=acc_bpp)
     # The embedding table's gradient is a scatter-add; give the lookup's backward the table's
     # parameters so the DP gradient bucket sees them.
     head_ops = [norm("final_norm"), *tp_in("head_in"), gemm("lm_head", T, h, V // t)]
     # Vocab-parallel cross-entropy over fp32 logits: max, exp-sum, loss, softmax grad.
-    head_ops.append(Op("cross_entropy", "elementwise", "F", 6.0 * T * V / t, 0.0, 3 * T * (V / t) * 4))
+    head_ops.append(Op("cross_entropy", "elementwise", "F", 6.0 * T * V / t, 0.0, 3 * T * (V / t) * 4,
+                       **(MEGATRON_CROSS_ENTROPY_LAUNCHES if megatron_path else {})))
+    if megatron_path:
+        head_ops.append(Op("loss_func", "elementwise", "F", 0.0, 0.0, 3 * T * 4, **MEGATRON_LOSS_FUNC_LAUNCHES))
+        if sc.parallelism.pp > 1:
+            # The last stage loads the microbatch too (labels, loss mask): DeepSpeed's
+            # _exec_load_micro_batch / Megatron's get_batch on first and last stage.
+            head_ops.insert(0, megatron_get_batch(b, s_full))
     if t > 1:
         head_ops.append(Op("cross_entropy_allreduce", "other", "F", comm=Comm("tp", "all_reduce", 3 * T * 4)))
     if p.loss_all_reduce_per_microbatch and sc.dp > 1:
         # Megatron's loss_func averages each microbatch's loss over dp for logging (one fp32).
         head_ops.append(Op("loss_dp_allreduce", "other", "F", comm=Comm("dp", "all_reduce", 4.0)))
-    head_params = 0.0 if m.tied_embeddings and sc.parallelism.pp == 1 else V * h / t
-    head = LayerOps("head", head_ops, head_params + norm_params)
-    if head_params == 0.0:
-        head.forward = [replace(o, params=0.0) if o.name == "lm_head" else o for o in head.forward]
+    head = LayerOps("head", head_ops, V * h / t + norm_params, grad_accum_bytes_per_param=acc_bpp)
     head.sp_regather = sp
+    if m.tied_embeddings and sc.parallelism.pp == 1:
+        # A tied LM head shares the embedding's matrix, but autograd still runs its weight
+        # gradient: dW = G^T X, 2*T*h*V/tp FLOPs a microbatch, added into the shared matrix's
+        # .grad (Megatron/DeepSpeed GPT: logits = F.linear(x, word_embeddings.weight)). Keep that
+        # GEMM and count the matrix once, on the embedding (as the hf-eager path below does).
+        i_ops, w_ops = head.backward()
+        w_ops = [replace(o, params=0.0) if o.name.startswith("lm_head") else o for o in w_ops]
+        head.forward = [replace(o, params=0.0) if o.name == "lm_head" else o for o in head.forward]
+        head.params = norm_params
+        head.explicit_backward = (i_ops, w_ops)
     layers["head"] = head
     return layers
 

@@ -229,6 +229,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     bwd: dict[str, tuple[list[Op], list[Op]]] = {k: lo.backward() for k, lo in layer_kinds.items()}
     emb = layer_kinds["embedding"]
     emb_w = [Op("embedding_wgrad", "elementwise", "W", 0.0, 0.0, emb.forward[0].bytes, params=emb.params)]
+    emb_w += emb.grad_accumulate_ops(emb_w[0])
     bwd["embedding"] = (bwd["embedding"][0], emb_w)
 
     # Every op's duration in one vectorised call (DESIGN rule 2).
