@@ -283,6 +283,10 @@ class Scenario(BaseModel):
     flash_attention: bool = Field(
         True, description="Fused attention that skips masked causal blocks and stores no s x s scores."
     )
+    attention_kernel: Literal["default", "fa2"] = Field(
+        "default", description="Fused attention kernel (flash_attention only): default = the profile's attention figures; "
+        "fa2 = FlashAttention-2, what PyTorch SDPA's flash backend runs (torchtitan), at the profile's fa2_* figures."
+    )
     implementation: Literal["megatron", "hf-eager"] = Field(
         "megatron", description="Kernels the framework runs: Megatron's fused layers, or HuggingFace eager PyTorch (every op its own kernel)."
     )

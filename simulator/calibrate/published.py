@@ -246,6 +246,11 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
         "schedule": "interleaved-1f1b" if "Interleaved" in sched else "1f1b",
         "dtype": "fp8" if fp8 else "bf16",
         "flash_attention": True,
+        # torchtitan calls F.scaled_dot_product_attention; on H100/H200 its flash backend is
+        # FlashAttention-2 (torchtitan 0.1.0 models/attention.py puts FLASH_ATTENTION first and
+        # cuDNN first only on B200; PyTorch's 2024 context-parallel attention dispatched the flash
+        # and efficient SDPA ops only). On A100 the profile's attention figures are FA2's.
+        "attention_kernel": "fa2",
         "cluster": {"gpus": gpus, "gpu": gpu, "topology": topo},
     }
     if fp8_cfg:
