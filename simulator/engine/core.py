@@ -252,6 +252,10 @@ class Engine:
         if ev is not None and not ev.triggered:
             ev.succeed()
 
+    def _slowdown(self, rank: int) -> float:
+        """Factor on compute time at the SMs ``rank``'s communication kernels hold now."""
+        return compute_slowdown(self.sm_count, self.sms_taken[rank])
+
     def _contended_compute(self, rank: int, work_s: float):
         """Run ``work_s`` seconds of (uncontended) compute while NCCL kernels hold SMs: at
         1/compute_slowdown of full speed while they do, at full speed once they are done. Returns
@@ -260,7 +264,7 @@ class Engine:
         t_start = env.now
         left = work_s
         while left > 0.0:
-            f = compute_slowdown(self.sm_count, self.sms_taken[rank])
+            f = self._slowdown(rank)
             if f == 1.0:
                 yield env.timeout(left)
                 break
