@@ -279,9 +279,12 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
         "dtype": "fp8" if fp8 else "bf16",
         "flash_attention": True,
         # torchtitan calls F.scaled_dot_product_attention; on H100/H200 its flash backend is
-        # FlashAttention-2 (torchtitan 0.1.0 models/attention.py puts FLASH_ATTENTION first and
-        # cuDNN first only on B200; PyTorch's 2024 context-parallel attention dispatched the flash
-        # and efficient SDPA ops only). On A100 the profile's attention figures are FA2's.
+        # FlashAttention-2. Read from torchtitan 0.1.0 (PyPI, mid-2025, the era of the async-TP
+        # and Trainy rows): models/attention.py puts FLASH_ATTENTION first and cuDNN first only
+        # on B200. The Dec 2024 runs: PyTorch's context-parallel attention handled the flash and
+        # efficient SDPA ops (from memory of torch's experimental _attention.py, not re-read);
+        # the Dec 2024 non-CP rows took the torch nightly's default order, not checked here
+        # (those rows are not stated anyway). On A100 the profile's attention figures are FA2's.
         "attention_kernel": "fa2",
         "cluster": {"gpus": gpus, "gpu": gpu, "topology": topo},
     }
