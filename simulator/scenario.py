@@ -296,6 +296,10 @@ class Scenario(BaseModel):
         "and loss_func, kernel by kernel (simulator.workload.ops megatron_loss_path). generic, torchtitan: "
         "one kernel each.",
     )
+    attention_kernel: Literal["default", "fa2"] = Field(
+        "default", description="Fused attention kernel (flash_attention only): default = the profile's attention figures; "
+        "fa2 = FlashAttention-2, what PyTorch SDPA's flash backend runs (torchtitan), at the profile's fa2_* figures."
+    )
     implementation: Literal["megatron", "hf-eager"] = Field(
         "megatron", description="Kernels the framework runs: Megatron's fused layers, or HuggingFace eager PyTorch (every op its own kernel)."
     )

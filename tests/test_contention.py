@@ -44,10 +44,28 @@ def test_overlapped_collective_slows_the_compute_it_overlaps():
     seg_b = ev[(ev.stream == "compute") & (ev.name == "b")].iloc[0]
     comm = ev[ev.stream == "tp"].iloc[0]
     dur = seg_b.end_s - seg_b.start_s
-    # The whole of segment b starts while the all-reduce holds its SMs: 132 / (132 - 24) longer.
+    # Segment b starts with the all-reduce holding its SMs: while it runs, b goes at
+    # (132 - 24) / 132 of full speed; once it is done, at full speed again.
     assert comm.start_s == pytest.approx(seg_b.start_s)
-    assert dur == pytest.approx(5e-3 * sm / (sm - COLLECTIVE_CTAS), rel=1e-9)
+    comm_s = comm.end_s - comm.start_s
+    f = sm / (sm - COLLECTIVE_CTAS)
+    assert comm_s / f < 5e-3  # the all-reduce ends before b's work does
+    assert dur == pytest.approx(5e-3 + comm_s * (1 - 1 / f), rel=1e-9)
+    assert dur < 5e-3 * f  # not the whole segment slowed
     assert tl.contention_s[tl.ranks[0]] == pytest.approx(dur - 5e-3, rel=1e-9)
+
+
+def test_contended_segment_longer_than_its_collective_is_slowed_throughout():
+    # A segment shorter than the collective's share of it runs slowed from start to end.
+    sm = 132
+    prog = _program(overlap=True)
+    seg = prog.segments[(0, "F")]
+    seg.compute_s[1] = 1e-5
+    prof = load_profile("h100-sxm-80gb")
+    tl = Engine(prog, TierNetwork(load_topology("dgx-h100-fattree").node, prof.comm), sm_count=sm).run()
+    ev = tl.events
+    seg_b = ev[(ev.stream == "compute") & (ev.name == "b")].iloc[0]
+    assert seg_b.end_s - seg_b.start_s == pytest.approx(1e-5 * sm / (sm - COLLECTIVE_CTAS), rel=1e-9)
 
 
 def test_slowdown_vanishes_without_overlap():

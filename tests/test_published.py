@@ -45,8 +45,15 @@ def test_torchtitan_rows_build_and_unstated_setups_are_marked():
         if row["precision"].startswith("fp8"):
             assert sc.dtype == "fp8"
         stated += not missing
-    # Table 2 (CP), the Trainy H200 rows and most A100 rows state their setup.
-    assert 8 <= stated <= 20
+        if int(row["num_gpus"]) > 8 and "Gb/s" not in row["notes"]:
+            # validation/README.md names the GPU only: a multi-node run's fabric is not stated.
+            assert any("inter-node fabric not stated" in m for m in missing)
+        if not row["torch_compile"].strip():
+            assert "torch.compile not stated" in missing
+    # Read literally, only Table 2's one-node rows (FSDP x CP on 8 GPUs, sequence stated) and the
+    # Trainy H200 rows (config file and 400 Gb/s stated) state everything the time depends on; the
+    # A100 rows leave out the fabric between their 8 nodes and whether torch.compile was on.
+    assert stated == 6
 
 
 def test_torchtitan_h200_row_simulates_as_stated():
@@ -124,3 +131,31 @@ def test_group_errors_groups_stated_rows_by_layout():
     assert g[2] == (2, pytest.approx(0.1), pytest.approx(0.1))
     m = group_errors(PublishedValidation("m", [PublishedRow("76.1B tp8 pp4 dp32", 1024, 16.0, 15.2)]), "B")
     assert list(m) == [76.1]
+def test_torchtitan_stated_rows_error_as_measured():
+    # Issue 15 targets MAPE <= 10% and |mean signed| <= 3%; what the model reaches, pinned so a
+    # change shows (see the bench's per-feature table and docs/design-notes.md for the causes:
+    # the 500 W HBM2e H100s have no sourced spec and run on the H100 SXM profile).
+    v = validate_published("torchtitan-2024", stated_only=True)
+    assert len(v.rows) == 6 and all(r.stated for r in v.rows)
+    assert v.mape == pytest.approx(0.311, abs=0.015)
+    assert v.mean_signed_error == pytest.approx(-0.311, abs=0.015)
+    groups = v.feature_groups()
+    assert groups["cp"]["stated_rows"] == 3 and groups["h200"]["stated_rows"] == 2
+
+
+def test_fa2_attention_kernel_is_slower_on_hopper_only():
+    from simulator.profile import load_profile
+    from simulator.workload.ops import build_layer_ops, op_durations_s
+
+    base = {"name": "a", "model": "llama3-8b", "parallelism": {"dp": 8, "zero": 3},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 8192}}
+    for gpu, ratio in (("h100-sxm-80gb", 0.55 / 0.34), ("a100-sxm-80gb", 1.0), ("h200-sxm-141gb", 0.55 / 0.34)):
+        times = {}
+        for kernel in ("default", "fa2"):
+            sc = build_scenario({**base, "attention_kernel": kernel,
+                                 "cluster": {"gpus": 8, "gpu": gpu, "topology": "dgx-h100-fattree"}})
+            ops = [o for o in build_layer_ops(sc)["dense"].forward if o.op_class == "attention"]
+            times[kernel] = float(op_durations_s(load_profile(gpu), ops, sc).sum())
+        # FA2 reaches 0.34 of Hopper's peak (Dao 2023) against 0.55 for the default kernel;
+        # A100's attention figures are FA2's already (the launch floor is shared).
+        assert times["fa2"] / times["default"] == pytest.approx(ratio, rel=0.01), gpu

@@ -59,6 +59,7 @@ class PublishedRow:
     stated: bool = True  # the source states every setting the time depends on
     reason: str = ""  # why not stated (shown; the row is left out of the stated-setup figures)
     note: str = ""  # how the row was simulated where it departs from the source's hardware/software
+    features: tuple[str, ...] = ()  # what the run used (torchtitan: fsdp-only, tp, cp, pp, float8, compile, ac-...)
 
     @property
     def error(self) -> float:
@@ -86,6 +87,26 @@ class PublishedValidation:
         rows = self.stated_rows
         return sum(r.error for r in rows) / len(rows) if rows else math.nan
 
+    def feature_groups(self) -> dict[str, dict[str, float]]:
+        """Per feature (a row may count in several): rows, stated rows, and MAPE / mean signed
+        error over all rows and over the stated ones (NaN where none)."""
+        out: dict[str, dict[str, float]] = {}
+        feats = sorted({f for r in self.rows for f in r.features})
+        for f in feats:
+            rows = [r for r in self.rows if f in r.features and not math.isnan(r.error)]
+            st = [r for r in rows if r.stated]
+
+            def stats(rs):
+                if not rs:
+                    return math.nan, math.nan
+                return sum(abs(r.error) for r in rs) / len(rs), sum(r.error for r in rs) / len(rs)
+
+            m_all, s_all = stats(rows)
+            m_st, s_st = stats(st)
+            out[f] = {"rows": len(rows), "stated_rows": len(st), "mape_all": m_all, "mean_signed_all": s_all,
+                      "mape_stated": m_st, "mean_signed_stated": s_st}
+        return out
+
     @property
     def mape_all(self) -> float:
         errs = [abs(r.error) for r in self.rows if not math.isnan(r.error)]
@@ -106,7 +127,8 @@ class PublishedValidation:
                           predicted_step_time_s=num(r.predicted_step_time_s), step_time_error=num(r.error),
                           published_tflops_per_gpu=r.published_tflops_per_gpu,
                           predicted_tflops_per_gpu=r.predicted_tflops_per_gpu, stated=r.stated, reason=r.reason,
-                          note=r.note) for r in self.rows],
+                          note=r.note, features=list(r.features)) for r in self.rows],
+            "feature_groups": {f: {k: num(x) for k, x in st.items()} for f, st in self.feature_groups().items()},
         }
 
 
@@ -233,19 +255,29 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
     sched = row["schedule"].strip()
     if pp > 1:
         missing.append("pipeline microbatch count / virtual stages not stated")
+    # The global batch may be left out: torchtitan of 2024 had no gradient accumulation, so every
+    # rank runs local_batch_size sequences a step whatever the global figure.
+    if gpus > 8 and "Gb/s" not in row["notes"]:
+        # More than one 8-GPU node: FSDP (and PP/TP) traffic crosses a fabric the source does not
+        # describe (validation/README.md names only the GPU; only the Trainy rows give 400 Gb/s).
+        missing.append(f"inter-node fabric not stated ({gpus} GPUs = {gpus // 8} nodes)")
+    compile_cell = row["torch_compile"].strip()
+    if not compile_cell:
+        # Table 1 of the same source shows compile alone worth 14-16% of throughput.
+        missing.append("torch.compile not stated")
     gpu_cell = row["gpu"]
     if gpu_cell.startswith("H200"):
         gpu, topo = "h200-sxm-141gb", "dgx-h200"
         notes.append("H200 on DGX H200 fat-tree (400 Gb/s per GPU stated)")
     elif gpu_cell.startswith("A100"):
         gpu, topo = "a100-sxm-80gb", "dgx-a100-fattree"
-        notes.append("A100 80GB; interconnect not stated (DGX A100 fat-tree assumed)")
+        notes.append("A100 80GB on the DGX A100 fat-tree (8 x 200 Gb/s HDR per node; assumed)")
     else:
         gpu, topo = "h100-sxm-80gb", "dgx-h100-fattree"
         # No public spec of that part in our sources: its 500 W cap lowers sustained clocks and
         # HBM2e is slower than HBM3, so the 80 GB SXM profile predicts these rows too fast.
         notes.append("H100 96GB HBM2e 500 W run on the H100 SXM 80GB profile (no sourced spec; optimistic)")
-    if row["torch_compile"].strip() == "yes":
+    if compile_cell == "yes":
         notes.append("torch.compile fusions not modelled")
     if row["async_tp"].strip() == "yes":
         notes.append("async TP overlap not modelled (TP collectives block)")
@@ -265,6 +297,14 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
         "schedule": "interleaved-1f1b" if "Interleaved" in sched else "1f1b",
         "dtype": "fp8" if fp8 else "bf16",
         "flash_attention": True,
+        # torchtitan calls F.scaled_dot_product_attention; on H100/H200 its flash backend is
+        # FlashAttention-2. Read from torchtitan 0.1.0 (PyPI, mid-2025, the era of the async-TP
+        # and Trainy rows): models/attention.py puts FLASH_ATTENTION first and cuDNN first only
+        # on B200. The Dec 2024 runs: PyTorch's context-parallel attention handled the flash and
+        # efficient SDPA ops (from memory of torch's experimental _attention.py, not re-read);
+        # the Dec 2024 non-CP rows took the torch nightly's default order, not checked here
+        # (those rows are not stated anyway). On A100 the profile's attention figures are FA2's.
+        "attention_kernel": "fa2",
         "cluster": {"gpus": gpus, "gpu": gpu, "topology": topo},
     }
     if fp8_cfg:
@@ -274,7 +314,22 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
     return sc, missing, notes
 
 
-def _torchtitan_rows(table: list[dict[str, str]], run) -> list[PublishedRow]:
+def torchtitan_features(row: dict[str, str], sc: dict) -> tuple[str, ...]:
+    """What a torchtitan row used, for errors grouped by feature."""
+    p = sc["parallelism"]
+    f = []
+    if p["tp"] == 1 and p["pp"] == 1 and p["cp"] == 1:
+        f.append("fsdp-only")
+    f += [name for name, on in (("tp", p["tp"] > 1), ("async-tp", row["async_tp"].strip() == "yes"), ("pp", p["pp"] > 1),
+                                ("cp", p["cp"] > 1), ("float8", sc["dtype"] == "fp8"),
+                                ("compile", row["torch_compile"].strip() == "yes")) if on]
+    f.append(f"ac-{sc['recompute']}")
+    f.append("a100" if sc["cluster"]["gpu"].startswith("a100") else "h200" if sc["cluster"]["gpu"].startswith("h200")
+             else "h100")
+    return tuple(f)
+
+
+def _torchtitan_rows(table: list[dict[str, str]], run, stated_only: bool = False) -> list[PublishedRow]:
     rows = []
     for row in table:
         sc, missing, notes = torchtitan_scenario(row)
@@ -282,16 +337,19 @@ def _torchtitan_rows(table: list[dict[str, str]], run) -> list[PublishedRow]:
         label = f"{row['model']}: {row['table']}"
         tps = float(row["measured_value"])
         tokens_per_gpu = sc["batch"]["global_batch_size"] * sc["batch"]["seq_length"] / gpus
+        feats = torchtitan_features(row, sc)
+        if stated_only and missing:
+            continue
         try:
             rep = run(label, sc)
             predicted = rep.step_time_s
         except UserError as exc:
             rows.append(PublishedRow(label, gpus, tokens_per_gpu / tps, math.nan, stated=False,
-                                     reason=f"not simulable: {exc}", note="; ".join(notes)))
+                                     reason=f"not simulable: {exc}", note="; ".join(notes), features=feats))
             continue
         rows.append(PublishedRow(
             label=label, gpus=gpus, published_step_time_s=tokens_per_gpu / tps, predicted_step_time_s=predicted,
-            stated=not missing, reason="; ".join(missing), note="; ".join(notes),
+            stated=not missing, reason="; ".join(missing), note="; ".join(notes), features=feats,
         ))
     return rows
 
@@ -362,9 +420,10 @@ def read_table(name: str) -> list[dict[str, str]]:
 
 
 def validate_published(name: str, progress: Callable[[str], None] | None = None,
-                       limit: int | None = None) -> PublishedValidation:
+                       limit: int | None = None, stated_only: bool = False) -> PublishedValidation:
     """Simulate every row (each unique scenario once); ``progress`` hears about each simulation.
-    ``limit``: only the first rows (tests)."""
+    ``limit``: only the first rows (tests). ``stated_only`` (torchtitan-2024): simulate only the
+    rows whose setup the source states (the stated-setup figures are the same)."""
     table = read_table(name)
     if limit is not None:
         table = table[:limit]
@@ -383,7 +442,8 @@ def validate_published(name: str, progress: Callable[[str], None] | None = None,
         return rep
 
     builder = {"megatron-2021": _megatron_rows, "torchtitan-2024": _torchtitan_rows, "vtrain-single-node": _vtrain_rows}[name]
-    return PublishedValidation(name, builder(table, run), list(SET_NOTES[name]))
+    rows = builder(table, run, stated_only=True) if stated_only and name == "torchtitan-2024" else builder(table, run)
+    return PublishedValidation(name, rows, list(SET_NOTES[name]))
 
 
 def print_published(v: PublishedValidation, max_rows: int | None = None) -> None:
@@ -416,6 +476,19 @@ def print_published(v: PublishedValidation, max_rows: int | None = None) -> None
         con.print(f"({len(v.rows) - max_rows} more rows; --json lists all)")
     if any(not r.stated for r in v.rows):
         con.print("* setup not fully stated by the source: shown, left out of the stated-setup MAPE and mean error")
+    groups = v.feature_groups()
+    if groups:
+        g = Table(title=f"{v.name}: error by feature (a row counts under each feature it used)")
+        for col in ("feature", "rows", "MAPE", "mean signed", "stated rows", "stated MAPE", "stated mean signed"):
+            g.add_column(col, justify="left" if col == "feature" else "right")
+
+        def pct(x: float) -> str:
+            return "-" if math.isnan(x) else f"{x:+.1%}"
+
+        for f, st in groups.items():
+            g.add_row(f, str(st["rows"]), pct(st["mape_all"]).lstrip("+"), pct(st["mean_signed_all"]),
+                      str(st["stated_rows"]), pct(st["mape_stated"]).lstrip("+"), pct(st["mean_signed_stated"]))
+        con.print(g)
     for note in v.notes:
         con.print(f"note: {note}")
     con.print(f"{v.name}: MAPE {v.mape:.1%}, mean signed error {v.mean_signed_error:+.1%} over {len(v.stated_rows)} stated rows "

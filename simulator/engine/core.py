@@ -211,6 +211,7 @@ class Engine:
         self.comm_bytes = {r: dict.fromkeys(DIMS, 0.0) for r in self.ranks}
         self.sms_taken = dict.fromkeys(self.ranks, 0)  # SMs held by this rank's running NCCL kernels
         self.contention = dict.fromkeys(self.ranks, 0.0)
+        self._sm_change: dict[int, simpy.Event] = {}  # rank -> wakes its contended compute segment
         self.waiting_on: dict[int, object] = {}  # rank -> the instruction it waits on
         self.finished: set[int] = set()
         self.end_time: dict[int, float] = {}
@@ -252,6 +253,43 @@ class Engine:
             waits=pd.DataFrame.from_records(self.wait_rows, columns=WAIT_COLUMNS),
             end_time_s=dict(self.end_time),
         )
+
+    def _take_sms(self, rank: int, ctas: int) -> None:
+        """NCCL kernels of ``rank`` take (ctas > 0) or release SMs; a compute segment running
+        contended re-times itself at the new share."""
+        self.sms_taken[rank] += ctas
+        ev = self._sm_change.pop(rank, None)
+        if ev is not None and not ev.triggered:
+            ev.succeed()
+
+    def _slowdown(self, rank: int) -> float:
+        """Factor on compute time at the SMs ``rank``'s communication kernels hold now."""
+        return scaled_slowdown(compute_slowdown(self.sm_count, self.sms_taken[rank]), self.contention_scale)
+
+    def _contended_compute(self, rank: int, work_s: float):
+        """Run ``work_s`` seconds of (uncontended) compute while NCCL kernels hold SMs: at
+        1/compute_slowdown of full speed while they do, at full speed once they are done. Returns
+        the wall time it took; the difference is counted as contention."""
+        env = self.env
+        t_start = env.now
+        left = work_s
+        while left > 0.0:
+            f = self._slowdown(rank)
+            if f == 1.0:
+                yield env.timeout(left)
+                break
+            t0 = env.now
+            change = self._sm_change[rank] = env.event()
+            finish = env.timeout(left * f)
+            fired = yield finish | change
+            self.n_events += 1
+            # The segment ends when its work is done (a change at that very instant included);
+            # deciding by the timeout, not by elapsed time, survives clocks too coarse to advance.
+            left = 0.0 if finish in fired else max(0.0, left - (env.now - t0) / f)
+        self._sm_change.pop(rank, None)
+        wall = env.now - t_start
+        self.contention[rank] += wall - work_s
+        return wall
 
     def _waiting(self, rank: int) -> str:
         w = self.waiting_on.get(rank)
@@ -314,9 +352,9 @@ class Engine:
             for i, (dim, op, size_bytes) in enumerate(ins.steps):
                 ctas = collective_ctas(op)
                 if not (counted and i == 0):
-                    self.sms_taken[rank] += ctas
+                    self._take_sms(rank, ctas)
                 yield self._collective(rank, dim, op, size_bytes)
-                self.sms_taken[rank] -= ctas
+                self._take_sms(rank, -ctas)
                 self.n_events += 2
             self.rows.append((rank, sname, ins.row_kind, ins.name, t0, env.now, ins.microbatch, ins.stage, ins.layer,
                               ins.row_bytes))
@@ -333,9 +371,9 @@ class Engine:
             req = self._p2p_request(rank, dst, send.size_bytes)
             self.comm_bytes[rank]["pp"] += send.size_bytes
             if not counted:
-                self.sms_taken[rank] += P2P_CTAS
+                self._take_sms(rank, P2P_CTAS)
             yield self.net.start(env, req)
-            self.sms_taken[rank] -= P2P_CTAS
+            self._take_sms(rank, -P2P_CTAS)
             self.n_events += 2
             if send.gather_bytes > 0:
                 # Megatron's scatter/gather: the slices arrive, then an all-gather over NVLink.
@@ -354,7 +392,7 @@ class Engine:
         sk = (rank, stream)
         idle = not self.outstanding[sk]
         if idle:
-            self.sms_taken[rank] += ctas
+            self._take_sms(rank, ctas)
         self.outstanding[sk] += 1
         self.stores[sk].put(item + (idle,))
 
@@ -391,12 +429,11 @@ class Engine:
                     seconds *= float(factor[ci])
                     ci += 1
                 if self.sms_taken[rank] and self.sm_count:
-                    # Overlapped with communication kernels: fewer SMs for this segment.
-                    slowed = seconds * scaled_slowdown(compute_slowdown(self.sm_count, self.sms_taken[rank]),
-                                                       self.contention_scale)
-                    self.contention[rank] += slowed - seconds
-                    seconds = slowed
-                yield env.timeout(seconds)
+                    # Overlapped with communication kernels: fewer SMs while they hold theirs,
+                    # and only then (_contended_compute).
+                    seconds = yield from self._contended_compute(rank, seconds)
+                else:
+                    yield env.timeout(seconds)
                 if ins.counted:
                     self.n_events += 1
                 self.busy[rank] += seconds

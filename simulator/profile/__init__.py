@@ -77,6 +77,13 @@ class KernelModel(BaseModel):
         description="op class -> fraction of HBM bandwidth its memory-bound kernels reach ('default' for the rest).")
     attention_efficiency: float = Field(0.5, gt=0, le=1, description="FlashAttention forward: fraction of peak FLOP/s on full tiles.")
     attention_bwd_efficiency: float = Field(0.4, gt=0, le=1, description="FlashAttention backward: fraction of peak FLOP/s.")
+    # The fused-attention kernel a framework runs differs by device generation: on Hopper,
+    # FlashAttention-2 (PyTorch SDPA's flash backend) uses none of TMA / wgmma and reaches far less
+    # than FlashAttention-3 or cuDNN. None: the device's attention_* figures are FA2's already.
+    fa2_attention_efficiency: float | None = Field(
+        None, gt=0, le=1, description="FlashAttention-2 (PyTorch SDPA flash backend) forward on this device: fraction of peak FLOP/s (None: attention_efficiency).")
+    fa2_attention_bwd_efficiency: float | None = Field(
+        None, gt=0, le=1, description="FlashAttention-2 backward on this device: fraction of peak FLOP/s (None: attention_bwd_efficiency).")
     launch_floor_us: float = Field(3.0, ge=0, description="Time of an empty kernel: launch, ramp and tail, µs.")
     fit_error: dict[str, float] | None = Field(None, description="Median |relative error| per op class on the fitted ops.")
     fit_source: str | None = Field(None, description="What the constants were fitted on.")

@@ -709,6 +709,12 @@ def op_durations_s(profile, ops: list[Op], sc: Scenario, fp8_speedup: float = 1.
     from simulator.workload.kernel_model import kernels_time_s
 
     shape_aware = sc.implementation == "hf-eager" or profile.compute.kernels is not None
+    km = None
+    if sc.attention_kernel == "fa2" and profile.compute.kernels is not None:
+        base = profile.compute.kernels
+        km = base.model_copy(update={
+            "attention_efficiency": base.fa2_attention_efficiency or base.attention_efficiency,
+            "attention_bwd_efficiency": base.fa2_attention_bwd_efficiency or base.attention_bwd_efficiency})
     kern: list[Kernel | None] = []
     for o in ops:
         k = o.kernel if shape_aware else None
@@ -722,11 +728,13 @@ def op_durations_s(profile, ops: list[Op], sc: Scenario, fp8_speedup: float = 1.
     is_fp8 = np.array([bool(o.fp8) and sc.dtype == "fp8" for o in ops], dtype=bool)
     for sel, dtype in ((with_k & ~is_fp8, base_dtype), (with_k & is_fp8, fp8_dtype)):
         if sel.any():
-            out[sel] = kernels_time_s(profile, [kern[i] for i in np.flatnonzero(sel)], dtype)
+            out[sel] = kernels_time_s(profile, [kern[i] for i in np.flatnonzero(sel)], dtype, km)
     if (~with_k).any():
         rest = [o for o, k in zip(ops, kern) if k is None]
+        # FlashAttention-2 on a class-curve profile: its own attention curve where it has one.
+        fa2_cls = sc.attention_kernel == "fa2" and "attention_fa2" in profile.compute.classes
         out[~with_k] = profile.compute_time_s(
-            np.array([o.op_class for o in rest]),
+            np.array([("attention_fa2" if fa2_cls and o.op_class == "attention" else o.op_class) for o in rest]),
             np.array([o.exec_flops / (fp8_speedup if (o.fp8 and sc.dtype == "fp8") else 1.0) for o in rest]),
             np.array([o.bytes for o in rest]))
     return out

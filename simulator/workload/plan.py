@@ -281,8 +281,8 @@ def linear_replay(instrs, coll_time, sm_count: int | None = None, contention_sca
     ``coll_time(dim, op, size_bytes)`` prices a collective (the network's isolated time). Streams
     are FIFO queues as in the engine; cross-rank dependencies (Recv) are ignored, so this is the
     engine's answer exactly for a rank that never waits on a peer, and the per-action cost the
-    closed-form estimate composes into a pipeline. With ``sm_count``, compute that starts while
-    asynchronous collectives run is slowed by the SMs they hold, as in the engine."""
+    closed-form estimate composes into a pipeline. With ``sm_count``, compute that overlaps
+    asynchronous collectives is slowed by the SMs they hold while they run, as in the engine."""
     now = busy = 0.0
     running: list[tuple[float, float, int]] = []  # (start, end, CTAs) of asynchronous collectives
     exposed: dict[Dim, float] = {}
@@ -293,10 +293,21 @@ def linear_replay(instrs, coll_time, sm_count: int | None = None, contention_sca
         if t is Compute:
             sec = ins.seconds
             if sm_count and running:
-                running = [r for r in running if r[1] > now]
-                taken = sum(c for st, _, c in running if st <= now)
-                if taken:
-                    sec *= scaled_slowdown(compute_slowdown(sm_count, taken), contention_scale)
+                # Slowed while collectives hold SMs, at full speed between and after them (the
+                # engine's Engine._contended_compute).
+                t, left = now, sec
+                while left > 0.0:
+                    running = [r for r in running if r[1] > t]
+                    taken = sum(c for st, _, c in running if st <= t)
+                    f = scaled_slowdown(compute_slowdown(sm_count, taken), contention_scale)
+                    nxt = min([en for st, en, _ in running if st <= t] + [st for st, _, _ in running if st > t],
+                              default=float("inf"))
+                    if t + left * f <= nxt:
+                        t, left = t + left * f, 0.0
+                    else:
+                        left -= (nxt - t) / f
+                        t = nxt
+                sec = t - now
             now += sec
             busy += sec
         elif t is Collective:
