@@ -148,6 +148,7 @@ class NcclTuning:
     copy_GBps: float | None = None  # a 1-rank "collective" is a device copy at this rate
     ll_bw_scale: float = 1.0  # achieved / NCCL's LL bandwidth factor
     ll128_bw_scale: float = 1.0  # achieved / NCCL's LL128 bandwidth factor
+    pick_on_own_table: bool = False  # rank pairs on NCCL's own (uncalibrated) table, as NCCL does
 
     @classmethod
     def from_comm(cls, comm: Any) -> "NcclTuning":
@@ -607,23 +608,31 @@ class NcclModel:
             return self._floor(self._p2p(op, size, n, n_nodes, ppn, stagger), floor)
         top = "broadcast" if op not in ("all_reduce", "all_gather", "reduce_scatter") else op
         table = tune(self.system, top, n, n_nodes, ppn, tn)
+        # NCCL ranks the pairs on its own table (its constants, §3.5), not on what the hardware
+        # turns out to deliver: the pick comes from the uncalibrated table, its time from the
+        # calibrated one (tuning.pick_on_own_table; False ranks on the calibrated table).
+        own = tune(self.system, top, n, n_nodes, ppn, NcclTuning()) if tn.pick_on_own_table else table
         gs = graphs(self.system, n_nodes, ppn, tn)
         best = None
         times = {}
         for algo in ALGOS:  # scan order of topoGetAlgoInfo; strict < keeps the earlier on ties
             for proto in PROTOS:
                 e = table.get((algo, proto))
-                if e is None:
+                o = own.get((algo, proto))
+                if e is None or o is None:
                     continue
                 g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
                 t, lat, bw = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, e[0], e[1], g.runtime_ch)
+                rank = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, o[0], o[1], g.runtime_ch)[0] if o is not e else t
                 nc, nt = _launch_shape(g, algo, proto, top, size, n, self.system.gen)
                 fill, unit, stages = pipeline_fill_us(g, algo, proto, top, size, n, n_nodes, ppn, nc, tn)
                 t, lat = t + fill, lat + fill
+                if o is e:
+                    rank = t
                 times[(algo, proto)] = max(t + stagger, floor)
-                if best is None or t < best[0]:
-                    best = (t, lat, bw, algo, proto, nc, nt, (fill, unit, stages))
-        t, lat, bw, algo, proto, nc, nt, pipe = best
+                if best is None or rank < best[0]:
+                    best = (rank, t, lat, bw, algo, proto, nc, nt, (fill, unit, stages))
+        _, t, lat, bw, algo, proto, nc, nt, pipe = best
         c = Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times, *pipe)
         return self._floor(c, floor)
 
