@@ -148,6 +148,10 @@ class NcclTuning:
     copy_GBps: float | None = None  # a 1-rank "collective" is a device copy at this rate
     ll_bw_scale: float = 1.0  # achieved / NCCL's LL bandwidth factor
     ll128_bw_scale: float = 1.0  # achieved / NCCL's LL128 bandwidth factor
+    # A cost per channel (CTA) launched, µs, on top of NCCL's latency (which has none): measured,
+    # see NcclCalibration.channel_us and docs/design-notes.md.
+    channel_us: float = 0.0
+    copy_latency_us: float | None = None  # a 1-rank copy's own start-up (None: added to the launch)
     pick_on_own_table: bool = False  # rank pairs on NCCL's own (uncalibrated) table, as NCCL does
 
     @classmethod
@@ -160,7 +164,8 @@ class NcclTuning:
                    net_latency_us=cal.net_latency_us,
                    intra_bw_scale=cal.intra_bw_scale, inter_bw_scale=cal.inter_bw_scale,
                    launch_us=cal.launch_us, copy_GBps=cal.copy_GBps,
-                   ll_bw_scale=cal.ll_bw_scale, ll128_bw_scale=cal.ll128_bw_scale)
+                   ll_bw_scale=cal.ll_bw_scale, ll128_bw_scale=cal.ll128_bw_scale,
+                   channel_us=getattr(cal, "channel_us", 0.0), copy_latency_us=getattr(cal, "copy_latency_us", None))
 
 
 @dataclass(frozen=True)
@@ -310,6 +315,7 @@ class Choice:
     pipeline_us: float = 0.0  # the pipeline fill (part of latency_us): see pipeline_fill_us
     pipeline_unit_bytes: float = 0.0  # the store-and-forward unit (slice or chunk) per channel
     pipeline_stages: float = 0.0  # store-and-forward stages a unit crosses beyond the lockstep ring
+    channel_cost_us: float = 0.0  # the measured per-channel cost (part of latency_us): channels x channel_us
 
     @property
     def bw_time_us(self) -> float:
@@ -601,9 +607,16 @@ class NcclModel:
         floor = tn.launch_us * max(1, gpt)
         stagger = 0.0
         if n <= 1 or size <= 0:
+            # One rank: nccl-tests' out-of-place "collective" is a device-to-device copy. The copy
+            # has its own start-up (copy_latency_us) and overlaps the next launch like a kernel:
+            # max(launch floor, start-up + bytes / rate) (Azure 1-GPU log: flat 4.4-4.6 µs to
+            # 512 KiB, then 5.3 µs at 1 MiB = 3.7 µs + 1 MiB / 660 GB/s).
             bw = tn.copy_GBps or 0.0
             t = (size / (1000.0 * bw) if bw > 0 and size > 0 else 0.0)
-            return Choice(op, size, n, n_nodes, "copy", "-", floor + t, floor, bw, 1, 0)
+            if tn.copy_latency_us is None:
+                return Choice(op, size, n, n_nodes, "copy", "-", floor + t, floor, bw, 1, 0)
+            lat = max(floor - t, tn.copy_latency_us)
+            return Choice(op, size, n, n_nodes, "copy", "-", lat + t, lat, bw, 1, 0)
         if op in ("all_to_all", "send_recv"):
             return self._floor(self._p2p(op, size, n, n_nodes, ppn, stagger), floor)
         top = "broadcast" if op not in ("all_reduce", "all_gather", "reduce_scatter") else op
@@ -626,14 +639,18 @@ class NcclModel:
                 rank = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, o[0], o[1], g.runtime_ch)[0] if o is not e else t
                 nc, nt = _launch_shape(g, algo, proto, top, size, n, self.system.gen)
                 fill, unit, stages = pipeline_fill_us(g, algo, proto, top, size, n, n_nodes, ppn, nc, tn)
-                t, lat = t + fill, lat + fill
+                # the measured cost per channel launched (NcclCalibration.channel_us): NCCL's
+                # tuner has no such term, so more channels never cost it anything
+                ch_us = tn.channel_us * nc
+                t, lat = t + fill + ch_us, lat + fill + ch_us
                 if o is e:
                     rank = t
                 times[(algo, proto)] = max(t + stagger, floor)
                 if best is None or rank < best[0]:
-                    best = (rank, t, lat, bw, algo, proto, nc, nt, (fill, unit, stages))
-        _, t, lat, bw, algo, proto, nc, nt, pipe = best
-        c = Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times, *pipe)
+                    best = (rank, t, lat, bw, algo, proto, nc, nt, (fill, unit, stages), ch_us)
+        _, t, lat, bw, algo, proto, nc, nt, pipe, ch_us = best
+        c = Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times, *pipe,
+                   channel_cost_us=ch_us)
         return self._floor(c, floor)
 
     @staticmethod
