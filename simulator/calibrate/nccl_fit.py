@@ -158,6 +158,13 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
         lo += [0.0, 0.2]
         hi += [200.0, inter_hi]
         x0 += [5.0, 0.9]
+    if hbm_GBps:
+        # The exposed memory pass, as the fraction of one read + write of the buffer at the HBM
+        # rate that the transfers do not hide: 0 (none, NCCL's model) to 3 passes.
+        names.append("mem_passes")
+        lo.append(0.0)
+        hi.append(3.0)
+        x0.append(0.5)
     if single_rank:
         cap = (hbm_GBps / 2.0) if hbm_GBps else 5000.0  # a copy reads and writes every byte
         names += ["copy_GBps", "copy_latency_us"]
@@ -167,6 +174,9 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
 
     def tuning(x) -> NcclTuning:
         kw = dict(zip(names, (float(v) for v in x)))
+        passes = kw.pop("mem_passes", 0.0)
+        if passes > 1e-6 and hbm_GBps:
+            kw["mem_GBps"] = hbm_GBps / (2.0 * passes)
         return NcclTuning(**kw)
 
     def resid(x) -> np.ndarray:
@@ -220,6 +230,7 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
                            intra_bw_scale=tn.intra_bw_scale, inter_bw_scale=tn.inter_bw_scale,
                            launch_us=tn.launch_us, copy_GBps=tn.copy_GBps, ll_bw_scale=tn.ll_bw_scale,
                            ll128_bw_scale=tn.ll128_bw_scale, channel_us=tn.channel_us, copy_latency_us=tn.copy_latency_us,
+                           mem_GBps=tn.mem_GBps,
                            system=system_name, fit_error=worst)
 
 

@@ -152,6 +152,12 @@ class NcclTuning:
     # see NcclCalibration.channel_us and docs/design-notes.md.
     channel_us: float = 0.0
     copy_latency_us: float | None = None  # a 1-rank copy's own start-up (None: added to the launch)
+    # A per-byte cost that does not depend on the rank count, as GB/s (None: none). Measured on
+    # one A100 node: Ring/Simple at 1 GiB takes 4.83, 6.68 and 7.58 ns/B at 2, 4 and 8 GPUs,
+    # = 2(n-1)/n / 270 GB/s + 1 / 887 GB/s within 0.3 % (Azure NDv4 logs), where NCCL's model
+    # has the first term only. 887 GB/s is about one read and one write of the buffer at the
+    # HBM rate (A100 40 GB: 1555 GB/s): a memory pass that the transfers do not hide.
+    mem_GBps: float | None = None
     pick_on_own_table: bool = False  # rank pairs on NCCL's own (uncalibrated) table, as NCCL does
 
     @classmethod
@@ -165,7 +171,8 @@ class NcclTuning:
                    intra_bw_scale=cal.intra_bw_scale, inter_bw_scale=cal.inter_bw_scale,
                    launch_us=cal.launch_us, copy_GBps=cal.copy_GBps,
                    ll_bw_scale=cal.ll_bw_scale, ll128_bw_scale=cal.ll128_bw_scale,
-                   channel_us=getattr(cal, "channel_us", 0.0), copy_latency_us=getattr(cal, "copy_latency_us", None))
+                   channel_us=getattr(cal, "channel_us", 0.0), copy_latency_us=getattr(cal, "copy_latency_us", None),
+                   mem_GBps=getattr(cal, "mem_GBps", None))
 
 
 @dataclass(frozen=True)
@@ -643,6 +650,11 @@ class NcclModel:
                 # tuner has no such term, so more channels never cost it anything
                 ch_us = tn.channel_us * nc
                 t, lat = t + fill + ch_us, lat + fill + ch_us
+                if tn.mem_GBps:
+                    # one pass over the buffer that does not overlap the transfers (see
+                    # NcclTuning.mem_GBps): the size term runs at the harmonic sum of the rates
+                    t += size / (1000.0 * tn.mem_GBps)
+                    bw = 1.0 / (1.0 / bw + 1.0 / tn.mem_GBps)
                 if o is e:
                     rank = t
                 times[(algo, proto)] = max(t + stagger, floor)
