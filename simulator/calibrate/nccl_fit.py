@@ -45,6 +45,9 @@ from simulator.network.nccl import NcclModel, NcclSystem, NcclTuning
 
 _NGPUS = re.compile(r"nGpus\s+(\d+)")
 _SMALL_BYTES = 64 << 10
+# At most this many read+write passes over the buffer can be exposed: a Simple ring step reads its
+# input and the received chunk and writes the result (about 3 passes of traffic per byte moved).
+MAX_MEM_PASSES = 3.0
 
 
 @dataclass
@@ -163,7 +166,7 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
         # rate that the transfers do not hide: 0 (none, NCCL's model) to 3 passes.
         names.append("mem_passes")
         lo.append(0.0)
-        hi.append(3.0)
+        hi.append(MAX_MEM_PASSES)
         x0.append(0.5)
     if single_rank:
         cap = (hbm_GBps / 2.0) if hbm_GBps else 5000.0  # a copy reads and writes every byte
@@ -175,7 +178,7 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
     def tuning(x) -> NcclTuning:
         kw = dict(zip(names, (float(v) for v in x)))
         passes = kw.pop("mem_passes", 0.0)
-        if passes > 1e-6 and hbm_GBps:
+        if passes >= 0.01 and hbm_GBps:  # below 1 % of a pass: none (NCCL's model)
             kw["mem_GBps"] = hbm_GBps / (2.0 * passes)
         return NcclTuning(**kw)
 
@@ -215,9 +218,11 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
     if at_lo or at_hi:
         import warnings
 
-        # At the lower bound: not measured by these logs (LL128 at 5 % of NCCL's bandwidth: the runs
-        # effectively never used it); at the upper: held at its physical limit, the logs want more.
-        parts = ([f"{', '.join(at_lo)} at the lower bound (read: not seen in these logs)"] if at_lo else []) + \
+        # At the lower bound: NCCL's own value for the latency scales (the logs would take less,
+        # physics does not allow it), not measured by these logs for the bandwidth factors (LL128
+        # at 5 % of NCCL's: the runs effectively never used it); at the upper: held at its
+        # physical limit, the logs want more.
+        parts = ([f"{', '.join(at_lo)} at the lower bound (NCCL's own latency, or not seen in these logs)"] if at_lo else []) + \
                 ([f"{', '.join(at_hi)} held at the physical limit"] if at_hi else [])
         line = f"NCCL fit for {system_name or 'this system'}: " + "; ".join(parts)
         # calibrate prints low-confidence facts as readable lines; library callers get a warning
@@ -232,6 +237,34 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
                            ll128_bw_scale=tn.ll128_bw_scale, channel_us=tn.channel_us, copy_latency_us=tn.copy_latency_us,
                            mem_GBps=tn.mem_GBps,
                            system=system_name, fit_error=worst)
+
+
+def physics_checks(system: NcclSystem, cal: NcclCalibration, hbm_GBps: float | None = None) -> list[tuple[str, str, bool]]:
+    """Each fitted constant against what the hardware allows: (constant, the check in words, holds)."""
+    intra_hi, inter_hi = physical_bounds(system)
+    nvl_GBps = system.nvl_GBps * cal.intra_bw_scale
+    out = [
+        ("intra_bw_scale", f"{cal.intra_bw_scale:.3f} x NCCL's {system.nvl_GBps:.0f} GB/s = {nvl_GBps:.0f} GB/s "
+         f"<= NVLink spec {system.nvl_GBps * intra_hi:.0f} GB/s per direction", cal.intra_bw_scale <= intra_hi + 1e-9),
+        ("inter_bw_scale", f"{cal.inter_bw_scale:.3f} <= NIC line rate / NCCL's ladder speed {inter_hi:.3f}",
+         cal.inter_bw_scale <= inter_hi + 1e-9),
+        ("latency scales", f"LL {min(cal.latency_scale, cal.intra_latency_scale):.2f}, LL128 x{cal.ll128_latency_scale:.2f} "
+         ">= 1 (no faster than NCCL's own latency tables)",
+         min(cal.latency_scale, cal.intra_latency_scale) >= 1 - 1e-9 and cal.ll128_latency_scale >= 1 - 1e-9),
+        ("protocol bw", f"LL x{cal.ll_bw_scale:.2f}, LL128 x{cal.ll128_bw_scale:.2f} <= 1 of NCCL's protocol factors",
+         cal.ll_bw_scale <= 1 + 1e-9 and cal.ll128_bw_scale <= 1 + 1e-9),
+        ("channel_us", f"{cal.channel_us:.2f} µs per channel launched, 0..10", 0 <= cal.channel_us <= 10 + 1e-9),
+    ]
+    if hbm_GBps:
+        if cal.mem_GBps:
+            passes = hbm_GBps / 2 / cal.mem_GBps
+            out.append(("mem_GBps", f"{cal.mem_GBps:.0f} GB/s = {passes:.2f} exposed read+write passes of the buffer at HBM "
+                        f"{hbm_GBps:.0f} GB/s, 0..{MAX_MEM_PASSES:g} (a ring step reads and writes each byte a few times)",
+                        0 <= passes <= MAX_MEM_PASSES + 1e-6))
+        if cal.copy_GBps:
+            out.append(("copy_GBps", f"{cal.copy_GBps:.0f} GB/s <= HBM / 2 = {hbm_GBps / 2:.0f} (a copy reads and writes)",
+                        cal.copy_GBps <= hbm_GBps / 2 + 1e-6))
+    return out
 
 
 def error_table(model: NcclModel, logs: list[NcclLog]) -> list[dict]:
