@@ -158,7 +158,15 @@ class NcclTuning:
     # has the first term only. 887 GB/s is about one read and one write of the buffer at the
     # HBM rate (A100 40 GB: 1555 GB/s): a memory pass that the transfers do not hide.
     mem_GBps: float | None = None
-    pick_on_own_table: bool = False  # rank pairs on NCCL's own (uncalibrated) table, as NCCL does
+    # How the pair is picked. Default: the fastest on the model's full time (NCCL's calibrated
+    # table + pipeline fill + the measured per-channel and memory terms). NCCL itself ranks on
+    # its tuner time (the table alone: rank_on_tuner_time) with its own constants
+    # (pick_on_own_table); both rank the same except near ties (8 x 200 Gb/s A100, 32 nodes,
+    # 512 MiB: Tree/Simple for NCCL, Ring/LL128 with the fill) and both fit the development logs
+    # worse (p4de 44 % / 27 % at >= 64 KiB against 7 %), their runs' NCCL versions and tuner
+    # plugins not being the 2.28 tables: docs/design-notes.md.
+    rank_on_tuner_time: bool = False
+    pick_on_own_table: bool = False
 
     @classmethod
     def from_comm(cls, comm: Any) -> "NcclTuning":
@@ -655,7 +663,7 @@ class NcclModel:
                     # NcclTuning.mem_GBps): the size term runs at the harmonic sum of the rates
                     t += size / (1000.0 * tn.mem_GBps)
                     bw = 1.0 / (1.0 / bw + 1.0 / tn.mem_GBps)
-                if o is e:
+                if o is e and not tn.rank_on_tuner_time:
                     rank = t
                 times[(algo, proto)] = max(t + stagger, floor)
                 if best is None or rank < best[0]:
