@@ -248,8 +248,8 @@ def physics_checks(system: NcclSystem, cal: NcclCalibration, hbm_GBps: float | N
          f"<= NVLink spec {system.nvl_GBps * intra_hi:.0f} GB/s per direction", cal.intra_bw_scale <= intra_hi + 1e-9),
         ("inter_bw_scale", f"{cal.inter_bw_scale:.3f} <= NIC line rate / NCCL's ladder speed {inter_hi:.3f}",
          cal.inter_bw_scale <= inter_hi + 1e-9),
-        ("latency scales", f"LL {min(cal.latency_scale, cal.intra_latency_scale):.2f}, LL128 x{cal.ll128_latency_scale:.2f} "
-         ">= 1 (no faster than NCCL's own latency tables)",
+        ("latency scales", f"across nodes {cal.latency_scale:.2f}, inside one {cal.intra_latency_scale:.2f}, "
+         f"LL128 x{cal.ll128_latency_scale:.2f} >= 1 (no faster than NCCL's own LL/LL128 latency tables)",
          min(cal.latency_scale, cal.intra_latency_scale) >= 1 - 1e-9 and cal.ll128_latency_scale >= 1 - 1e-9),
         ("protocol bw", f"LL x{cal.ll_bw_scale:.2f}, LL128 x{cal.ll128_bw_scale:.2f} <= 1 of NCCL's protocol factors",
          cal.ll_bw_scale <= 1 + 1e-9 and cal.ll128_bw_scale <= 1 + 1e-9),

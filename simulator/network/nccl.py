@@ -26,8 +26,12 @@ things and nothing else: the latency tables (latency_scale across nodes, intra_l
 inside one, and per protocol LL128 / Simple relative to LL), a network latency per network hop
 that NCCL itself takes from the net plugin (``latencyInter``, 0 for InfiniBand, large for EFA),
 the graph bandwidths inside and across nodes (intra/inter_bw_scale), the LL and LL128 bandwidth
-factors, and a host launch cost per GPU driven by one thread (launch_us). The choice of
-algorithm and protocol is made on the calibrated table, as NCCL makes it on its own.
+factors, and a host launch cost per GPU driven by one thread (launch_us); and it adds three
+measured terms NCCL's tuner does not have: a cost per channel launched (channel_us), an exposed
+memory pass per byte (mem_GBps) and a 1-rank copy's start-up (copy_latency_us), each with its
+evidence in NcclTuning and docs/design-notes.md. The choice of algorithm and protocol is the
+fastest on the calibrated time, with NCCL's scan order for ties (NcclTuning.rank_on_tuner_time
+and pick_on_own_table give NCCL's own ranking rules instead).
 
 Point-to-point (send/recv, all-to-all) has no NCCL cost model (§6.6); it is timed here with the
 Simple per-hop latency of the link it crosses and the per-GPU link bandwidth (documented below).
@@ -322,8 +326,8 @@ class Choice:
     algorithm: str
     protocol: str
     time_us: float
-    latency_us: float  # latency x latCount (after the plateau factor) + pipeline fill + launch
-    bandwidth_GBps: float  # algorithm bandwidth used for the size term (after corrections)
+    latency_us: float  # latency x latCount (after the plateau factor) + pipeline fill + channel cost + launch floor
+    bandwidth_GBps: float  # algorithm bandwidth of the size term (after corrections and the memory pass)
     channels: int  # CTAs NCCL launches (§3.7)
     threads: int
     table: dict = field(default_factory=dict)  # (algo, proto) -> time_us of every enabled pair
