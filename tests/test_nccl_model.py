@@ -158,6 +158,16 @@ def test_crossovers_follow_the_documented_table():
     assert m.choose("all_reduce", 512 << 20, 256, 32).algorithm == "ring"
     nccl_rule = NcclModel(m.system, NcclTuning(rank_on_tuner_time=True)).choose("all_reduce", 512 << 20, 256, 32)
     assert (nccl_rule.algorithm, nccl_rule.protocol) == ("tree", "Simple")
+    # pick_on_own_table: whatever the calibration, the pair is the one NCCL's own table picks.
+    own = NcclModel(m.system, NcclTuning(rank_on_tuner_time=True))
+    cal = NcclModel(m.system, NcclTuning(latency_scale=3.0, ll128_bw_scale=0.2, pick_on_own_table=True))
+    moved = 0
+    for k in range(3, 34, 2):
+        a, b = own.choose("all_reduce", 1 << k, 16, 2), cal.choose("all_reduce", 1 << k, 16, 2)
+        assert (a.algorithm, a.protocol) == (b.algorithm, b.protocol)
+        free = NcclModel(m.system, NcclTuning(latency_scale=3.0, ll128_bw_scale=0.2)).choose("all_reduce", 1 << k, 16, 2)
+        moved += (free.algorithm, free.protocol) != (a.algorithm, a.protocol)
+    assert moved > 0  # the calibrated ranking does move the picks, so the check above has teeth
 
 
 def test_channels_shrink_for_small_messages():

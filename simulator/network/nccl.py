@@ -640,10 +640,10 @@ class NcclModel:
             return self._floor(self._p2p(op, size, n, n_nodes, ppn, stagger), floor)
         top = "broadcast" if op not in ("all_reduce", "all_gather", "reduce_scatter") else op
         table = tune(self.system, top, n, n_nodes, ppn, tn)
-        # NCCL ranks the pairs on its own table (its constants, §3.5), not on what the hardware
-        # turns out to deliver: the pick comes from the uncalibrated table, its time from the
-        # calibrated one (tuning.pick_on_own_table; False ranks on the calibrated table).
+        # The table the pairs are ranked on: the calibrated one (default), or NCCL's own constants
+        # (pick_on_own_table: NCCL's rule, the pick from its table, the time from the calibrated).
         own = tune(self.system, top, n, n_nodes, ppn, NcclTuning()) if tn.pick_on_own_table else table
+        on_tuner_time = tn.pick_on_own_table or tn.rank_on_tuner_time
         gs = graphs(self.system, n_nodes, ppn, tn)
         best = None
         times = {}
@@ -655,7 +655,7 @@ class NcclModel:
                     continue
                 g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
                 t, lat, bw = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, e[0], e[1], g.runtime_ch)
-                rank = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, o[0], o[1], g.runtime_ch)[0] if o is not e else t
+                rank = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, o[0], o[1], g.runtime_ch)[0]
                 nc, nt = _launch_shape(g, algo, proto, top, size, n, self.system.gen)
                 fill, unit, stages = pipeline_fill_us(g, algo, proto, top, size, n, n_nodes, ppn, nc, tn)
                 # the measured cost per channel launched (NcclCalibration.channel_us): NCCL's
@@ -667,7 +667,7 @@ class NcclModel:
                     # NcclTuning.mem_GBps): the size term runs at the harmonic sum of the rates
                     t += size / (1000.0 * tn.mem_GBps)
                     bw = 1.0 / (1.0 / bw + 1.0 / tn.mem_GBps)
-                if o is e and not tn.rank_on_tuner_time:
+                if not on_tuner_time:
                     rank = t
                 times[(algo, proto)] = max(t + stagger, floor)
                 if best is None or rank < best[0]:
