@@ -183,19 +183,20 @@ SYSTEMS = {
 }
 # Worst |relative error| reached per log (>= 64 KiB, < 64 KiB), with about 1.5 points of slack
 # over what the fit reaches (bench/bench_nccl.py prints the figures). The targets are 10 % / 25 %;
-# p4de, p5, Azure 1 and 16 GPUs meet them (asserted at the target below); the Azure 2, 4, 8 and 32
-# GPU logs miss them, with the causes in docs/design-notes.md. These bounds guard against regressions.
+# p4de, p5, Azure 1, 2 and 4 GPUs meet them (asserted at the target below); Azure 8, 16 and 32 GPUs
+# miss them (10.6 %, 10.5 %, 14.5 % from 64 KiB), with the causes in docs/design-notes.md. These
+# bounds guard against regressions.
 BOUNDS = {
     "p4de-2nodes-16gpu_all_reduce_perf.txt": (0.085, 0.14),
     "p5-2nodes-16gpu_all_reduce_perf.txt": (0.075, 0.10),
-    "azure-ndv4-a100-40gb-1gpu_all_reduce_perf.txt": (0.07, 0.095),
-    "azure-ndv4-a100-40gb-2gpu_all_reduce_perf.txt": (0.12, 0.23),
-    "azure-ndv4-a100-40gb-4gpu_all_reduce_perf.txt": (0.155, 0.14),
-    "azure-ndv4-a100-40gb-8gpu_all_reduce_perf.txt": (0.175, 0.14),
-    "azure-ndv4-a100-40gb-16gpu_all_reduce_perf.txt": (0.10, 0.08),
-    "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt": (0.155, 0.22),
+    "azure-ndv4-a100-40gb-1gpu_all_reduce_perf.txt": (0.075, 0.095),
+    "azure-ndv4-a100-40gb-2gpu_all_reduce_perf.txt": (0.085, 0.15),
+    "azure-ndv4-a100-40gb-4gpu_all_reduce_perf.txt": (0.10, 0.18),
+    "azure-ndv4-a100-40gb-8gpu_all_reduce_perf.txt": (0.12, 0.13),
+    "azure-ndv4-a100-40gb-16gpu_all_reduce_perf.txt": (0.12, 0.185),
+    "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt": (0.16, 0.125),
 }
-MEETS_TARGET = ("p4de-", "p5-", "azure-ndv4-a100-40gb-1gpu", "azure-ndv4-a100-40gb-16gpu")
+MEETS_TARGET = ("p4de-", "p5-", "azure-ndv4-a100-40gb-1gpu", "azure-ndv4-a100-40gb-2gpu", "azure-ndv4-a100-40gb-4gpu")
 
 
 @pytest.fixture(scope="module")
@@ -226,8 +227,8 @@ def test_one_fit_per_system_reproduces_its_logs(fitted):
 
 
 def test_logs_that_meet_the_targets(fitted):
-    """p4de, p5 (EFA, one process per GPU), Azure 1 GPU (a copy) and Azure 16 GPUs meet the issue's
-    targets: 10 % from 64 KiB, 25 % below."""
+    """p4de, p5 (EFA, one process per GPU), Azure 1 GPU (a copy) and Azure 2 and 4 GPUs (one host
+    thread) meet the issue's targets: 10 % from 64 KiB, 25 % below."""
     seen = 0
     for topo, (spec, system, logs, cal) in fitted.items():
         model = NcclModel(system, NcclTuning.from_comm(NS(nccl=cal)))
@@ -236,7 +237,7 @@ def test_logs_that_meet_the_targets(fitted):
                 seen += 1
                 assert row["worst_ge_64KiB"] <= 0.10, row
                 assert row["worst_lt_64KiB"] is None or row["worst_lt_64KiB"] <= 0.25, row
-    assert seen == 4
+    assert seen == 5
 
 
 def test_fitted_constants_within_physics(fitted):
@@ -254,8 +255,8 @@ def test_fitted_constants_within_physics(fitted):
 
 
 def test_held_out_log_predicted_from_the_others(fitted):
-    """Overfitting guard: Azure fitted without its 32-GPU log predicts that log within 23.5 % from
-    64 KiB and 26 % below (fitted on it: 14 % / 21 %): the constants carry over from 16 to 32
+    """Overfitting guard: Azure fitted without its 32-GPU log predicts that log within 16.7 % from
+    64 KiB and 18.8 % below (fitted on it: 14.5 % / 10.7 %): the constants carry over from 16 to 32
     GPUs, less well at small sizes (the 4-node tree's latency is only seen at 2 nodes)."""
     spec, system, logs, _ = fitted["azure-ndv4"]
     name = "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt"
@@ -263,7 +264,7 @@ def test_held_out_log_predicted_from_the_others(fitted):
         warnings.simplefilter("ignore")
         cal = fit_system(system, [l for l in logs if l.name != name], SYSTEMS["azure-ndv4"][2], "azure-ndv4")
     (row,) = error_table(NcclModel(system, NcclTuning.from_comm(NS(nccl=cal))), [l for l in logs if l.name == name])
-    assert row["worst_ge_64KiB"] <= 0.25 and row["worst_lt_64KiB"] <= 0.28, row
+    assert row["worst_ge_64KiB"] <= 0.18 and row["worst_lt_64KiB"] <= 0.21, row
 
 
 def test_measured_time_is_the_better_column():

@@ -14,6 +14,9 @@ so the constants are the system's, not a size's or a log's. Fitted (``NcclCalibr
   process driving G GPUs, read from the log's header) pays G launches per iteration;
 - copy_GBps, copy_latency_us: only with a 1-rank log (a device-to-device copy: rate at most half
   the HBM bandwidth, and its start-up);
+- intra_ll_bw_scale: LL's factor inside one node when the system also has multi-node logs;
+- cta_bound_intra (structure, always on in a fit): inside one node a collective gets the
+  bandwidth of only the CTAs NCCL's channel rule (§3.7) launches;
 - channel_us: a cost per channel (CTA) a collective launches, which NCCL's tuner does not have:
   on one A100 node (Azure 2, 4, 8 GPUs) the time steps by 1.3-1.8 µs each time NCCL's own
   channel rule (§3.7) adds a channel at constant bytes per channel, and the LL128 "latency" is
@@ -123,6 +126,9 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
     """The system's constants from all its logs (see the module docstring)."""
     from scipy.optimize import least_squares
 
+    # One canonical order: the optimiser's path (and so which local minimum it ends in) must not
+    # depend on the order the caller lists the logs in.
+    logs = sorted(logs, key=lambda l: (l.n_ranks, l.n_nodes, l.name))
     multi = any(l.n_nodes > 1 for l in logs)
     single_rank = [l for l in logs if l.n_ranks <= 1]
     intra_hi, inter_hi = physical_bounds(system)
@@ -152,6 +158,13 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
     if any(l.n_nodes == 1 and l.n_ranks > 1 for l in logs) or system.nvls:
         # NVLink bandwidth is seen only by single-node logs (and by NVLS inside a node); otherwise
         # it stays NCCL's own.
+        if multi and any(l.n_nodes == 1 and l.n_ranks > 1 for l in logs):
+            # LL inside one node (SMs on NVLink) apart from LL across nodes (through the proxy
+            # and the NIC), only where logs of both kinds are fitted together
+            names.append("intra_ll_bw_scale")
+            lo.append(0.05)
+            hi.append(1.0)
+            x0.append(0.8)
         names.append("intra_bw_scale")
         lo.append(0.2)
         hi.append(intra_hi)
@@ -177,6 +190,7 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
 
     def tuning(x) -> NcclTuning:
         kw = dict(zip(names, (float(v) for v in x)))
+        kw["cta_bound_intra"] = True  # structure, not fitted: see NcclTuning.cta_bound_intra
         passes = kw.pop("mem_passes", 0.0)
         if passes >= 0.01 and hbm_GBps:  # below 1 % of a pass: none (NCCL's model)
             kw["mem_GBps"] = hbm_GBps / (2.0 * passes)
@@ -235,7 +249,7 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
                            intra_bw_scale=tn.intra_bw_scale, inter_bw_scale=tn.inter_bw_scale,
                            launch_us=tn.launch_us, copy_GBps=tn.copy_GBps, ll_bw_scale=tn.ll_bw_scale,
                            ll128_bw_scale=tn.ll128_bw_scale, channel_us=tn.channel_us, copy_latency_us=tn.copy_latency_us,
-                           mem_GBps=tn.mem_GBps,
+                           mem_GBps=tn.mem_GBps, intra_ll_bw_scale=tn.intra_ll_bw_scale, cta_bound_intra=tn.cta_bound_intra,
                            system=system_name, fit_error=worst)
 
 

@@ -162,6 +162,10 @@ class NcclTuning:
     # has the first term only. 887 GB/s is about one read and one write of the buffer at the
     # HBM rate (A100 40 GB: 1555 GB/s): a memory pass that the transfers do not hide.
     mem_GBps: float | None = None
+    # LL's bandwidth factor inside one node when it differs from across nodes (None: ll_bw_scale).
+    intra_ll_bw_scale: float | None = None
+    # Single-node bandwidth of only the CTAs launched (see _choose); off: NCCL's tuner.
+    cta_bound_intra: bool = False
     # How the pair is picked. Default: the fastest on the model's full time (NCCL's calibrated
     # table + pipeline fill + the measured per-channel and memory terms). NCCL itself ranks on
     # its tuner time (the table alone: rank_on_tuner_time) with its own constants
@@ -184,7 +188,8 @@ class NcclTuning:
                    launch_us=cal.launch_us, copy_GBps=cal.copy_GBps,
                    ll_bw_scale=cal.ll_bw_scale, ll128_bw_scale=cal.ll128_bw_scale,
                    channel_us=getattr(cal, "channel_us", 0.0), copy_latency_us=getattr(cal, "copy_latency_us", None),
-                   mem_GBps=getattr(cal, "mem_GBps", None))
+                   mem_GBps=getattr(cal, "mem_GBps", None), intra_ll_bw_scale=getattr(cal, "intra_ll_bw_scale", None),
+                   cta_bound_intra=bool(getattr(cal, "cta_bound_intra", False)))
 
 
 @dataclass(frozen=True)
@@ -402,7 +407,8 @@ def _tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: Nccl
             if algo == "pat":
                 bus *= 0.75
             # Calibrated per-protocol efficiency on top of NCCL's own protocol factors.
-            bus *= tuning.ll_bw_scale if proto == "LL" else (tuning.ll128_bw_scale if proto == "LL128" else 1.0)
+            llsc = tuning.ll_bw_scale if (n_nodes > 1 or tuning.intra_ll_bw_scale is None) else tuning.intra_ll_bw_scale
+            bus *= llsc if proto == "LL" else (tuning.ll128_bw_scale if proto == "LL128" else 1.0)
             if algo in ("nvls", "nvls_tree"):
                 # §5.1 (v2.28+)
                 intra = g.bw_intra * NVLS_EFFICIENCY[gen] * (g.n_ch - 1) / g.n_ch * tuning.intra_bw_scale
@@ -657,6 +663,14 @@ class NcclModel:
                 t, lat, bw = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, e[0], e[1], g.runtime_ch)
                 rank = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, o[0], o[1], g.runtime_ch)[0]
                 nc, nt = _launch_shape(g, algo, proto, top, size, n, self.system.gen)
+                if tn.cta_bound_intra and n_nodes == 1 and algo in ("ring", "tree") and nc < g.runtime_ch:
+                    # Inside one node the SMs copy over NVLink, each CTA its channel's share: with
+                    # nc of the runtime channels launched (§3.7) the bandwidth is nc/runtime of
+                    # NCCL's, which its tuner assumes for every size. Across nodes the network
+                    # path sets the rate (measured: the same rule there puts Azure 16-GPU 8 KiB
+                    # 32 % slow), so it stays NCCL's.
+                    bw = bw * nc / max(1, g.runtime_ch)
+                    t = lat + size / (1000.0 * bw)
                 fill, unit, stages = pipeline_fill_us(g, algo, proto, top, size, n, n_nodes, ppn, nc, tn)
                 # the measured cost per channel launched (NcclCalibration.channel_us): NCCL's
                 # tuner has no such term, so more channels never cost it anything
