@@ -14,7 +14,7 @@ import simpy
 from typer.testing import CliRunner
 
 from simulator.calibrate.fit import calibrate
-from simulator.calibrate.nccl_fit import error_table, errors, fit_system, physical_bounds, read_log
+from simulator.calibrate.nccl_fit import error_table, errors, fit_system, physical_bounds, physics_checks, read_log
 from simulator.profile import load_profile
 from simulator.network.alpha_beta import TierNetwork
 from simulator.network.base import CollectiveRequest
@@ -130,6 +130,46 @@ def test_which_algorithms_are_enabled():
     assert NcclSystem.from_specs(H100, "CPU (x86_64)") is None
 
 
+def test_crossovers_follow_the_documented_table():
+    """NCCL-MODEL.md §6.5 (NCCL's own constants, AllReduce, 8 A100 per node, Intel hosts): the pick
+    by size for 2, 4 and 8 nodes, with 8 x 200 Gb/s and with 4 x 100 Gb/s NICs per node."""
+    doc = {
+        ("ndv4", 2): [("tree", "LL", 8), ("ring", "LL", 256 << 10), ("tree", "LL128", 512 << 10),
+                    ("ring", "LL128", 16 << 20), ("ring", "Simple", 64 << 20)],
+        ("ndv4", 4): [("tree", "LL", 8), ("tree", "LL128", 256 << 10), ("ring", "LL128", 32 << 20), ("ring", "Simple", 128 << 20)],
+        ("ndv4", 8): [("tree", "LL", 8), ("tree", "LL128", 256 << 10), ("ring", "LL128", 64 << 20), ("ring", "Simple", 256 << 20)],
+        ("p4d", 2): [("tree", "LL", 8), ("tree", "LL128", 256 << 10), ("tree", "Simple", 512 << 20)],
+        ("p4d", 4): [("tree", "LL", 8), ("tree", "LL128", 128 << 10), ("ring", "LL128", 8 << 20), ("ring", "Simple", 128 << 20)],
+        ("p4d", 8): [("tree", "LL", 8), ("tree", "LL128", 256 << 10), ("ring", "LL128", 32 << 20), ("ring", "Simple", 256 << 20)],
+    }
+    for (name, nodes), steps in doc.items():
+        node = NDV4 if name == "ndv4" else P4D
+        m = _model(node, "A100")
+        got, prev = [], None
+        for k in range(3, 34):
+            c = m.choose("all_reduce", 1 << k, 8 * nodes, nodes)
+            if (c.algorithm, c.protocol) != prev:
+                prev = (c.algorithm, c.protocol)
+                got.append((*prev, 1 << k))
+        assert got == steps, (name, nodes, got)
+    # 32 nodes, 512 MiB: §6.5 has Tree/Simple, a near tie; NCCL ranks on its tuner time, without
+    # the Simple pipeline fill the model adds (rank_on_tuner_time reproduces NCCL's rule).
+    m = _model(NDV4, "A100")
+    assert m.choose("all_reduce", 512 << 20, 256, 32).algorithm == "ring"
+    nccl_rule = NcclModel(m.system, NcclTuning(rank_on_tuner_time=True)).choose("all_reduce", 512 << 20, 256, 32)
+    assert (nccl_rule.algorithm, nccl_rule.protocol) == ("tree", "Simple")
+    # pick_on_own_table: whatever the calibration, the pair is the one NCCL's own table picks.
+    own = NcclModel(m.system, NcclTuning(rank_on_tuner_time=True))
+    cal = NcclModel(m.system, NcclTuning(latency_scale=3.0, ll128_bw_scale=0.2, pick_on_own_table=True))
+    moved = 0
+    for k in range(3, 34, 2):
+        a, b = own.choose("all_reduce", 1 << k, 16, 2), cal.choose("all_reduce", 1 << k, 16, 2)
+        assert (a.algorithm, a.protocol) == (b.algorithm, b.protocol)
+        free = NcclModel(m.system, NcclTuning(latency_scale=3.0, ll128_bw_scale=0.2)).choose("all_reduce", 1 << k, 16, 2)
+        moved += (free.algorithm, free.protocol) != (a.algorithm, a.protocol)
+    assert moved > 0  # the calibrated ranking does move the picks, so the check above has teeth
+
+
 def test_channels_shrink_for_small_messages():
     m = _model(H100, "H100")
     small, big = m.choose("all_reduce", 4096, 8, 1), m.choose("all_reduce", 1 << 20, 8, 1)
@@ -141,19 +181,22 @@ SYSTEMS = {
     "p5-efa": ("NVIDIA H100 80GB HBM3", "p5-*", 3350.0),
     "azure-ndv4": ("A100-SXM4-40GB", "azure-ndv4-*", 1555.0),
 }
-# Worst |relative error| reached per log (>= 64 KiB, < 64 KiB). The targets are 10 % / 25 %; the
-# logs that miss them are listed in docs/design-notes.md with the reason (pipelining at mid sizes,
-# one host thread driving 2-4 GPUs). These bounds guard against regressions of the model.
+# Worst |relative error| reached per log (>= 64 KiB, < 64 KiB), with about 1.5 points of slack
+# over what the fit reaches (bench/bench_nccl.py prints the figures). The targets are 10 % / 25 %;
+# p4de, p5, Azure 1, 2 and 4 GPUs meet them (asserted at the target below); Azure 8, 16 and 32 GPUs
+# miss them (10.6 %, 10.5 %, 14.5 % from 64 KiB), with the causes in docs/design-notes.md. These
+# bounds guard against regressions.
 BOUNDS = {
-    "p4de-2nodes-16gpu_all_reduce_perf.txt": (0.125, 0.20),
-    "p5-2nodes-16gpu_all_reduce_perf.txt": (0.12, 0.09),
-    "azure-ndv4-a100-40gb-1gpu_all_reduce_perf.txt": (0.12, 0.12),
-    "azure-ndv4-a100-40gb-2gpu_all_reduce_perf.txt": (0.34, 0.36),
-    "azure-ndv4-a100-40gb-4gpu_all_reduce_perf.txt": (0.25, 0.09),
-    "azure-ndv4-a100-40gb-8gpu_all_reduce_perf.txt": (0.43, 0.09),
-    "azure-ndv4-a100-40gb-16gpu_all_reduce_perf.txt": (0.09, 0.22),
-    "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt": (0.145, 0.52),
+    "p4de-2nodes-16gpu_all_reduce_perf.txt": (0.085, 0.14),
+    "p5-2nodes-16gpu_all_reduce_perf.txt": (0.075, 0.10),
+    "azure-ndv4-a100-40gb-1gpu_all_reduce_perf.txt": (0.075, 0.095),
+    "azure-ndv4-a100-40gb-2gpu_all_reduce_perf.txt": (0.085, 0.15),
+    "azure-ndv4-a100-40gb-4gpu_all_reduce_perf.txt": (0.10, 0.18),
+    "azure-ndv4-a100-40gb-8gpu_all_reduce_perf.txt": (0.12, 0.13),
+    "azure-ndv4-a100-40gb-16gpu_all_reduce_perf.txt": (0.12, 0.185),
+    "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt": (0.16, 0.125),
 }
+MEETS_TARGET = ("p4de-", "p5-", "azure-ndv4-a100-40gb-1gpu", "azure-ndv4-a100-40gb-2gpu", "azure-ndv4-a100-40gb-4gpu")
 
 
 @pytest.fixture(scope="module")
@@ -183,28 +226,78 @@ def test_one_fit_per_system_reproduces_its_logs(fitted):
         assert cal.copy_GBps is None or cal.copy_GBps <= SYSTEMS[topo][2] / 2
 
 
-def test_multi_process_logs_meet_the_target_where_the_model_holds(fitted):
-    """p5 and Azure 16 GPUs (one process per GPU) are within 10 % from 64 KiB (p5 but 64 KiB,
-    measured slower than 128 KiB); p4de, with the Simple pipeline fill, is within 10 % from 128 KiB,
-    its 4 and 16 MiB rows included (they missed by 12-13 % without the fill), and within 12 % at
-    64 KiB; small sizes within 25 % except the noisy Azure 32-GPU rows (2 KiB: 147 µs between
-    53 µs and 59 µs)."""
-    for topo, name in (("p5-efa", "p5-"), ("azure-ndv4", "azure-ndv4-a100-40gb-16gpu")):
-        spec, system, logs, cal = fitted[topo]
+def test_logs_that_meet_the_targets(fitted):
+    """p4de, p5 (EFA, one process per GPU), Azure 1 GPU (a copy) and Azure 2 and 4 GPUs (one host
+    thread) meet the issue's targets: 10 % from 64 KiB, 25 % below."""
+    seen = 0
+    for topo, (spec, system, logs, cal) in fitted.items():
         model = NcclModel(system, NcclTuning.from_comm(NS(nccl=cal)))
-        (log,) = [l for l in logs if l.name.startswith(name)]
-        e = np.abs(errors(model, log))
-        big = log.size_bytes >= 64 << 10
-        assert e[big].max() <= 0.10 + 0.03 * (topo == "p5-efa"), (topo, e)  # p5: 64 KiB at 11.6 %
-        assert e[~big].max() <= 0.25
-    spec, system, (log,), cal = fitted["p4de-efa"]
-    model = NcclModel(system, NcclTuning.from_comm(NS(nccl=cal)))
-    e = np.abs(errors(model, log))
-    ok = log.size_bytes >= 128 << 10
-    assert e[ok].max() <= 0.10
-    assert e[np.isin(log.size_bytes, [4 << 20, 16 << 20])].max() <= 0.08
-    assert e[log.size_bytes == 64 << 10].max() <= 0.125
-    assert e[log.size_bytes < 64 << 10].max() <= 0.25
+        for row in error_table(model, logs):
+            if row["log"].startswith(MEETS_TARGET):
+                seen += 1
+                assert row["worst_ge_64KiB"] <= 0.10, row
+                assert row["worst_lt_64KiB"] is None or row["worst_lt_64KiB"] <= 0.25, row
+    assert seen == 5
+
+
+def test_fitted_constants_within_physics(fitted):
+    for topo, (spec, system, logs, cal) in fitted.items():
+        checks = physics_checks(system, cal, SYSTEMS[topo][2])
+        assert all(ok for _, _, ok in checks), (topo, checks)
+    # The Azure fit: NVLink at most its 300 GB/s spec, the NICs below their 200 Gb/s line rate
+    # (128 GB/s busbw at 16 GPUs), a cost per channel of about 1.2 µs (the single-node steps of
+    # 1.3-1.8 µs per added channel), about one exposed read+write pass at HBM rate.
+    cal = fitted["azure-ndv4"][3]
+    assert 0.6 < cal.inter_bw_scale < 0.8 and 0.9 < cal.intra_bw_scale <= 1.25 + 1e-9
+    assert 0.8 < cal.channel_us < 1.6
+    assert 1555.0 / 2 / 2 < cal.mem_GBps < 1555.0 / 2 * 1.6
+    assert 3.8 < cal.launch_us < 4.6  # the 8-GPU floor: 31 µs = 8 launches
+
+
+def test_held_out_log_predicted_from_the_others(fitted):
+    """Overfitting guard: Azure fitted without its 32-GPU log predicts that log within 16.7 % from
+    64 KiB and 18.8 % below (fitted on it: 14.5 % / 10.7 %): the constants carry over from 16 to 32
+    GPUs, less well at small sizes (the 4-node tree's latency is only seen at 2 nodes)."""
+    spec, system, logs, _ = fitted["azure-ndv4"]
+    name = "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = fit_system(system, [l for l in logs if l.name != name], SYSTEMS["azure-ndv4"][2], "azure-ndv4")
+    (row,) = error_table(NcclModel(system, NcclTuning.from_comm(NS(nccl=cal))), [l for l in logs if l.name == name])
+    assert row["worst_ge_64KiB"] <= 0.18 and row["worst_lt_64KiB"] <= 0.21, row
+
+
+def test_measured_time_is_the_better_column():
+    """Both columns of a 2+ rank log time the same collective; noise only adds, so the smaller is
+    kept (p5 64 KiB: 135.1 out-of-place, 103.8 in-place). One rank: in-place does nothing (0.47
+    µs), so the out-of-place copy is kept."""
+    p5 = read_log(LOGS / "p5-2nodes-16gpu_all_reduce_perf.txt", 8)
+    assert p5.time_us[p5.size_bytes == 64 << 10][0] == pytest.approx(103.8)
+    assert p5.time_us[p5.size_bytes == 8][0] == pytest.approx(69.12)  # out-of-place is the smaller there
+    one = read_log(LOGS / "azure-ndv4-a100-40gb-1gpu_all_reduce_perf.txt", 8)
+    assert one.time_us[one.size_bytes == 64 << 10][0] == pytest.approx(4.51)
+    assert (one.n_ranks, one.gpus_per_thread) == (1, 1)
+    eight = read_log(LOGS / "azure-ndv4-a100-40gb-8gpu_all_reduce_perf.txt", 8)
+    assert (eight.n_ranks, eight.n_nodes, eight.gpus_per_thread) == (8, 1, 8)
+
+
+def test_measured_terms_add_to_the_time_as_documented():
+    """The three measured terms NCCL's tuner lacks: a cost per channel launched, an exposed
+    memory pass per byte, and a 1-rank copy's own start-up overlapped with the launch."""
+    sys_ = NcclSystem.from_specs(NDV4, "A100")
+    base = NcclModel(sys_)
+    for size in (256 << 10, 64 << 20):
+        c0 = base.choose("all_reduce", size, 8, 1)
+        c1 = NcclModel(sys_, NcclTuning(channel_us=1.5)).choose("all_reduce", size, 8, 1)
+        if (c1.algorithm, c1.protocol) == (c0.algorithm, c0.protocol):
+            assert c1.time_us - c0.time_us == pytest.approx(1.5 * c0.channels)
+            assert c1.channel_cost_us == pytest.approx(1.5 * c0.channels)
+        c2 = NcclModel(sys_, NcclTuning(mem_GBps=700.0)).choose("all_reduce", size, 8, 1)
+        if (c2.algorithm, c2.protocol) == (c0.algorithm, c0.protocol):
+            assert c2.time_us - c0.time_us == pytest.approx(size / 700e3)
+    cp = NcclModel(sys_, NcclTuning(launch_us=4.0, copy_GBps=650.0, copy_latency_us=3.8))
+    assert cp.choose("all_reduce", 64 << 10, 1, 1).time_us == pytest.approx(4.0)  # launch-bound
+    assert cp.choose("all_reduce", 1 << 30, 1, 1).time_us == pytest.approx(3.8 + (1 << 30) / 650e3)
 
 
 def _profile_with(cal, base: str):
@@ -289,6 +382,16 @@ def test_explain_prints_choice_per_size(tmp_path):
     assert float(rows[0][11]) == pytest.approx(92.2, rel=0.01)
     # the pipeline fill is printed: none for LL128, the tree's 15 stages of 512 KiB for Simple at 1 GiB
     assert float(rows[0][6]) == 0.0 and float(rows[1][6]) > 0 and rows[1][7:9] == ["15", "524288"]
+    assert float(rows[0][13]) == 0.0  # NCCL's own model has no cost per channel
+    # The shipped A100 profile (the Azure fit): the measured cost per channel is printed as its own
+    # term, channels x channel_us, and the terms add up to the time.
+    shipped = load_profile("a100-sxm-80gb").comm.nccl
+    res = CliRunner().invoke(collective_app, ["all_reduce", "--gpus", "8", "--topology", "azure-ndv4", "--gpu", "a100-sxm-80gb",
+                                              "-b", "1M", "-e", "1M", "--explain"])
+    assert res.exit_code == 0, res.output
+    (row,) = [l.split() for l in res.stdout.splitlines() if l and not l.startswith("#")]
+    assert float(row[13]) == pytest.approx(int(row[3]) * shipped.channel_us, abs=0.06)
+    assert float(row[5]) + float(row[6]) + float(row[9]) + float(row[13]) == pytest.approx(float(row[11]), abs=0.2)
 
 
 def test_calibrate_writes_nccl_constants_with_provenance():

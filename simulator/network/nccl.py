@@ -26,8 +26,12 @@ things and nothing else: the latency tables (latency_scale across nodes, intra_l
 inside one, and per protocol LL128 / Simple relative to LL), a network latency per network hop
 that NCCL itself takes from the net plugin (``latencyInter``, 0 for InfiniBand, large for EFA),
 the graph bandwidths inside and across nodes (intra/inter_bw_scale), the LL and LL128 bandwidth
-factors, and a host launch cost per GPU driven by one thread (launch_us). The choice of
-algorithm and protocol is made on the calibrated table, as NCCL makes it on its own.
+factors, and a host launch cost per GPU driven by one thread (launch_us); and it adds three
+measured terms NCCL's tuner does not have: a cost per channel launched (channel_us), an exposed
+memory pass per byte (mem_GBps) and a 1-rank copy's start-up (copy_latency_us), each with its
+evidence in NcclTuning and docs/design-notes.md. The choice of algorithm and protocol is the
+fastest on the calibrated time, with NCCL's scan order for ties (NcclTuning.rank_on_tuner_time
+and pick_on_own_table give NCCL's own ranking rules instead).
 
 Point-to-point (send/recv, all-to-all) has no NCCL cost model (§6.6); it is timed here with the
 Simple per-hop latency of the link it crosses and the per-GPU link bandwidth (documented below).
@@ -148,6 +152,29 @@ class NcclTuning:
     copy_GBps: float | None = None  # a 1-rank "collective" is a device copy at this rate
     ll_bw_scale: float = 1.0  # achieved / NCCL's LL bandwidth factor
     ll128_bw_scale: float = 1.0  # achieved / NCCL's LL128 bandwidth factor
+    # A cost per channel (CTA) launched, µs, on top of NCCL's latency (which has none): measured,
+    # see NcclCalibration.channel_us and docs/design-notes.md.
+    channel_us: float = 0.0
+    copy_latency_us: float | None = None  # a 1-rank copy's own start-up (None: added to the launch)
+    # A per-byte cost that does not depend on the rank count, as GB/s (None: none). Measured on
+    # one A100 node: Ring/Simple at 1 GiB takes 4.83, 6.68 and 7.58 ns/B at 2, 4 and 8 GPUs,
+    # = 2(n-1)/n / 270 GB/s + 1 / 887 GB/s within 0.3 % (Azure NDv4 logs), where NCCL's model
+    # has the first term only. 887 GB/s is about one read and one write of the buffer at the
+    # HBM rate (A100 40 GB: 1555 GB/s): a memory pass that the transfers do not hide.
+    mem_GBps: float | None = None
+    # LL's bandwidth factor inside one node when it differs from across nodes (None: ll_bw_scale).
+    intra_ll_bw_scale: float | None = None
+    # Single-node bandwidth of only the CTAs launched (see _choose); off: NCCL's tuner.
+    cta_bound_intra: bool = False
+    # How the pair is picked. Default: the fastest on the model's full time (NCCL's calibrated
+    # table + pipeline fill + the measured per-channel and memory terms). NCCL itself ranks on
+    # its tuner time (the table alone: rank_on_tuner_time) with its own constants
+    # (pick_on_own_table); both rank the same except near ties (8 x 200 Gb/s A100, 32 nodes,
+    # 512 MiB: Tree/Simple for NCCL, Ring/LL128 with the fill) and both fit the development logs
+    # worse (p4de 44 % / 27 % at >= 64 KiB against 7 %), their runs' NCCL versions and tuner
+    # plugins not being the 2.28 tables: docs/design-notes.md.
+    rank_on_tuner_time: bool = False
+    pick_on_own_table: bool = False
 
     @classmethod
     def from_comm(cls, comm: Any) -> "NcclTuning":
@@ -159,7 +186,10 @@ class NcclTuning:
                    net_latency_us=cal.net_latency_us,
                    intra_bw_scale=cal.intra_bw_scale, inter_bw_scale=cal.inter_bw_scale,
                    launch_us=cal.launch_us, copy_GBps=cal.copy_GBps,
-                   ll_bw_scale=cal.ll_bw_scale, ll128_bw_scale=cal.ll128_bw_scale)
+                   ll_bw_scale=cal.ll_bw_scale, ll128_bw_scale=cal.ll128_bw_scale,
+                   channel_us=getattr(cal, "channel_us", 0.0), copy_latency_us=getattr(cal, "copy_latency_us", None),
+                   mem_GBps=getattr(cal, "mem_GBps", None), intra_ll_bw_scale=getattr(cal, "intra_ll_bw_scale", None),
+                   cta_bound_intra=bool(getattr(cal, "cta_bound_intra", False)))
 
 
 @dataclass(frozen=True)
@@ -301,14 +331,15 @@ class Choice:
     algorithm: str
     protocol: str
     time_us: float
-    latency_us: float  # latency x latCount (after the plateau factor) + pipeline fill + launch
-    bandwidth_GBps: float  # algorithm bandwidth used for the size term (after corrections)
+    latency_us: float  # latency x latCount (after the plateau factor) + pipeline fill + channel cost + launch floor
+    bandwidth_GBps: float  # algorithm bandwidth of the size term (after corrections and the memory pass)
     channels: int  # CTAs NCCL launches (§3.7)
     threads: int
     table: dict = field(default_factory=dict)  # (algo, proto) -> time_us of every enabled pair
     pipeline_us: float = 0.0  # the pipeline fill (part of latency_us): see pipeline_fill_us
     pipeline_unit_bytes: float = 0.0  # the store-and-forward unit (slice or chunk) per channel
     pipeline_stages: float = 0.0  # store-and-forward stages a unit crosses beyond the lockstep ring
+    channel_cost_us: float = 0.0  # the measured per-channel cost (part of latency_us): channels x channel_us
 
     @property
     def bw_time_us(self) -> float:
@@ -376,7 +407,8 @@ def _tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: Nccl
             if algo == "pat":
                 bus *= 0.75
             # Calibrated per-protocol efficiency on top of NCCL's own protocol factors.
-            bus *= tuning.ll_bw_scale if proto == "LL" else (tuning.ll128_bw_scale if proto == "LL128" else 1.0)
+            llsc = tuning.ll_bw_scale if (n_nodes > 1 or tuning.intra_ll_bw_scale is None) else tuning.intra_ll_bw_scale
+            bus *= llsc if proto == "LL" else (tuning.ll128_bw_scale if proto == "LL128" else 1.0)
             if algo in ("nvls", "nvls_tree"):
                 # §5.1 (v2.28+)
                 intra = g.bw_intra * NVLS_EFFICIENCY[gen] * (g.n_ch - 1) / g.n_ch * tuning.intra_bw_scale
@@ -600,31 +632,63 @@ class NcclModel:
         floor = tn.launch_us * max(1, gpt)
         stagger = 0.0
         if n <= 1 or size <= 0:
+            # One rank: nccl-tests' out-of-place "collective" is a device-to-device copy. The copy
+            # has its own start-up (copy_latency_us) and overlaps the next launch like a kernel:
+            # max(launch floor, start-up + bytes / rate) (Azure 1-GPU log: flat 4.4-4.6 µs to
+            # 512 KiB, then 5.3 µs at 1 MiB = 3.7 µs + 1 MiB / 660 GB/s).
             bw = tn.copy_GBps or 0.0
             t = (size / (1000.0 * bw) if bw > 0 and size > 0 else 0.0)
-            return Choice(op, size, n, n_nodes, "copy", "-", floor + t, floor, bw, 1, 0)
+            if tn.copy_latency_us is None:
+                return Choice(op, size, n, n_nodes, "copy", "-", floor + t, floor, bw, 1, 0)
+            lat = max(floor - t, tn.copy_latency_us)
+            return Choice(op, size, n, n_nodes, "copy", "-", lat + t, lat, bw, 1, 0)
         if op in ("all_to_all", "send_recv"):
             return self._floor(self._p2p(op, size, n, n_nodes, ppn, stagger), floor)
         top = "broadcast" if op not in ("all_reduce", "all_gather", "reduce_scatter") else op
         table = tune(self.system, top, n, n_nodes, ppn, tn)
+        # The table the pairs are ranked on: the calibrated one (default), or NCCL's own constants
+        # (pick_on_own_table: NCCL's rule, the pick from its table, the time from the calibrated).
+        own = tune(self.system, top, n, n_nodes, ppn, NcclTuning()) if tn.pick_on_own_table else table
+        on_tuner_time = tn.pick_on_own_table or tn.rank_on_tuner_time
         gs = graphs(self.system, n_nodes, ppn, tn)
         best = None
         times = {}
         for algo in ALGOS:  # scan order of topoGetAlgoInfo; strict < keeps the earlier on ties
             for proto in PROTOS:
                 e = table.get((algo, proto))
-                if e is None:
+                o = own.get((algo, proto))
+                if e is None or o is None:
                     continue
                 g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
                 t, lat, bw = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, e[0], e[1], g.runtime_ch)
+                rank = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, o[0], o[1], g.runtime_ch)[0]
                 nc, nt = _launch_shape(g, algo, proto, top, size, n, self.system.gen)
+                if tn.cta_bound_intra and n_nodes == 1 and algo in ("ring", "tree") and nc < g.runtime_ch:
+                    # Inside one node the SMs copy over NVLink, each CTA its channel's share: with
+                    # nc of the runtime channels launched (§3.7) the bandwidth is nc/runtime of
+                    # NCCL's, which its tuner assumes for every size. Across nodes the network
+                    # path sets the rate (measured: the same rule there puts Azure 16-GPU 8 KiB
+                    # 32 % slow), so it stays NCCL's.
+                    bw = bw * nc / max(1, g.runtime_ch)
+                    t = lat + size / (1000.0 * bw)
                 fill, unit, stages = pipeline_fill_us(g, algo, proto, top, size, n, n_nodes, ppn, nc, tn)
-                t, lat = t + fill, lat + fill
+                # the measured cost per channel launched (NcclCalibration.channel_us): NCCL's
+                # tuner has no such term, so more channels never cost it anything
+                ch_us = tn.channel_us * nc
+                t, lat = t + fill + ch_us, lat + fill + ch_us
+                if tn.mem_GBps:
+                    # one pass over the buffer that does not overlap the transfers (see
+                    # NcclTuning.mem_GBps): the size term runs at the harmonic sum of the rates
+                    t += size / (1000.0 * tn.mem_GBps)
+                    bw = 1.0 / (1.0 / bw + 1.0 / tn.mem_GBps)
+                if not on_tuner_time:
+                    rank = t
                 times[(algo, proto)] = max(t + stagger, floor)
-                if best is None or t < best[0]:
-                    best = (t, lat, bw, algo, proto, nc, nt, (fill, unit, stages))
-        t, lat, bw, algo, proto, nc, nt, pipe = best
-        c = Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times, *pipe)
+                if best is None or rank < best[0]:
+                    best = (rank, t, lat, bw, algo, proto, nc, nt, (fill, unit, stages), ch_us)
+        _, t, lat, bw, algo, proto, nc, nt, pipe, ch_us = best
+        c = Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times, *pipe,
+                   channel_cost_us=ch_us)
         return self._floor(c, floor)
 
     @staticmethod

@@ -201,6 +201,11 @@ class NcclCalibration(BaseModel):
     copy_GBps: float | None = Field(None, gt=0, description="Rate of a 1-rank collective (a device copy), GB/s.")
     ll_bw_scale: float = Field(1.0, gt=0, le=1.0, description="Achieved / NCCL's LL protocol bandwidth.")
     ll128_bw_scale: float = Field(1.0, gt=0, le=1.0, description="Achieved / NCCL's LL128 protocol bandwidth.")
+    channel_us: float = Field(0.0, ge=0, description="Cost per channel (CTA) a collective launches, µs; NCCL's tuner has none (measured: time steps of 1.3-1.8 µs per added channel on one A100 node).")
+    copy_latency_us: float | None = Field(None, ge=0, description="Start-up of a 1-rank collective's device copy, µs (None: the copy follows the launch).")
+    mem_GBps: float | None = Field(None, gt=0, description="Rate of a pass over the buffer that the transfers do not hide, GB/s (None: none).")
+    intra_ll_bw_scale: float | None = Field(None, gt=0, le=1.0, description="Achieved / NCCL's LL bandwidth inside one node, where it differs from across nodes (None: ll_bw_scale).")
+    cta_bound_intra: bool = Field(False, description="Inside one node a collective gets the bandwidth of only the CTAs it launches (NCCL's channel rule), not all channels'.")
     system: str = Field("", description="The system (topology) the constants were fitted on.")
     fit_error: dict[str, float] = Field(default_factory=dict, description="Worst |relative time error| per fitted log.")
 
