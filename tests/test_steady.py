@@ -63,6 +63,7 @@ def _same(fast, plain) -> None:
     ("1f1b", 4, 24, 1, 2, 2, "alpha-beta", True),
     ("1f1b", 4, 32, 1, 1, 4, None, True),
     ("interleaved-1f1b", 2, 24, 2, 2, 2, None, True),
+    ("interleaved-1f1b", 4, 32, 2, 2, 2, None, True),  # q = pp = 4: 24 of 32 microbatches simulated
     ("zb-h1", 4, 48, 1, 2, 2, None, True),  # the first short run has not settled: the retry has
     ("zb-h1", 4, 24, 1, 2, 2, None, False),  # too few microbatches to settle: the plain run
     ("zbv", 4, 48, 1, 2, 2, None, True),
@@ -86,6 +87,18 @@ def test_fast_path_applies():
     ff = fast.timeline.fast_forward
     assert ff is not None and ff["periods_skipped"] > 0 and ff["microbatches_simulated"] < 24
     assert fast.timeline.num_events < simulate(sc).timeline.num_events
+
+
+def test_fast_path_applies_interleaved_pp4():
+    """Interleaved 1F1B with a period of pp = 4 microbatches (8 periods): warm-up, one settling
+    period, two observed periods and the cool-down are simulated (24 of 32 microbatches), the
+    rest replayed, and the step is the plain loop's (test_fast_path_equals_plain)."""
+    sc = build_scenario(_scenario("interleaved-1f1b", 4, 32, 2))
+    fast = simulate(sc, fast_forward=True)
+    ff = fast.timeline.fast_forward
+    assert ff is not None and ff["microbatches_per_period"] == 4
+    assert ff["microbatches_simulated"] == 24 and ff["periods_skipped"] == 2
+    assert fast.timeline.num_events < 0.8 * simulate(sc).timeline.num_events
 
 
 def test_find_cut_on_schedules():
