@@ -37,18 +37,23 @@ def _same(fast, plain) -> None:
     for d, v in rp.comm_bytes_per_gpu.items():
         assert _close(rf.comm_bytes_per_gpu[d], v), d
     assert abs(rf.bubble_fraction - rp.bubble_fraction) <= REL
-    # The critical path covers the same step; where two collectives end within float rounding of
-    # each other its walk may pick the other one, so only its total and compute share are pinned
-    # (known difference on interleaved 1F1B: dp vs compute split of a few ms, see design notes).
+    # The same critical path: the walk starts from the lowest of the ranks ending the step
+    # together, so float rounding of the replayed end times does not move it to another rank.
     assert abs(sum(rf.critical_path_s.values()) - sum(rp.critical_path_s.values())) <= 1e-6 * rp.step_time_s
+    for d, v in rp.critical_path_s.items():
+        assert abs(rf.critical_path_s.get(d, 0.0) - v) <= 1e-6 * rp.step_time_s, (d, rf.critical_path_s, rp.critical_path_s)
     tf, tp = fast.timeline, plain.timeline
     for r in tp.ranks:
         assert _close(tf.busy_compute_s[r], tp.busy_compute_s[r])
         assert _close(tf.end_time_s[r], tp.end_time_s[r])
-    # Same rows: every compute row and wait, same times and labels.
+    # Same rows: every compute row and wait, same times and labels. Rows of float-rounding
+    # length (a pp wait of +-1 ulp where a transfer arrives just as its consumer is ready) come
+    # and go with rounding in the plain loop as well; they are not compared (steady._sized).
+    zero_s = 1e-12 * tp.step_time_s
     for name in ("events", "waits"):
-        a = getattr(tf, name).sort_values(["rank", "start_s", "end_s"], kind="stable").reset_index(drop=True)
-        b = getattr(tp, name).sort_values(["rank", "start_s", "end_s"], kind="stable").reset_index(drop=True)
+        a, b = getattr(tf, name), getattr(tp, name)
+        a = a[a["end_s"] - a["start_s"] > zero_s].sort_values(["rank", "start_s", "end_s"], kind="stable").reset_index(drop=True)
+        b = b[b["end_s"] - b["start_s"] > zero_s].sort_values(["rank", "start_s", "end_s"], kind="stable").reset_index(drop=True)
         assert len(a) == len(b), name
         assert (abs(a["start_s"] - b["start_s"]) <= REL * tp.step_time_s).all(), name
         if name == "events":
