@@ -155,3 +155,41 @@ def test_unsettled_short_run_is_refused():
     why: list[str] = []
     assert extend(tl, short, cut, eng.action_marks, why) is None
     assert why and "differ" in why[0]
+
+
+def test_rounding_length_rows_do_not_refuse():
+    """A wait of float-rounding length (a transfer arriving as its consumer gets ready, +-1 ulp)
+    in one observed period only does not make ``extend`` refuse the short run; a real wait does."""
+    import pandas as pd
+
+    import simulator.simulate as S
+    from simulator.engine.steady import extend, plan_cut
+    from simulator.schedules import build_schedule
+
+    sc = build_scenario(_scenario("1f1b", 4, 24, 1))
+    profile, topo = S.load_profile(sc.cluster.gpu), S.load_topology(sc.cluster.topology)
+    full = build_schedule("1f1b", 4, 24, 1)
+    short, cut = plan_cut(full, lambda m: build_schedule("1f1b", 4, m, 1))
+    prog = S.build_program(sc, profile, short)
+    eng = S.Engine(prog, S.make_network(sc, topo, profile), plan=S.build_plan(prog), sm_count=profile.compute.sm_count)
+    eng.action_marks = {}
+    tl = eng.run()
+    ff = extend(tl, short, cut, eng.action_marks)
+    assert ff is not None
+    # A wait row inside the older observed period, at the start of a compute row there.
+    ev = tl.events
+    last = tl.ranks[-1]
+    t_mid = ev[(ev["rank"] == last) & (ev["stream"] == "compute") & (ev["microbatch"] == cut.m_short - 4)]["start_s"].iloc[0]
+    base = tl.waits
+
+    def with_wait(seconds: float):
+        row = {"rank": last, "start_s": t_mid, "end_s": t_mid + seconds, "cause": "pp", "issued_s": t_mid,
+               "src_rank": -1, "what": "test"}
+        tl.waits = pd.concat([base, pd.DataFrame([row], columns=base.columns)], ignore_index=True)
+        why: list[str] = []
+        return extend(tl, short, cut, eng.action_marks, why), why
+
+    out, why = with_wait(4e-15)
+    assert out is not None, why
+    out, why = with_wait(1e-6)
+    assert out is None and why == ["row counts differ between periods"]
