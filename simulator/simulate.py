@@ -87,16 +87,17 @@ def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], Non
 def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: PipelineSchedule) -> Timeline | None:
     """The step's timeline from a shorter pipeline whose steady period is verified and replayed
     in closed form (``simulator.engine.steady``); None where that does not apply. A short run
-    that had not settled is retried once with at least 1.5x the microbatches, if that is still
-    at most half the step's."""
-    from simulator.engine.steady import extend, plan_cuts
+    that had not settled is retried once with at least 1.5x the microbatches, if the two short
+    runs together simulate at most MAX_SHORT_FRACTION of the step's: a step whose short runs do
+    not verify costs at most 1 + MAX_SHORT_FRACTION plain runs."""
+    from simulator.engine.steady import MAX_SHORT_FRACTION, extend, plan_cuts
 
     p = sc.parallelism
-    m = sched.num_microbatches
+    budget = MAX_SHORT_FRACTION * sched.num_microbatches
     tried = 0
     for short, cut in plan_cuts(sched, lambda n: build_schedule(sc.schedule, p.pp, n, p.vpp)):
-        if tried and (short.num_microbatches < 1.5 * tried or short.num_microbatches > m // 2):
-            if short.num_microbatches > m // 2:
+        if tried and (short.num_microbatches < 1.5 * tried or tried + short.num_microbatches > budget):
+            if tried + short.num_microbatches > budget:
                 return None
             continue
         validate_schedule(short)

@@ -123,9 +123,12 @@ def critical_path(tl: "Timeline") -> list[dict[str, Any]]:
     ev = tl.events
     comm = ev[ev["stream"] != "compute"]
     comm_by_rank = {int(r): g for r, g in comm.groupby("rank")}
-    rank = max(ends, key=lambda r: ends[r])
-    t = float(ends[rank])
     tol = max(1e-12, tl.step_time_s * 1e-12)
+    # The lowest rank of those ending the step: ranks that end together (after a step-wide
+    # collective) differ by float rounding, which must not pick the rank the walk starts from.
+    t_end = max(ends.values())
+    rank = min(r for r in ends if ends[r] >= t_end - tol)
+    t = float(ends[rank])
     path: list[dict[str, Any]] = []
 
     def add(r: int, cause: str, kind: str, what: str, s: float, e: float, mb: int = -1, st: int = -1):
