@@ -102,24 +102,25 @@ def _subset(name: str, rows) -> "object":
 def test_megatron_2021_small_rows_pinned():
     # The five runs with pp <= 2 (1.7B-39B; the whole table takes minutes: bench/
     # bench_validate_published.py, whose figures are in docs/design-notes.md). Measured
-    # 2026-11-23: MAPE 2.2%, mean signed +1.0%, worst 3.5% (was 1.7% / +0.5% before the measured
-    # 7 us launch floor and contention only while a collective runs). A change that moves them
-    # must say why.
+    # 2026-11-23: MAPE 0.9%, mean signed -0.4%, worst 2.3% (1.7% / +0.5% before the measured 7 us
+    # launch floor, contention only while a collective runs, and the A100 NCCL fit on the Azure
+    # NDv4 logs). A change that moves them must say why.
     v = _subset("megatron-2021", read_table("megatron-2021")[:5])
-    assert v.mape == pytest.approx(0.022, abs=0.005)
-    assert v.mean_signed_error == pytest.approx(0.010, abs=0.005)
-    assert max(abs(r.error) for r in v.rows) < 0.04
+    assert v.mape == pytest.approx(0.009, abs=0.005)
+    assert v.mean_signed_error == pytest.approx(-0.004, abs=0.005)
+    assert max(abs(r.error) for r in v.rows) < 0.03
 
 
 def test_vtrain_every_24th_row_pinned():
-    # 60 of the 1,440 layouts (every 24th). Measured 2026-11-23: MAPE 8.0%, mean signed +1.0%
-    # (-0.4% before the measured 7 us launch floor and contention only while a collective runs;
+    # 60 of the 1,440 layouts (every 24th). Measured 2026-11-23: MAPE 8.0%, mean signed +2.0%
+    # (-0.4% before the measured 7 us launch floor, contention only while a collective runs and
+    # the A100 NCCL fit on the Azure NDv4 logs;
     # the full set's figures are in the bench and docs/design-notes.md). A change that moves
     # them must say why.
     v = _subset("vtrain-single-node", read_table("vtrain-single-node")[::24])
     assert len(v.rows) == 60
     assert v.mape == pytest.approx(0.080, abs=0.005)
-    assert v.mean_signed_error == pytest.approx(0.010, abs=0.005)
+    assert v.mean_signed_error == pytest.approx(0.020, abs=0.005)
 
 
 def test_group_errors_groups_stated_rows_by_layout():
