@@ -260,6 +260,9 @@ class FabricStats:
     materialized: int = 0
     solves: int = 0
     solve_s: float = 0.0
+    # running coflows whose levels were (re)computed, summed over solves: the fabric's work
+    # per event, which the incremental solver keeps to the components an event touches
+    solved_coflows: int = 0
     plans_built: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -805,6 +808,7 @@ class FlowNetwork:
             self._dirty = False
         rate = self._coflow_levels(batches) * self._cu_per
         self.stats.solves += 1
+        self.stats.solved_coflows += len(batches)
         self.stats.solve_s += time.perf_counter() - t0
         self._rate = rate
         rem = np.array([b.rem for b in batches])
@@ -975,6 +979,7 @@ class FlowNetwork:
             members = list(comp.members)
             level = self._component_levels([m.cf for m in members])
             self.stats.solves += 1
+            self.stats.solved_coflows += len(members)
             for m, lv in zip(members, level.tolist()):
                 rate = lv * m.cu_per
                 if rate == m.rate and m.gen:
