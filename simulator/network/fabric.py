@@ -194,7 +194,7 @@ class _Coll:
     event: simpy.Event
     t0: float
     virtual: bool = False
-    real: bool = False  # holds its links in _real_busy until it finishes
+    real: bool = False  # holds its links in _busy until it finishes (so does a virtual one)
     vid: int = -1  # while virtual: its id in FlowNetwork._virtuals
 
 
@@ -518,14 +518,13 @@ class FlowNetwork:
         if self._t_first is None:
             self._t_first = env.now
         links = plan.links
-        # Each link has at most one virtual owner: a virtual collective only starts on idle links.
-        owners = self._virt_owner[links] if links.size else links
-        busy = bool(links.size) and (bool((owners >= 0).any()) or bool(self._real_busy[links].any()))
+        busy = bool(links.size) and bool(self._busy[links].any())
         if self.fast_path and not busy:
             self.stats.fast_path += 1
             coll.virtual = True
             self._vid += 1
             coll.vid = self._vid
+            self._busy[links] += 1
             self._virt_owner[links] = coll.vid
             self._virtuals[coll.vid] = coll
             env.timeout(plan.time_s(coll.size)).callbacks.append(partial(self._virtual_done, coll))
@@ -533,11 +532,13 @@ class FlowNetwork:
         if not self.incremental:
             self._advance()
         if self._virtuals and links.size:
+            # each link has at most one virtual owner: a virtual collective only starts on idle links
+            owners = self._virt_owner[links]
             hit = np.unique(owners[owners >= 0])
             for vid in hit.tolist():
                 self._materialize(self._virtuals[vid])
         coll.real = True
-        self._real_busy[links] += 1
+        self._busy[links] += 1
         self._enter_phase(coll, 0)
         self._settle()
         return coll.event
@@ -548,7 +549,7 @@ class FlowNetwork:
         self._env = env
         n = self.graph.n_links
         self._virt_owner = np.full(n, -1, dtype=np.int64)  # id of the virtual collective on each link
-        self._real_busy = np.zeros(n, dtype=np.int32)
+        self._busy = np.zeros(n, dtype=np.int32)  # collectives (virtual or real) holding each link
         self._virtuals: dict[int, _Coll] = {}
         self._vid = 0
         self._batches: list[Any] = []  # _Batch (per-flow) or _CoBatch (coflow, global solve)
@@ -584,6 +585,7 @@ class FlowNetwork:
         coll.virtual = False
         del self._virtuals[coll.vid]
         plan = coll.plan
+        self._busy[plan.links] -= 1
         self._virt_owner[plan.links] = -1
         for ph in plan.phases:
             self._link_bytes[ph.link_ids] += coll.size * ph.link_coef
@@ -596,9 +598,8 @@ class FlowNetwork:
         coll.virtual = False
         del self._virtuals[coll.vid]
         plan = coll.plan
-        self._virt_owner[plan.links] = -1
+        self._virt_owner[plan.links] = -1  # it keeps holding its links in _busy, as a real one
         coll.real = True
-        self._real_busy[plan.links] += 1
         tau = env.now - coll.t0
         t = plan.overhead_s
         for p, ph in enumerate(plan.phases):
@@ -682,7 +683,7 @@ class FlowNetwork:
     def _finish(self, coll: _Coll) -> None:
         if coll.real:
             coll.real = False
-            self._real_busy[coll.plan.links] -= 1
+            self._busy[coll.plan.links] -= 1
         self._t_end = max(self._t_end, self._env.now)
         coll.event.succeed()
 
