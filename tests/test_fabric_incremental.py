@@ -20,6 +20,7 @@ from simulator.network.fabric import (
     FlowNetwork,
     _CoBatch,
     _Coll,
+    _components,
     _incidence,
     _isolated_unshared,
     _link_load,
@@ -252,3 +253,18 @@ def test_plan_helpers_equal_their_definitions(seed):
                 fin = np.where(alive, ph.coef / np.where(alive, rate, 1.0), 0.0)
                 assert fast[1] == pytest.approx(fin, rel=1e-12)
                 assert fast[0] == pytest.approx(fin.max(), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_union_find_components_equal_scipy(seed):
+    from scipy.sparse.csgraph import connected_components
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    m = int(rng.integers(0, 2 * n))
+    a, b = rng.integers(0, n, m), rng.integers(0, n, m)
+    k, label = _components(n, a, b)
+    k_ref, ref = connected_components(sp.coo_matrix((np.ones(m), (a, b)), shape=(n, n)), directed=False)
+    assert k == k_ref
+    # the same partition (labels may be numbered differently)
+    assert len({(int(x), int(y)) for x, y in zip(label, ref)}) == k

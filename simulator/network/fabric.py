@@ -49,7 +49,6 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 import simpy
-from scipy.sparse.csgraph import connected_components
 
 from simulator.errors import UserError
 from simulator.network.base import COLLECTIVE_OPS, CollectiveRequest
@@ -133,6 +132,30 @@ def _link_load(inc: sp.csc_matrix, coef: np.ndarray) -> tuple[np.ndarray, np.nda
     load = np.bincount(inv, weights=w, minlength=ids.size)
     keep = load != 0
     return ids[keep].astype(np.int64), load[keep]
+
+
+def _components(n: int, a: np.ndarray, b: np.ndarray) -> tuple[int, np.ndarray]:
+    """Connected components of n nodes joined by edges (a[i], b[i]): (count, label per node),
+    labels 0..count-1 in order of each component's first node. Union-find over the distinct
+    edges; n is a component's coflows (tens), so this stays far below scipy's call overhead."""
+    parent = list(range(n))
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    edges = np.unique(np.minimum(a, b) * n + np.maximum(a, b)) if a.size else a
+    for k in edges.tolist():
+        rx, ry = root(k // n), root(k % n)
+        if rx != ry:
+            parent[max(rx, ry)] = min(rx, ry)
+    label = np.empty(n, dtype=np.int64)
+    ids: dict[int, int] = {}
+    for i in range(n):
+        label[i] = ids.setdefault(root(i), len(ids))
+    return len(ids), label
 
 
 def _incidence(flow: np.ndarray, link: np.ndarray, n_flows: int, n_links: int) -> sp.csc_matrix:
@@ -946,9 +969,7 @@ class FlowNetwork:
         order = np.argsort(ids, kind="stable")
         ids_s, own_s = ids[order], owner[order]
         same = ids_s[1:] == ids_s[:-1]
-        a, c = own_s[:-1][same], own_s[1:][same]
-        n_sub, label = connected_components(
-            sp.coo_matrix((np.ones(a.size), (a, c)), shape=(len(rest), len(rest))), directed=False)
+        n_sub, label = _components(len(rest), own_s[:-1][same], own_s[1:][same])
         lc[np.concatenate([b.cf.link_ids for b in left])] = -1
         self._changed[comp] = None
         if n_sub == 1:
