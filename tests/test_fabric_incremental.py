@@ -229,10 +229,13 @@ def test_work_per_event_is_flat_in_the_number_of_independent_components():
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_plan_helpers_equal_their_definitions(seed):
+@pytest.mark.parametrize("n_gpus", [16, 256])
+def test_plan_helpers_equal_their_definitions(seed, n_gpus):
+    """On 16 GPUs phases cover much of the fabric (the helpers' dense branches); on 256 GPUs
+    small groups touch a few of its links (the sparse ones)."""
     rng = np.random.default_rng(seed)
-    graph = build_graph(_spec(), 16)
-    for r in _random_reqs(rng, 16, 6):
+    graph = build_graph(_spec(), 16) if n_gpus == 16 else build_graph(load_topology("dgx-h100-fattree"), n_gpus)
+    for r in _random_reqs(rng, n_gpus, 6):
         from simulator.network.collectives import candidates
 
         for plan in candidates(graph, r.op, r.groups, None):

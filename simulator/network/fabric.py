@@ -127,6 +127,11 @@ def _link_load(inc: sp.csc_matrix, coef: np.ndarray) -> tuple[np.ndarray, np.nda
     the nonzeros of ``inc @ coef`` without an array as long as the fabric (16,384 GPUs: 66K
     links, for every plan of every group in full mode)."""
     inc = inc if sp.isspmatrix_csc(inc) else sp.csc_matrix(inc)
+    if 4 * inc.nnz > inc.shape[0]:
+        # a phase over much of the fabric (reduced mode's all-replica requests): the mat-vec is cheaper
+        per_link = inc @ np.asarray(coef, dtype=np.float64)
+        ids = np.flatnonzero(per_link)
+        return ids, per_link[ids]
     w = np.repeat(np.asarray(coef, dtype=np.float64), np.diff(inc.indptr)) * inc.data
     ids, inv = np.unique(inc.indices, return_inverse=True)
     load = np.bincount(inv, weights=w, minlength=ids.size)
@@ -186,7 +191,10 @@ def _isolated_unshared(inc: sp.csc_matrix, coef: np.ndarray, alive: np.ndarray,
     if (per_col[alive] == 0).any():
         return None
     rows = inc.indices[np.repeat(alive, per_col)]
-    if rows.size and np.unique(rows).size != rows.size:
+    if 4 * rows.size > inc.shape[0]:
+        if np.bincount(rows, minlength=inc.shape[0]).max(initial=0) > 1:
+            return None
+    elif rows.size and np.unique(rows).size != rows.size:
         return None
     nz = per_col > 0
     rate = np.zeros(coef.size)
