@@ -99,7 +99,7 @@ def run_one(d: dict, mode: str, timeout_s: float, rss_limit_gib: float) -> tuple
         if peak > rss_limit_gib:
             why = f"stopped at {peak:.1f} GiB resident (limit {rss_limit_gib:g}) after {time.monotonic() - t0:.0f} s"
         elif time.monotonic() - t0 > timeout_s:
-            why = f"timed out after {timeout_s:.0f} s"
+            why = f"timed out after {timeout_s:.0f} s, unfinished ({peak:.1f} GiB resident by then)"
         if why:
             p.kill()
             p.communicate()
