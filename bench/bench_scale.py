@@ -4,8 +4,11 @@ Issue 13's targets (this 2-core shared machine): every row of the published tabl
 mode <= 5 s; Llama-3-405B on 16,384 GPUs with the flow network <= 3 s; full mode at 1,024 GPUs
 <= 10 s and at 16,384 GPUs <= 120 s and <= 8 GB, with events/s flat from 64 to 16,384 GPUs.
 Each run is a fresh process (so peak RSS is the run's own); the table shows medians of --repeat.
+A run whose resident memory passes --rss-limit-gib (default 8, the issue's bound) is stopped and
+reported as such, so a run that cannot meet the bound does not take the shared machine down.
 
     python bench/bench_scale.py [--repeat 3] [--set quick|full-mode|published|all]
+    python bench/bench_scale.py --set full-mode --gpus 64,256,1024,16384 --repeat 1   # the 16,384-GPU row
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +33,7 @@ t = time.perf_counter()
 res = simulate(build_scenario(d), mode=mode)
 wall = time.perf_counter() - t
 tl = res.timeline
-print(json.dumps({"wall_s": wall, "engine_s": tl.sim_wall_s, "events": tl.num_events,
+print(json.dumps({"wall_s": wall, "cpu_s": time.process_time(), "engine_s": tl.sim_wall_s, "events": tl.num_events,
                   "microbatches": res.program.schedule.num_microbatches,
                   "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
 """
@@ -59,10 +63,10 @@ def published_rows() -> list[tuple[str, dict]]:
         return [(f"megatron-2021 {r['params_billion']}B", megatron_2021_scenario(r)) for r in csv.DictReader(f)]
 
 
-def cases(which: str) -> list[tuple[str, dict, str]]:
+def cases(which: str, full_gpus: tuple[int, ...] | None = None) -> list[tuple[str, dict, str]]:
     out: list[tuple[str, dict, str]] = []
     if which in ("quick", "full-mode", "all"):
-        sizes = (64, 256) if which == "quick" else (64, 256, 1024)
+        sizes = full_gpus or ((64, 256) if which == "quick" else (64, 256, 1024))
         out += [("llama3-70b TP8 PP8, 8 mb", llama70b(g, 8), "full") for g in sizes]
     if which in ("quick", "all"):
         out.append(("llama3-405b TP8 PP16 (flow)", LLAMA405B_16K, "reduced"))
@@ -73,35 +77,78 @@ def cases(which: str) -> list[tuple[str, dict, str]]:
     return out
 
 
+def _rss_gib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
+
+
+def run_one(d: dict, mode: str, timeout_s: float, rss_limit_gib: float) -> tuple[dict | None, str]:
+    """One simulation in a fresh process: (figures, "") or (None, why it has none)."""
+    p = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(d), mode], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    t0, peak = time.monotonic(), 0.0
+    while p.poll() is None:
+        peak = max(peak, _rss_gib(p.pid))
+        why = ""
+        if peak > rss_limit_gib:
+            why = f"stopped at {peak:.1f} GiB resident (limit {rss_limit_gib:g}) after {time.monotonic() - t0:.0f} s"
+        elif time.monotonic() - t0 > timeout_s:
+            why = f"timed out after {timeout_s:.0f} s, unfinished ({peak:.1f} GiB resident by then)"
+        if why:
+            p.kill()
+            p.communicate()
+            return None, why
+        time.sleep(0.2)
+    out, err = p.communicate()
+    if p.returncode != 0:
+        return None, f"failed: {err.strip().splitlines()[-1] if err.strip() else p.returncode}"
+    return json.loads(out.strip().splitlines()[-1]), ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--set", default="quick", choices=["quick", "full-mode", "published", "all"])
+    ap.add_argument("--gpus", default=None,
+                    help="Comma-separated GPU counts of the full-mode rows (multiples of 64), e.g. 64,256,1024,16384.")
     ap.add_argument("--timeout", type=float, default=900.0, help="Seconds per run before it is reported as a timeout.")
+    ap.add_argument("--rss-limit-gib", type=float, default=8.0, help="Resident GiB at which a run is stopped.")
     args = ap.parse_args()
+    full_gpus = None
+    if args.gpus:
+        try:
+            full_gpus = tuple(int(x) for x in args.gpus.split(","))
+        except ValueError:
+            full_gpus = (0,)
+        bad = [g for g in full_gpus if g <= 0 or g % 64]
+        if bad:
+            print(f"--gpus {args.gpus!r}: give positive multiples of 64 (the scenario is TP8 x PP8 x DP), "
+                  "comma-separated, e.g. 64,256,1024,16384", file=sys.stderr)
+            sys.exit(2)
     print(f"{'scenario':34s} {'mode':7s} {'GPUs':>6s} {'mb':>5s} {'events':>10s} {'events/s':>9s} {'wall s':>7s} "
-          f"{'RSS GiB':>7s}  (median of {args.repeat}, one process per run, loaded 2-core machine)")
-    for label, d, mode in cases(args.set):
-        runs = []
+          f"{'RSS GiB':>7s} {'cpu s':>7s}  (median of {args.repeat}, one process per run, shared 2-core machine)")
+    for label, d, mode in cases(args.set, full_gpus):
+        runs, why = [], ""
         for _ in range(args.repeat):
-            try:
-                p = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(d), mode], cwd=ROOT, capture_output=True,
-                                   text=True, timeout=args.timeout, env={"PYTHONPATH": str(ROOT), "PATH": ""})
-            except subprocess.TimeoutExpired:
-                runs = None
+            r, why = run_one(d, mode, args.timeout, args.rss_limit_gib)
+            if r is None:
+                runs = []
                 break
-            if p.returncode != 0:
-                print(f"{label}: failed: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode}")
-                runs = None
-                break
-            runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+            runs.append(r)
         gpus = d["cluster"]["gpus"]
         if not runs:
-            print(f"{label:34s} {mode:7s} {gpus:>6,d}  timed out after {args.timeout:.0f} s")
+            print(f"{label:34s} {mode:7s} {gpus:>6,d}  {why}", flush=True)
             continue
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         print(f"{label:34s} {mode:7s} {gpus:>6,d} {int(med['microbatches']):>5d} {int(med['events']):>10,d} "
-              f"{med['events'] / med['engine_s']:>9,.0f} {med['wall_s']:>7.2f} {med['rss_gib']:>7.2f}", flush=True)
+              f"{med['events'] / med['engine_s']:>9,.0f} {med['wall_s']:>7.2f} {med['rss_gib']:>7.2f} "
+              f"{med['cpu_s']:>7.1f}", flush=True)
 
 
 if __name__ == "__main__":

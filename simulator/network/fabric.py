@@ -8,7 +8,9 @@ phase begins; when the last phase ends, the collective's event fires.
 
 Inside SimPy there is no process per flow or per collective: the fabric keeps one pending
 "next completion" timeout (stale ones are ignored by a generation counter) and re-solves the
-max-min rates whenever flows start or end.
+max-min rates whenever flows start or end: in the coflow model only the connected components
+of running coflows that the start or end touches (the rest keep their rates and completion
+times), so an event costs the same however much else runs (full mode at 16,384 GPUs).
 
 Coflow model (the default; ``coflow=False`` solves flow by flow, kept for validation): a
 phase's flows are grouped into coflows, the flows that end together when the phase runs
@@ -39,6 +41,7 @@ topology (sum of link latencies, worst flow of the phase).
 from __future__ import annotations
 
 import hashlib
+import heapq
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -114,12 +117,93 @@ def _split_coflows(inc: sp.csc_matrix, coef: np.ndarray, fin: np.ndarray, tau: f
         sel = live[bucket == k]
         c = np.zeros_like(coef)
         c[sel] = coef[sel]
-        per_link = inc @ c
-        ids = np.nonzero(per_link)[0]
+        ids, load = _link_load(inc, c)
         fc = float(coef[sel].mean())
         fin_k = float(fin[sel].max())
-        out.append(_Coflow(ids, per_link[ids], fc, per_link[ids] / fc, fin_k, fc / fin_k))
+        out.append(_Coflow(ids, load, fc, load / fc, fin_k, fc / fin_k))
     return out
+
+
+def _link_load(inc: sp.csc_matrix, coef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(links, bytes per byte of size on each) that flows with these coefs put on the fabric:
+    the nonzeros of ``inc @ coef`` without an array as long as the fabric (16,384 GPUs: 66K
+    links, for every plan of every group in full mode)."""
+    inc = inc if sp.isspmatrix_csc(inc) else sp.csc_matrix(inc)
+    if 4 * inc.nnz > inc.shape[0]:
+        # a phase over much of the fabric (reduced mode's all-replica requests): the mat-vec is cheaper
+        per_link = inc @ np.asarray(coef, dtype=np.float64)
+        ids = np.flatnonzero(per_link)
+        return ids, per_link[ids]
+    w = np.repeat(np.asarray(coef, dtype=np.float64), np.diff(inc.indptr)) * inc.data
+    ids, inv = np.unique(inc.indices, return_inverse=True)
+    load = np.bincount(inv, weights=w, minlength=ids.size)
+    keep = load != 0
+    return ids[keep].astype(np.int64), load[keep]
+
+
+def _components(n: int, a: np.ndarray, b: np.ndarray) -> tuple[int, np.ndarray]:
+    """Connected components of n nodes joined by edges (a[i], b[i]): (count, label per node),
+    labels 0..count-1 in order of each component's first node. Union-find over the distinct
+    edges; n is a component's coflows (tens), so this stays far below scipy's call overhead."""
+    parent = list(range(n))
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    edges = np.unique(np.minimum(a, b) * n + np.maximum(a, b)) if a.size else a
+    for k in edges.tolist():
+        rx, ry = root(k // n), root(k % n)
+        if rx != ry:
+            parent[max(rx, ry)] = min(rx, ry)
+    label = np.empty(n, dtype=np.int64)
+    ids: dict[int, int] = {}
+    for i in range(n):
+        label[i] = ids.setdefault(root(i), len(ids))
+    return len(ids), label
+
+
+def _incidence(flow: np.ndarray, link: np.ndarray, n_flows: int, n_links: int) -> sp.csc_matrix:
+    """links x flows, 1 where the flow crosses the link (``Routes.incidence``, built straight
+    into CSC: plans are built per group in full mode, tens of thousands at 16,384 GPUs)."""
+    flow = np.asarray(flow, dtype=np.int64)
+    link = np.asarray(link, dtype=np.int64)
+    order = np.lexsort((link, flow))
+    f, l = flow[order], link[order]
+    if f.size > 1:
+        keep = np.empty(f.size, dtype=bool)
+        keep[0] = True
+        keep[1:] = (f[1:] != f[:-1]) | (l[1:] != l[:-1])
+        f, l = f[keep], l[keep]
+    indptr = np.zeros(n_flows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(f, minlength=n_flows), out=indptr[1:])
+    return sp.csc_matrix((np.ones(l.size), l, indptr), shape=(n_links, n_flows))
+
+
+def _isolated_unshared(inc: sp.csc_matrix, coef: np.ndarray, alive: np.ndarray,
+                       capacity: np.ndarray) -> tuple[float, np.ndarray] | None:
+    """A phase alone whose live flows share no link (rings, p2p, most tree edges): max-min
+    gives each flow the smallest capacity on its path, for good, so its finish time is its
+    bytes over that. None where flows share a link (the caller fills progressively)."""
+    inc = inc if sp.isspmatrix_csc(inc) else sp.csc_matrix(inc)
+    ptr = inc.indptr
+    per_col = np.diff(ptr)
+    if (per_col[alive] == 0).any():
+        return None
+    rows = inc.indices[np.repeat(alive, per_col)]
+    if 4 * rows.size > inc.shape[0]:
+        if np.bincount(rows, minlength=inc.shape[0]).max(initial=0) > 1:
+            return None
+    elif rows.size and np.unique(rows).size != rows.size:
+        return None
+    nz = per_col > 0
+    rate = np.zeros(coef.size)
+    rate[nz] = np.minimum.reduceat(capacity[inc.indices], ptr[:-1][nz])
+    fin = np.zeros(coef.size)
+    fin[alive] = coef[alive] / rate[alive]
+    return float(fin.max(initial=0.0)), fin
 
 
 @dataclass
@@ -143,7 +227,8 @@ class _Coll:
     event: simpy.Event
     t0: float
     virtual: bool = False
-    real: bool = False  # holds its links in _real_busy until it finishes
+    real: bool = False  # holds its links in _busy until it finishes (so does a virtual one)
+    vid: int = -1  # while virtual: its id in FlowNetwork._virtuals
 
 
 @dataclass(eq=False)
@@ -167,6 +252,30 @@ class _CoBatch:
     rem: float  # fraction of its bytes still to carry
     carried: float = 0.0  # fraction carried but not yet added to link_bytes
     due: bool = False  # the pending completion timer is this coflow's
+    # Incremental solver (FlowNetwork(incremental=True)): each coflow advances lazily from
+    # t_set at its own rate; its completion sits in the fabric's heap under version gen.
+    seq: int = 0  # start order: coflows ending at one timer are processed in it
+    cu_per: float = 0.0  # fraction of the coflow per second at a level of 1 B/s per flow
+    rate: float = 0.0  # fraction per second
+    t_set: float = 0.0
+    gen: int = 0
+    comp: "_Comp | None" = None
+    done: bool = False
+
+    def bring_to(self, now: float) -> None:
+        moved = self.rate * (now - self.t_set)
+        if moved:
+            self.rem -= moved
+            self.carried += moved
+        self.t_set = now
+
+
+@dataclass(eq=False)
+class _Comp:
+    """Running coflows connected through shared links (a connected component)."""
+
+    cid: int
+    members: dict  # _CoBatch -> None, in joining order
 
 
 def _bitset(ids: np.ndarray) -> int:
@@ -184,6 +293,9 @@ class FabricStats:
     materialized: int = 0
     solves: int = 0
     solve_s: float = 0.0
+    # running coflows whose levels were (re)computed, summed over solves: the fabric's work
+    # per event, which the incremental solver keeps to the components an event touches
+    solved_coflows: int = 0
     plans_built: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -203,6 +315,7 @@ class FlowNetwork:
         algorithms: dict[str, str] | None = None,
         fast_path: bool = True,
         coflow: bool = True,
+        incremental: bool = True,
         nccl: Any = None,
     ):
         for name, eff in (("nvlink_efficiency", nvlink_efficiency), ("nic_efficiency", nic_efficiency)):
@@ -220,6 +333,9 @@ class FlowNetwork:
                 raise UserError(f"algorithm override for unknown collective {op!r}: use one of {', '.join(COLLECTIVE_OPS)}")
         self.fast_path = fast_path
         self.coflow = bool(coflow)
+        # Coflow model only: re-solve just the components a start or an end touches (False: the
+        # earlier global re-solve of every running coflow at every event, kept to check against).
+        self.incremental = bool(incremental) and self.coflow
         # NCCL's cost model (simulator.network.nccl.NcclModel): when given, the isolated time of a
         # collective is NCCL's (its algorithm, protocol, latencies and bandwidths), and its flows
         # carry bytes scaled so that alone they take NCCL's bandwidth time; contention between
@@ -341,7 +457,8 @@ class FlowNetwork:
             return plan, size
         bw_s = max(choice.bw_time_us, 0.0) * 1e-6
         tau_s = plan.tau_s
-        if not np.array_equal(self.capacity_Bps, self.nominal_capacity_Bps):
+        # only this plan's links matter (comparing the whole fabric costs 66K compares per plan at 16K GPUs)
+        if not np.array_equal(self.capacity_Bps[plan.links], self.nominal_capacity_Bps[plan.links]):
             tau_s = sum(self._isolated(ph.inc, ph.coef, self.nominal_capacity_Bps)[0] for ph in plan.phases)
         if tau_s <= 0 or size <= 0:
             lat_us, eff = choice.time_us, 0.0
@@ -363,7 +480,7 @@ class FlowNetwork:
         phases = []
         for i, ph in enumerate(plan.phases):
             routes = g.route(ph.src, ph.dst, ph.src_nic, ph.dst_nic)
-            inc = routes.incidence(g.n_links)
+            inc = _incidence(routes.flow, routes.link, routes.n_flows, g.n_links)
             lat_us = g.path_latency_us(routes)
             net = g.crosses_network(routes)
             a_intra = self.intra_node_latency_us
@@ -378,9 +495,8 @@ class FlowNetwork:
                 a_inter = a_intra
             lat_s = (ph.steps_intra * a_intra + ph.steps_inter * a_inter) * 1e-6
             tau, fin = self._isolated(inc, ph.coef)
-            per_link = inc @ ph.coef
-            ids = np.nonzero(per_link)[0]
-            rph = _RPhase(inc, ph.coef, lat_s, tau, fin, ids, per_link[ids])
+            ids, load = _link_load(inc, ph.coef)
+            rph = _RPhase(inc, ph.coef, lat_s, tau, fin, ids, load)
             rph.coflows = _split_coflows(inc, ph.coef, fin, tau)
             phases.append(rph)
         links = np.unique(np.concatenate([p.link_ids for p in phases])) if phases else np.zeros(0, np.int64)
@@ -397,9 +513,12 @@ class FlowNetwork:
         fin = np.zeros(n)
         if n == 0:
             return 0.0, fin
+        alive = coef > 0
+        fast = _isolated_unshared(inc, coef, alive, capacity)
+        if fast is not None:
+            return fast
         A = inc.tocsr()
         AT = inc.T.tocsr()
-        alive = coef > 0
         rem = coef.astype(np.float64).copy()
         t = 0.0
         while alive.any():
@@ -433,22 +552,27 @@ class FlowNetwork:
         if self._t_first is None:
             self._t_first = env.now
         links = plan.links
-        busy = bool(links.size) and (self._virt_busy[links].any() or self._real_busy[links].any())
+        busy = bool(links.size) and bool(self._busy[links].any())
         if self.fast_path and not busy:
             self.stats.fast_path += 1
             coll.virtual = True
-            self._virt_busy[links] += 1
-            self._virtuals.add(coll)
+            self._vid += 1
+            coll.vid = self._vid
+            self._busy[links] += 1
+            self._virt_owner[links] = coll.vid
+            self._virtuals[coll.vid] = coll
             env.timeout(plan.time_s(coll.size)).callbacks.append(partial(self._virtual_done, coll))
             return coll.event
-        self._advance()
+        if not self.incremental:
+            self._advance()
         if self._virtuals and links.size:
-            mask = np.zeros(self.graph.n_links, dtype=bool)
-            mask[links] = True
-            for vc in [vc for vc in self._virtuals if mask[vc.plan.links].any()]:
-                self._materialize(vc)
+            # each link has at most one virtual owner: a virtual collective only starts on idle links
+            owners = self._virt_owner[links]
+            hit = np.unique(owners[owners >= 0])
+            for vid in hit.tolist():
+                self._materialize(self._virtuals[vid])
         coll.real = True
-        self._real_busy[links] += 1
+        self._busy[links] += 1
         self._enter_phase(coll, 0)
         self._settle()
         return coll.event
@@ -458,10 +582,11 @@ class FlowNetwork:
     def _reset_dynamic(self, env: simpy.Environment | None) -> None:
         self._env = env
         n = self.graph.n_links
-        self._virt_busy = np.zeros(n, dtype=np.int32)
-        self._real_busy = np.zeros(n, dtype=np.int32)
-        self._virtuals: set[_Coll] = set()
-        self._batches: list[Any] = []  # _Batch (per-flow) or _CoBatch (coflow)
+        self._virt_owner = np.full(n, -1, dtype=np.int64)  # id of the virtual collective on each link
+        self._busy = np.zeros(n, dtype=np.int32)  # collectives (virtual or real) holding each link
+        self._virtuals: dict[int, _Coll] = {}
+        self._vid = 0
+        self._batches: list[Any] = []  # _Batch (per-flow) or _CoBatch (coflow, global solve)
         self._dirty = True
         self._A: sp.csr_matrix | None = None
         self._AT: sp.csr_matrix | None = None
@@ -473,6 +598,16 @@ class FlowNetwork:
         self._link_bytes = np.zeros(n)
         self._t_first: float | None = None
         self._t_end = 0.0
+        # incremental solver: running coflows, their components (link -> component id), the
+        # components to re-solve at the end of this event, and a heap of completion times
+        self._running: dict[_CoBatch, None] = {}
+        self._link_comp = np.full(n, -1, dtype=np.int64)
+        self._comps: dict[int, _Comp] = {}
+        self._cid = 0
+        self._seq = 0
+        self._changed: dict[_Comp, None] = {}
+        self._heap: list[tuple] = []
+        self._timer_at = float("inf")
 
     def reset(self) -> None:
         """Forget flows and link statistics (the plan cache is kept)."""
@@ -482,11 +617,12 @@ class FlowNetwork:
         if not coll.virtual:
             return  # it was turned into real flows
         coll.virtual = False
-        self._virtuals.discard(coll)
+        del self._virtuals[coll.vid]
         plan = coll.plan
-        self._virt_busy[plan.links] -= 1
+        self._busy[plan.links] -= 1
+        self._virt_owner[plan.links] = -1
         for ph in plan.phases:
-            self.link_bytes[ph.link_ids] += coll.size * ph.link_coef
+            self._link_bytes[ph.link_ids] += coll.size * ph.link_coef
         self._finish(coll)
 
     def _materialize(self, coll: _Coll) -> None:
@@ -494,11 +630,10 @@ class FlowNetwork:
         self.stats.materialized += 1
         env = self._env
         coll.virtual = False
-        self._virtuals.discard(coll)
+        del self._virtuals[coll.vid]
         plan = coll.plan
-        self._virt_busy[plan.links] -= 1
+        self._virt_owner[plan.links] = -1  # it keeps holding its links in _busy, as a real one
         coll.real = True
-        self._real_busy[plan.links] += 1
         tau = env.now - coll.t0
         t = plan.overhead_s
         for p, ph in enumerate(plan.phases):
@@ -526,12 +661,13 @@ class FlowNetwork:
                 self._add_phase_now(coll, p, full - carried)
                 return
             t += bw
-            self.link_bytes[ph.link_ids] += coll.size * ph.link_coef
+            self._link_bytes[ph.link_ids] += coll.size * ph.link_coef
         # its isolated end is exactly now; the completion timeout has not fired yet
         self._finish(coll)
 
     def _event(self, fn, _event: Any = None) -> None:
-        self._advance()
+        if not self.incremental:
+            self._advance()
         fn()
         self._settle()
 
@@ -556,7 +692,11 @@ class FlowNetwork:
             left = [0]
             for cf, frac in zip(ph.coflows, fracs):
                 if frac > _DONE_REL and coll.size > 0:
-                    self._batches.append(_CoBatch(coll, p, cf, left, frac))
+                    b = _CoBatch(coll, p, cf, left, frac)
+                    if self.incremental:
+                        self._join(b)
+                    else:
+                        self._batches.append(b)
                     left[0] += 1
             if left[0] == 0:
                 self._phase_done(coll, p)
@@ -577,7 +717,7 @@ class FlowNetwork:
     def _finish(self, coll: _Coll) -> None:
         if coll.real:
             coll.real = False
-            self._real_busy[coll.plan.links] -= 1
+            self._busy[coll.plan.links] -= 1
         self._t_end = max(self._t_end, self._env.now)
         coll.event.succeed()
 
@@ -644,7 +784,12 @@ class FlowNetwork:
     @property
     def link_bytes(self) -> np.ndarray:
         """Bytes each link has carried so far (running phases up to the last event)."""
-        if self.coflow:
+        if self.incremental:
+            now = self._env.now if self._env is not None else 0.0
+            for b in self._running:
+                b.bring_to(now)
+                self._account(b)
+        elif self.coflow:
             for b in self._batches:
                 self._account(b)
         return self._link_bytes
@@ -654,6 +799,9 @@ class FlowNetwork:
         self._link_bytes = value
 
     def _settle(self) -> None:
+        if self.incremental:
+            self._settle_incremental()
+            return
         if self.coflow:
             self._settle_coflow()
             return
@@ -695,6 +843,7 @@ class FlowNetwork:
             self._dirty = False
         rate = self._coflow_levels(batches) * self._cu_per
         self.stats.solves += 1
+        self.stats.solved_coflows += len(batches)
         self.stats.solve_s += time.perf_counter() - t0
         self._rate = rate
         rem = np.array([b.rem for b in batches])
@@ -751,30 +900,217 @@ class FlowNetwork:
             level[members] = hit[0]
         return level
 
+    # --- incremental solver (coflow model) ------------------------------------------------
+    #
+    # Only the running coflows that share links with a starting or ending one can change rate
+    # (max-min on disjoint link sets is independent), so the fabric keeps the running coflows
+    # in connected components (link -> component id in _link_comp) and, at the end of an
+    # event, re-solves only the components the event changed. Every coflow advances lazily
+    # at its own constant rate between its component's re-solves; its completion time sits in
+    # a heap, and one SimPy timer points at the earliest. The work of an event is that of the
+    # components it touches, not of everything running (full mode at scale: thousands of
+    # independent TP/PP components at once). Levels are the same as the global solve's
+    # (tests/test_fabric_incremental.py compares the two).
+
+    def _join(self, b: _CoBatch) -> None:
+        now = self._env.now
+        self._seq += 1
+        b.seq = self._seq
+        b.cu_per = 1.0 / (b.coll.size * b.cf.flow_coef)
+        b.t_set = now
+        self._running[b] = None
+        ids = b.cf.link_ids
+        lc = self._link_comp
+        hit = lc[ids]
+        hit = np.unique(hit[hit >= 0]) if hit.size else hit
+        if hit.size == 0:
+            self._cid += 1
+            comp = _Comp(self._cid, {})
+            self._comps[comp.cid] = comp
+        else:
+            comps = [self._comps[c] for c in hit.tolist()]
+            comp = max(comps, key=lambda c: len(c.members))
+            for other in comps:
+                if other is comp:
+                    continue
+                # the merged component keeps the joining order of both
+                lc[np.concatenate([m.cf.link_ids for m in other.members])] = comp.cid
+                comp.members.update(other.members)
+                for m in other.members:
+                    m.comp = comp
+                del self._comps[other.cid]
+                self._changed.pop(other, None)
+            if len(comps) > 1:
+                comp.members = dict(sorted(comp.members.items(), key=lambda kv: kv[0].seq))
+        lc[ids] = comp.cid
+        comp.members[b] = None
+        b.comp = comp
+        self._changed[comp] = None
+
+    def _leave(self, gone: list[_CoBatch]) -> None:
+        """Take finished coflows out of their components; split what is left where it falls apart."""
+        by_comp: dict[_Comp, list[_CoBatch]] = {}
+        for b in gone:
+            by_comp.setdefault(b.comp, []).append(b)
+            b.comp = None
+            b.done = True
+            del self._running[b]
+        lc = self._link_comp
+        for comp, left in by_comp.items():
+            for b in left:
+                del comp.members[b]
+            rest = list(comp.members)
+            if len(rest) <= 1:
+                lc[np.concatenate([b.cf.link_ids for b in left])] = -1
+                if rest:
+                    lc[rest[0].cf.link_ids] = comp.cid
+                    self._changed[comp] = None
+                else:
+                    del self._comps[comp.cid]
+                    self._changed.pop(comp, None)
+                continue
+            self._split(comp, rest, left)
+
+    def _split(self, comp: _Comp, rest: list[_CoBatch], left: list[_CoBatch]) -> None:
+        lc = self._link_comp
+        sizes = np.fromiter((m.cf.link_ids.size for m in rest), dtype=np.int64, count=len(rest))
+        ids = np.concatenate([m.cf.link_ids for m in rest])
+        owner = np.repeat(np.arange(len(rest)), sizes)
+        order = np.argsort(ids, kind="stable")
+        ids_s, own_s = ids[order], owner[order]
+        same = ids_s[1:] == ids_s[:-1]
+        n_sub, label = _components(len(rest), own_s[:-1][same], own_s[1:][same])
+        lc[np.concatenate([b.cf.link_ids for b in left])] = -1
+        self._changed[comp] = None
+        if n_sub == 1:
+            lc[ids] = comp.cid
+            return
+        # the largest part keeps the component's id; the others become new components
+        big = int(np.argmax(np.bincount(label)))
+        parts: dict[int, _Comp] = {}
+        for m, k in zip(rest, label.tolist()):
+            if k == big:
+                continue
+            part = parts.get(k)
+            if part is None:
+                self._cid += 1
+                part = parts[k] = _Comp(self._cid, {})
+                self._comps[part.cid] = part
+                self._changed[part] = None
+            del comp.members[m]
+            part.members[m] = None
+            m.comp = part
+        cid_of = np.full(n_sub, comp.cid, dtype=np.int64)
+        for k, part in parts.items():
+            cid_of[k] = part.cid
+        lc[ids] = cid_of[label[owner]]
+
+    def _settle_incremental(self) -> None:
+        now = self._env.now
+        heap = self._heap
+        for comp in self._changed:
+            members = list(comp.members)
+            level = self._component_levels([m.cf for m in members])
+            self.stats.solves += 1
+            self.stats.solved_coflows += len(members)
+            for m, lv in zip(members, level.tolist()):
+                rate = lv * m.cu_per
+                if rate == m.rate and m.gen:
+                    continue  # same rate: its completion entry stands
+                m.bring_to(now)
+                m.rate = rate
+                m.gen += 1
+                heapq.heappush(heap, (now + m.rem / rate, m.seq, m.gen, now, m))
+        self._changed.clear()
+        while heap and (heap[0][4].done or heap[0][2] != heap[0][4].gen):
+            heapq.heappop(heap)
+        if len(heap) > 4 * len(self._running) + 1024:
+            self._heap = heap = [e for e in heap if not e[4].done and e[2] == e[4].gen]
+            heapq.heapify(heap)
+        self._gen += 1
+        if not heap:
+            self._timer_at = float("inf")
+            return
+        self._timer_at = t = heap[0][0]
+        self._env.timeout(max(t - now, 0.0)).callbacks.append(partial(self._on_timer, self._gen))
+
+    def _on_timer_incremental(self) -> None:
+        t = self._timer_at
+        heap = self._heap
+        due = []
+        # the coflows whose completion falls at this timer, up to the clock's rounding
+        while heap:
+            t_fin, _, gen, t0, b = heap[0]
+            if b.done or gen != b.gen:
+                heapq.heappop(heap)
+                continue
+            if t_fin > t + 1e-9 * (t_fin - t0):
+                break
+            heapq.heappop(heap)
+            due.append(b)
+        if due:
+            now = self._env.now
+            due.sort(key=lambda b: b.seq)
+            for b in due:
+                b.bring_to(now)
+                b.carried += max(b.rem, 0.0)  # the sliver the clock's rounding left
+                b.rem = 0.0
+            self._leave(due)
+            for b in due:
+                self._account(b)
+                b.left[0] -= 1
+                if b.left[0] == 0:
+                    self._phase_done(b.coll, b.phase)
+        self._settle()
+
+    def _component_levels(self, cfs: list[_Coflow]) -> np.ndarray:
+        """Max-min levels (B/s per flow) of one connected component of running coflows,
+        memoised by the coflows' identities (see _coflow_levels)."""
+        if len(cfs) == 1:
+            return np.array([cfs[0].ceil_Bps])  # alone: its isolated speed
+        order = sorted(range(len(cfs)), key=lambda i: id(cfs[i]))
+        group = tuple(cfs[i] for i in order)
+        key = tuple(map(id, group))
+        hit = self._level_cache.get(key)
+        if hit is None:
+            hit = (self._solve_component(group), group)
+            if len(self._level_cache) >= 65536:
+                self._level_cache.clear()
+            self._level_cache[key] = hit
+        level = np.empty(len(cfs))
+        level[order] = hit[0]
+        return level
+
     def _solve_component(self, cfs: tuple[_Coflow, ...]) -> np.ndarray:
-        pos = self._scratch_pos
-        mark = np.zeros(self.graph.n_links, dtype=bool)
-        for cf in cfs:
-            mark[cf.link_ids] = True
-        links = np.flatnonzero(mark)
-        pos[links] = np.arange(links.size)
         n = len(cfs)
-        K = np.zeros((links.size, n))
-        for c, cf in enumerate(cfs):
-            K[pos[cf.link_ids], c] = cf.link_flows
+        sizes = np.fromiter((cf.link_ids.size for cf in cfs), dtype=np.int64, count=n)
+        ids = np.concatenate([cf.link_ids for cf in cfs])
+        val = np.concatenate([cf.link_flows for cf in cfs])
+        col = np.repeat(np.arange(n), sizes)
+        # only the links the component uses: nothing here is as long as the fabric
+        links, pos = np.unique(ids, return_inverse=True)
         cap = self.capacity_Bps[links]
         # Links with the same capacity and the same load from every phase (all GPU uplinks of
         # an all-to-all, say) fill together: one row stands for all, which turns thousands of
         # rows into tens. Rows whose hashes differ only by rounding merely stay separate.
         if self._hash_w.size <= n:
             self._hash_w = np.random.default_rng(12345).random(2 * n + 1) + 0.5
-        h = K @ self._hash_w[:n] + (cap / cap.max()) * self._hash_w[-1]
+        h = np.bincount(pos, weights=val * self._hash_w[col], minlength=links.size) + (cap / cap.max()) * self._hash_w[-1]
         _, rows = np.unique(h, return_index=True)
+        row_of = np.full(links.size, -1, dtype=np.int64)
+        row_of[rows] = np.arange(rows.size)
+        r = row_of[pos]
+        keep = r >= 0
+        K = np.zeros((rows.size, n))
+        K[r[keep], col[keep]] = val[keep]
         ceil = np.array([cf.ceil_Bps for cf in cfs])
-        return maxmin_dense(K[rows], cap[rows], ceil)
+        return maxmin_dense(K, cap[rows], ceil)
 
     def _on_timer(self, gen: int, _event: Any = None) -> None:
         if gen != self._gen:
+            return
+        if self.incremental:
+            self._on_timer_incremental()
             return
         self._advance()
         if self.coflow:

@@ -1,0 +1,273 @@
+"""The fabric's incremental solver against the global one it replaced.
+
+FlowNetwork(incremental=True) (the default) re-solves only the connected components of running
+coflows that a start or an end touches; FlowNetwork(incremental=False) re-solves every running
+coflow at every event, as the fabric did before. Max-min on disjoint link sets is independent,
+so the two must give the same rates, the same completion times and the same link bytes, up to
+floating-point rounding (1e-9 relative), and the incremental one's work per event must not grow
+with the number of independent components running beside it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import simpy
+
+from simulator.network.base import CollectiveRequest
+from simulator.network.fabric import (
+    FlowNetwork,
+    _CoBatch,
+    _Coll,
+    _components,
+    _incidence,
+    _isolated_unshared,
+    _link_load,
+)
+from simulator.network.maxmin import maxmin_dense, maxmin_rates
+from simulator.topology import load_topology
+from simulator.topology.graph import build_graph
+from simulator.topology.spec import TopologySpec
+
+OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+
+
+def _spec(radix=4, over=2.0, gpus_per_node=2) -> TopologySpec:
+    return TopologySpec.model_validate({
+        "name": "test",
+        "node": {"kind": "test", "gpus_per_node": gpus_per_node, "nvlink_GBps": 100.0, "nvlink_latency_us": 2.0,
+                 "nics_per_node": 1, "nic_gbps": 400.0, "nic_latency_us": 1.0},
+        "fabric": {"kind": "fat-tree", "radix": radix, "leaf_oversubscription": over},
+    })
+
+
+def _req(op, groups, size):
+    return CollectiveRequest(op, "dp", np.atleast_2d(np.asarray(groups)), float(size))
+
+
+def _random_reqs(rng, n_gpus, n):
+    reqs = []
+    for _ in range(n):
+        op = str(rng.choice(OPS))
+        k = 2 if op == "send_recv" else int(rng.integers(2, min(n_gpus, 9) + 1))
+        reqs.append(_req(op, rng.choice(n_gpus, size=k, replace=False), float(rng.integers(1, 64)) * (1 << 20)))
+    return reqs
+
+
+def _run(net, reqs, starts):
+    env = simpy.Environment()
+    ends = [None] * len(reqs)
+
+    def launch(i, r, t):
+        yield env.timeout(t)
+        yield net.start(env, r)
+        ends[i] = env.now
+
+    for i, r in enumerate(reqs):
+        env.process(launch(i, r, starts[i]))
+    env.run()
+    return np.array(ends), net.link_bytes.copy()
+
+
+# --- rates: the incremental components against one global max-min -------------------------------
+
+
+def _global_levels(net: FlowNetwork, batches) -> np.ndarray:
+    """Weighted max-min over every running coflow at once, on every link (no components, no
+    cache, no merged rows): the definition the incremental solver must reproduce."""
+    K = np.zeros((net.graph.n_links, len(batches)))
+    for c, b in enumerate(batches):
+        K[b.cf.link_ids, c] = b.cf.link_flows
+    used = K.sum(axis=1) > 0
+    ceil = np.array([b.cf.ceil_Bps for b in batches])
+    return maxmin_dense(K[used], net.capacity_Bps[used], ceil)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_incremental_rates_equal_global_maxmin_on_random_coflow_sets(seed):
+    """Random coflows (from random collectives on a 2:1 oversubscribed fat-tree) join and leave
+    in random order; after every change each running coflow's rate equals the global solve's."""
+    rng = np.random.default_rng(seed)
+    graph = build_graph(_spec(), 16)
+    net = FlowNetwork(graph)
+    env = simpy.Environment()
+    net._reset_dynamic(env)
+    pool = []
+    for r in _random_reqs(rng, 16, 10):
+        plan = net.plan_for(r)
+        for p, ph in enumerate(plan.phases):
+            for cf in ph.coflows:
+                pool.append((_Coll(plan, r.size_bytes, simpy.Event(env), 0.0), p, cf))
+    rng.shuffle(pool)
+    running: list[_CoBatch] = []
+    checked = 0
+    for step in range(3 * len(pool)):
+        if pool and (not running or rng.random() < 0.6):
+            coll, p, cf = pool.pop()
+            b = _CoBatch(coll, p, cf, [1], 1.0)
+            net._join(b)
+            running.append(b)
+        elif running:
+            gone = [running.pop(int(rng.integers(len(running))))]
+            if running and rng.random() < 0.3:  # two ending at one timer
+                gone.append(running.pop(int(rng.integers(len(running)))))
+            net._leave(gone)
+        else:
+            break
+        net._settle_incremental()
+        if not running:
+            continue
+        want = _global_levels(net, running)
+        got = np.array([b.rate / b.cu_per for b in running])
+        assert got == pytest.approx(want, rel=1e-9)
+        # the earlier global path (all running coflows, its own components) agrees as well
+        assert got == pytest.approx(net._coflow_levels(running), rel=1e-9)
+        checked += 1
+        # the component map: every link of a running coflow points at that coflow's component
+        for b in running:
+            assert (net._link_comp[b.cf.link_ids] == b.comp.cid).all()
+        live = {b.comp.cid for b in running}
+        assert set(net._comps) == live
+        assert set(np.unique(net._link_comp[net._link_comp >= 0]).tolist()) <= live
+    assert checked > 10
+
+
+# --- whole runs: completion times and link bytes --------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_incremental_run_equals_global_run_on_random_collectives(seed):
+    rng = np.random.default_rng(1000 + seed)
+    graph = build_graph(_spec(), 16)
+    reqs = _random_reqs(rng, 16, 8)
+    starts = rng.uniform(0, 2e-3, len(reqs))
+    if seed % 4 == 0:
+        starts = np.round(starts, 3)  # simultaneous starts
+    for fast in (True, False):
+        t_inc, b_inc = _run(FlowNetwork(graph, fast_path=fast), reqs, starts)
+        t_glob, b_glob = _run(FlowNetwork(graph, fast_path=fast, incremental=False), reqs, starts)
+        assert t_inc == pytest.approx(t_glob, rel=1e-9)
+        assert b_inc == pytest.approx(b_glob, rel=1e-9, abs=1e-3)
+
+
+def test_incremental_run_equals_global_run_at_256_gpus():
+    """DP rings across leaves, TP rings in nodes, an all-to-all and an all-gather crossing them,
+    staggered: large components that merge and split."""
+    graph = build_graph(load_topology("dgx-h100-fattree"), 256)
+    groups = np.arange(256).reshape(32, 8)
+    reqs = [_req("all_reduce", groups.T[i], 1 << 26) for i in range(8)]
+    reqs += [_req("all_reduce", groups[i], 1 << 26) for i in range(32)]
+    reqs += [_req("all_to_all", groups.T[:2].ravel(), 1 << 26), _req("all_gather", groups[:4].ravel(), 1 << 26)]
+    starts = np.linspace(0, 1e-3, len(reqs))
+    for fast in (True, False):
+        t_inc, b_inc = _run(FlowNetwork(graph, fast_path=fast), reqs, starts)
+        t_glob, b_glob = _run(FlowNetwork(graph, fast_path=fast, incremental=False), reqs, starts)
+        assert t_inc == pytest.approx(t_glob, rel=1e-9)
+        assert b_inc == pytest.approx(b_glob, rel=1e-9, abs=1e-3)
+
+
+def test_full_mode_step_is_unchanged_by_the_incremental_solver(monkeypatch):
+    """A full-mode training step (TP, PP, DP across nodes, contention on) gives the same step,
+    the same per-rank ends and the same events with either solver."""
+    from simulator.scenario import build_scenario
+    from simulator.simulate import simulate
+
+    d = {"name": "inc", "model": "llama3-8b", "parallelism": {"tp": 4, "pp": 2, "zero": 1},
+         "batch": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048},
+         "cluster": {"gpus": 32, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}
+    out = []
+    for inc in (True, False):
+        init = FlowNetwork.__init__
+
+        def patched(self, *a, _inc=inc, _init=init, **k):
+            k.setdefault("incremental", _inc)
+            _init(self, *a, **k)
+
+        monkeypatch.setattr(FlowNetwork, "__init__", patched)
+        tl = simulate(build_scenario(d), mode="full").timeline
+        monkeypatch.setattr(FlowNetwork, "__init__", init)
+        out.append((tl.step_time_s, tl.end_time_s, tl.num_events, tl.events.end_s.to_numpy()))
+    (s1, e1, n1, r1), (s2, e2, n2, r2) = out
+    assert s1 == pytest.approx(s2, rel=1e-9)
+    assert n1 == n2
+    assert [e1[r] for r in sorted(e1)] == pytest.approx([e2[r] for r in sorted(e2)], rel=1e-9)
+    assert np.sort(r1) == pytest.approx(np.sort(r2), rel=1e-9)
+
+
+# --- cost: work per event does not grow with what runs elsewhere --------------------------------
+
+
+def _independent_rings(n_nodes: int) -> FlowNetwork:
+    """Two overlapping ring all-reduces in each of n_nodes nodes (a component of two coflows per
+    node, nodes independent), every collective as real flows, staggered in time."""
+    graph = build_graph(load_topology("dgx-h100-fattree"), 8 * n_nodes)
+    net = FlowNetwork(graph, fast_path=False)
+    reqs, starts = [], []
+    for node in range(n_nodes):
+        g = np.arange(8 * node, 8 * node + 8)
+        reqs += [_req("all_reduce", g, 1 << 24), _req("all_reduce", g[::-1].copy(), 1 << 23)]
+        starts += [node * 1e-6, node * 1e-6 + 5e-5]
+    _run(net, reqs, np.array(starts))
+    return net
+
+
+def test_work_per_event_is_flat_in_the_number_of_independent_components():
+    small, large = _independent_rings(4), _independent_rings(32)
+    per_solve = [n.stats.solved_coflows / n.stats.solves for n in (small, large)]
+    # each re-solve covers one node's component (at most its two coflows), however many run
+    assert max(per_solve) <= 2.0
+    assert per_solve[1] == pytest.approx(per_solve[0], rel=0.25)
+    # the global solver's work per solve grows with the number of nodes
+    glob = FlowNetwork(build_graph(load_topology("dgx-h100-fattree"), 256), fast_path=False, incremental=False)
+    reqs = [_req("all_reduce", np.arange(8 * k, 8 * k + 8), 1 << 24) for k in range(32)]
+    _run(glob, reqs, np.arange(32) * 1e-6)
+    assert glob.stats.solved_coflows / glob.stats.solves > 8
+
+
+# --- plan building helpers against their plain definitions ----------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("n_gpus", [16, 256])
+def test_plan_helpers_equal_their_definitions(seed, n_gpus):
+    """On 16 GPUs phases cover much of the fabric (the helpers' dense branches); on 256 GPUs
+    small groups touch a few of its links (the sparse ones)."""
+    rng = np.random.default_rng(seed)
+    graph = build_graph(_spec(), 16) if n_gpus == 16 else build_graph(load_topology("dgx-h100-fattree"), n_gpus)
+    for r in _random_reqs(rng, n_gpus, 6):
+        from simulator.network.collectives import candidates
+
+        for plan in candidates(graph, r.op, r.groups, None):
+            for ph in plan.phases:
+                routes = graph.route(ph.src, ph.dst, ph.src_nic, ph.dst_nic)
+                ref = routes.incidence(graph.n_links)
+                inc = _incidence(routes.flow, routes.link, routes.n_flows, graph.n_links)
+                assert (ref != inc).nnz == 0 and inc.shape == ref.shape
+                ids, load = _link_load(inc, ph.coef)
+                full = inc @ ph.coef
+                assert np.array_equal(ids, np.nonzero(full)[0])
+                assert load == pytest.approx(full[ids], rel=1e-12)
+                alive = ph.coef > 0
+                fast = _isolated_unshared(inc, ph.coef, alive, FlowNetwork(graph).capacity_Bps)
+                if fast is None:
+                    continue
+                rate = maxmin_rates(sp.csr_matrix(inc), FlowNetwork(graph).capacity_Bps, alive)
+                fin = np.where(alive, ph.coef / np.where(alive, rate, 1.0), 0.0)
+                assert fast[1] == pytest.approx(fin, rel=1e-12)
+                assert fast[0] == pytest.approx(fin.max(), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_union_find_components_equal_scipy(seed):
+    from scipy.sparse.csgraph import connected_components
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    m = int(rng.integers(0, 2 * n))
+    a, b = rng.integers(0, n, m), rng.integers(0, n, m)
+    k, label = _components(n, a, b)
+    k_ref, ref = connected_components(sp.coo_matrix((np.ones(m), (a, b)), shape=(n, n)), directed=False)
+    assert k == k_ref
+    # the same partition (labels may be numbered differently)
+    assert len({(int(x), int(y)) for x, y in zip(label, ref)}) == k
