@@ -100,3 +100,22 @@ def test_sac_op_recomputes_every_second_matmul_and_no_copy_out():
     gsc = _sc(recompute="selective-op")
     grec = layer_recompute_ops(gsc, build_layer_ops(gsc)["dense"])
     assert [o.name for o in grec if o.op_class == "gemm"] == ["attn_out_proj", "fc2"]
+
+
+def test_cp_merge_and_repeated_kv_gather():
+    from simulator.workload.ops import torch_cp_merge_op
+
+    par = {"dp": 2, "cp": 4, "zero": 3}
+    tt = {o.name: o for o in build_layer_ops(_sc(framework="torchtitan", parallelism=par))["dense"].forward}
+    gen = {o.name: o for o in build_layer_ops(_sc(parallelism=par))["dense"].forward}
+    # torchtitan repeats K/V to all 32 heads before SDPA: CP gathers 4x the 8-KV-head bytes.
+    assert tt["cp_kv_all_gather"].comm.size_bytes == pytest.approx(4 * gen["cp_kv_all_gather"].comm.size_bytes)
+    assert "cp_sdpa_merge" not in gen
+    # torch's CP gathers K/V before step 0's SDPA and waits at step 1: overlapped under torchtitan.
+    assert tt["cp_kv_all_gather"].comm.overlap and not gen["cp_kv_all_gather"].comm.overlap
+    E = (SEQ // 4) * 32 * 128  # local tokens x heads x head_dim
+    assert tt["cp_sdpa_merge"].bytes == pytest.approx(E * (12 + 32.5 * 3))
+    assert tt["cp_sdpa_merge"].bwd_bytes == pytest.approx(E * (76 + 50.5 * 3))
+    # One CP rank: nothing to merge (cp 1 has no merge op at all).
+    assert torch_cp_merge_op(E, 1).bytes == pytest.approx(12 * E)
+    assert "cp_sdpa_merge" not in {o.name for o in build_layer_ops(_sc(framework="torchtitan"))["dense"].forward}

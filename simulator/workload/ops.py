@@ -326,8 +326,16 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     else:
         if cp > 1:
             # Llama-3-style CP: all-gather K and V of the whole sequence before attention.
-            kv_bytes = 2 * b * s_full * max(g // t, 1) * d * dt
-            attn.append(Op("cp_kv_all_gather", "other", "F", comm=Comm("cp", "all_gather", kv_bytes)))
+            # torchtitan calls repeat_kv before SDPA, so torch's CP gathers K/V with every query
+            # head (models/llama3/model/model.py Attention.forward).
+            cp_kv_heads = max(a // t, 1) if sc.framework == "torchtitan" else max(g // t, 1)
+            kv_bytes = 2 * b * s_full * cp_kv_heads * d * dt
+            # torch's CP (allgather rotater) issues the gather before step 0's local SDPA block
+            # and waits at step 1, so under torchtitan it runs under that block (1/cp of the
+            # attention; for these long sequences longer than the gather); the engine's
+            # overlapped collective hides it under the following compute segment.
+            attn.append(Op("cp_kv_all_gather", "other", "F",
+                           comm=Comm("cp", "all_gather", kv_bytes, overlap=sc.framework == "torchtitan")))
         if sc.flash_attention:
             kern = flash_kernel(b * max(a // t, 1), s, s_full, d if not m.is_mla else dqk, True, core_model * causal, io_bytes)
         else:
@@ -336,6 +344,8 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
         # Classic attention launches two batched GEMMs (baddbmm QK^T, bmm PV); FlashAttention one.
         attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes, kernel=kern,
                        fp8=fp8 and sc.fp8.attention, launches=1 if sc.flash_attention else 2))
+        if cp > 1 and sc.framework == "torchtitan":
+            attn.append(torch_cp_merge_op(b * s * max(a // t, 1) * d, cp))
     if not sc.flash_attention:
         # Materialised scores: baddbmm write, fused scale-mask-softmax read+write, dropout, bmm read.
         score_elems = b * (a / t) * s * s_full
@@ -493,6 +503,29 @@ def torchtitan_eager_extras(ops: list[Op], tokens: int, h: int, dt: int) -> list
         out.append(Op(op.name + ".eager", "elementwise", "F", 0.0, 0.0, e["fwd_passes"] * elem * dt,
                       bwd_bytes=e["bwd_passes"] * elem * dt, launches=e["launches"], bwd_launches=e["bwd_launches"]))
     return out
+
+
+# torch's context-parallel SDPA (torch.distributed.tensor.experimental _attention.py,
+# _templated_ring_attention / _SDPAMerger / _templated_ring_attention_backward; read from the
+# torch 2.13 source installed here, the same algorithm as the 2024-25 versions torchtitan ran):
+# one SDPA call per CP step, each block's output merged into an fp32 running output, in bytes
+# per element of the local output E = tokens x heads x head_dim (K and V, repeated to every head,
+# have as many). Forward: step 0 casts the block to fp32 (6); each later step casts (6), then
+# out - block_out (12), sigmoid(dlse) * that (8), out - that (12) = 38 over a full block; on the
+# ranks whose step takes half the queries (i > rank, half of all later steps with load balancing)
+# 19 over the half plus _partial_update's cat over the whole (8) = 27; mean 32.5; the result cast
+# to bf16 (6). Backward: zeros_like for dq, dk, dv in fp32 (12); step 0 adds the bf16 block
+# gradients into them (3 x 10) and cats dk, dv for the rotation (16); later steps 52 (i <= rank:
+# half-chunk adds + cats for dk, dv 26, cat 16, dq add 10) or 49 (i > rank: dk, dv adds 20, cat
+# 16, dq half add + cat 13), mean 50.5; dq, dk, dv cast to bf16 (18). The fp32 dK/dV rotation
+# (an all-to-all, overlapped with the next step's SDPA) is not charged here.
+def torch_cp_merge_op(out_elems: float, cp: int) -> Op:
+    fwd = float(out_elems) * (12.0 + 32.5 * (cp - 1))
+    bwd = float(out_elems) * (12.0 + 46.0 + 50.5 * (cp - 1) + 18.0)
+    # Launches: forward ~5 a later step (cast, sub, sigmoid, mul, sub; lse updates aside),
+    # backward ~6 a step (adds, cats); host cost only.
+    return Op("cp_sdpa_merge", "elementwise", "F", 0.0, 0.0, fwd, bwd_bytes=bwd, launches=2 + 5 * (cp - 1),
+              bwd_launches=6 * cp + 6)
 
 
 def fsdp2_copy_out_ops(sc: Scenario, ops: list[Op]) -> list[Op]:
