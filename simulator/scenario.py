@@ -296,6 +296,11 @@ class Scenario(BaseModel):
         "and loss_func, kernel by kernel (simulator.workload.ops megatron_loss_path). generic, torchtitan: "
         "one kernel each.",
     )
+    torch_compile: bool = Field(
+        True, description="framework torchtitan only: false runs torchtitan's eager kernels (RMSNorm, SwiGLU and RoPE "
+        "unfused, simulator.workload.ops torchtitan_*); true (default) times them fused, as torch.compile does. "
+        "Ignored by other frameworks."
+    )
     attention_kernel: Literal["default", "fa2"] = Field(
         "default", description="Fused attention kernel (flash_attention only): default = the profile's attention figures; "
         "fa2 = FlashAttention-2, what PyTorch SDPA's flash backend runs (torchtitan), at the profile's fa2_* figures."

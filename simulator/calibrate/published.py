@@ -277,8 +277,8 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
         # No public spec of that part in our sources: its 500 W cap lowers sustained clocks and
         # HBM2e is slower than HBM3, so the 80 GB SXM profile predicts these rows too fast.
         notes.append("H100 96GB HBM2e 500 W run on the H100 SXM 80GB profile (no sourced spec; optimistic)")
-    if compile_cell == "yes":
-        notes.append("torch.compile fusions not modelled")
+    if compile_cell != "yes":
+        notes.append("eager kernels (torchtitan default compile off where not stated): RMSNorm, SwiGLU, RoPE unfused")
     if row["async_tp"].strip() == "yes":
         notes.append("async TP overlap not modelled (TP collectives block)")
     if cp > 1:
@@ -305,6 +305,10 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
         # the Dec 2024 non-CP rows took the torch nightly's default order, not checked here
         # (those rows are not stated anyway). On A100 the profile's attention figures are FA2's.
         "attention_kernel": "fa2",
+        # torchtitan's RoPE, repeat_kv and FSDP2 copy-out kernels; eager RMSNorm / SwiGLU / RoPE
+        # without compile (torchtitan 0.1.0 config_manager.py Training.compile: bool = False).
+        "framework": "torchtitan",
+        "torch_compile": compile_cell == "yes",
         "cluster": {"gpus": gpus, "gpu": gpu, "topology": topo},
     }
     if fp8_cfg:

@@ -59,6 +59,9 @@ class Op:
     launches: int = 1
     bias: bool = False  # a linear with a bias (GPT): its backward reduces and accumulates the bias gradient
     bwd_launches: int | None = None  # kernels of its backward where they are not 2 per forward kernel
+    # False: activation checkpointing never reruns it (FSDP2's copy-out: backward's own all-gather
+    # copies the parameters out once, before the recomputation runs).
+    recompute: bool = True
 
 
 @dataclass
@@ -133,7 +136,8 @@ class LayerOps:
                 # FP8 casts: the backward quantizes the output gradient, with its own size.
                 if op.bwd_bytes > 0:
                     i_ops.append(replace(op, name=op.name + ".bwd", phase="I", bytes=op.bwd_bytes, exec_flops=0.0,
-                                         model_flops=0.0, params=0.0))
+                                         model_flops=0.0, params=0.0,
+                                         launches=op.launches if op.bwd_launches is None else op.bwd_launches))
             else:
                 # Launches: apex's fused LayerNorm backward runs three kernels (input grad, partial
                 # and final gamma/beta grads); an elementwise op's backward two per forward kernel
@@ -306,6 +310,8 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     else:
         attn += linear("qkv_proj", T, h, qkv_out)
         core_model = 4.0 * b * s * s_full * a * d / t  # QK^T and AV over the full key length
+        if sc.framework == "torchtitan":
+            attn += torchtitan_rope_repeat_kv_ops(T, max(a // t, 1), max(g // t, 1), d, dt, sc.torch_compile)
     # Causal load balancing (2*cp chunks, each rank a mirrored pair) gives every CP rank the
     # same attention work: 1/cp of the full causal attention.
     causal = 0.5 if sc.flash_attention else 1.0
@@ -320,8 +326,16 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     else:
         if cp > 1:
             # Llama-3-style CP: all-gather K and V of the whole sequence before attention.
-            kv_bytes = 2 * b * s_full * max(g // t, 1) * d * dt
-            attn.append(Op("cp_kv_all_gather", "other", "F", comm=Comm("cp", "all_gather", kv_bytes)))
+            # torchtitan calls repeat_kv before SDPA, so torch's CP gathers K/V with every query
+            # head (models/llama3/model/model.py Attention.forward).
+            cp_kv_heads = max(a // t, 1) if sc.framework == "torchtitan" else max(g // t, 1)
+            kv_bytes = 2 * b * s_full * cp_kv_heads * d * dt
+            # torch's CP (allgather rotater) issues the gather before step 0's local SDPA block
+            # and waits at step 1, so under torchtitan it runs under that block (1/cp of the
+            # attention; for these long sequences longer than the gather); the engine's
+            # overlapped collective hides it under the following compute segment.
+            attn.append(Op("cp_kv_all_gather", "other", "F",
+                           comm=Comm("cp", "all_gather", kv_bytes, overlap=sc.framework == "torchtitan")))
         if sc.flash_attention:
             kern = flash_kernel(b * max(a // t, 1), s, s_full, d if not m.is_mla else dqk, True, core_model * causal, io_bytes)
         else:
@@ -330,6 +344,8 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
         # Classic attention launches two batched GEMMs (baddbmm QK^T, bmm PV); FlashAttention one.
         attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes, kernel=kern,
                        fp8=fp8 and sc.fp8.attention, launches=1 if sc.flash_attention else 2))
+        if cp > 1 and sc.framework == "torchtitan":
+            attn.append(torch_cp_merge_op(b * s * max(a // t, 1) * d, cp))
     if not sc.flash_attention:
         # Materialised scores: baddbmm write, fused scale-mask-softmax read+write, dropout, bmm read.
         score_elems = b * (a / t) * s * s_full
@@ -353,6 +369,9 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     mlp = [norm("mlp_norm"), *tp_in("mlp_in"), *dense_mlp("", m.ffn_hidden_size, T), *tp_out("mlp_out"),
            residual("mlp_residual")]
 
+    if sc.framework == "torchtitan" and not sc.torch_compile:
+        attn = torchtitan_eager_extras(attn, Tn, h, dt)
+        mlp = torchtitan_eager_extras(mlp, Tn, h, dt)
     layers: dict[str, LayerOps] = {}
     dense = LayerOps("dense", attn + mlp, sp_regather=sp, tp_norm_grad_bytes=2 * norm_params * 4.0 if sp else 0.0,
                      grad_accum_bytes_per_param=acc_bpp)
@@ -405,8 +424,132 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
         head.forward = [replace(o, params=0.0) if o.name == "lm_head" else o for o in head.forward]
         head.params = norm_params
         head.explicit_backward = (i_ops, w_ops)
+    if sc.framework == "torchtitan" and not sc.torch_compile:
+        head.forward = torchtitan_eager_extras(head.forward, Tn, h, dt)
     layers["head"] = head
+    if sc.framework == "torchtitan":
+        for lk in layers.values():
+            lk.forward = fsdp2_copy_out_ops(sc, lk.forward) + lk.forward
     return layers
+
+
+# ---------------------------------------------------------------------------------------------
+# torchtitan (framework: torchtitan). Read from torchtitan 0.1.0 (PyPI wheel),
+# models/llama3/model/model.py, and PyTorch's eager kernels of the Dec 2024 / 2025 era.
+# ---------------------------------------------------------------------------------------------
+
+# RoPE, torchtitan apply_rotary_emb: xq.float() (read bf16, write fp32: 2 + 4 bytes an element),
+# view_as_complex (a view), xq_ * freqs_cis (complex mul: read 4, write 4; freqs are s x d/2,
+# negligible), view_as_real().flatten(3) (views), .type_as(xq) (read 4, write 2) = 20 bytes an
+# element of q and of k, 3 kernels each. Autograd runs the conjugates: cast of the bf16 gradient
+# to fp32, mul by conj(freqs), cast back = 20 bytes, 3 kernels each. torch.compile fuses the
+# chain into one kernel over q and k: read bf16, write bf16 = 4 bytes an element, forward and
+# backward alike.
+TORCHTITAN_ROPE_EAGER_BYTES_PER_ELEM = 20.0
+TORCHTITAN_ROPE_COMPILED_BYTES_PER_ELEM = 4.0
+
+
+def torchtitan_rope_repeat_kv_ops(tokens: int, heads: int, kv_heads: int, head_dim: int, dt: int,
+                                  compiled: bool) -> list[Op]:
+    """torchtitan's Attention.forward between the projections and SDPA: RoPE on q and k, then
+    repeat_kv (GQA) on k and v. Per rank: ``heads`` / ``kv_heads`` after TP sharding."""
+    q_k_elems = float(tokens) * (heads + kv_heads) * head_dim
+    if compiled:
+        rope = Op("rope", "elementwise", "F", 3.0 * q_k_elems, 0.0, q_k_elems * TORCHTITAN_ROPE_COMPILED_BYTES_PER_ELEM,
+                  bwd_bytes=q_k_elems * TORCHTITAN_ROPE_COMPILED_BYTES_PER_ELEM, launches=1, bwd_launches=1)
+    else:
+        rope = Op("rope", "elementwise", "F", 3.0 * q_k_elems, 0.0, q_k_elems * TORCHTITAN_ROPE_EAGER_BYTES_PER_ELEM,
+                  bwd_bytes=q_k_elems * TORCHTITAN_ROPE_EAGER_BYTES_PER_ELEM, launches=6, bwd_launches=6)
+    ops = [rope]
+    n_rep = heads // kv_heads
+    if n_rep > 1:
+        # repeat_kv: unsqueeze.expand.reshape copies k and v out to every query head (read the
+        # kv-head tensor, write n_rep x it). Backward: the reshape's gradient summed over n_rep
+        # (read n_rep x, write 1 x). A copy either way, eager or compiled (SDPA needs the tensors).
+        kv_elems = float(tokens) * kv_heads * head_dim
+        per = 2 * kv_elems * (1 + n_rep) * dt
+        ops.append(Op("repeat_kv", "elementwise", "F", 0.0, 0.0, per, bwd_bytes=per, launches=2, bwd_launches=2))
+    return ops
+
+
+# Eager nn.RMSNorm (torch 2.5/2.6 at::rms_norm, composite): pow(x, 2) (read + write), mean over
+# the last dim (read), add_(eps) and rsqrt (on the [T, 1] statistics), x.mul(rsqrt) (read +
+# write), .mul(weight) (read + write) = 7 passes over the [T, h] activation in 6 kernels, where
+# the fused norm op moves 2 passes in 1. Backward, from the autograd formulas of those ops
+# (tools/autograd/derivatives.yaml: mul, rsqrt, mean, pow; recalled, not re-read here): weight
+# mul -> input grad (2 passes) and weight grad mul + row sum (4); x.mul(rsqrt) -> input grad (2)
+# and rsqrt grad mul + row sum (4); mean -> expand / h (1); pow -> x.pow(1), * 2, * grad (2 + 2
+# + 3); the two input grads added (3) = 23 passes in 12 kernels, against the fused op's 4 in 3.
+RMSNORM_EAGER_EXTRA = {"fwd_passes": 7 - 2, "bwd_passes": 23 - 4, "launches": 6 - 1, "bwd_launches": 12 - 3}
+# Eager SwiGLU, torchtitan FeedForward: w2(F.silu(w1(x)) * w3(x)): silu (read + write the gate),
+# then mul (read 2, write 1) = 5 passes over [T, ffn] in 2 kernels against the fused op's 3 in 1.
+# Backward: mul -> grad * up (3), grad * silu (3); silu_backward (3) = 9 passes in 3 kernels
+# against the fused op's 6 in 2.
+SWIGLU_EAGER_EXTRA = {"fwd_passes": 5 - 3, "bwd_passes": 9 - 6, "launches": 1, "bwd_launches": 1}
+
+
+def torchtitan_eager_extras(ops: list[Op], tokens: int, h: int, dt: int) -> list[Op]:
+    """Without torch.compile: after each RMSNorm and SwiGLU op, the HBM passes and kernels eager
+    PyTorch adds over the fused op (the fused op stays, with its parameters)."""
+    out: list[Op] = []
+    for op in ops:
+        out.append(op)
+        if op.op_class == "norm":
+            e, elem = RMSNORM_EAGER_EXTRA, float(tokens) * h
+        elif op.name.endswith("swiglu"):
+            e, elem = SWIGLU_EAGER_EXTRA, op.bytes / (3 * dt)  # the fused op moves 3 passes
+        else:
+            continue
+        out.append(Op(op.name + ".eager", "elementwise", "F", 0.0, 0.0, e["fwd_passes"] * elem * dt,
+                      bwd_bytes=e["bwd_passes"] * elem * dt, launches=e["launches"], bwd_launches=e["bwd_launches"]))
+    return out
+
+
+# torch's context-parallel SDPA (torch.distributed.tensor.experimental _attention.py,
+# _templated_ring_attention / _SDPAMerger / _templated_ring_attention_backward; read from the
+# torch 2.13 source installed here, the same algorithm as the 2024-25 versions torchtitan ran):
+# one SDPA call per CP step, each block's output merged into an fp32 running output, in bytes
+# per element of the local output E = tokens x heads x head_dim (K and V, repeated to every head,
+# have as many). Forward: step 0 casts the block to fp32 (6); each later step casts (6), then
+# out - block_out (12), sigmoid(dlse) * that (8), out - that (12) = 38 over a full block; on the
+# ranks whose step takes half the queries (i > rank, half of all later steps with load balancing)
+# 19 over the half plus _partial_update's cat over the whole (8) = 27; mean 32.5; the result cast
+# to bf16 (6). Backward: zeros_like for dq, dk, dv in fp32 (12); step 0 adds the bf16 block
+# gradients into them (3 x 10) and cats dk, dv for the rotation (16); later steps 52 (i <= rank:
+# half-chunk adds + cats for dk, dv 26, cat 16, dq add 10) or 49 (i > rank: dk, dv adds 20, cat
+# 16, dq half add + cat 13), mean 50.5; dq, dk, dv cast to bf16 (18). The fp32 dK/dV rotation
+# (an all-to-all, overlapped with the next step's SDPA) is not charged here.
+def torch_cp_merge_op(out_elems: float, cp: int) -> Op:
+    fwd = float(out_elems) * (12.0 + 32.5 * (cp - 1))
+    bwd = float(out_elems) * (12.0 + 46.0 + 50.5 * (cp - 1) + 18.0)
+    # Launches: forward ~5 a later step (cast, sub, sigmoid, mul, sub; lse updates aside),
+    # backward ~6 a step (adds, cats); host cost only.
+    return Op("cp_sdpa_merge", "elementwise", "F", 0.0, 0.0, fwd, bwd_bytes=bwd, launches=2 + 5 * (cp - 1),
+              bwd_launches=6 * cp + 6)
+
+
+def fsdp2_copy_out_ops(sc: Scenario, ops: list[Op]) -> list[Op]:
+    """FSDP2's copy-out (torch.distributed.fsdp _fsdp_collectives.foreach_all_gather_copy_out:
+    split_with_sizes_copy of the all-gather output into the unsharded parameters), which runs on
+    the compute stream when the all-gather is waited for: read the gathered buffer, write the
+    parameters, in the gather dtype (bf16; 1 byte for Float8 linears with FP8 all-gather). Once
+    in forward and once more in backward (torchtitan reshards after forward). The copy-in and the
+    reduce-scatter's chunk_cat run on the collective streams and are not charged here."""
+    p = sc.parallelism
+    shard = p.fsdp_shard_size or sc.dp
+    if p.zero < 3 or shard <= 1:
+        return []
+    dt = sc.dtype_bytes
+    fp8_gather = sc.dtype == "fp8" and sc.fp8.param_all_gather
+    nbytes = 0.0
+    for op in ops:
+        if op.params <= 0:
+            continue
+        nbytes += op.params * (1 if (fp8_gather and op.fp8) else dt)
+    if nbytes <= 0:
+        return []
+    return [Op("fsdp_copy_out", "elementwise", "F", 0.0, 0.0, 2 * nbytes, bwd_bytes=2 * nbytes, launches=1,
+               bwd_launches=1, recompute=False)]
 
 
 def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps:

@@ -10,7 +10,7 @@ same program, which is what lets the engine simulate one representative per clas
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from simulator.errors import UserError
 from simulator.scenario import Scenario
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
-from simulator.workload.ops import Comm, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor, op_durations_s, optimizer_time_s
+from simulator.workload.ops import Comm, LayerOps, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor, op_durations_s, optimizer_time_s
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
     ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, grad_reduce_bytes, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
@@ -216,6 +216,59 @@ def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int
     return Segments(np.array(compute), comms, np.array(layers), labels, np.array(grads), np.array(flops), np.array(egrads))
 
 
+def _torchtitan_mm_parts(sc: Scenario, op: Op) -> list[float]:
+    """The aten.mm calls torchtitan's Llama runs for one of our (fused) projection ops, as
+    fractions of its output width: wq, wk, wv for qkv_proj (models/llama3/model/model.py
+    Attention.forward calls self.wq(x), self.wk(x), self.wv(x)); w1 then w3 for fc1_gate_up
+    (FeedForward.forward: self.w2(F.silu(self.w1(x)) * self.w3(x)) evaluates w1 before w3)."""
+    m, t = sc.model, sc.parallelism.tp
+    if op.name == "qkv_proj":
+        q, kv = max(m.num_attention_heads // t, 1), max(m.kv_heads // t, 1)
+        return [q / (q + 2 * kv), kv / (q + 2 * kv), kv / (q + 2 * kv)]
+    if op.name == "fc1_gate_up":
+        return [0.5, 0.5]
+    return [1.0]
+
+
+def _gemm_part(op: Op, frac: float, tag: str) -> Op:
+    """``frac`` of a GEMM's output columns as its own GEMM (same tokens and inner dimension)."""
+    if frac == 1.0:
+        return op
+    k = op.kernel
+    kern = replace(k, n=max(1, round(k.n * frac)), flops=k.flops * frac, bytes=k.bytes * frac) if k is not None else None
+    return replace(op, name=f"{op.name}.{tag}", exec_flops=op.exec_flops * frac, model_flops=op.model_flops * frac,
+                   bytes=op.bytes * frac, params=op.params * frac, kernel=kern)
+
+
+def layer_recompute_ops(sc: Scenario, lo: LayerOps, layer: int = 0) -> list[Op]:
+    """Forward ops activation checkpointing reruns in a layer's backward."""
+    if sc.recompute == "full" or (sc.recompute == "selective-layer" and layer % 2 == 0):
+        # torchtitan's layer AC (ac_freq 2) checkpoints every second layer whole.
+        return [o for o in lo.forward if o.recompute]
+    if sc.recompute == "selective-op":
+        # torchtitan's per-op SAC policy (0.1.0 models/llama3/infra/parallelize.py _save_list,
+        # _custom_policy): saves every aten.mm output except every second one (mm_count % 2 == 0,
+        # counted per layer), the SDPA outputs and reduce-scatters; everything else is recomputed.
+        # With framework torchtitan the count runs over its seven separate projections (wq, wk,
+        # wv, wo, w1, w3, w2: wk, wo and w3 recomputed); otherwise over our fused GEMMs.
+        out, n_mm = [], 0
+        for o in lo.forward:
+            if o.comm is not None or o.op_class == "attention" or not o.recompute:
+                continue
+            if o.op_class == "gemm":
+                parts = _torchtitan_mm_parts(sc, o) if sc.framework == "torchtitan" else [1.0]
+                for j, frac in enumerate(parts):
+                    n_mm += 1
+                    if n_mm % 2 == 0:
+                        out.append(_gemm_part(o, frac, f"mm{j}"))
+                continue
+            out.append(o)
+        return out
+    if sc.recompute == "selective":
+        return [o for o in lo.forward if o.op_class == "attention" or o.name == "softmax_dropout"]
+    return []
+
+
 def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) -> Program:
     p = sc.parallelism
     mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=sc.dp, pp=p.pp, order=p.mesh_order)
@@ -232,10 +285,25 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     emb_w += emb.grad_accumulate_ops(emb_w[0])
     bwd["embedding"] = (bwd["embedding"][0], emb_w)
 
+    rec_cache: dict[tuple[str, int], list[Op]] = {}
+
+    def recompute_ops(kind: str, layer: int = 0) -> list[Op]:
+        key = (kind, layer % 2)
+        if key not in rec_cache:
+            rec_cache[key] = layer_recompute_ops(sc, layer_kinds[kind], layer)
+        return rec_cache[key]
+
     # Every op's duration in one vectorised call (DESIGN rule 2).
     all_ops: list[Op] = []
     for kind, lo in layer_kinds.items():
         all_ops += lo.forward + bwd[kind][0] + bwd[kind][1]
+    seen = {id(o) for o in all_ops}
+    for kind in layer_kinds:
+        if kind in ("embedding", "head"):
+            continue
+        for parity in (0, 1):
+            # Recomputed parts of a forward op (torchtitan's SAC splits fused projections).
+            all_ops += [o for o in recompute_ops(kind, parity) if id(o) not in seen]
     kernels = [o for o in all_ops if o.comm is None]
     # FP8 GEMMs run on the FP8 tensor cores (op_durations_s); fp8_speedup also refuses a GPU
     # that has none, with one line.
@@ -249,28 +317,6 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         if m.is_moe and layer >= m.num_dense_layers:
             return "moe"
         return "dense"
-
-    def recompute_ops(kind: str, layer: int = 0) -> list[Op]:
-        if sc.recompute == "full" or (sc.recompute == "selective-layer" and layer % 2 == 0):
-            # torchtitan's layer AC (ac_freq 2) checkpoints every second layer whole.
-            return list(layer_kinds[kind].forward)
-        if sc.recompute == "selective-op":
-            # torchtitan's per-op SAC policy saves matmul outputs except every second matmul,
-            # and the attention kernel's outputs; everything else is recomputed (collectives
-            # are saved).
-            out, n_mm = [], 0
-            for o in layer_kinds[kind].forward:
-                if o.comm is not None or o.op_class == "attention":
-                    continue
-                if o.op_class == "gemm":
-                    n_mm += 1
-                    if n_mm % 2:
-                        continue
-                out.append(o)
-            return out
-        if sc.recompute == "selective":
-            return [o for o in layer_kinds[kind].forward if o.op_class == "attention" or o.name == "softmax_dropout"]
-        return []
 
     segments: dict[tuple[int, str], Segments] = {}
     stage_params: list[float] = []

@@ -1,0 +1,121 @@
+"""torchtitan's kernels the layer model adds (framework: torchtitan): RoPE and repeat_kv, the eager
+RMSNorm / SwiGLU passes without torch.compile, FSDP2's copy-out, and per-op SAC's recomputation."""
+
+import pytest
+
+from simulator.scenario import build_scenario
+from simulator.workload.ops import (RMSNORM_EAGER_EXTRA, SWIGLU_EAGER_EXTRA, TORCHTITAN_ROPE_COMPILED_BYTES_PER_ELEM,
+                                    TORCHTITAN_ROPE_EAGER_BYTES_PER_ELEM, build_layer_ops)
+
+SEQ = 8192
+
+
+def _sc(**kw):
+    base = {"name": "t", "model": "llama3-8b", "parallelism": {"dp": 8, "zero": 3},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": SEQ},
+            "cluster": {"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}
+    base.update(kw)
+    return build_scenario(base)
+
+
+def _fwd_bytes(sc, kind="dense"):
+    return sum(o.bytes for o in build_layer_ops(sc)[kind].forward)
+
+
+def test_other_frameworks_unchanged():
+    # generic (and Megatron's) layers have no torchtitan op; torch_compile is ignored there.
+    names = {o.name for o in build_layer_ops(_sc())["dense"].forward}
+    assert not names & {"rope", "repeat_kv", "fsdp_copy_out", "attn_norm.eager"}
+    assert _fwd_bytes(_sc(torch_compile=False)) == _fwd_bytes(_sc())
+
+
+def test_rope_and_repeat_kv_bytes():
+    ops = {o.name: o for o in build_layer_ops(_sc(framework="torchtitan"))["dense"].forward}
+    # Llama 3 8B: 32 query heads, 8 KV heads of 128; T = 8192 tokens, bf16.
+    q_k = SEQ * (32 + 8) * 128
+    assert ops["rope"].bytes == pytest.approx(q_k * TORCHTITAN_ROPE_COMPILED_BYTES_PER_ELEM)
+    kv = SEQ * 8 * 128
+    assert ops["repeat_kv"].bytes == pytest.approx(2 * kv * (1 + 4) * 2)
+    eager = {o.name: o for o in build_layer_ops(_sc(framework="torchtitan", torch_compile=False))["dense"].forward}
+    assert eager["rope"].bytes == pytest.approx(q_k * TORCHTITAN_ROPE_EAGER_BYTES_PER_ELEM)
+    assert eager["rope"].launches == 6
+
+
+def test_eager_adds_norm_and_swiglu_passes():
+    compiled = _fwd_bytes(_sc(framework="torchtitan"))
+    eager_ops = build_layer_ops(_sc(framework="torchtitan", torch_compile=False))["dense"]
+    rope_extra = SEQ * 40 * 128 * (TORCHTITAN_ROPE_EAGER_BYTES_PER_ELEM - TORCHTITAN_ROPE_COMPILED_BYTES_PER_ELEM)
+    norm_extra = 2 * RMSNORM_EAGER_EXTRA["fwd_passes"] * SEQ * 4096 * 2  # two RMSNorms a layer
+    swiglu_extra = SWIGLU_EAGER_EXTRA["fwd_passes"] * SEQ * 14336 * 2
+    eager = sum(o.bytes for o in eager_ops.forward)
+    assert eager - compiled == pytest.approx(rope_extra + norm_extra + swiglu_extra)
+    # Their backward: the eager ops' own (larger) byte counts, and the norm weights still reach W.
+    i_ops, w_ops = eager_ops.backward()
+    bwd = {o.name: o for o in i_ops}
+    assert bwd["attn_norm.eager.bwd"].bytes == pytest.approx(RMSNORM_EAGER_EXTRA["bwd_passes"] * SEQ * 4096 * 2)
+    assert sum(o.params for o in w_ops) == pytest.approx(eager_ops.params)
+
+
+def test_fsdp_copy_out_bytes_and_not_recomputed():
+    layer = build_layer_ops(_sc(framework="torchtitan"))["dense"]
+    copy = layer.forward[0]
+    assert copy.name == "fsdp_copy_out" and not copy.recompute
+    # Read the gathered bf16 buffer and write the parameters: 2 x 2 bytes a parameter.
+    assert copy.bytes == pytest.approx(4 * layer.params)
+    fp8 = build_layer_ops(_sc(framework="torchtitan", dtype="fp8",
+                              fp8={"recipe": "tensorwise", "param_all_gather": True}))["dense"]
+    # FP8 all-gather: the linears' parameters are 1 byte, the two norm weights stay bf16.
+    assert fp8.forward[0].bytes == pytest.approx(2 * (fp8.params - 2 * 4096) + 4 * 2 * 4096)
+    # No FSDP (dp 1): nothing to copy out.
+    solo = _sc(framework="torchtitan", parallelism={"dp": 1, "zero": 3},
+               batch={"micro_batch_size": 1, "global_batch_size": 1, "seq_length": SEQ},
+               cluster={"gpus": 1, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"})
+    assert all(o.name != "fsdp_copy_out" for o in build_layer_ops(solo)["dense"].forward)
+
+
+def test_sac_op_recomputes_every_second_matmul_and_no_copy_out():
+    from simulator.workload.program import layer_recompute_ops
+
+    sc = _sc(framework="torchtitan", recompute="selective-op")
+    layer = build_layer_ops(sc)["dense"]
+    rec = layer_recompute_ops(sc, layer)
+    gemm = {o.name: o for o in layer.forward if o.op_class == "gemm"}
+    rec_gemm = [o for o in rec if o.op_class == "gemm"]
+    # torchtitan's seven mms wq, wk, wv, wo, w1, w3, w2: the even ones (wk, wo, w3) recomputed.
+    assert [o.name for o in rec_gemm] == ["qkv_proj.mm1", "attn_out_proj", "fc1_gate_up.mm1"]
+    wk_frac = 8 / (32 + 2 * 8)  # Llama 3 8B: 32 query heads, 8 KV heads
+    assert rec_gemm[0].exec_flops == pytest.approx(gemm["qkv_proj"].exec_flops * wk_frac)
+    assert rec_gemm[0].kernel.n == 8 * 128
+    assert rec_gemm[2].exec_flops == pytest.approx(gemm["fc1_gate_up"].exec_flops / 2)
+    # About a third of the layer's forward GEMM FLOPs, i.e. ~1/9 of fwd + bwd.
+    share = sum(o.exec_flops for o in rec_gemm) / sum(o.exec_flops for o in gemm.values())
+    assert 0.3 < share < 0.4
+    # Everything else but attention is rerun; FSDP's copy-out is not (params already gathered).
+    names = {o.name for o in rec}
+    assert {"rope", "repeat_kv", "attn_norm", "swiglu"} <= names
+    assert "fsdp_copy_out" not in names and "attention" not in names
+    full = layer_recompute_ops(_sc(framework="torchtitan", recompute="full"), layer)
+    assert [o.name for o in full] == [o.name for o in layer.forward if o.name != "fsdp_copy_out"]
+    # Other frameworks count our fused GEMMs: attn_out_proj and fc2 (unchanged behaviour).
+    gsc = _sc(recompute="selective-op")
+    grec = layer_recompute_ops(gsc, build_layer_ops(gsc)["dense"])
+    assert [o.name for o in grec if o.op_class == "gemm"] == ["attn_out_proj", "fc2"]
+
+
+def test_cp_merge_and_repeated_kv_gather():
+    from simulator.workload.ops import torch_cp_merge_op
+
+    par = {"dp": 2, "cp": 4, "zero": 3}
+    tt = {o.name: o for o in build_layer_ops(_sc(framework="torchtitan", parallelism=par))["dense"].forward}
+    gen = {o.name: o for o in build_layer_ops(_sc(parallelism=par))["dense"].forward}
+    # torchtitan repeats K/V to all 32 heads before SDPA: CP gathers 4x the 8-KV-head bytes.
+    assert tt["cp_kv_all_gather"].comm.size_bytes == pytest.approx(4 * gen["cp_kv_all_gather"].comm.size_bytes)
+    assert "cp_sdpa_merge" not in gen
+    # torch's CP gathers K/V before step 0's SDPA and waits at step 1: overlapped under torchtitan.
+    assert tt["cp_kv_all_gather"].comm.overlap and not gen["cp_kv_all_gather"].comm.overlap
+    E = (SEQ // 4) * 32 * 128  # local tokens x heads x head_dim
+    assert tt["cp_sdpa_merge"].bytes == pytest.approx(E * (12 + 32.5 * 3))
+    assert tt["cp_sdpa_merge"].bwd_bytes == pytest.approx(E * (76 + 50.5 * 3))
+    # One CP rank: nothing to merge (cp 1 has no merge op at all).
+    assert torch_cp_merge_op(E, 1).bytes == pytest.approx(12 * E)
+    assert "cp_sdpa_merge" not in {o.name for o in build_layer_ops(_sc(framework="torchtitan"))["dense"].forward}
