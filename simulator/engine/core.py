@@ -73,6 +73,15 @@ class Timeline:
     fast_forward: dict | None = None
 
 
+def _describe(w: object) -> str:
+    """What a compute stream waits on, in words: a plan instruction, a note, or unknown."""
+    return "?" if w is None else w if isinstance(w, str) else w.describe()  # type: ignore[attr-defined]
+
+
+# The cause a Wait's exposed time is reported under (its dimension's base), as text.
+_WAIT_CAUSE = {d.value: str(d.base) for d in Dim} | {d: str(d.base) for d in Dim}
+
+
 class _Rendezvous:
     """Collects the simulated members of a group; the last arrival starts the collective."""
 
@@ -250,7 +259,7 @@ class Engine:
             busy_compute_s=self.busy, exposed_s=self.exposed, comm_bytes=self.comm_bytes,
             sim_wall_s=time.perf_counter() - t_wall, num_events=self.n_events, mode=self.mode,
             network_report=report, contention_s=self.contention,
-            waits=pd.DataFrame.from_records(self.wait_rows, columns=WAIT_COLUMNS),
+            waits=self._wait_frame(),
             end_time_s=dict(self.end_time),
         )
 
@@ -292,8 +301,19 @@ class Engine:
         return wall
 
     def _waiting(self, rank: int) -> str:
-        w = self.waiting_on.get(rank)
-        return "?" if w is None else w if isinstance(w, str) else w.describe()
+        return _describe(self.waiting_on.get(rank))
+
+    def _wait_frame(self) -> pd.DataFrame:
+        """WAIT_COLUMNS from the recorded waits; each awaited instruction is described once
+        (plan instructions are shared by every rank of a pipeline rank)."""
+        text: dict[int, str] = {}
+        rows = []
+        for *head, w in self.wait_rows:
+            d = text.get(id(w))
+            if d is None:
+                d = text[id(w)] = _describe(w)
+            rows.append((*head, d))
+        return pd.DataFrame.from_records(rows, columns=WAIT_COLUMNS)
 
     # ------------------------------------------------------------------ streams
 
@@ -406,11 +426,16 @@ class Engine:
         outstanding = self.outstanding
         wait_rows = self.wait_rows
 
-        def waited(t0: float, cause: str, issued: float = float("nan"), src: int = -1) -> None:
-            # Every wait of the compute stream with its cause (the dashboard's colours, the step breakdown).
-            if env.now > t0:
-                wait_rows.append((rank, t0, env.now, str(cause), issued, src, self._waiting(rank)))
+        waiting_on = self.waiting_on
 
+        def waited(t0: float, cause: str, issued: float = float("nan"), src: int = -1) -> None:
+            # Every wait of the compute stream with its cause (the dashboard's colours, the step
+            # breakdown). What it waited on is kept as the plan instruction and described once
+            # per instruction when the table is built (_wait_frame), not once per wait.
+            if env.now > t0:
+                wait_rows.append((rank, t0, env.now, cause, issued, src, waiting_on.get(rank)))
+
+        wait_cause = _WAIT_CAUSE
         factor = self.compute_factor.get(rank)
         marks = None if self.action_marks is None else self.action_marks.setdefault(rank, {})
         comm_bytes = self.comm_bytes[rank]
@@ -467,7 +492,7 @@ class Engine:
                     self.waiting_on[rank] = ins
                     yield ev
                     exposed[ins.dim] += env.now - t0
-                    waited(t0, Dim(ins.dim).base)
+                    waited(t0, wait_cause[ins.dim])
             elif t is Recv:
                 key = (ins.stage, ins.kind, ins.microbatch)
                 ev = self._event((rank, key))
@@ -486,9 +511,9 @@ class Engine:
                 exposed["pp"] += env.now - max(t0, ts)
                 src = self._peer(rank, ins.src_pp)
                 if ts > t0:
-                    wait_rows.append((rank, t0, min(ts, env.now), "bubble", float("nan"), src, self._waiting(rank)))
+                    wait_rows.append((rank, t0, min(ts, env.now), "bubble", float("nan"), src, ins))
                 if env.now > max(t0, ts):
-                    wait_rows.append((rank, max(t0, ts), env.now, "pp", ts, src, self._waiting(rank)))
+                    wait_rows.append((rank, max(t0, ts), env.now, "pp", ts, src, ins))
                 if self.wait_log is not None:
                     self.wait_log.append((rank, self._peer(rank, ins.src_pp), "pp", env.now - t0))
             elif t is Complete:
