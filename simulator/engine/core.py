@@ -211,6 +211,7 @@ class Engine:
         self.n_events = 0
         self.rdv: dict[tuple, _Rendezvous] = {}
         self._needed: dict[tuple, int] = {}
+        self._collective_cache: dict[tuple, tuple] = {}
         self.outstanding: dict[tuple[int, str], int] = defaultdict(int)
         self.seq: dict[tuple, int] = defaultdict(int)
         self.events: dict[tuple, simpy.Event] = {}
@@ -336,11 +337,23 @@ class Engine:
 
     def _collective(self, rank: int, dim: str, op: str, size_bytes: float):
         """Rendezvous with the group's simulated members, then run the collective."""
-        req, gkey = self._request_counted(rank, dim, op, size_bytes)
-        needed = self._needed.get(gkey)
-        if needed is None:
-            needed = int(self.simulated[self._groups[dim][gkey[1]]].sum())
-            self._needed[gkey] = needed
+        # One look-up per issue: a rank issues the same few collectives (per layer, per
+        # microbatch) many times; their request, group, wire bytes and simulated members are fixed.
+        ck = (rank, dim, op, size_bytes)
+        c = self._collective_cache.get(ck)
+        if c is None:
+            req, gkey = self._request(dim, op, size_bytes, rank)
+            fkey = (dim, op)
+            f = self._wire_factor.get(fkey)
+            if f is None:
+                f = self._wire_factor[fkey] = bus_factor(op, self._groups[dim].shape[1])
+            needed = self._needed.get(gkey)
+            if needed is None:
+                needed = int(self.simulated[self._groups[dim][gkey[1]]].sum())
+                self._needed[gkey] = needed
+            c = self._collective_cache[ck] = (req, gkey, BASE_DIM[dim], f * size_bytes, needed)
+        req, gkey, base_dim, wire_bytes, needed = c
+        self.comm_bytes[rank][base_dim] += wire_bytes
         if needed == 1:
             # The only simulated member (reduced mode): no rendezvous, the network's event is it.
             return self.net.start(self.env, req)
