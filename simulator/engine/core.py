@@ -23,7 +23,7 @@ a stall is reported (which ranks wait on what), never returned as a result.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -80,6 +80,37 @@ def _describe(w: object) -> str:
 
 # The cause a Wait's exposed time is reported under (its dimension's base), as text.
 _WAIT_CAUSE = {d.value: str(d.base) for d in Dim} | {d: str(d.base) for d in Dim}
+
+
+class _Queue:
+    """A stream's work queue: what ``simpy.Store`` did here, without its put and get events.
+
+    The consumer's wake-up is scheduled at the same point of the event order as the Store's
+    get event was (on put when the stream waits, on get when work is queued), so the
+    simulation's order, and every result, is unchanged; the put event, which nothing
+    waited on, is gone."""
+
+    __slots__ = ("items", "waiter")
+
+    def __init__(self):
+        self.items: deque = deque()
+        self.waiter: simpy.Event | None = None
+
+    def put(self, item: tuple) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            w.succeed(item)
+        else:
+            self.items.append(item)
+
+    def get(self, env: simpy.Environment) -> simpy.Event:
+        ev = env.event()
+        if self.items:
+            ev.succeed(self.items.popleft())
+        else:
+            self.waiter = ev
+        return ev
 
 
 class _Rendezvous:
@@ -228,13 +259,13 @@ class Engine:
         self.wait_rows: list[tuple] = []
 
         streams_of = [rp.streams for rp in self.plan.ranks]
-        self.stores: dict[tuple[int, str], simpy.Store] = {}
+        self.stores: dict[tuple[int, str], _Queue] = {}
         for r in self.ranks:
             used = streams_of[int(self._pp_of[r])]
             for stream in Stream:
                 if stream not in used:
                     continue
-                st = simpy.Store(env)
+                st = _Queue()
                 self.stores[(r, stream)] = st
                 if stream in (Stream.PP_SEND_F, Stream.PP_SEND_B):
                     env.process(self._send_stream(r, stream, st))
@@ -373,12 +404,12 @@ class Engine:
             net_ev.callbacks.append(lambda _e, done=rv.done, s=start: done.succeed(s))
         return rv.done
 
-    def _collective_stream(self, rank: int, stream: Stream, store: simpy.Store):
+    def _collective_stream(self, rank: int, stream: Stream, store: "_Queue"):
         env = self.env
         sname = stream.value
         sk = (rank, stream)
         while True:
-            ins, done, counted = yield store.get()
+            ins, done, counted = yield store.get(env)
             t0 = env.now
             # An instruction may chain collectives; they run back to back on this stream. Its
             # NCCL kernel holds SMs from launch (waiting for peers included) to completion.
@@ -394,11 +425,11 @@ class Engine:
             self.outstanding[sk] -= 1
             done.succeed()
 
-    def _send_stream(self, rank: int, stream: Stream, store: simpy.Store):
+    def _send_stream(self, rank: int, stream: Stream, store: "_Queue"):
         env = self.env
         sname, rname = stream.value, RECV_STREAM_OF[stream].value
         while True:
-            send, dst, key, mb, stage, kind, counted = yield store.get()
+            send, dst, key, mb, stage, kind, counted = yield store.get(env)
             t0 = env.now
             self.transfer_start[(dst, key)] = t0
             req = self._p2p_request(rank, dst, send.size_bytes)
