@@ -22,6 +22,7 @@ a stall is reported (which ranks wait on what), never returned as a result.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -272,7 +273,17 @@ class Engine:
                 else:
                     env.process(self._collective_stream(r, stream, st))
             env.process(self._replay(r))
-        env.run()
+        # The cyclic collector finds next to nothing here (the run's garbage is freed by
+        # reference counting; peak RSS at 256 GPUs full mode was the same with it off) but, with
+        # millions of timeline rows alive, its passes cost ~20% of the run's CPU: off while the
+        # loop runs, back to what it was after.
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            env.run()
+        finally:
+            if gc_was_on:
+                gc.enable()
         if len(self.finished) < len(self.ranks):
             stuck = [r for r in self.ranks if r not in self.finished]
             detail = "; ".join(f"rank {r} (pp {int(self.coords[r, 0])}) waits on {self._waiting(r)}" for r in stuck[:6])
