@@ -349,14 +349,11 @@ class Engine:
     def _wait_frame(self) -> pd.DataFrame:
         """WAIT_COLUMNS from the recorded waits; each awaited instruction is described once
         (plan instructions are shared by every rank of a pipeline rank)."""
-        text: dict[int, str] = {}
-        rows = []
-        for *head, w in self.wait_rows:
-            d = text.get(id(w))
-            if d is None:
-                d = text[id(w)] = _describe(w)
-            rows.append((*head, d))
-        return pd.DataFrame.from_records(rows, columns=WAIT_COLUMNS)
+        rows = self.wait_rows
+        awaited = {id(r[6]): r[6] for r in rows}  # (the objects stay alive: ids are unique)
+        text = {k: _describe(w) for k, w in awaited.items()}
+        return pd.DataFrame.from_records([(r, t0, t1, c, i, s, text[id(w)]) for r, t0, t1, c, i, s, w in rows],
+                                         columns=WAIT_COLUMNS)
 
     # ------------------------------------------------------------------ streams
 
