@@ -491,6 +491,7 @@ class Engine:
         factor = self.compute_factor.get(rank)
         marks = None if self.action_marks is None else self.action_marks.setdefault(rank, {})
         comm_bytes = self.comm_bytes[rank]
+        sms_taken, sm_count, busy, timeout = self.sms_taken, self.sm_count, self.busy, env.timeout
         ci = 0
         for ins in rp.instrs:
             t = type(ins)
@@ -505,15 +506,15 @@ class Engine:
                 if factor is not None:
                     seconds *= float(factor[ci])
                     ci += 1
-                if self.sms_taken[rank] and self.sm_count:
+                if sms_taken[rank] and sm_count:
                     # Overlapped with communication kernels: fewer SMs while they hold theirs,
                     # and only then (_contended_compute).
                     seconds = yield from self._contended_compute(rank, seconds)
                 else:
-                    yield env.timeout(seconds)
+                    yield timeout(seconds)
                 if ins.counted:
                     self.n_events += 1
-                self.busy[rank] += seconds
+                busy[rank] += seconds
                 rows.append((rank, "compute", ins.kind, ins.label, t0, env.now, ins.microbatch, ins.stage, ins.layer, 0.0))
             elif t is Collective:
                 sk = (rank, ins.stream)
