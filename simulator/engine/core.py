@@ -22,8 +22,9 @@ a stall is reported (which ranks wait on what), never returned as a result.
 
 from __future__ import annotations
 
+import gc
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -71,6 +72,46 @@ class Timeline:
     # Set when the steady-state fast path (simulator.engine.steady) produced this timeline: how
     # many schedule periods were replayed in closed form, the period, and the microbatches simulated.
     fast_forward: dict | None = None
+
+
+def _describe(w: object) -> str:
+    """What a compute stream waits on, in words: a plan instruction, a note, or unknown."""
+    return "?" if w is None else w if isinstance(w, str) else w.describe()  # type: ignore[attr-defined]
+
+
+# The cause a Wait's exposed time is reported under (its dimension's base), as text.
+_WAIT_CAUSE = {d.value: str(d.base) for d in Dim} | {d: str(d.base) for d in Dim}
+
+
+class _Queue:
+    """A stream's work queue: what ``simpy.Store`` did here, without its put and get events.
+
+    The consumer's wake-up is scheduled at the same point of the event order as the Store's
+    get event was (on put when the stream waits, on get when work is queued), so the
+    simulation's order, and every result, is unchanged; the put event, which nothing
+    waited on, is gone."""
+
+    __slots__ = ("items", "waiter")
+
+    def __init__(self):
+        self.items: deque = deque()
+        self.waiter: simpy.Event | None = None
+
+    def put(self, item: tuple) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            w.succeed(item)
+        else:
+            self.items.append(item)
+
+    def get(self, env: simpy.Environment) -> simpy.Event:
+        ev = env.event()
+        if self.items:
+            ev.succeed(self.items.popleft())
+        else:
+            self.waiter = ev
+        return ev
 
 
 class _Rendezvous:
@@ -202,6 +243,7 @@ class Engine:
         self.n_events = 0
         self.rdv: dict[tuple, _Rendezvous] = {}
         self._needed: dict[tuple, int] = {}
+        self._collective_cache: dict[tuple, tuple] = {}
         self.outstanding: dict[tuple[int, str], int] = defaultdict(int)
         self.seq: dict[tuple, int] = defaultdict(int)
         self.events: dict[tuple, simpy.Event] = {}
@@ -218,20 +260,30 @@ class Engine:
         self.wait_rows: list[tuple] = []
 
         streams_of = [rp.streams for rp in self.plan.ranks]
-        self.stores: dict[tuple[int, str], simpy.Store] = {}
+        self.stores: dict[tuple[int, str], _Queue] = {}
         for r in self.ranks:
             used = streams_of[int(self._pp_of[r])]
             for stream in Stream:
                 if stream not in used:
                     continue
-                st = simpy.Store(env)
+                st = _Queue()
                 self.stores[(r, stream)] = st
                 if stream in (Stream.PP_SEND_F, Stream.PP_SEND_B):
                     env.process(self._send_stream(r, stream, st))
                 else:
                     env.process(self._collective_stream(r, stream, st))
             env.process(self._replay(r))
-        env.run()
+        # The cyclic collector finds next to nothing here (the run's garbage is freed by
+        # reference counting; peak RSS at 256 GPUs full mode was the same with it off) but, with
+        # millions of timeline rows alive, its passes cost ~20% of the run's CPU: off while the
+        # loop runs, back to what it was after.
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            env.run()
+        finally:
+            if gc_was_on:
+                gc.enable()
         if len(self.finished) < len(self.ranks):
             stuck = [r for r in self.ranks if r not in self.finished]
             detail = "; ".join(f"rank {r} (pp {int(self.coords[r, 0])}) waits on {self._waiting(r)}" for r in stuck[:6])
@@ -250,7 +302,7 @@ class Engine:
             busy_compute_s=self.busy, exposed_s=self.exposed, comm_bytes=self.comm_bytes,
             sim_wall_s=time.perf_counter() - t_wall, num_events=self.n_events, mode=self.mode,
             network_report=report, contention_s=self.contention,
-            waits=pd.DataFrame.from_records(self.wait_rows, columns=WAIT_COLUMNS),
+            waits=self._wait_frame(),
             end_time_s=dict(self.end_time),
         )
 
@@ -292,8 +344,16 @@ class Engine:
         return wall
 
     def _waiting(self, rank: int) -> str:
-        w = self.waiting_on.get(rank)
-        return "?" if w is None else w if isinstance(w, str) else w.describe()
+        return _describe(self.waiting_on.get(rank))
+
+    def _wait_frame(self) -> pd.DataFrame:
+        """WAIT_COLUMNS from the recorded waits; each awaited instruction is described once
+        (plan instructions are shared by every rank of a pipeline rank)."""
+        rows = self.wait_rows
+        awaited = {id(r[6]): r[6] for r in rows}  # (the objects stay alive: ids are unique)
+        text = {k: _describe(w) for k, w in awaited.items()}
+        return pd.DataFrame.from_records([(r, t0, t1, c, i, s, text[id(w)]) for r, t0, t1, c, i, s, w in rows],
+                                         columns=WAIT_COLUMNS)
 
     # ------------------------------------------------------------------ streams
 
@@ -316,11 +376,23 @@ class Engine:
 
     def _collective(self, rank: int, dim: str, op: str, size_bytes: float):
         """Rendezvous with the group's simulated members, then run the collective."""
-        req, gkey = self._request_counted(rank, dim, op, size_bytes)
-        needed = self._needed.get(gkey)
-        if needed is None:
-            needed = int(self.simulated[self._groups[dim][gkey[1]]].sum())
-            self._needed[gkey] = needed
+        # One look-up per issue: a rank issues the same few collectives (per layer, per
+        # microbatch) many times; their request, group, wire bytes and simulated members are fixed.
+        ck = (rank, dim, op, size_bytes)
+        c = self._collective_cache.get(ck)
+        if c is None:
+            req, gkey = self._request(dim, op, size_bytes, rank)
+            fkey = (dim, op)
+            f = self._wire_factor.get(fkey)
+            if f is None:
+                f = self._wire_factor[fkey] = bus_factor(op, self._groups[dim].shape[1])
+            needed = self._needed.get(gkey)
+            if needed is None:
+                needed = int(self.simulated[self._groups[dim][gkey[1]]].sum())
+                self._needed[gkey] = needed
+            c = self._collective_cache[ck] = (req, gkey, BASE_DIM[dim], f * size_bytes, needed)
+        req, gkey, base_dim, wire_bytes, needed = c
+        self.comm_bytes[rank][base_dim] += wire_bytes
         if needed == 1:
             # The only simulated member (reduced mode): no rendezvous, the network's event is it.
             return self.net.start(self.env, req)
@@ -340,12 +412,12 @@ class Engine:
             net_ev.callbacks.append(lambda _e, done=rv.done, s=start: done.succeed(s))
         return rv.done
 
-    def _collective_stream(self, rank: int, stream: Stream, store: simpy.Store):
+    def _collective_stream(self, rank: int, stream: Stream, store: "_Queue"):
         env = self.env
         sname = stream.value
         sk = (rank, stream)
         while True:
-            ins, done, counted = yield store.get()
+            ins, done, counted = yield store.get(env)
             t0 = env.now
             # An instruction may chain collectives; they run back to back on this stream. Its
             # NCCL kernel holds SMs from launch (waiting for peers included) to completion.
@@ -361,11 +433,11 @@ class Engine:
             self.outstanding[sk] -= 1
             done.succeed()
 
-    def _send_stream(self, rank: int, stream: Stream, store: simpy.Store):
+    def _send_stream(self, rank: int, stream: Stream, store: "_Queue"):
         env = self.env
         sname, rname = stream.value, RECV_STREAM_OF[stream].value
         while True:
-            send, dst, key, mb, stage, kind, counted = yield store.get()
+            send, dst, key, mb, stage, kind, counted = yield store.get(env)
             t0 = env.now
             self.transfer_start[(dst, key)] = t0
             req = self._p2p_request(rank, dst, send.size_bytes)
@@ -406,14 +478,20 @@ class Engine:
         outstanding = self.outstanding
         wait_rows = self.wait_rows
 
-        def waited(t0: float, cause: str, issued: float = float("nan"), src: int = -1) -> None:
-            # Every wait of the compute stream with its cause (the dashboard's colours, the step breakdown).
-            if env.now > t0:
-                wait_rows.append((rank, t0, env.now, str(cause), issued, src, self._waiting(rank)))
+        waiting_on = self.waiting_on
 
+        def waited(t0: float, cause: str, issued: float = float("nan"), src: int = -1) -> None:
+            # Every wait of the compute stream with its cause (the dashboard's colours, the step
+            # breakdown). What it waited on is kept as the plan instruction and described once
+            # per instruction when the table is built (_wait_frame), not once per wait.
+            if env.now > t0:
+                wait_rows.append((rank, t0, env.now, cause, issued, src, waiting_on.get(rank)))
+
+        wait_cause = _WAIT_CAUSE
         factor = self.compute_factor.get(rank)
         marks = None if self.action_marks is None else self.action_marks.setdefault(rank, {})
         comm_bytes = self.comm_bytes[rank]
+        sms_taken, sm_count, busy, timeout = self.sms_taken, self.sm_count, self.busy, env.timeout
         ci = 0
         for ins in rp.instrs:
             t = type(ins)
@@ -428,15 +506,15 @@ class Engine:
                 if factor is not None:
                     seconds *= float(factor[ci])
                     ci += 1
-                if self.sms_taken[rank] and self.sm_count:
+                if sms_taken[rank] and sm_count:
                     # Overlapped with communication kernels: fewer SMs while they hold theirs,
                     # and only then (_contended_compute).
                     seconds = yield from self._contended_compute(rank, seconds)
                 else:
-                    yield env.timeout(seconds)
+                    yield timeout(seconds)
                 if ins.counted:
                     self.n_events += 1
-                self.busy[rank] += seconds
+                busy[rank] += seconds
                 rows.append((rank, "compute", ins.kind, ins.label, t0, env.now, ins.microbatch, ins.stage, ins.layer, 0.0))
             elif t is Collective:
                 sk = (rank, ins.stream)
@@ -467,7 +545,7 @@ class Engine:
                     self.waiting_on[rank] = ins
                     yield ev
                     exposed[ins.dim] += env.now - t0
-                    waited(t0, Dim(ins.dim).base)
+                    waited(t0, wait_cause[ins.dim])
             elif t is Recv:
                 key = (ins.stage, ins.kind, ins.microbatch)
                 ev = self._event((rank, key))
@@ -486,9 +564,9 @@ class Engine:
                 exposed["pp"] += env.now - max(t0, ts)
                 src = self._peer(rank, ins.src_pp)
                 if ts > t0:
-                    wait_rows.append((rank, t0, min(ts, env.now), "bubble", float("nan"), src, self._waiting(rank)))
+                    wait_rows.append((rank, t0, min(ts, env.now), "bubble", float("nan"), src, ins))
                 if env.now > max(t0, ts):
-                    wait_rows.append((rank, max(t0, ts), env.now, "pp", ts, src, self._waiting(rank)))
+                    wait_rows.append((rank, max(t0, ts), env.now, "pp", ts, src, ins))
                 if self.wait_log is not None:
                     self.wait_log.append((rank, self._peer(rank, ins.src_pp), "pp", env.now - t0))
             elif t is Complete:
