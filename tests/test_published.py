@@ -135,6 +135,22 @@ def test_group_errors_groups_stated_rows_by_layout():
     assert g[2] == (2, pytest.approx(0.1), pytest.approx(0.1))
     m = group_errors(PublishedValidation("m", [PublishedRow("76.1B tp8 pp4 dp32", 1024, 16.0, 15.2)]), "B")
     assert list(m) == [76.1]
+def test_group_errors_by_pair_separates_opposite_trends():
+    from simulator.calibrate.published import PublishedRow, PublishedValidation, group_errors_by_pair
+
+    rows = [PublishedRow("h1024 L4 tp2 dp1 pp1 mb1 gb4", 2, 1.0, 0.9), PublishedRow("h1024 L4 tp2 dp1 pp1 mb4 gb4", 2, 1.0, 1.1),
+            PublishedRow("h1024 L4 tp4 dp1 pp1 mb1 gb4", 4, 1.0, 1.1), PublishedRow("h1024 L4 tp4 dp1 pp1 mb4 gb4", 4, 1.0, 0.9),
+            PublishedRow("h1024 L4 tp8 dp1 pp1 mb1 gb4", 8, 1.0, 5.0, stated=False, reason="x")]
+    v = PublishedValidation("t", rows)
+    g = group_errors_by_pair(v, "tp", "mb")
+    assert set(g) == {(2, 1), (2, 4), (4, 1), (4, 4)}  # the unstated tp8 row is left out
+    assert g[(2, 1)] == (1, pytest.approx(-0.1), pytest.approx(0.1))
+    assert g[(4, 1)] == (1, pytest.approx(0.1), pytest.approx(0.1))
+    # Grouped by mb alone the two trends cancel: what the pair is for.
+    from simulator.calibrate.published import group_errors
+    assert group_errors(v, "mb")[1][1] == pytest.approx(0.0)
+
+
 def test_torchtitan_stated_rows_error_as_measured():
     # Issue 15 targets MAPE <= 10% and |mean signed| <= 3%; what the model reaches, pinned so a
     # change shows (see the bench's per-feature table and docs/design-notes.md for the causes:

@@ -32,8 +32,9 @@ def test_tied_head_runs_its_weight_gradient_gemm(pp: int):
     assert layers["embedding"].params >= V * h
 
 
-def _gpt(dtype: str, fusion: bool, zero: int = 0) -> dict:
+def _gpt(dtype: str, fusion: bool, zero: int = 0, framework: str = "generic") -> dict:
     data = vtrain_scenario(_row(1))
+    data["framework"] = framework
     data["dtype"] = dtype
     data["parallelism"]["grad_accumulation_fusion"] = fusion
     data["parallelism"]["zero"] = zero
@@ -62,3 +63,15 @@ def test_no_accumulation_pass_with_the_fusion_or_under_fsdp(fusion: bool, zero: 
     sc = build_scenario(_gpt("bf16", fusion=fusion, zero=zero))
     _, w_ops = build_layer_ops(sc)["dense"].backward()
     assert not [o for o in w_ops if o.name.endswith(".grad_accumulate")]
+
+
+@pytest.mark.parametrize("framework,adds", [("generic", 4), ("megatron-2021", 4), ("megatron-deepspeed", 3)])
+def test_deepspeed_first_microbatch_takes_the_gradient_without_an_add(framework: str, adds: int):
+    # DeepSpeed's FP16_Optimizer.step sets p.grad = None, so of a step's 4 microbatches (gb 4,
+    # mb 1, dp 1) only 3 add into .grad; Megatron's main_grad buffer is added into every time.
+    sc = build_scenario(_gpt("fp16", fusion=False, framework=framework))
+    assert sc.num_microbatches == 4
+    _, w_ops = build_layer_ops(sc)["dense"].backward()
+    acc = {o.name: o for o in w_ops if o.name.endswith(".grad_accumulate")}
+    fc1 = {o.name: o for o in w_ops}["fc1.wgrad"]
+    assert acc["fc1.grad_accumulate"].bytes * 4 == pytest.approx(fc1.params * 6.0 * adds)

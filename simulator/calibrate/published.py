@@ -146,6 +146,20 @@ def group_errors(v: PublishedValidation, key: str) -> dict[int, tuple[int, float
     return {k: (len(e), sum(e) / len(e), sum(map(abs, e)) / len(e)) for k, e in sorted(groups.items())}
 
 
+def group_errors_by_pair(v: PublishedValidation, key_a: str, key_b: str) -> dict[tuple, tuple[int, float, float]]:
+    """Stated rows grouped by two layout numbers at once (say ``tp`` and ``mb``): (a, b) -> (rows,
+    mean signed error, MAPE). A trend over one key can be two opposite ones over the other (vTrain:
+    the microbatch trend runs the other way at tp 4 than at tp 2); the pair separates them."""
+    pa, pb = (re.compile(rf"(?:^|\s){re.escape(k)}(\d+)(?:\s|$)") for k in (key_a, key_b))
+    groups: dict = {}
+    for r in v.stated_rows:
+        ma, mb = pa.search(r.label), pb.search(r.label)
+        if ma is None or mb is None or math.isnan(r.error):
+            continue
+        groups.setdefault((int(ma.group(1)), int(mb.group(1))), []).append(r.error)
+    return {k: (len(e), sum(e) / len(e), sum(map(abs, e)) / len(e)) for k, e in sorted(groups.items())}
+
+
 # --------------------------------------------------------------------------- Megatron SC'21
 
 def megatron_2021_scenario(row: dict[str, str]) -> dict:

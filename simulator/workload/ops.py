@@ -251,6 +251,11 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
 
     gpt_bias = m.mlp == "gelu"  # GPT linears and LayerNorms carry biases; Llama's none
     acc_bpp = grad_accumulate_bytes_per_param(sc)
+    if sc.framework == "megatron-deepspeed" and p.zero == 0:
+        # DeepSpeed's FP16_Optimizer.step sets every p.grad = None (runtime/fp16/fused_optimizer.py),
+        # so the step's first microbatch's AccumulateGrad takes the fresh gradient without an add:
+        # nmb - 1 adds a step, spread evenly over the nmb microbatches.
+        acc_bpp *= (nmb - 1) / nmb
 
     def gemm(name: str, tokens: int, k: int, n: int) -> Op:
         flops = 2.0 * tokens * k * n
