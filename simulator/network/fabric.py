@@ -885,19 +885,7 @@ class FlowNetwork:
                 first[1] += c[1]
                 comps.remove(c)
         for _, members in comps:
-            if len(members) == 1:
-                level[members[0]] = cfs[members[0]].ceil_Bps  # alone: its isolated speed
-                continue
-            members.sort(key=lambda i: id(cfs[i]))
-            group = tuple(cfs[i] for i in members)
-            key = tuple(map(id, group))
-            hit = self._level_cache.get(key)
-            if hit is None:
-                hit = (self._solve_component(group), group)
-                if len(self._level_cache) >= 65536:
-                    self._level_cache.clear()
-                self._level_cache[key] = hit
-            level[members] = hit[0]
+            level[members] = self._component_levels([cfs[i] for i in members])
         return level
 
     # --- incremental solver (coflow model) ------------------------------------------------
