@@ -130,11 +130,11 @@ def test_find_cut_on_schedules():
     assert plan_cut(full_d, lambda m: build_schedule("dualpipev", 4, m, 1)) is None
 
 
-def test_unsettled_short_run_is_refused():
-    """The dynamics check can fail: one row moved by a microsecond in the observed periods
-    makes ``extend`` refuse the short run (and say why)."""
+def _short_1f1b_run():
+    """The short run the fast path would simulate for 1F1B pp4 with 24 microbatches: its
+    timeline, the short schedule, the cut and the engine (with its action marks)."""
     import simulator.simulate as S
-    from simulator.engine.steady import extend, plan_cut
+    from simulator.engine.steady import plan_cut
     from simulator.schedules import build_schedule
 
     sc = build_scenario(_scenario("1f1b", 4, 24, 1))
@@ -144,7 +144,15 @@ def test_unsettled_short_run_is_refused():
     prog = S.build_program(sc, profile, short)
     eng = S.Engine(prog, S.make_network(sc, topo, profile), plan=S.build_plan(prog), sm_count=profile.compute.sm_count)
     eng.action_marks = {}
-    tl = eng.run()
+    return eng.run(), short, cut, eng
+
+
+def test_unsettled_short_run_is_refused():
+    """The dynamics check can fail: one row moved by a microsecond in the observed periods
+    makes ``extend`` refuse the short run (and say why)."""
+    from simulator.engine.steady import extend
+
+    tl, short, cut, eng = _short_1f1b_run()
     assert extend(tl, short, cut, eng.action_marks) is not None
     # Move one compute row of the last steady period on the last rank by 1 us.
     ev = tl.events
@@ -162,18 +170,9 @@ def test_rounding_length_rows_do_not_refuse():
     in one observed period only does not make ``extend`` refuse the short run; a real wait does."""
     import pandas as pd
 
-    import simulator.simulate as S
-    from simulator.engine.steady import extend, plan_cut
-    from simulator.schedules import build_schedule
+    from simulator.engine.steady import extend
 
-    sc = build_scenario(_scenario("1f1b", 4, 24, 1))
-    profile, topo = S.load_profile(sc.cluster.gpu), S.load_topology(sc.cluster.topology)
-    full = build_schedule("1f1b", 4, 24, 1)
-    short, cut = plan_cut(full, lambda m: build_schedule("1f1b", 4, m, 1))
-    prog = S.build_program(sc, profile, short)
-    eng = S.Engine(prog, S.make_network(sc, topo, profile), plan=S.build_plan(prog), sm_count=profile.compute.sm_count)
-    eng.action_marks = {}
-    tl = eng.run()
+    tl, short, cut, eng = _short_1f1b_run()
     ff = extend(tl, short, cut, eng.action_marks)
     assert ff is not None
     # A wait row inside the older observed period, at the start of a compute row there.
