@@ -242,16 +242,24 @@ def _fmt_e(v: float | None) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:+.1%}"
 
 
-def print_validation(res: dict[str, Any]) -> None:
-    from rich.console import Console
+def _step_table(title: str, res: dict[str, Any]):
+    """A measured / predicted / error table opened with the step-time row (both validations)."""
     from rich.table import Table
 
-    con = Console()
-    t = Table(title=f"validate {Path(res['bundle']).name} with profile {res['profile']} (median of {res['steps']} steps)")
+    t = Table(title=title)
     for col, j in (("", "left"), ("measured", "right"), ("predicted", "right"), ("error", "right")):
         t.add_column(col, justify=j)
     t.add_row("[bold]step time[/bold]", _fmt_s(res["measured_step_time_s"]), _fmt_s(res["predicted_step_time_s"]),
               _fmt_e(res["step_time_error"]))
+    return t
+
+
+def print_validation(res: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    con = Console()
+    t = _step_table(f"validate {Path(res['bundle']).name} with profile {res['profile']} (median of {res['steps']} steps)",
+                    res)
     for title, key in (("op class", "op_classes"), ("collective", "collectives")):
         t.add_section()
         for name, row in res[key].items():
@@ -539,14 +547,9 @@ def validate_trace(trace: str | Path, scenario: str | Path, profile: str | Path 
 
 def print_trace_validation(res: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     con = Console()
-    t = Table(title=f"validate {Path(res['trace']).name} ({res['mode']}, profile {res['profile']})")
-    for col, j in (("", "left"), ("measured", "right"), ("predicted", "right"), ("error", "right")):
-        t.add_column(col, justify=j)
-    t.add_row("[bold]step time[/bold]", _fmt_s(res["measured_step_time_s"]), _fmt_s(res["predicted_step_time_s"]),
-              _fmt_e(res["step_time_error"]))
+    t = _step_table(f"validate {Path(res['trace']).name} ({res['mode']}, profile {res['profile']})", res)
     t.add_section()
     for name, r in res["op_classes"].items():
         t.add_row(f"compute {name}", _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
