@@ -10,7 +10,9 @@ What it does, per collective (op, size, group):
    PCIe) a simplified NCCL graph search gives, per algorithm, the search channels and the
    per-channel bandwidths bwIntra / bwInter (speed ladders §1.8, channel duplication §4.1);
 2. tuning (§3.2, §3.3): per enabled algorithm x protocol a bus bandwidth (protocol factors, caps)
-   turned into an algorithm bandwidth, and a latency (base + per-hop x hops);
+   turned into an algorithm bandwidth, and a latency (base + per-hop x hops); LL128 is enabled
+   by NCCL's own rule (§3.6, ``ll128_enabled``: NVLink inside the node and, across nodes, a
+   GPU-NIC path <= PXB, <= PXN on Hopper+);
 3. time (§3.4): time_us = latency + nBytes / (1000 x bw), with the Tree size correction and the
    Ring/Simple plateau factor; NCCL picks the minimum over enabled pairs in its scan order
    (§3.5), and so does ``NcclModel.choose``;
