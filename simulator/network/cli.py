@@ -192,9 +192,14 @@ def default_profile_for(topology: str) -> str | None:
     return NODE_KIND_PROFILES.get(load_topology(topology).node.kind)
 
 
-def format_explain(op: str, gpus: int, rows: list[dict]) -> str:
-    """NCCL's choice per size and the terms of its predicted time (simulator.network.nccl)."""
-    lines = [f"# {op} on {gpus} GPUs: NCCL's choice per size (time = latency + pipeline fill + size / bandwidth; "
+def format_explain(op: str, gpus: int, rows: list[dict], model: Any = None) -> str:
+    """NCCL's choice per size and the terms of its predicted time (simulator.network.nccl);
+    with the NcclModel, a first line says which protocols NCCL enables for this group and why."""
+    lines = []
+    if model is not None and gpus > 1:
+        _, n_nodes, _ = model.shape(np.arange(gpus))
+        lines.append(f"# {n_nodes} node(s): {model.system.protocols_note(n_nodes)}")
+    lines += [f"# {op} on {gpus} GPUs: NCCL's choice per size (time = latency + pipeline fill + size / bandwidth; "
              "busbw = algbw x bus factor; fill: Simple store-and-forward stages x slice time, unit = slice bytes per channel; "
              "lat us: NCCL's latency terms (calibrated) and the launch floor; chan us: the measured cost per channel launched x channels, part of the time)",
              f"#{'size (B)':>13} {'algorithm':>15} {'proto':>6} {'ch':>3} {'thr':>4} {'lat us':>9} {'fill us':>8} {'stages':>6} "
@@ -273,7 +278,7 @@ def collective_command(
     if not assumed:
         typer.echo(f"# note: {note}", err=True)
     if explain:
-        typer.echo(format_explain(name, gpus, rows))
+        typer.echo(format_explain(name, gpus, rows, getattr(net, "nccl", None)))
         return
     algos = sorted({r["algorithm"] for r in rows})
     header = f"ClusterSim simulated {name}: {gpus} GPUs on {net.graph.spec.name}; algorithm {', '.join(algos)}"

@@ -10,7 +10,9 @@ What it does, per collective (op, size, group):
    PCIe) a simplified NCCL graph search gives, per algorithm, the search channels and the
    per-channel bandwidths bwIntra / bwInter (speed ladders §1.8, channel duplication §4.1);
 2. tuning (§3.2, §3.3): per enabled algorithm x protocol a bus bandwidth (protocol factors, caps)
-   turned into an algorithm bandwidth, and a latency (base + per-hop x hops);
+   turned into an algorithm bandwidth, and a latency (base + per-hop x hops); LL128 is enabled
+   by NCCL's own rule (§3.6, ``ll128_enabled``: NVLink inside the node and, across nodes, a
+   GPU-NIC path <= PXB, <= PXN on Hopper+);
 3. time (§3.4): time_us = latency + nBytes / (1000 x bw), with the Tree size correction and the
    Ring/Simple plateau factor; NCCL picks the minimum over enabled pairs in its scan order
    (§3.5), and so does ``NcclModel.choose``;
@@ -121,6 +123,24 @@ MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
 THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
 # §1.10 NCCL_NET_OVERHEAD: 1 µs per network step on Intel (and other) hosts, 2 µs on AMD x86.
 NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "arm": 1.0}
+# --- §3.6 path types, best to worst (topo.h), and LL128's default enablement (tuning.cc) ----------
+PATH_TYPES = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS", "NET")
+# A single-node graph has no NIC: its typeInter stays at the search's starting PIX (a real
+# single-node A100 log prints "type NVL/PIX", NCCL-MODEL.md §4.2), which passes the rule below.
+SINGLE_NODE_TYPE_INTER = "PIX"
+
+
+def ll128_enabled(gen: int, type_intra: str, type_inter: str) -> bool:
+    """NCCL's default LL128 enablement (tuning.cc ncclTopoTuneModel, NCCL-MODEL.md §3.6): on only
+    if the graph's intra-node path is at most NVB (NVLink, possibly through one GPU), its GPU-NIC
+    path at most PXB (NIC and GPU under PCIe switches, not through the CPU) or, on Hopper and
+    newer with NCCL_LL128_C2C=1 (default), at most PXN (the NIC reached through another GPU over
+    NVLink), and every GPU has the same compute capability, sm70 or newer (a system here has one
+    GPU model, Volta or newer, so that part holds). Anything else risks LL128's 128-byte stores
+    arriving torn, so NCCL turns it off rather than slowing it down."""
+    rank = PATH_TYPES.index
+    inter_ok = rank(type_inter) <= rank("PXB") or (gen >= _HOPPER and rank(type_inter) <= rank("PXN"))
+    return rank(type_intra) <= rank("NVB") and inter_ok
 
 
 def gpu_generation(device: str) -> int | None:
@@ -206,8 +226,39 @@ class NcclSystem:
     pcie_GBps: float
     nvls: bool
     collnet: bool
-    ll128: bool
+    ll128: bool  # LL128 allowed by the system's settings (False: NCCL_PROTO without it)
     protocols: tuple = PROTOS  # NCCL_PROTO: the protocols the system enables
+    # NCCL's path type from a GPU to its NIC (§3.6, topo.h): PIX/PXB when they share PCIe
+    # switches (DGX/HGX, p4de, p5, NDv4), PHB/SYS through the CPU. Sets LL128 across nodes.
+    nic_path: str = "PXB"
+
+    @property
+    def type_intra(self) -> str:
+        """The graph's intra-node path type: NVLink through the NVSwitch, else PCIe (§3.1)."""
+        return "NVL" if self.nvlink else "PXB"
+
+    def ll128_on(self, n_nodes: int) -> bool:
+        """LL128 for a communicator over n_nodes: the system's setting and NCCL's rule, with the
+        graph's typeInter the GPU-NIC path across nodes (PIX on one node, §4.2)."""
+        inter = self.nic_path if n_nodes > 1 else SINGLE_NODE_TYPE_INTER
+        return self.ll128 and ll128_enabled(self.gen, self.type_intra, inter)
+
+    def protocols_note(self, n_nodes: int) -> str:
+        """One line: the protocols NCCL enables for a communicator over n_nodes, and why LL128 is
+        on or off (NCCL's rule, §3.6)."""
+        inter = self.nic_path if n_nodes > 1 else SINGLE_NODE_TYPE_INTER
+        on = [p for p in self.protocols if p != "LL128" or self.ll128_on(n_nodes)]
+        where = f"GPU-NIC path {inter}" if n_nodes > 1 else f"one node, graph typeInter {inter}"
+        limit = "PXN (Hopper+)" if self.gen >= _HOPPER else "PXB"
+        if "LL128" not in self.protocols or not self.ll128:
+            why = "LL128 off: the system's NCCL_PROTO excludes it"
+        elif self.ll128_on(n_nodes):
+            why = f"LL128 on: intra {self.type_intra} <= NVB, {where} <= {limit}"
+        elif PATH_TYPES.index(self.type_intra) > PATH_TYPES.index("NVB"):
+            why = f"LL128 off: intra-node path {self.type_intra} (no NVLink) > NVB"
+        else:
+            why = f"LL128 off: {where} > {limit}"
+        return f"protocols {', '.join(on)} ({why}; tuning.cc, NCCL-MODEL.md §3.6)"
 
     @classmethod
     def from_specs(cls, node: Any, device: str) -> "NcclSystem | None":
@@ -224,7 +275,8 @@ class NcclSystem:
                    nvl_GBps=float(nvl), nvlink=bool(nvlink), nics_per_node=node.nics_per_node,
                    nic_GBps=node.nic_gbps / 8.0, pcie_GBps=float(pcie),
                    nvls=bool(getattr(node, "nvls", False)) and gen >= _HOPPER and nvlink,
-                   collnet=bool(getattr(node, "sharp", False)), ll128=bool(getattr(node, "ll128", True)) and nvlink,
+                   collnet=bool(getattr(node, "sharp", False)), ll128=bool(getattr(node, "ll128", True)),
+                   nic_path=str(getattr(node, "gpu_nic_path", None) or "PXB"),
                    protocols=tuple(p for p in PROTOS if p in (getattr(node, "nccl_protocols", None) or PROTOS)))
 
 
@@ -364,6 +416,7 @@ def _tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: Nccl
     hw = intra_hw if n_nodes == 1 else "net"
     ll_max = LL_MAX_BW_GPU[gen][i2] if n_nodes == 1 else LL_MAX_BW_CPU.get(sys.cpu, LL_MAX_BW_CPU["amd"])[i2]
     out: dict[tuple[str, str], tuple[float, float]] = {}
+    ll128 = sys.ll128_on(n_nodes)  # §3.6: NCCL's default enablement for this communicator
     if op == "all_reduce":
         nsteps = 2 * (n - 1)
     elif op in ("all_gather", "reduce_scatter"):
@@ -386,7 +439,7 @@ def _tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: Nccl
     for algo in algos:
         g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
         for pi, proto in enumerate(PROTOS):
-            if (proto == "LL128" and not sys.ll128) or proto not in sys.protocols:
+            if (proto == "LL128" and not ll128) or proto not in sys.protocols:
                 continue
             if algo in ("collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat") and proto != "Simple":
                 continue

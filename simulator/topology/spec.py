@@ -48,7 +48,10 @@ class NodeSpec(BaseModel):
     sharp: bool = Field(False, description="Scale-out fabric with in-network reduction (InfiniBand SHARP, NCCL CollNet) enabled.")
     nvlink_links: int | None = Field(None, ge=1, description="NVLink links per GPU (default: nvlink_GBps / the generation's per-link rate).")
     pcie_GBps: float | None = Field(None, gt=0, description="GPU-NIC PCIe bandwidth as NCCL counts it (default: x16 of the GPU's PCIe generation).")
-    ll128: bool = Field(True, description="NCCL enables its LL128 protocol (NVLink inside, NICs under PCIe switches).")
+    ll128: bool = Field(True, description="NCCL may use its LL128 protocol (False: NCCL_PROTO without it); NCCL's own rule then needs NVLink inside and gpu_nic_path.")
+    gpu_nic_path: Literal["PIX", "PXB", "P2C", "PXN", "PHB", "SYS"] = Field(
+        "PXB", description="NCCL's path type from a GPU to its NIC (PIX/PXB: under PCIe switches; PXN: through another GPU; "
+                           "PHB/SYS: through the CPU). Above PXB (PXN on Hopper+) NCCL turns LL128 off across nodes.")
     nccl_protocols: list[Literal["LL", "LL128", "Simple"]] | None = Field(
         None, description="Protocols NCCL may use (NCCL_PROTO as the system sets it); default all.")
 
