@@ -49,6 +49,9 @@ class NodeSpec(BaseModel):
     nvlink_links: int | None = Field(None, ge=1, description="NVLink links per GPU (default: nvlink_GBps / the generation's per-link rate).")
     pcie_GBps: float | None = Field(None, gt=0, description="GPU-NIC PCIe bandwidth as NCCL counts it (default: x16 of the GPU's PCIe generation).")
     ll128: bool = Field(True, description="NCCL enables its LL128 protocol (NVLink inside, NICs under PCIe switches).")
+    nvlink: bool = Field(True, description=(
+        "GPUs inside the node reach each other over NVLink; false: over PCIe (nvlink_GBps is then the PCIe link), "
+        "so NCCL's path type is PCI: PCIe graph bandwidth, PCI hop latencies, no LL128 (NCCL-MODEL.md §1.8, §3.6)."))
     nccl_protocols: list[Literal["LL", "LL128", "Simple"]] | None = Field(
         None, description="Protocols NCCL may use (NCCL_PROTO as the system sets it); default all.")
 
