@@ -131,8 +131,11 @@ def op_kernels(op_type: str, op_class: str, in_shapes: list, out_shape, dt: int,
         idx = numel(in_shapes[0]) if in_shapes else out // max(h, 1)
         rows = table_rows or (in_shapes[1][0] if len(in_shapes) > 1 and len(in_shapes[1]) == 2 else idx)
         fw = [mem_kernel(op_class, 2 * out * dt + idx * 8)]
-        # Zero the table's gradient, then index-add the output gradient into it.
-        bw = [mem_kernel(op_class, rows * h * dt), mem_kernel(op_class, 2 * out * dt + idx * 8 + rows * h * dt,
+        # Zero the table's gradient, then index-add the output gradient into it: the add reads G
+        # and the indices and writes only the rows looked up (at most idx of them), not the table
+        # (embedding_dense_backward_cuda sorts the indices and sums each row's gradients).
+        touched = min(rows, idx) * h * dt
+        bw = [mem_kernel(op_class, rows * h * dt), mem_kernel(op_class, out * dt + idx * 8 + touched,
                                                                 param_numel=rows * h)]
         return fw, bw
     if op_type in SOFTMAX_OPS:
