@@ -204,3 +204,51 @@ def test_calibrate_cli_on_op_table(tmp_path):
     assert "gpt2_large-train-1024-4.csv" in km.fit_source
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert p.returncode == 2 and "already exists" in p.stderr
+
+
+def test_new_user_bad_inputs_one_line_exit_2(tmp_path):
+    """As a user types them: a table measured on another GPU than the scenario's, an unknown GPU
+    name (in the scenario, or as the table's folder), a table cut short, and a Kineto file without
+    --scenario: one line each, exit 2, no traceback, nothing written."""
+    import shutil
+
+    import yaml
+
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    table = NEU / GPUS["h100"] / "gpt2_large-train-1024-4.csv"
+    data = yaml.safe_load((SCN / "gpt2_large-h100-1024-4.yaml").read_text())
+    data["model"] = str((SCN / data["model"]).resolve())
+    unknown = tmp_path / "unknown-gpu.yaml"
+    unknown.write_text(yaml.safe_dump({**data, "cluster": {**data["cluster"], "gpu": "h100-foo"}}))
+    foo = tmp_path / "NVIDIA_Foo_X9000"
+    foo.mkdir()
+    shutil.copy(table, foo)
+    shutil.copy(table.with_suffix(".json"), foo)
+    cut = tmp_path / "NVIDIA_H100_80GB_HBM3"
+    cut.mkdir()
+    text = table.read_text()
+    (cut / table.name).write_text(text[: len(text) // 2])
+    shutil.copy(table.with_suffix(".json"), cut)
+    cases = [
+        ([str(table), "--scenario", str(SCN / "gpt2_large-a100-1024-4.yaml")],
+         "measured on NVIDIA H100 80GB HBM3: set cluster.gpu: h100-sxm-80gb"),
+        ([str(table), "--scenario", str(unknown)], "unknown GPU profile 'h100-foo'"),
+        ([str(foo / table.name), "--scenario", str(SCN / "gpt2_large-h100-1024-4.yaml")], "measured on NVIDIA Foo X9000"),
+        ([str(cut / table.name), "--scenario", str(SCN / "gpt2_large-h100-1024-4.yaml")], "ends in the middle of row"),
+        ([str(KINETO), "--profile", "a100-sxm-80gb"], "needs --scenario S.yaml"),
+    ]
+    for args, what in cases:
+        p = subprocess.run([sys.executable, "-m", "simulator.cli", "validate", *args], capture_output=True, text=True,
+                           env=env, cwd=tmp_path)
+        lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
+        assert p.returncode == 2 and len(lines) == 1 and what in lines[0] and "Traceback" not in p.stderr, (args, p.stderr)
+    p = subprocess.run([sys.executable, "-m", "simulator.cli", "calibrate", str(cut / table.name), "--out",
+                        str(tmp_path / "p.json")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert p.returncode == 2 and "ends in the middle of row" in p.stderr and not (tmp_path / "p.json").exists()
+    # A folder named anything else is no GPU name: the scenario's GPU holds.
+    plain = tmp_path / "mine"
+    plain.mkdir()
+    shutil.copy(table, plain)
+    shutil.copy(table.with_suffix(".json"), plain)
+    r = validate_trace(plain / table.name, SCN / "gpt2_large-h100-1024-4.yaml")
+    assert r["mode"] == "self-consistency"
