@@ -3,7 +3,11 @@ eager PyTorch): calibrate ClusterSim's kernel model on GPT-2 Large (batch 4) of 
 
 1. per op class: median |error| of single ops and the error of the class total, every model;
 2. single-GPU training steps: measured e2e vs the simulated step;
-3. 4-GPU DP/TP/PP rows of distributed.csv: ClusterSim's error beside NeuSight's own.
+3. 4-GPU DP/TP/PP rows of distributed.csv: ClusterSim's error beside NeuSight's own, rank 0's compute
+   and exposed communication; for TP rows the least the step can take on the scenario's links
+   (single-GPU step / tp + the all-reduce bytes each rank must send at the link's spec rate); and
+   a what-if of the A100 rows on NVLink (not a scenario of record: see docs/design-notes.md,
+   "NeuSight's A100 rows").
 
 Run: PYTHONPATH=. python bench/neusight_validate.py   (reads tests/data only; ~1 min)
 """
