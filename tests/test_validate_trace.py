@@ -245,6 +245,9 @@ def test_new_user_bad_inputs_one_line_exit_2(tmp_path):
     p = subprocess.run([sys.executable, "-m", "simulator.cli", "calibrate", str(cut / table.name), "--out",
                         str(tmp_path / "p.json")], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert p.returncode == 2 and "ends in the middle of row" in p.stderr and not (tmp_path / "p.json").exists()
+    p = subprocess.run([sys.executable, "-m", "simulator.cli", "trace", "info", str(table)], capture_output=True, text=True,
+                       env=env, cwd=tmp_path)
+    assert p.returncode == 2 and "per-operator latency table" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     # A folder named anything else is no GPU name: the scenario's GPU holds.
     plain = tmp_path / "mine"
     plain.mkdir()
