@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -182,7 +183,8 @@ def validate_bundle(bundle: str | Path, profile: str | Path, topology: str | Non
     if not bundle.exists():
         raise UserError(f"bundle {str(bundle)!r} does not exist: give a trace bundle folder written by 'clustersim capture'")
     if not bundle.is_dir() or not (bundle / MANIFEST_NAME).exists():
-        raise UserError(f"{str(bundle)!r} is not a trace bundle (no {MANIFEST_NAME}): give a folder written by 'clustersim capture train'")
+        raise UserError(f"{str(bundle)!r} is not a trace bundle (no {MANIFEST_NAME}): give a folder written by 'clustersim capture "
+                        f"train', or add --scenario S.yaml (the model, layout and batch it measured) for Kineto traces")
     manifest = load_manifest(bundle)
     prof = load_profile(profile)
     prof_path = str(Path(profile).resolve()) if Path(profile).suffix == ".json" else str(profile)
@@ -301,7 +303,7 @@ def validate_command(
         return
     if bundle is None:
         raise UserError("validate needs a BUNDLE (a traces/<name> folder) or --published NAME")
-    if scenario is not None or bundle.suffix in (".csv", ".json"):
+    if scenario is not None or bundle.suffix in (".csv", ".json") or bundle.name.endswith(".json.gz"):
         if scenario is None:
             raise UserError(f"validate {str(bundle)!r} needs --scenario S.yaml: the model, layout and batch it measured")
         res = validate_trace(bundle, scenario, profile, topology)
@@ -425,6 +427,16 @@ def check_scenario_against(sc, meas: Measured) -> None:
 
     if normalize_dtype(t.dtype) != sc.dtype:
         raise UserError(f"scenario has dtype {sc.dtype} but {name!r} measured {normalize_dtype(t.dtype)}: set dtype: {normalize_dtype(t.dtype)}")
+    from simulator.workload.kernel_model import _SPEC_FOR_DEVICE
+
+    if t.device in _SPEC_FOR_DEVICE or re.match(r"(NVIDIA|Tesla|Quadro|AMD) ", t.device or ""):
+        # A table that names its GPU (NeuSight's folder, as the driver names the device) must be
+        # simulated on that GPU; a folder of any other name says nothing and the scenario's holds.
+        gpu = load_profile(sc.cluster.gpu)
+        if gpu.device != t.device:
+            fix = _SPEC_FOR_DEVICE.get(t.device) or "a profile JSON of that GPU (no shipped profile names it)"
+            raise UserError(f"scenario runs on {sc.cluster.gpu_name} ({gpu.device}) but {name!r} was measured on {t.device}: "
+                            f"set cluster.gpu: {fix}")
 
 
 def predicted_op_classes(sc, profile: Profile, schedule) -> dict[str, float]:
@@ -471,6 +483,7 @@ def validate_trace(trace: str | Path, scenario: str | Path, profile: str | Path 
     if not path.exists():
         raise UserError(f"{str(path)!r} does not exist: give an op table (.csv), a NeuSight step JSON or a trace folder")
     sc = load_scenario(scenario)
+    load_profile(sc.cluster.gpu)  # an unknown GPU name is one line, even where --profile or the table sets the rates
     if topology:
         sc = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"topology": topology})})
     is_trace = path.is_dir() or path.name.endswith(".json.gz") or (

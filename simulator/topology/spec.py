@@ -52,6 +52,9 @@ class NodeSpec(BaseModel):
     gpu_nic_path: Literal["PIX", "PXB", "P2C", "PXN", "PHB", "SYS"] = Field(
         "PXB", description="NCCL's path type from a GPU to its NIC (PIX/PXB: under PCIe switches; PXN: through another GPU; "
                            "PHB/SYS: through the CPU). Above PXB (PXN on Hopper+) NCCL turns LL128 off across nodes.")
+    nvlink: bool = Field(True, description=(
+        "GPUs inside the node reach each other over NVLink; false: over PCIe (nvlink_GBps is then the PCIe link), "
+        "so NCCL's path type is PCI: PCIe graph bandwidth, PCI hop latencies, no LL128 (NCCL-MODEL.md §1.8, §3.6)."))
     nccl_protocols: list[Literal["LL", "LL128", "Simple"]] | None = Field(
         None, description="Protocols NCCL may use (NCCL_PROTO as the system sets it); default all.")
 

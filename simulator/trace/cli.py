@@ -141,6 +141,10 @@ def info(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # they are part of the summary
+            if path.is_file() and path.suffix == ".csv":
+                # Per-operator latency tables are read by calibrate and validate, not summarised here.
+                raise UserError(f"{str(path)!r} is a per-operator latency table, not a trace: give it to 'clustersim "
+                                f"calibrate' or 'clustersim validate {path.name} --scenario S.yaml'")
             if path.is_file() and path.name.endswith(_NCCL_TESTS_SUFFIXES):
                 data = summarise_nccl_tests(import_nccl_tests(path, collective=collective), path)
             else:

@@ -192,6 +192,13 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
                         f"(target, input_shapes, fw_latency, bw_latency) or op, input_shapes, dtype, fw_ms, bw_ms")
     if raw.empty:
         raise UserError(f"op table {str(path)!r} has no rows: re-export it")
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - 1))
+        ends_in_newline = f.read(1) in (b"\n", b"\r")
+    times = ["fw_latency", "bw_latency"] if neusight else ["fw_ms", "bw_ms"]
+    if not ends_in_newline and raw.iloc[-1][times].isna().any():
+        # A copy cut short ends inside its last row, which then lacks its later fields (the times).
+        raise UserError(f"op table {str(path)!r} ends in the middle of row {len(raw) - 1} (truncated?): re-copy or re-export it")
 
     m = _NEUSIGHT_NAME_RE.match(path.stem)
     model, seq, batch = (m["model"], int(m["seq"]), int(m["batch"])) if m else (None, None, None)
