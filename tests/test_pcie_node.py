@@ -22,7 +22,7 @@ def test_pcie_node_is_a_pci_path_for_nccl():
     s = model.system
     # NCCL's PCIe gen4 x16 figure (topo.cc width x rate / 80 = 24 GB/s), not one NVLink link's 20.
     assert not s.nvlink and s.nvl_GBps == 24.0
-    assert not s.ll128  # LL128 stays off on any path worse than NVB (tuning.cc)
+    assert not s.ll128_on(1) and not s.ll128_on(2)  # LL128 stays off on any intra path worse than NVB (tuning.cc)
     g = graphs(s, 1, 4)["ring"]
     assert g.n_ch * g.bw_intra <= 24.0 + 1e-9
     c = model.choose("all_reduce", TP_ALLREDUCE_BYTES, 4, 1)
@@ -36,7 +36,7 @@ def test_nvlink_is_still_the_default():
     node = load_topology("dgx-a100-fattree").node
     assert node.nvlink is True
     model = NcclModel.from_specs(node, load_profile("a100-sxm-80gb"))
-    assert model.system.nvlink and model.system.ll128
+    assert model.system.nvlink and model.system.ll128_on(1)
     c = model.choose("all_reduce", TP_ALLREDUCE_BYTES, 4, 1)
     pcie = NcclModel.from_specs(load_topology(str(PCIE)).node, load_profile("a100-pcie-80gb"))
     assert c.time_us * 4 < pcie.choose("all_reduce", TP_ALLREDUCE_BYTES, 4, 1).time_us
