@@ -341,14 +341,19 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
             # overlapped collective hides it under the following compute segment.
             attn.append(Op("cp_kv_all_gather", "other", "F",
                            comm=Comm("cp", "all_gather", kv_bytes, overlap=sc.framework == "torchtitan")))
-        if sc.flash_attention:
+        if sc.flash_attention and cp > 1 and sc.framework == "torchtitan":
+            attn += torch_cp_sdpa_ops(b * max(a // t, 1), s, cp, d if not m.is_mla else dqk, core_model, io_bytes,
+                                      fp8 and sc.fp8.attention)
+            kern = None
+        elif sc.flash_attention:
             kern = flash_kernel(b * max(a // t, 1), s, s_full, d if not m.is_mla else dqk, True, core_model * causal, io_bytes)
         else:
             # Materialised scores: QK^T and PV as batched GEMMs of equal work (b x heads each).
             kern = gemm_kernel("attention", 2 * b * max(a // t, 1), s, s_full, d, dt)
         # Classic attention launches two batched GEMMs (baddbmm QK^T, bmm PV); FlashAttention one.
-        attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes, kernel=kern,
-                       fp8=fp8 and sc.fp8.attention, launches=1 if sc.flash_attention else 2))
+        if kern is not None:
+            attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes, kernel=kern,
+                           fp8=fp8 and sc.fp8.attention, launches=1 if sc.flash_attention else 2))
         if cp > 1 and sc.framework == "torchtitan":
             attn.append(torch_cp_merge_op(b * s * max(a // t, 1) * d, cp))
     if not sc.flash_attention:
@@ -524,6 +529,28 @@ def torchtitan_eager_extras(ops: list[Op], tokens: int, h: int, dt: int) -> list
 # half-chunk adds + cats for dk, dv 26, cat 16, dq add 10) or 49 (i > rank: dk, dv adds 20, cat
 # 16, dq half add + cat 13), mean 50.5; dq, dk, dv cast to bf16 (18). The fp32 dK/dV rotation
 # (an all-to-all, overlapped with the next step's SDPA) is not charged here.
+def torch_cp_sdpa_ops(batch_heads: int, s: int, cp: int, head_dim: int, core_model: float, io_bytes: float,
+                      fp8: bool = False) -> list[Op]:
+    """The SDPA kernels torch's context parallel launches on one rank (torch 2.6.0
+    distributed/tensor/experimental/_attention.py ``_templated_ring_attention`` and its backward,
+    ``_cp_options.enable_load_balance = True``: each rank holds sequence chunks r and 2 cp - 1 - r
+    of 2 cp). Step 0: the local queries against the local keys, causal (s x s). Step i >= 1
+    against rank (r - i)'s keys, not causal: i <= r, all local queries against the first half of
+    the keys (s x s/2); i > r, the second half of the queries against all the keys (s/2 x s).
+    Every step is half the work of a full s x s block, so all ranks match; the shapes are those of
+    rank cp // 2. ``core_model``: QK^T and PV FLOPs of the rank's queries against the
+    whole sequence, not masked."""
+    r = cp // 2
+    ops = []
+    for i in range(cp):
+        s_q, s_k, causal = (s, s, True) if i == 0 else ((s, s // 2, False) if i <= r else (s // 2, s, False))
+        flops = core_model / cp * 0.5
+        ops.append(Op(f"attention_step{i}", "attention", "F", flops, core_model / cp, io_bytes / cp,
+                      kernel=flash_kernel(batch_heads, s_q, s_k, head_dim, causal, flops, io_bytes / cp), fp8=fp8,
+                      launches=1))
+    return ops
+
+
 def torch_cp_merge_op(out_elems: float, cp: int) -> Op:
     fwd = float(out_elems) * (12.0 + 32.5 * (cp - 1))
     bwd = float(out_elems) * (12.0 + 46.0 + 50.5 * (cp - 1) + 18.0)
