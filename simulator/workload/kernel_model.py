@@ -154,15 +154,15 @@ def _flash_cta_tiles(s_q: int, s_k: int, head_dim: int, causal: bool, backward: 
     nq, nk = math.ceil(s_q / bm), math.ceil(s_k / bn)
     if not causal:
         return np.full(nk if backward else nq, nq if backward else nk, dtype=float)
-    # s_q == s_k: FA2's diagonal. s_q != s_k only stands for one CP rank's load-balanced share of
-    # a causal sequence against all its keys (Llama-3-style K/V all-gather): each query block sees
-    # its proportional share of the keys, half of them on average.
-    ratio = s_k / s_q
+    # s_q == s_k: FA2's diagonal. s_k > s_q only stands for one CP rank's load-balanced share of a
+    # causal sequence (Llama-3-style K/V all-gather): the rank's own s_q x s_q causal square, and
+    # the other s_k - s_q keys half visible on average, unmasked.
+    extra = max(s_k - s_q, 0)
     if not backward:
-        last_key = np.minimum((np.arange(nq) + 1) * bm, s_q) * ratio  # keys a query block sees
-        return np.clip(np.ceil(last_key / bn), 0, nk)
-    first_q = np.arange(nk) * bn / ratio  # first query row that sees a key block
-    return np.clip(nq - np.floor(first_q / bm), 0, nq)
+        own = np.ceil(np.minimum((np.arange(nq) + 1) * bm, s_q) / bn)  # keys a query block sees
+        return np.minimum(own + extra / (2 * bn), nk)
+    own = nq - np.floor(np.arange(math.ceil(min(s_q, s_k) / bn)) * bn / bm)  # query tiles a key block sees
+    return np.concatenate([own, np.full(round(extra / bn), nq / 2)])
 
 
 def _flash_time_at_unit_eff(profile: Profile, batch_heads: int, s_q: int, s_k: int, head_dim: int, causal: bool,
