@@ -114,8 +114,9 @@ def test_cp_merge_and_repeated_kv_gather():
     # torch's CP gathers K/V before step 0's SDPA and waits at step 1: overlapped under torchtitan.
     assert tt["cp_kv_all_gather"].comm.overlap and not gen["cp_kv_all_gather"].comm.overlap
     E = (SEQ // 4) * 32 * 128  # local tokens x heads x head_dim
-    assert tt["cp_sdpa_merge"].bytes == pytest.approx(E * (12 + 32.5 * 3))
-    assert tt["cp_sdpa_merge"].bwd_bytes == pytest.approx(E * (76 + 50.5 * 3))
+    # Merges, plus the K/V cat before each rotation (8 bytes an element, cp - 1 steps each way).
+    assert tt["cp_sdpa_merge"].bytes == pytest.approx(E * (12 + 32.5 * 3 + 8 * 3))
+    assert tt["cp_sdpa_merge"].bwd_bytes == pytest.approx(E * (76 + 50.5 * 3 + 8 * 3))
     # One CP rank: nothing to merge (cp 1 has no merge op at all).
     assert torch_cp_merge_op(E, 1).bytes == pytest.approx(12 * E)
     assert "cp_sdpa_merge" not in {o.name for o in build_layer_ops(_sc(framework="torchtitan"))["dense"].forward}
@@ -150,3 +151,22 @@ def test_cp_sdpa_kernels_torch_launches():
     t_steps = op_durations_s(p, steps, sc).sum() - 3 * floor
     t_one = op_durations_s(p, gen, sc).sum()
     assert t_steps == pytest.approx(t_one, rel=0.02)
+
+
+def test_cp_without_load_balance_paced_by_last_rank():
+    """torch 2.5's CP (contiguous shards, blocks from later ranks skipped): the last rank runs step 0
+    causal and cp - 1 full s x s blocks, (2 cp - 1) / cp the balanced work; the model FLOPs (what
+    MFU counts) do not change."""
+    par = {"dp": 2, "cp": 4, "zero": 3}
+    lb = build_layer_ops(_sc(framework="torchtitan", parallelism=par))["dense"].forward
+    nolb = build_layer_ops(_sc(framework="torchtitan", parallelism={**par, "cp_load_balance": False}))["dense"].forward
+    a_lb = [o for o in lb if o.op_class == "attention"]
+    a_no = [o for o in nolb if o.op_class == "attention"]
+    s = SEQ // 4
+    assert [(o.kernel.m, o.kernel.n, o.kernel.causal) for o in a_no] == [(s, s, True)] + [(s, s, False)] * 3
+    assert sum(o.exec_flops for o in a_no) == pytest.approx(sum(o.exec_flops for o in a_lb) * 7 / 4)
+    assert sum(o.model_flops for o in a_no) == pytest.approx(sum(o.model_flops for o in a_lb))
+    E = s * 32 * 128
+    merge = {o.name: o for o in nolb}["cp_sdpa_merge"]
+    assert merge.bytes == pytest.approx(E * (12 + 38 * 3 + 8 * 3))
+    assert merge.bwd_bytes == pytest.approx(E * (76 + 46 * 3 + 8 * 3))
