@@ -142,7 +142,8 @@ def mem_time_s(profile: Profile, op_class, bytes_, km: KernelModel | None = None
 # masks skip the key blocks wholly above the diagonal and compute the diagonal blocks in full
 # (masked).
 def _fa2_tiles(head_dim: int, backward: bool) -> tuple[int, int]:
-    """(kBlockM, kBlockN): query rows x keys of one tile."""
+    """(kBlockM, kBlockN): query rows x keys of one tile (head dims above 128, e.g. MLA's 192, take
+    the 128 ones: FA2's smaller tiles there only change the diagonal's share)."""
     if backward:
         return (128, 128) if head_dim <= 64 else (64, 128)
     return (128, 128) if head_dim <= 64 else (128, 64)
