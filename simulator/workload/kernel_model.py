@@ -174,9 +174,10 @@ def _flash_time_at_unit_eff(profile: Profile, batch_heads: int, s_q: int, s_k: i
     # A tile: QK^T and PV forward (4 bm bn d FLOPs); backward five matmuls, 2.5x (Dao 2023 Sec. 4.1).
     t_tile = 4.0 * bm * bn * head_dim * (2.5 if backward else 1.0) / (peak_flops(profile, dtype) / sms)
     tiles = _flash_cta_tiles(s_q, s_k, head_dim, causal, backward)
-    # Several CTAs share an SM (FA2's 4- and 8-warp CTAs leave room for two) and the block
-    # scheduler backfills an SM as a CTA ends (causal CTAs differ in length), so the kernel takes
-    # its tiles spread over the SMs, or its longest CTA where there are too few to share out.
+    # CTAs per SM depend on register allocation, which the source does not fix, so no wave
+    # quantization: the block scheduler backfills an SM as a CTA ends (causal CTAs differ in
+    # length), and the kernel takes its tiles spread over the SMs, or its longest CTA where there
+    # are too few to share out.
     return max(batch_heads * float(tiles.sum()) / sms, float(tiles.max())) * t_tile
 
 
@@ -189,9 +190,9 @@ def flash_attention_time_s(profile: Profile, batch: int, heads: int, s_q: int, s
     published H100 figure ("up to 335 TFLOPs/s" forward + backward, Dao 2023, arXiv 2307.08691,
     Sec. 4.1, Fig. 7; batch x sequence = 16k tokens, head dim 64 or 128, sequence 512..16k) is
     read at its longest sequence without a causal mask, where this model has no tile loss: the
-    figure is the full-tile throughput. Shorter causal kernels lose the masked halves of their
-    diagonal tiles (causal throughput below non-causal, most at short sequences, as the paper's
-    figures show); per-CTA prologue/epilogue costs are not modelled (no sourced figure)."""
+    figure is the full-tile throughput. Causal kernels lose the masked halves of their diagonal
+    tiles (causal throughput below non-causal, the more so the shorter the sequence); per-CTA
+    prologue/epilogue costs are not modelled (no sourced figure)."""
     km = km or kernel_model_of(profile)
     eff = km.attention_bwd_efficiency if backward else km.attention_efficiency
     t = _flash_time_at_unit_eff(profile, batch * heads, s_q, s_k, head_dim, causal, backward, dtype)
