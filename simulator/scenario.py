@@ -135,6 +135,10 @@ class ParallelConfig(BaseModel):
     cp_attention: Literal["allgather", "ring"] = Field(
         "allgather", description="Context parallelism: all-gather K/V (Llama 3) or ring attention (K/V blocks passed around)."
     )
+    cp_load_balance: bool = Field(
+        True, description="torch's context parallel (framework torchtitan): round-robin load balancing of causal attention "
+        "(torch 2.6 default); false = torch 2.5's contiguous shards, where the last CP rank runs every block and sets the pace."
+    )
     account_for_embedding_in_pipeline_split: bool = Field(
         False, description="The embedding counts as one layer when splitting layers over pipeline positions (Megatron flag of that name)."
     )

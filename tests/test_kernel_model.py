@@ -48,6 +48,41 @@ def test_flash_attention_causal_and_backward():
     assert causal < 0.6 * full and bwd > 2 * causal
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("backward", [False, True])
+def test_flash_attention_causal_diagonal_tiles(head_dim, backward):
+    """FlashAttention-2 computes a causal mask's diagonal tiles whole: at s = n x 128 the causal
+    kernel takes (n + 1) / (2 n) of the unmasked one (forward 128-row query tiles, backward
+    128-key tiles), so causal throughput (at half the FLOPs) falls below non-causal, most at short
+    sequences, and approaches it at long ones."""
+    p = load_profile("h100-sxm-80gb")
+    floor = kernel_model_of(p).launch_floor_us * 1e-6
+    for n in (4, 64):
+        s = 128 * n
+        full = flash_attention_time_s(p, 4, 32, s, s, head_dim, causal=False, backward=backward) - floor
+        causal = flash_attention_time_s(p, 4, 32, s, s, head_dim, causal=True, backward=backward) - floor
+        assert causal / full == pytest.approx((n + 1) / (2 * n), rel=1e-9)
+
+
+def test_flash_attention_full_tiles_at_profile_efficiency():
+    """A long unmasked kernel over many CTAs runs at the profile's attention efficiency (the
+    published figure is read as full-tile throughput); a kernel of fewer CTAs than SMs takes its
+    longest CTA."""
+    p = load_profile("h100-sxm-80gb")  # 132 SMs
+    km = kernel_model_of(p)
+    floor = km.launch_floor_us * 1e-6
+    s, d = 16384, 128
+    t = flash_attention_time_s(p, 1, 32, s, s, d, causal=False, backward=False) - floor
+    flops = 4.0 * 32 * s * s * d
+    assert flops / t == pytest.approx(p.compute.peak_tflops * 1e12 * km.attention_efficiency, rel=1e-9)
+    tb = flash_attention_time_s(p, 1, 32, s, s, d, causal=False, backward=True) - floor
+    assert 2.5 * flops / tb == pytest.approx(p.compute.peak_tflops * 1e12 * km.attention_bwd_efficiency, rel=1e-9)
+    # One head, 128 query CTAs on 132 SMs: one CTA's 256 key tiles of 64 at one SM's rate.
+    one = flash_attention_time_s(p, 1, 1, s, s, d, causal=False, backward=False) - floor
+    per_sm = p.compute.peak_tflops * 1e12 * km.attention_efficiency / p.compute.sm_count
+    assert one == pytest.approx(4.0 * 128 * s * d / per_sm, rel=1e-9)
+
+
 @pytest.mark.parametrize("profile", list(GPUS))
 def test_fit_on_gpt2_large_matches_classes_and_physics(profile):
     """Calibrated on GPT-2 Large (batch 4) of one GPU: each class's total within 15% on that run,

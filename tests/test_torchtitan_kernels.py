@@ -114,8 +114,59 @@ def test_cp_merge_and_repeated_kv_gather():
     # torch's CP gathers K/V before step 0's SDPA and waits at step 1: overlapped under torchtitan.
     assert tt["cp_kv_all_gather"].comm.overlap and not gen["cp_kv_all_gather"].comm.overlap
     E = (SEQ // 4) * 32 * 128  # local tokens x heads x head_dim
-    assert tt["cp_sdpa_merge"].bytes == pytest.approx(E * (12 + 32.5 * 3))
-    assert tt["cp_sdpa_merge"].bwd_bytes == pytest.approx(E * (76 + 50.5 * 3))
+    # Merges, plus the K/V cat before each rotation (8 bytes an element, cp - 1 steps each way).
+    assert tt["cp_sdpa_merge"].bytes == pytest.approx(E * (12 + 32.5 * 3 + 8 * 3))
+    assert tt["cp_sdpa_merge"].bwd_bytes == pytest.approx(E * (76 + 50.5 * 3 + 8 * 3))
     # One CP rank: nothing to merge (cp 1 has no merge op at all).
     assert torch_cp_merge_op(E, 1).bytes == pytest.approx(12 * E)
     assert "cp_sdpa_merge" not in {o.name for o in build_layer_ops(_sc(framework="torchtitan"))["dense"].forward}
+
+
+def test_cp_sdpa_kernels_torch_launches():
+    """torch's load-balanced CP (torch 2.6 _templated_ring_attention): step 0 causal over the local
+    s x s, later steps unmasked half blocks (s x s/2 for i <= rank, s/2 x s after; rank cp // 2
+    modelled), each half a full block's work; together the causal work of the rank's queries
+    against the whole sequence, in about the time of that one causal kernel."""
+    from simulator.profile import load_profile
+    from simulator.workload.ops import op_durations_s
+
+    par = {"dp": 2, "cp": 4, "zero": 3}
+    sc = _sc(framework="torchtitan", parallelism=par)
+    fwd = build_layer_ops(sc)["dense"].forward
+    steps = [o for o in fwd if o.op_class == "attention"]
+    s = SEQ // 4
+    assert [o.name for o in steps] == [f"attention_step{i}" for i in range(4)]
+    shapes = [(o.kernel.m, o.kernel.n, o.kernel.causal) for o in steps]
+    assert shapes == [(s, s, True), (s, s // 2, False), (s, s // 2, False), (s // 2, s, False)]
+    assert all(o.exec_flops == pytest.approx(steps[0].exec_flops) for o in steps)
+    gen = [o for o in build_layer_ops(_sc(parallelism=par))["dense"].forward if o.op_class == "attention"]
+    assert len(gen) == 1 and gen[0].kernel.causal and (gen[0].kernel.m, gen[0].kernel.n) == (s, SEQ)
+    assert sum(o.exec_flops for o in steps) == pytest.approx(gen[0].exec_flops)
+    # Same work in about the same time: three more launches, and the causal step's diagonal
+    # tiles cost within 2% of the single kernel's.
+    from simulator.workload.kernel_model import kernel_model_of
+
+    p = load_profile("h100-sxm-80gb")
+    floor = kernel_model_of(p).launch_floor_us * 1e-6
+    t_steps = op_durations_s(p, steps, sc).sum() - 3 * floor
+    t_one = op_durations_s(p, gen, sc).sum()
+    assert t_steps == pytest.approx(t_one, rel=0.02)
+
+
+def test_cp_without_load_balance_paced_by_last_rank():
+    """torch 2.5's CP (contiguous shards, blocks from later ranks skipped): the last rank runs step 0
+    causal and cp - 1 full s x s blocks, (2 cp - 1) / cp the balanced work; the model FLOPs (what
+    MFU counts) do not change."""
+    par = {"dp": 2, "cp": 4, "zero": 3}
+    lb = build_layer_ops(_sc(framework="torchtitan", parallelism=par))["dense"].forward
+    nolb = build_layer_ops(_sc(framework="torchtitan", parallelism={**par, "cp_load_balance": False}))["dense"].forward
+    a_lb = [o for o in lb if o.op_class == "attention"]
+    a_no = [o for o in nolb if o.op_class == "attention"]
+    s = SEQ // 4
+    assert [(o.kernel.m, o.kernel.n, o.kernel.causal) for o in a_no] == [(s, s, True)] + [(s, s, False)] * 3
+    assert sum(o.exec_flops for o in a_no) == pytest.approx(sum(o.exec_flops for o in a_lb) * 7 / 4)
+    assert sum(o.model_flops for o in a_no) == pytest.approx(sum(o.model_flops for o in a_lb))
+    E = s * 32 * 128
+    merge = {o.name: o for o in nolb}["cp_sdpa_merge"]
+    assert merge.bytes == pytest.approx(E * (12 + 38 * 3 + 8 * 3))
+    assert merge.bwd_bytes == pytest.approx(E * (76 + 46 * 3 + 8 * 3))

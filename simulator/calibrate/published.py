@@ -314,8 +314,10 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
         # torchtitan calls F.scaled_dot_product_attention; on H100/H200 its flash backend is
         # FlashAttention-2. Read from torchtitan 0.1.0 (PyPI, mid-2025, the era of the async-TP
         # and Trainy rows): models/attention.py puts FLASH_ATTENTION first and cuDNN first only
-        # on B200. The Dec 2024 runs: PyTorch's context-parallel attention handled the flash and
-        # efficient SDPA ops (from memory of torch's experimental _attention.py, not re-read);
+        # on B200. The Dec 2024 runs: PyTorch's context-parallel attention handles the flash and
+        # efficient SDPA ops (torch 2.6.0 distributed/tensor/experimental/_attention.py); flash is
+        # first in SDPA's default order (torch 2.13; 2.6's is C++, not read) and takes torchtitan's
+        # bf16 head-dim-128 causal call (docs/design-notes.md);
         # the Dec 2024 non-CP rows took the torch nightly's default order, not checked here
         # (those rows are not stated anyway). On A100 the profile's attention figures are FA2's.
         "attention_kernel": "fa2",

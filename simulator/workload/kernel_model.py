@@ -16,8 +16,10 @@ intensity (operand bytes re-read per FLOP grow as tiles shrink). A GEMM is never
 moving its operands: t >= bytes / (HBM x efficiency).
 
 Memory-bound kernels: bytes / (HBM x mem_efficiency[op class]).
-FlashAttention-2/3 (fused): 4 b h s_q s_k d FLOPs forward (x 0.5 causal), 2.5x that backward
-(five matmuls against two, Dao 2023 Sec. 3.1), tiled by 128 query rows per CTA.
+FlashAttention-2/3 (fused): by FlashAttention-2's tiles (forward a CTA per 128 query rows,
+backward a CTA per 128 keys), 4 bm bn d FLOPs a tile forward, 2.5x that backward (five matmuls
+against two, Dao 2023 Sec. 4.1); causal masks skip the tiles above the diagonal and compute the
+diagonal ones whole; the efficiency is the published throughput at the benchmark's shape.
 Every kernel pays ``launch_floor_us``.
 
 The free constants (GEMM efficiency per dtype, k_overhead, memory efficiency per class, launch
@@ -131,19 +133,70 @@ def mem_time_s(profile: Profile, op_class, bytes_, km: KernelModel | None = None
     return b / (profile.compute.hbm_GBps * 1e9 * eff) + (km.launch_floor_us * 1e-6 if with_floor else 0.0)
 
 
+# FlashAttention-2's tiles, read from flash-attn 2.6.3 (PyPI sdist; the kernels PyTorch's SDPA
+# flash backend vendors) csrc/flash_attn/src/flash_fwd_launch_template.h run_mha_fwd_hdim64/128
+# and flash_bwd_launch_template.h run_mha_bwd_hdim64/128, no dropout, >= 144 KB shared memory per
+# block (A100, H100): forward, a CTA per kBlockM = 128 query rows looping over key blocks of
+# kBlockN = 128 (head dim <= 64) or 64 (<= 128); backward (run_flash_bwd_seqk_parallel), a CTA per
+# kBlockN = 128 keys looping over query blocks of kBlockM = 128 (<= 64) or 64 (<= 128). Causal
+# masks skip the key blocks wholly above the diagonal and compute the diagonal blocks in full
+# (masked).
+def _fa2_tiles(head_dim: int, backward: bool) -> tuple[int, int]:
+    """(kBlockM, kBlockN): query rows x keys of one tile (head dims above 128, e.g. MLA's 192, take
+    the 128 ones: FA2's smaller tiles there only change the diagonal's share)."""
+    if backward:
+        return (128, 128) if head_dim <= 64 else (64, 128)
+    return (128, 128) if head_dim <= 64 else (128, 64)
+
+
+def _flash_cta_tiles(s_q: int, s_k: int, head_dim: int, causal: bool, backward: bool) -> np.ndarray:
+    """Tiles each CTA of one (sequence, head) computes."""
+    bm, bn = _fa2_tiles(head_dim, backward)
+    nq, nk = math.ceil(s_q / bm), math.ceil(s_k / bn)
+    if not causal:
+        return np.full(nk if backward else nq, nq if backward else nk, dtype=float)
+    # s_q == s_k: FA2's diagonal. s_k > s_q only stands for one CP rank's load-balanced share of a
+    # causal sequence (Llama-3-style K/V all-gather): the rank's own s_q x s_q causal square, and
+    # the other s_k - s_q keys half visible on average, unmasked.
+    extra = max(s_k - s_q, 0)
+    if not backward:
+        own = np.ceil(np.minimum((np.arange(nq) + 1) * bm, s_q) / bn)  # keys a query block sees
+        return np.minimum(own + extra / (2 * bn), nk)
+    own = nq - np.floor(np.arange(math.ceil(min(s_q, s_k) / bn)) * bn / bm)  # query tiles a key block sees
+    return np.concatenate([own, np.full(round(extra / bn), nq / 2)])
+
+
+def _flash_time_at_unit_eff(profile: Profile, batch_heads: int, s_q: int, s_k: int, head_dim: int, causal: bool,
+                            backward: bool, dtype: str) -> float:
+    """Seconds of one fused-attention kernel with every tile at the full per-SM peak."""
+    bm, bn = _fa2_tiles(head_dim, backward)
+    sms = _sm_count(profile)
+    # A tile: QK^T and PV forward (4 bm bn d FLOPs); backward five matmuls, 2.5x (Dao 2023 Sec. 4.1).
+    t_tile = 4.0 * bm * bn * head_dim * (2.5 if backward else 1.0) / (peak_flops(profile, dtype) / sms)
+    tiles = _flash_cta_tiles(s_q, s_k, head_dim, causal, backward)
+    # CTAs per SM depend on register allocation, which the source does not fix, so no wave
+    # quantization: the block scheduler backfills an SM as a CTA ends (causal CTAs differ in
+    # length), and the kernel takes its tiles spread over the SMs, or its longest CTA where there
+    # are too few to share out.
+    return max(batch_heads * float(tiles.sum()) / sms, float(tiles.max())) * t_tile
+
+
 def flash_attention_time_s(profile: Profile, batch: int, heads: int, s_q: int, s_k: int, head_dim: int, causal: bool,
                            backward: bool, dtype: str = "bf16", km: KernelModel | None = None) -> float:
-    """One fused attention kernel (FlashAttention-2/3 or cuDNN's): CTAs of 128 query rows per
-    (batch, head), in waves over the SMs; causal masks skip the upper half of the key blocks."""
+    """One fused attention kernel by shape (FlashAttention-2's tiling; FA3/cuDNN kernels tile
+    alike at this granularity): its tiles, the diagonal tiles of a causal mask computed whole.
+
+    The profile's attention efficiency is the throughput on full tiles. FlashAttention-2's
+    published H100 figure ("up to 335 TFLOPs/s" forward + backward, Dao 2023, arXiv 2307.08691,
+    Sec. 4.1, Fig. 7; batch x sequence = 16k tokens, head dim 64 or 128, sequence 512..16k) is
+    read at its longest sequence without a causal mask, where this model has no tile loss: the
+    figure is the full-tile throughput. Causal kernels lose the masked halves of their diagonal
+    tiles (causal throughput below non-causal, the more so the shorter the sequence); per-CTA
+    prologue/epilogue costs are not modelled (no sourced figure)."""
     km = km or kernel_model_of(profile)
-    blocks = batch * heads * math.ceil(s_q / 128)
-    waves = math.ceil(blocks / _sm_count(profile))
-    # Work of one CTA: 128 query rows against s_k keys (half on average when causal).
-    keys = s_k * (0.5 if causal else 1.0)
-    flops_cta = 4.0 * 128 * keys * head_dim * (2.5 if backward else 1.0)
     eff = km.attention_bwd_efficiency if backward else km.attention_efficiency
-    t = waves * flops_cta / (peak_flops(profile, dtype) / _sm_count(profile) * eff)
-    return t + km.launch_floor_us * 1e-6
+    t = _flash_time_at_unit_eff(profile, batch * heads, s_q, s_k, head_dim, causal, backward, dtype)
+    return t / eff + km.launch_floor_us * 1e-6
 
 
 def kernels_time_s(profile: Profile, kernels: list[Kernel], dtype: str, km: KernelModel | None = None) -> np.ndarray:

@@ -341,16 +341,21 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
             # overlapped collective hides it under the following compute segment.
             attn.append(Op("cp_kv_all_gather", "other", "F",
                            comm=Comm("cp", "all_gather", kv_bytes, overlap=sc.framework == "torchtitan")))
-        if sc.flash_attention:
+        if sc.flash_attention and cp > 1 and sc.framework == "torchtitan":
+            attn += torch_cp_sdpa_ops(b * max(a // t, 1), s, cp, d if not m.is_mla else dqk, core_model, io_bytes,
+                                      fp8 and sc.fp8.attention, p.cp_load_balance)
+            kern = None
+        elif sc.flash_attention:
             kern = flash_kernel(b * max(a // t, 1), s, s_full, d if not m.is_mla else dqk, True, core_model * causal, io_bytes)
         else:
             # Materialised scores: QK^T and PV as batched GEMMs of equal work (b x heads each).
             kern = gemm_kernel("attention", 2 * b * max(a // t, 1), s, s_full, d, dt)
         # Classic attention launches two batched GEMMs (baddbmm QK^T, bmm PV); FlashAttention one.
-        attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes, kernel=kern,
-                       fp8=fp8 and sc.fp8.attention, launches=1 if sc.flash_attention else 2))
+        if kern is not None:
+            attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes, kernel=kern,
+                           fp8=fp8 and sc.fp8.attention, launches=1 if sc.flash_attention else 2))
         if cp > 1 and sc.framework == "torchtitan":
-            attn.append(torch_cp_merge_op(b * s * max(a // t, 1) * d, cp))
+            attn.append(torch_cp_merge_op(b * s * max(a // t, 1) * d, cp, p.cp_load_balance))
     if not sc.flash_attention:
         # Materialised scores: baddbmm write, fused scale-mask-softmax read+write, dropout, bmm read.
         score_elems = b * (a / t) * s * s_full
@@ -512,25 +517,60 @@ def torchtitan_eager_extras(ops: list[Op], tokens: int, h: int, dt: int) -> list
 
 # torch's context-parallel SDPA (torch.distributed.tensor.experimental _attention.py,
 # _templated_ring_attention / _SDPAMerger / _templated_ring_attention_backward; read from the
-# torch 2.13 source installed here, the same algorithm as the 2024-25 versions torchtitan ran):
-# one SDPA call per CP step, each block's output merged into an fp32 running output, in bytes
-# per element of the local output E = tokens x heads x head_dim (K and V, repeated to every head,
-# have as many). Forward: step 0 casts the block to fp32 (6); each later step casts (6), then
-# out - block_out (12), sigmoid(dlse) * that (8), out - that (12) = 38 over a full block; on the
-# ranks whose step takes half the queries (i > rank, half of all later steps with load balancing)
-# 19 over the half plus _partial_update's cat over the whole (8) = 27; mean 32.5; the result cast
-# to bf16 (6). Backward: zeros_like for dq, dk, dv in fp32 (12); step 0 adds the bf16 block
-# gradients into them (3 x 10) and cats dk, dv for the rotation (16); later steps 52 (i <= rank:
-# half-chunk adds + cats for dk, dv 26, cat 16, dq add 10) or 49 (i > rank: dk, dv adds 20, cat
-# 16, dq half add + cat 13), mean 50.5; dq, dk, dv cast to bf16 (18). The fp32 dK/dV rotation
-# (an all-to-all, overlapped with the next step's SDPA) is not charged here.
-def torch_cp_merge_op(out_elems: float, cp: int) -> Op:
-    fwd = float(out_elems) * (12.0 + 32.5 * (cp - 1))
-    bwd = float(out_elems) * (12.0 + 46.0 + 50.5 * (cp - 1) + 18.0)
-    # Launches: forward ~5 a later step (cast, sub, sigmoid, mul, sub; lse updates aside),
-    # backward ~6 a step (adds, cats); host cost only.
-    return Op("cp_sdpa_merge", "elementwise", "F", 0.0, 0.0, fwd, bwd_bytes=bwd, launches=2 + 5 * (cp - 1),
-              bwd_launches=6 * cp + 6)
+# torch 2.13 source installed here and checked against the torch 2.6.0 and 2.5.1 wheels): one SDPA
+# call per CP step, each block's output merged into an fp32 running output, in bytes per element
+# of the local output E = tokens x heads x head_dim (K and V, repeated to every head, have as
+# many). Forward: step 0 casts the block to fp32 (6); each later step casts (6), then
+# out - block_out (12), sigmoid(dlse) * that (8), out - that (12) = 38 over a full block; with
+# load balancing, on the ranks whose step takes half the queries (i > rank, half of all later
+# steps) 19 over the half plus _partial_update's cat over the whole (8) = 27; mean 32.5; the
+# result cast to bf16 (6). Backward: zeros_like for dq, dk, dv in fp32 (12); step 0 adds the bf16
+# block gradients into them (3 x 10) and cats dk, dv for the rotation (16); later steps with load
+# balancing 52 (i <= rank: half-chunk adds + cats for dk, dv 26, cat 16, dq add 10) or 49 (i > rank:
+# dk, dv adds 20, cat 16, dq half add + cat 13), mean 50.5; without (torch 2.5: every block full)
+# 46 like step 0; dq, dk, dv cast to bf16 (18). Every step but the last cats K and V (bf16, read
+# and write: 8) for the rotation, forward and backward (torch.cat runs even where the all-gather
+# rotater then ignores it). The fp32 dK/dV rotation (overlapped with the next step's SDPA) is not
+# charged here.
+def torch_cp_sdpa_ops(batch_heads: int, s: int, cp: int, head_dim: int, core_model: float, io_bytes: float,
+                      fp8: bool = False, load_balance: bool = True) -> list[Op]:
+    """The SDPA kernels torch's context parallel launches on one rank. ``core_model``: QK^T and
+    PV FLOPs of the rank's queries against the whole sequence, not masked.
+
+    Load-balanced (torch 2.6.0 ``_cp_options.enable_load_balance = True``: each rank holds sequence
+    chunks r and 2 cp - 1 - r of 2 cp): step 0, the local queries against the local keys, causal
+    (s x s); step i >= 1 against rank (r - i)'s keys, not causal: i <= r, all local queries
+    against the first half of the keys (s x s/2); i > r, the second half of the queries against
+    all the keys (s/2 x s). Every step is half a full s x s block, so all ranks match; the shapes
+    are rank cp // 2's.
+
+    Not balanced (torch 2.5.1: contiguous shards, _is_causal_behavior SKIPs a block from a later
+    rank): rank r runs step 0 causal and r full s x s blocks; the last rank runs cp - 1 of them
+    and sets the pace (its peers wait at the next collective), so its kernels are modelled."""
+    r = cp // 2
+    ops = []
+    for i in range(cp):
+        if load_balance:
+            s_q, s_k, causal = (s, s, True) if i == 0 else ((s, s // 2, False) if i <= r else (s // 2, s, False))
+            flops = core_model / cp * 0.5
+        else:
+            s_q, s_k, causal = s, s, i == 0
+            flops = core_model / cp * (0.5 if causal else 1.0)
+        ops.append(Op(f"attention_step{i}", "attention", "F", flops, core_model / cp, io_bytes / cp,
+                      kernel=flash_kernel(batch_heads, s_q, s_k, head_dim, causal, flops, io_bytes / cp), fp8=fp8,
+                      launches=1))
+    return ops
+
+
+def torch_cp_merge_op(out_elems: float, cp: int, load_balance: bool = True) -> Op:
+    later_fwd, later_bwd = (32.5, 50.5) if load_balance else (38.0, 46.0)
+    kv_cat = 8.0 * (cp - 1)
+    fwd = float(out_elems) * (12.0 + later_fwd * (cp - 1) + kv_cat)
+    bwd = float(out_elems) * (12.0 + 46.0 + later_bwd * (cp - 1) + 18.0 + kv_cat)
+    # Launches: forward ~5 a later step (cast, sub, sigmoid, mul, sub; lse updates aside) and the
+    # K/V cat, backward ~6 a step (adds, cats) and the K/V cat; host cost only.
+    return Op("cp_sdpa_merge", "elementwise", "F", 0.0, 0.0, fwd, bwd_bytes=bwd, launches=2 + 6 * (cp - 1),
+              bwd_launches=6 * cp + 6 + (cp - 1))
 
 
 def fsdp2_copy_out_ops(sc: Scenario, ops: list[Op]) -> list[Op]:
