@@ -126,7 +126,10 @@ def critical_path(tl: "Timeline") -> list[dict[str, Any]]:
     tiles = _lane_tiles(tl)
     ev = tl.events
     comm = ev[ev["stream"] != "compute"]
-    comm_by_rank = {int(r): g for r, g in comm.groupby("rank")}
+    # Per rank, as arrays: the walk looks up the communication row ending at t once per dp wait
+    # on the path (hundreds under FSDP); a pandas mask per look-up cost ~2 ms each.
+    comm_by_rank = {int(r): (g["end_s"].to_numpy(), g["kind"].astype(str).to_numpy(), g["start_s"].to_numpy())
+                    for r, g in comm.groupby("rank")}
     tol = max(1e-12, tl.step_time_s * 1e-12)
     # The lowest rank of those ending the step: ranks that end together (after a step-wide
     # collective) differ by float rounding, which must not pick the rank the walk starts from.
@@ -182,9 +185,10 @@ def critical_path(tl: "Timeline") -> list[dict[str, Any]]:
                 c = comm_by_rank.get(rank)
                 start = s0
                 if c is not None:
-                    m = c[(np.abs(c["end_s"] - t) <= max(tol, 1e-9)) & (c["kind"] == cause)]
-                    if len(m):
-                        start = float(m["start_s"].min())
+                    c_end, c_kind, c_start = c
+                    m = (np.abs(c_end - t) <= max(tol, 1e-9)) & (c_kind == cause)
+                    if m.any():
+                        start = float(c_start[m].min())
                 issued = start
             issued = min(float(issued), s0)
             add(rank, cause, cause, row["what"], issued, t)
