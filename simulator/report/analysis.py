@@ -28,7 +28,6 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 if TYPE_CHECKING:
     from simulator.engine.core import Timeline
