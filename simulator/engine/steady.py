@@ -399,8 +399,8 @@ def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dic
     if waits is None:
         return _fail(why, 'no wait rows')
     # T*: the middle of the widest gap between row starts in the period before t_min.
-    starts = np.unique(np.concatenate([ev["start_s"].to_numpy(), waits["start_s"].to_numpy()]))
-    inside = starts[(starts > t_min - period) & (starts < t_min)]
+    starts = np.concatenate([ev["start_s"].to_numpy(), waits["start_s"].to_numpy()])
+    inside = np.unique(starts[(starts > t_min - period) & (starts < t_min)])
     edges = np.concatenate([[t_min - period], inside, [t_min]])
     g = int(np.argmax(np.diff(edges)))
     t_star = 0.5 * (edges[g] + edges[g + 1])
