@@ -287,7 +287,7 @@ class ShortRunMarks(dict):
             hit = self[r].get(_key(short.actions[pp_of[r]][i])) if 0 <= i < len(short.actions[pp_of[r]]) else None
             return None if hit is None else hit[0]
 
-        ranks = sorted(pp_of)
+        ranks = list(pp_of)  # the engine's order, as the timeline's (extend takes its first rank's period)
         r0 = ranks[0]
         c0, a0 = cut.cut_index[pp_of[r0]], cut.period_actions[pp_of[r0]]
         t_a, t_b = t_of(r0, c0 - a0), t_of(r0, c0 - 2 * a0)
