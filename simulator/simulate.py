@@ -90,7 +90,7 @@ def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: 
     that had not settled is retried once with at least 1.5x the microbatches, if the two short
     runs together simulate at most MAX_SHORT_FRACTION of the step's: a step whose short runs do
     not verify costs at most 1 + MAX_SHORT_FRACTION plain runs."""
-    from simulator.engine.steady import MAX_SHORT_FRACTION, extend, plan_cuts
+    from simulator.engine.steady import MAX_SHORT_FRACTION, plan_cuts, run_short
 
     p = sc.parallelism
     budget = MAX_SHORT_FRACTION * sched.num_microbatches
@@ -105,9 +105,7 @@ def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: 
         engine = Engine(prog_s, make_network(sc, topo, profile), mode="reduced", plan=build_plan(prog_s),
                         sm_count=profile.compute.sm_count,
                         contention_scale=measured_excess_scale(profile.compute.overlap_fits, profile.compute.sm_count))
-        engine.action_marks = {}
-        tl = engine.run()
-        out = extend(tl, short, cut, engine.action_marks)
+        out = run_short(engine, short, cut)
         if out is not None or tried:
             return out
         tried = short.num_microbatches

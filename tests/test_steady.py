@@ -192,3 +192,76 @@ def test_rounding_length_rows_do_not_refuse():
     assert out is not None, why
     out, why = with_wait(1e-6)
     assert out is None and why == ["row counts differ between periods"]
+
+
+def test_aperiodic_short_run_stops_early():
+    """FSDP (zero 3) with pp sends over the same NICs and compute slowed by the gathers' SMs: the
+    stages run at different periods for tens of microbatches (torchtitan's 405B 1F1B row), so
+    the short run cannot verify. Its marks say so before its cool-down (``run_short`` stops
+    there), and ``extend`` on the whole short run refuses it too: the early stop only saves time."""
+    import simulator.simulate as S
+    from simulator.engine.steady import extend, plan_cut, run_short
+    from simulator.schedules import build_schedule
+
+    d = {"name": "fsdp-pp", "model": "llama3-405b",
+         "parallelism": {"tp": 8, "pp": 8, "dp": 2, "zero": 3, "sequence_parallel": True, "overlap_grad_reduce": True},
+         "batch": {"micro_batch_size": 1, "global_batch_size": 48, "seq_length": 8192},
+         "schedule": "1f1b", "recompute": "full", "framework": "torchtitan",
+         "cluster": {"gpus": 128, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}
+    sc = build_scenario(d)
+    profile, topo = S.load_profile(sc.cluster.gpu), S.load_topology(sc.cluster.topology)
+    short, cut = plan_cut(build_schedule("1f1b", 8, 24, 1), lambda m: build_schedule("1f1b", 8, m, 1))
+    prog = S.build_program(sc, profile, short)
+
+    def engine():
+        return S.Engine(prog, S.make_network(sc, topo, profile), plan=S.build_plan(prog), sm_count=profile.compute.sm_count)
+
+    why: list[str] = []
+    early = engine()
+    assert run_short(early, short, cut, why) is None
+    assert why and why[0].startswith("stopped early") and "period differs" in why[0], why
+    whole = engine()
+    whole.action_marks = {}
+    tl = whole.run()
+    assert early.env.now < 0.8 * tl.step_time_s  # stopped before the cool-down
+    why_whole: list[str] = []
+    assert extend(tl, short, cut, whole.action_marks, why_whole) is None, why_whole
+
+
+@pytest.mark.parametrize("schedule,pp,nmb,vpp", [
+    ("zb-h1", 4, 48, 1),  # the first short run has not settled: stopped early
+    ("1f1b", 4, 24, 1),
+    ("interleaved-1f1b", 4, 32, 2),
+    ("zbv", 4, 48, 1),
+])
+def test_early_stop_agrees_with_extend(schedule, pp, nmb, vpp):
+    """The early check during the short run (``run_short``) refuses exactly where ``extend`` on
+    the whole short run refuses, on the first two short runs of each schedule: it is a speed-up,
+    never a different answer."""
+    import simulator.simulate as S
+    from simulator.engine.steady import extend, plan_cuts, run_short
+    from simulator.schedules import build_schedule
+
+    sc = build_scenario(_scenario(schedule, pp, nmb, vpp))
+    profile, topo = S.load_profile(sc.cluster.gpu), S.load_topology(sc.cluster.topology)
+    full = build_schedule(schedule, pp, nmb, vpp)
+    refused = []
+    for short, cut in list(plan_cuts(full, lambda m: build_schedule(schedule, pp, m, vpp)))[:2]:
+        prog = S.build_program(sc, profile, short)
+
+        def engine():
+            return S.Engine(prog, S.make_network(sc, topo, profile), plan=S.build_plan(prog), sm_count=profile.compute.sm_count)
+
+        why: list[str] = []
+        early = run_short(engine(), short, cut, why)
+        whole = engine()
+        whole.action_marks = {}
+        tl = whole.run()
+        late = extend(tl, short, cut, whole.action_marks)
+        assert (early is None) == (late is None), why
+        if early is None:
+            refused.append(why[0])
+            assert why[0].startswith("stopped early")  # (this refusal is decided by the marks)
+        else:
+            assert early.step_time_s == late.step_time_s
+    assert bool(refused) == (schedule == "zb-h1")

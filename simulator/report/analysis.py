@@ -28,7 +28,6 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 if TYPE_CHECKING:
     from simulator.engine.core import Timeline
@@ -87,30 +86,77 @@ def step_breakdown(tl: "Timeline") -> dict[str, float]:
 # critical path
 
 
-def _lane_tiles(tl: "Timeline") -> dict[int, pd.DataFrame]:
-    """Per rank: the compute lane as tiles (compute rows and waits), sorted by end."""
+class _Strings:
+    """A string column of the tiles read on demand from its sources (the events' and the waits'
+    own columns) by (source, row): the walk reads a few thousand of a million tiles' strings, so
+    none is gathered, converted or copied before (that cost ~0.4 s on Megatron 1T)."""
+
+    __slots__ = ("sources", "which", "row")
+
+    def __init__(self, sources: tuple, which: np.ndarray, row: np.ndarray):
+        self.sources, self.which, self.row = sources, which, row
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return _Strings(self.sources, self.which[i], self.row[i])
+        return str(self.sources[int(self.which[i])][int(self.row[i])])
+
+
+class _Const:
+    def __init__(self, value: str):
+        self.value = value
+
+    def __getitem__(self, i) -> str:
+        return self.value
+
+
+def _lane_tiles(tl: "Timeline") -> dict[int, dict]:
+    """Per rank: the compute lane as tiles (compute rows and waits), sorted by end; columns as
+    arrays (the string columns read on demand, ``_Strings``)."""
     ev = tl.events
-    comp = ev[ev["stream"] == "compute"]
-    parts = [pd.DataFrame({
-        "rank": comp["rank"].to_numpy(), "start_s": comp["start_s"].to_numpy(), "end_s": comp["end_s"].to_numpy(),
-        "cause": "compute", "issued_s": np.nan, "src_rank": -1, "what": comp["name"].astype(str).to_numpy(),
-        "kind": comp["kind"].astype(str).to_numpy(), "microbatch": comp["microbatch"].to_numpy(),
-        "stage": comp["stage"].to_numpy(),
-    })]
+    ci = np.flatnonzero((ev["stream"] == "compute").to_numpy())
     waits = getattr(tl, "waits", None)
-    if waits is not None and len(waits):
-        w = waits.copy()
-        w["kind"] = w["cause"]
-        w["microbatch"] = -1
-        w["stage"] = -1
-        parts.append(w)
-    tiles = pd.concat(parts, ignore_index=True)
-    tiles = tiles[tiles["end_s"] > tiles["start_s"]]
+    if waits is None or not len(waits):
+        waits = None
+    nw = 0 if waits is None else len(waits)
+    nc = len(ci)
+
+    def both(comp: np.ndarray, w) -> np.ndarray:
+        if waits is None:
+            return comp
+        return np.concatenate([comp, w if isinstance(w, np.ndarray) else np.full(nw, w)])
+
+    def col(name: str) -> np.ndarray:
+        return ev[name].to_numpy()[ci]
+
+    num = {
+        "rank": both(col("rank"), None if waits is None else waits["rank"].to_numpy()),
+        "start_s": both(col("start_s"), None if waits is None else waits["start_s"].to_numpy()),
+        "end_s": both(col("end_s"), None if waits is None else waits["end_s"].to_numpy()),
+        "issued_s": both(np.full(nc, np.nan), None if waits is None else waits["issued_s"].to_numpy()),
+        "src_rank": both(np.full(nc, -1, dtype=np.int64), None if waits is None else waits["src_rank"].to_numpy()),
+        "microbatch": both(col("microbatch"), -1),
+        "stage": both(col("stage"), -1),
+    }
+    which = both(np.zeros(nc, dtype=np.int8), np.ones(nw, dtype=np.int8) if waits is not None else None)
+    row = both(ci, np.arange(nw) if waits is not None else None)
+    keep = num["end_s"] > num["start_s"]
     # One stable sort by (rank, end, start) and a slice per rank: the order a per-rank stable
     # sort by (end, start) gives, without a groupby and a sort per rank.
-    rank = tiles["rank"].to_numpy()
-    order = np.lexsort((tiles["start_s"].to_numpy(), tiles["end_s"].to_numpy(), rank))
-    cols = {c: tiles[c].to_numpy()[order] for c in tiles.columns}
+    order = np.flatnonzero(keep)[np.lexsort((num["start_s"][keep], num["end_s"][keep], num["rank"][keep]))]
+    cols: dict[str, object] = {c: v[order] for c, v in num.items()}
+    which, row = which[order], row[order]
+    w_cause = waits["cause"].array if waits is not None else None
+    strings = {
+        "cause": (_Const("compute"), w_cause),
+        "what": (ev["name"].array, waits["what"].array if waits is not None else None),
+        "kind": (ev["kind"].array, w_cause),
+    }
+    for c, src in strings.items():
+        cols[c] = _Strings(src, which, row)
     rank = cols["rank"]
     ranks, first = np.unique(rank, return_index=True)
     bounds = list(first) + [len(rank)]
@@ -126,7 +172,10 @@ def critical_path(tl: "Timeline") -> list[dict[str, Any]]:
     tiles = _lane_tiles(tl)
     ev = tl.events
     comm = ev[ev["stream"] != "compute"]
-    comm_by_rank = {int(r): g for r, g in comm.groupby("rank")}
+    # Per rank, as arrays: the walk looks up the communication row ending at t once per dp wait
+    # on the path (hundreds under FSDP); a pandas mask per look-up cost ~2 ms each.
+    comm_by_rank = {int(r): (g["end_s"].to_numpy(), g["kind"].astype(str).to_numpy(), g["start_s"].to_numpy())
+                    for r, g in comm.groupby("rank")}
     tol = max(1e-12, tl.step_time_s * 1e-12)
     # The lowest rank of those ending the step: ranks that end together (after a step-wide
     # collective) differ by float rounding, which must not pick the rank the walk starts from.
@@ -182,9 +231,10 @@ def critical_path(tl: "Timeline") -> list[dict[str, Any]]:
                 c = comm_by_rank.get(rank)
                 start = s0
                 if c is not None:
-                    m = c[(np.abs(c["end_s"] - t) <= max(tol, 1e-9)) & (c["kind"] == cause)]
-                    if len(m):
-                        start = float(m["start_s"].min())
+                    c_end, c_kind, c_start = c
+                    m = (np.abs(c_end - t) <= max(tol, 1e-9)) & (c_kind == cause)
+                    if m.any():
+                        start = float(c_start[m].min())
                 issued = start
             issued = min(float(issued), s0)
             add(rank, cause, cause, row["what"], issued, t)
