@@ -76,6 +76,8 @@ def summarise_nccl_tests(res: NcclTestsResult, path: Path) -> dict[str, Any]:
         colls.append({
             "name": str(name), "count": int(len(grp)), "bytes": int(size),
             "group_size": res.nranks, "busbw_GBps": float(grp["busbw_GBps"].max()),
+            # the fastest of the size's rows (out-of-place, in-place), as busbw is the best of them
+            "time_us": float(grp["time_us"].min()), "total_us": round(float(grp["time_us"].sum()), 3),
         })
     return {
         "kind": "nccl-tests",
@@ -118,7 +120,16 @@ def _print_rich(info: dict[str, Any]) -> None:
         for c, us in info["op_classes"].items():
             t.add_row(for_rich(c), f"{us / 1e3:.3f}", f"{100 * us / total:.1f}%")
         con.print(t)
-    if info["collectives"]:
+    if info["collectives"] and info["kind"] == "nccl-tests":
+        # One row per message size, as nccl-tests prints them (no waiting: nccl-tests times whole calls).
+        t = Table(title="collectives")
+        for col in ("name", "size", "ranks", "rows", "time us", "busbw GB/s"):
+            t.add_column(col, justify="left" if col == "name" else "right")
+        for c in info["collectives"]:
+            t.add_row(for_rich(c["name"]), _fmt_bytes(c["bytes"]), str(c["group_size"] or "?"), str(c["count"]),
+                      f"{c['time_us']:.1f}", f"{c['busbw_GBps']:.2f}")
+        con.print(t)
+    elif info["collectives"]:
         t = Table(title="collectives")
         for col, just in (("name", "left"), ("message", "right"), ("group", "right"), ("count", "right"),
                           ("total ms", "right"), ("waiting ms", "right")):
