@@ -120,6 +120,8 @@ def sweep_command(
         spec.constraints.min_gpus = min_gpus
     if executor == Executor.dask and not scheduler:
         raise UserError("--executor dask needs --scheduler tcp://HOST:8786 (the address of a running dask scheduler)")
+    if top_k is not None and top_k < 1:
+        raise UserError(f"--top-k {top_k} must be at least 1 (points to simulate); --estimate-only simulates none")
     if workers is not None and workers < 1:
         raise UserError(f"--workers {workers} must be at least 1")
     if batch_size is not None and batch_size < 1:

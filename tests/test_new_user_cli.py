@@ -1,0 +1,104 @@
+"""Bugs a new user met walking the README (second pass): each pinned at the CLI or library level.
+
+CLI cases run `python -m simulator.cli` in a subprocess from a temporary folder, so the exit status,
+stderr and the files left behind are those of `clustersim` itself.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator.calibrate.published import PUBLISHED, published_set_name
+from simulator.errors import UserError
+from simulator.scenario import load_scenario, model_from_hf_config
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data"
+NCCL_LOG = DATA / "reference" / "nccl-tests" / "p4de-2nodes-16gpu_all_reduce_perf.txt"
+
+
+def clustersim(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="160")
+    return subprocess.run([sys.executable, "-m", "simulator.cli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess, pattern: str) -> None:
+    import re
+
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+    assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_trace_info_on_an_nccl_tests_log_prints_sizes_not_a_traceback(tmp_path):
+    # Was KeyError 'total_us': the rich table expected a trace's collectives.
+    p = clustersim(["trace", "info", NCCL_LOG], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    assert "busbw GB/s" in p.stdout and "all_reduce" in p.stdout
+    # the largest size's best busbw, from the log (78.33 out-of-place, 78.33 in-place)
+    assert "78.33" in p.stdout
+
+
+def test_compare_whatif_names_the_missing_file_a(tmp_path):
+    # Was "B = 'nope.yaml' does not exist" for the one file the user gave (A).
+    p = clustersim(["compare", "nope.yaml"], tmp_path)
+    assert_one_line_error(p, r"^error: A = 'nope\.yaml' does not exist")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags, pattern", [
+    (["--gpus", "-64"], r"--gpus value -64 must be at least 1"),
+    (["--gpus", "64", "--tp", "0,2"], r"--tp value 0 must be at least 1"),
+    (["--gpus", "64", "--zero", "-1"], r"--zero value -1 must be at least 0"),
+    (["--gpus", "64", "--tp", "2,4", "--top-k", "0"], r"--top-k 0 must be at least 1"),
+])
+def test_sweep_sizes_below_one_are_errors(tmp_path, flags, pattern):
+    # Were pruned as infeasible points (exit 0); --top-k 0 silently became 20.
+    p = clustersim(["sweep", "--model", "llama3-8b", *flags, "--no-progress"], tmp_path)
+    assert_one_line_error(p, pattern)
+    assert list(tmp_path.iterdir()) == []  # no store, no dashboard
+
+
+def test_hf_config_named_after_its_file(tmp_path):
+    # Was "hf" (the folder) for tests/data/hf/mistral.json; a hub download <model>/config.json keeps the folder's name.
+    assert model_from_hf_config(DATA / "hf" / "mistral.json").name == "mistral"
+    folder = tmp_path / "Mistral-7B-v0.1"
+    folder.mkdir()
+    (folder / "config.json").write_text((DATA / "hf" / "mistral.json").read_text())
+    assert model_from_hf_config(folder / "config.json").name == "Mistral-7B-v0.1"
+
+
+def test_set_typo_suggests_the_field():
+    with pytest.raises(UserError, match=r"unknown key 'parallelism\.zer' \(did you mean 'zero'\?\): valid keys"):
+        load_scenario(None, {"parallelism.zer": 3})
+    with pytest.raises(UserError, match=r"unknown key 'batch\.seq_len' \(did you mean 'seq_length'\?\)"):
+        load_scenario(None, {"batch.seq_len": 4096})
+    with pytest.raises(UserError) as exc:
+        load_scenario(None, {"parallelism.foo": 1})
+    assert "did you mean" not in str(exc.value)
+
+
+def test_published_set_by_its_file_name():
+    assert published_set_name("megatron-2021-table1") == "megatron-2021"
+    assert all(published_set_name(Path(f).stem) == k for k, f in PUBLISHED.items())
+    with pytest.raises(UserError, match=r"unknown published set 'megatron-2022': use one of megatron-2021"):
+        published_set_name("megatron-2022")
+
+
+def test_calibrate_op_table_summary_is_rounded(tmp_path):
+    # Was a Python dict repr with 16 digits ({'fp32': 0.808242724076368}) and a unitless "k overhead".
+    table = DATA / "reference" / "neusight" / "NVIDIA_H100_80GB_HBM3" / "gpt2_large-train-1024-4.csv"
+    p = clustersim(["calibrate", table, "--out", "h100.json"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    line = next(x for x in p.stderr.splitlines() if "GEMM efficiency" in x)
+    assert "{" not in line and "K overhead" in line and "elements of K" in line
+    assert (tmp_path / "h100.json").exists()
