@@ -347,11 +347,14 @@ def print_summary(report, scenario=None) -> None:
     t.add_row("pipeline bubble", f"{report.bubble_fraction:.1%} (worst stage {report.bubble_fraction_worst:.1%})")
     from simulator.report.analysis import breakdown_lines
 
-    for label, value in breakdown_lines(report):
+    breakdown = breakdown_lines(report)
+    for label, value in breakdown:
         t.add_row(label, value)
-    for dim, v in report.exposed_comm_s.items():
-        if v > 0:
-            t.add_row(f"exposed {dim} comm", f"{v:.3f} s ({v / report.step_time_s:.1%})")
+    if not breakdown:
+        # The breakdown's "+ exposed <dim>" rows already say this; a report without one still does.
+        for dim, v in report.exposed_comm_s.items():
+            if v > 0:
+                t.add_row(f"exposed {dim} comm", f"{v:.3f} s ({v / report.step_time_s:.1%})")
     fit = "fits" if report.fits_in_memory else "[red]DOES NOT FIT[/red]"
     t.add_row("peak memory", f"{report.peak_memory_gib:.1f} GiB of {report.memory_capacity_gib:.1f} ({fit})")
     for link, n in group_links(report.busiest_links)[:3]:

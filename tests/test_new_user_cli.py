@@ -102,3 +102,25 @@ def test_calibrate_op_table_summary_is_rounded(tmp_path):
     line = next(x for x in p.stderr.splitlines() if "GEMM efficiency" in x)
     assert "{" not in line and "K overhead" in line and "elements of K" in line
     assert (tmp_path / "h100.json").exists()
+
+
+def test_imbalance_split_that_does_not_shorten_the_simulated_step_is_not_advised(monkeypatch):
+    # The default scenario printed "Move layers ... step 18.282 s (-0.0%, simulated)" and on 128 GB200
+    # "(+1.6%, simulated)": advice the simulation had just refuted.
+    from types import SimpleNamespace
+
+    from simulator.report import findings as F
+    from simulator.scenario import build_scenario
+    from simulator.simulate import simulate
+
+    base = {"name": "t", "model": "llama3-8b", "parallelism": {"tp": 2, "pp": 4, "zero": 1, "pp_layer_split": [5, 9, 9, 9]},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 4096},
+            "cluster": {"gpus": 64, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}
+    res = simulate(build_scenario(base))
+    step = res.report.step_time_s
+    worse = SimpleNamespace(step_time_s=step * 1.01, tokens_per_s=res.report.tokens_per_s / 1.01,
+                            peak_memory_gib=res.report.peak_memory_gib, fits_in_memory=True)
+    monkeypatch.setattr(F._Budget, "simulate", lambda self, overrides: worse)
+    f = {x["kind"]: x for x in F.attach(res, budget_s=10).report.findings}["imbalance"]
+    assert "but not the step" in f["message"] and "keep pp_layer_split [5, 9, 9, 9]" in f["message"]
+    assert "Move layers" not in f["message"] and "(+1.0%, simulated)" in f["message"]
