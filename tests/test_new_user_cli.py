@@ -124,3 +124,23 @@ def test_imbalance_split_that_does_not_shorten_the_simulated_step_is_not_advised
     f = {x["kind"]: x for x in F.attach(res, budget_s=10).report.findings}["imbalance"]
     assert "but not the step" in f["message"] and "keep pp_layer_split [5, 9, 9, 9]" in f["message"]
     assert "Move layers" not in f["message"] and "(+1.0%, simulated)" in f["message"]
+
+
+def test_summary_says_exposed_comm_once(tmp_path):
+    # The table printed each dimension twice: "+ exposed tp" in the breakdown and "exposed tp comm" below it.
+    scenario = DATA / "scenarios" / "small-llama.yaml"
+    p = clustersim(["simulate", scenario, "--no-dashboard", "--findings-budget-s", "0"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "+ exposed tp" in p.stdout and "exposed tp comm" not in p.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_explain_header_names_every_column(tmp_path):
+    p = clustersim(["collective", "all_reduce", "-g", "16", "--topology", "p4de-efa", "--gpu", "a100-sxm-80gb",
+                    "-b", "1M", "-e", "1M", "--explain"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    header = "\n".join(l for l in p.stdout.splitlines() if l.startswith("#"))
+    assert "time us = lat us + fill us + bw-term us + chan us" in header
+    assert "thr: threads per channel" in header and "busbw GB/s" in header
+    (row,) = [l.split() for l in p.stdout.splitlines() if l and not l.startswith("#")]
+    assert float(row[5]) + float(row[6]) + float(row[9]) + float(row[13]) == pytest.approx(float(row[11]), abs=0.2)
