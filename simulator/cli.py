@@ -380,13 +380,34 @@ def main() -> None:
     the command and is printed here as one line.
     """
     try:
-        app()
+        # Not standalone: click's usage errors (a bad flag, a value of the wrong type) come here, to be
+        # printed as one line like every other bad input instead of a multi-line panel.
+        rv = app(standalone_mode=False)
     except UserError as exc:
         _stderr(f"error: {exc}")
         sys.exit(2)
     except KeyboardInterrupt:
         _stderr("interrupted")
         sys.exit(130)
+    except Exception as exc:
+        if type(exc).__name__ == "Abort":  # click's Ctrl-C / EOF at a prompt
+            _stderr("interrupted")
+            sys.exit(130)
+        if not _is_click_error(exc):
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            sys.exit(exc.exit_code)  # the help was printed when it was raised
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        msg = " ".join(exc.format_message().split()).removeprefix("Value error, ").rstrip(".")
+        _stderr(f"error: {msg.replace(': Value error, ', ': ')}{hint}")
+        sys.exit(exc.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _is_click_error(exc: Exception) -> bool:
+    """A click (or typer's vendored click) ClickException: a usage error with a message and an exit code."""
+    return any(c.__name__ == "ClickException" for c in type(exc).__mro__) and hasattr(exc, "format_message")
 
 
 if __name__ == "__main__":

@@ -144,3 +144,27 @@ def test_explain_header_names_every_column(tmp_path):
     assert "thr: threads per channel" in header and "busbw GB/s" in header
     (row,) = [l.split() for l in p.stdout.splitlines() if l and not l.startswith("#")]
     assert float(row[5]) + float(row[6]) + float(row[9]) + float(row[13]) == pytest.approx(float(row[11]), abs=0.2)
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["simulate", "--gpus", "abc"], r"^error: Invalid value for '--gpus': .*integer \(see '.* simulate --help'\)$"),
+    (["simulate", "--bogus"], r"^error: No such option: --bogus"),
+    (["simulatee"], r"^error: No such command 'simulatee'\. Did you mean 'simulate'\?"),
+    (["collective"], r"^error: Missing argument 'op' \(see"),
+    (["simulate", "--mode", "half"], r"^error: Invalid value for '--mode': 'half' is not one of 'reduced', 'full' \(see"),
+    (["simulate", "--findings-budget-s", "-1"], r"^error: Invalid value for '--findings-budget-s'"),
+])
+def test_usage_errors_are_one_line(tmp_path, args, pattern):
+    # Were click's multi-line usage panel (Usage:, Try ..., a boxed Error); README: every bad input is one line.
+    assert_one_line_error(clustersim(args, tmp_path), pattern)
+
+
+def test_help_version_and_no_arguments_keep_their_exit_status(tmp_path):
+    assert clustersim(["simulate", "--help"], tmp_path).returncode == 0
+    v = clustersim(["--version"], tmp_path)
+    assert v.returncode == 0 and v.stdout.startswith("clustersim ")
+    bare = clustersim([], tmp_path)
+    assert bare.returncode == 2 and "simulate" in bare.stdout + bare.stderr  # the command list, as before
+    # a command's own exit status (trace info ends with typer.Exit(2) on a bad path)
+    missing = clustersim(["trace", "info", "nope.json"], tmp_path)
+    assert_one_line_error(missing, r"^error: 'nope\.json' does not exist")
