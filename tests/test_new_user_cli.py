@@ -168,3 +168,13 @@ def test_help_version_and_no_arguments_keep_their_exit_status(tmp_path):
     # a command's own exit status (trace info ends with typer.Exit(2) on a bad path)
     missing = clustersim(["trace", "info", "nope.json"], tmp_path)
     assert_one_line_error(missing, r"^error: 'nope\.json' does not exist")
+
+
+def test_validate_op_table_leaves_out_dimensions_with_no_time(tmp_path):
+    # A one-GPU table printed six rows of "0.00 ms | 0.00 ms | -" (tp, cp, ep, pp, dp, bubble).
+    n = DATA / "reference" / "neusight" / "NVIDIA_H100_80GB_HBM3"
+    s = DATA / "scenarios" / "neusight"
+    p = clustersim(["validate", n / "gpt2_large-train-1024-4.csv", "--scenario", s / "gpt2_large-h100-1024-4.yaml"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "exposed comm" not in p.stdout and "compute gemm" in p.stdout
+    assert "nothing measured or predicted, not shown: tp, cp, ep, pp, dp, bubble" in " ".join(p.stdout.split())

@@ -568,13 +568,17 @@ def print_trace_validation(res: dict[str, Any]) -> None:
     t.add_section()
     for name, r in res["op_classes"].items():
         t.add_row(f"compute {name}", _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
-    t.add_section()
-    for name, r in res["exposed_comm"].items():
-        t.add_row(f"exposed comm {name}", _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
-    r = res["bubble"]
-    t.add_row("bubble", _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
+    rows = [(f"exposed comm {name}", r) for name, r in res["exposed_comm"].items()] + [("bubble", res["bubble"])]
+    # A dimension the run does not use (cp on one GPU) has nothing measured or predicted: a row of zeros says nothing.
+    shown = [(label, r) for label, r in rows if r["measured_time_s"] or r["predicted_time_s"]]
+    if shown:
+        t.add_section()
+    for label, r in shown:
+        t.add_row(label, _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
     con.print(t)
-    con.print("per class, dimension and bubble: seconds per step on one rank, mean over ranks")
+    hidden = [label.removeprefix("exposed comm ") for label, r in rows if (label, r) not in shown]
+    con.print("per class, dimension and bubble: seconds per step on one rank, mean over ranks"
+              + (f"; nothing measured or predicted, not shown: {', '.join(hidden)}" if hidden else ""))
     for n in res["notes"]:
         con.print(f"note: {n}")
 
