@@ -107,11 +107,13 @@ def _print_rich(info: dict[str, Any]) -> None:
     con = Console()
     con.print(f"[bold]{for_rich(info['kind'])}[/bold]: {for_rich(', '.join(info['files'][:4]))}{' ...' if len(info['files']) > 4 else ''}")
     ranks = info["ranks"]
+    # An nccl-tests log has no timeline: its "span" is the sum of the rows' times.
+    span = "sum of row times" if info["kind"] == "nccl-tests" else "span"
     con.print(f"ranks: {len(ranks)} {ranks if len(ranks) <= 16 else str(ranks[:16])[:-1] + ', ...]'}"
-              f"   world size: {info.get('world_size') or '?'}   span: {info['span_us'] / 1e3:.3f} ms")
+              f"   world size: {info.get('world_size') or '?'}   {span}: {info['span_us'] / 1e3:.3f} ms")
     devs = sorted(set(info["devices"]))
-    con.print(f"devices: {for_rich(', '.join(devs)) if devs else '?'}")
-    if info["op_classes"]:
+    con.print(f"devices: {for_rich(', '.join(devs)) if devs else '? (not named in the input)'}")
+    if info["op_classes"] and info["kind"] != "nccl-tests":  # one class, all of it communication
         t = Table(title="op classes")
         t.add_column("class")
         t.add_column("total ms", justify="right")
