@@ -169,24 +169,24 @@ def _megatron_vpp(sc, layers_per_chunk: int) -> int:
 def simulate(
     scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML; the built-in Llama-3-70B / 1,024 H100 default when omitted."),
     # --- what runs where
-    model: Optional[str] = typer.Option(None, "--model", help="Model preset (llama3-8b, llama3-70b, gpt3-175b, mixtral-8x7b, deepseek-v3, ...) or a HuggingFace config.json.", rich_help_panel="Model and cluster"),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile: a shipped name (h100-sxm-80gb, a100-sxm-80gb) or a path to a profile JSON.", rich_help_panel="Model and cluster"),
-    topology: Optional[str] = typer.Option(None, "--topology", help="Topology: a shipped name (dgx-h100-fattree, dgx-h100-rail, ...) or a path to a topology YAML.", rich_help_panel="Model and cluster"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs in the job (= tp x cp x pp x dp).", rich_help_panel="Model and cluster"),
+    model: Optional[str] = typer.Option(None, "--model", help="Model preset (llama3-8b, llama3-70b, llama3-405b, gpt3-175b, mixtral-8x7b, deepseek-v3, ...) or a HuggingFace config.json. Default: the scenario's; built-in llama3-70b.", rich_help_panel="Model and cluster"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile: a shipped name (h100-sxm-80gb, h200-sxm-141gb, b200, gb200, a100-sxm-80gb, ...) or a path to a profile JSON. Default: the scenario's; built-in h100-sxm-80gb.", rich_help_panel="Model and cluster"),
+    topology: Optional[str] = typer.Option(None, "--topology", help="Topology: a shipped name (dgx-h100-fattree, dgx-h100-rail, gb200-nvl72, ...) or a path to a topology YAML. Default: the scenario's; built-in dgx-h100-fattree.", rich_help_panel="Model and cluster"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs in the job (= tp x cp x pp x dp). Default: the scenario's; built-in 1024.", rich_help_panel="Model and cluster"),
     # --- parallel layout (Megatron-LM's long names work too)
-    tp: Optional[int] = typer.Option(None, "--tp", "--tensor-model-parallel-size", help="Tensor-parallel size: GPUs that split each layer's matrices.", rich_help_panel="Parallelism"),
-    pp: Optional[int] = typer.Option(None, "--pp", "--pipeline-model-parallel-size", help="Pipeline-parallel size: stages the layers are split into.", rich_help_panel="Parallelism"),
+    tp: Optional[int] = typer.Option(None, "--tp", "--tensor-model-parallel-size", help="Tensor-parallel size: GPUs that split each layer's matrices. Default: the scenario's; built-in 8.", rich_help_panel="Parallelism"),
+    pp: Optional[int] = typer.Option(None, "--pp", "--pipeline-model-parallel-size", help="Pipeline-parallel size: stages the layers are split into. Default: the scenario's; built-in 8.", rich_help_panel="Parallelism"),
     vpp: Optional[int] = typer.Option(None, "--vpp", "--virtual-pipeline-model-parallel-size", help="Virtual pipeline stages (model chunks) per pipeline rank; > 1 selects interleaved-1f1b unless --schedule is given.", rich_help_panel="Parallelism"),
     layers_per_virtual_stage: Optional[int] = typer.Option(None, "--num-layers-per-virtual-pipeline-stage", help="Megatron's way to give vpp: layers per model chunk; vpp = num_layers / (pp x this).", rich_help_panel="Parallelism"),
-    cp: Optional[int] = typer.Option(None, "--cp", "--context-parallel-size", help="Context-parallel size: GPUs that split each sequence.", rich_help_panel="Parallelism"),
-    ep: Optional[int] = typer.Option(None, "--ep", "--expert-model-parallel-size", help="Expert-parallel size (MoE), carved out of dp.", rich_help_panel="Parallelism"),
+    cp: Optional[int] = typer.Option(None, "--cp", "--context-parallel-size", help="Context-parallel size: GPUs that split each sequence (default 1).", rich_help_panel="Parallelism"),
+    ep: Optional[int] = typer.Option(None, "--ep", "--expert-model-parallel-size", help="Expert-parallel size (MoE), carved out of dp (default 1).", rich_help_panel="Parallelism"),
     dp: Optional[int] = typer.Option(None, "--dp", "--data-parallel-size", help="Data-parallel size; derived as gpus / (tp x cp x pp) when omitted.", rich_help_panel="Parallelism"),
     zero: Optional[int] = typer.Option(None, "--zero", help=f"ZeRO stage: 0 replicated (DDP), 1 + optimizer sharded, 2 + gradients, 3 + parameters (FSDP); {DEFAULT_ZERO_HELP}.", rich_help_panel="Parallelism"),
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism with tp > 1 (default on).", rich_help_panel="Parallelism"),
     # --- batch
-    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Sequences per microbatch per data-parallel rank.", rich_help_panel="Batch"),
-    global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size", help="Sequences per optimizer step, all data-parallel ranks together (tokens = this x seq-length).", rich_help_panel="Batch"),
-    seq_length: Optional[int] = typer.Option(None, "--seq-length", help="Tokens per sequence.", rich_help_panel="Batch"),
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Sequences per microbatch per data-parallel rank (default 1).", rich_help_panel="Batch"),
+    global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size", help="Sequences per optimizer step, all data-parallel ranks together (tokens = this x seq-length). Default: the scenario's; built-in 2048.", rich_help_panel="Batch"),
+    seq_length: Optional[int] = typer.Option(None, "--seq-length", help="Tokens per sequence. Default: the scenario's; built-in 8192.", rich_help_panel="Batch"),
     recompute: Optional[Recompute] = typer.Option(None, "--recompute", "--recompute-granularity", help="Activation recomputation: none (default), selective (attention core) or full (whole layers).", rich_help_panel="Batch"),
     schedule: Optional[str] = typer.Option(None, "--schedule", help="Pipeline schedule: 1f1b (default), gpipe, interleaved-1f1b, zb-h1, zbv, dualpipe, dualpipev.", rich_help_panel="Batch"),
     schedule_file: Optional[Path] = typer.Option(None, "--schedule-file", help="A torchtitan-style schedule CSV (overrides --schedule).", rich_help_panel="Batch"),
@@ -206,23 +206,23 @@ def simulate(
     dashboard: Optional[str] = typer.Option(None, "--dashboard", metavar="[PATH]", help="Write the HTML dashboard (to PATH, or dashboards/<name>.html). Written by default without --json."),
     no_dashboard: bool = typer.Option(False, "--no-dashboard", help="Write no dashboard."),
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
-    perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write a Perfetto / Chrome trace JSON here."),
-    report_json: Optional[Path] = typer.Option(None, "--report", help="Also write the full report JSON here."),
+    perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write a Perfetto / Chrome trace JSON to this path (open in ui.perfetto.dev)."),
+    report_json: Optional[Path] = typer.Option(None, "--report", help="Also write the full report JSON to this path (input to clustersim compare)."),
     findings_budget_s: float = typer.Option(20.0, "--findings-budget-s", min=0.0, help="Seconds the findings may spend re-simulating their suggestions (0: none, findings from the model alone)."),
     # --- what-if (simulator.whatif; the scenario's perturbations: section) ---
-    slow_gpu: list[str] = typer.Option([], "--slow-gpu", help="What-if: RANK=SPEED or node:N=SPEED (repeatable), e.g. 3=0.8."),
-    slow_link: list[str] = typer.Option([], "--slow-link", help="What-if: LINK=BANDWIDTH (repeatable): a link name, uplink:LEAF, nic:N, node:N, rail:R, tier:NAME."),
+    slow_gpu: list[str] = typer.Option([], "--slow-gpu", help="What-if: RANK=SPEED or node:N=SPEED (repeatable), SPEED a fraction of nominal compute speed, e.g. 3=0.8."),
+    slow_link: list[str] = typer.Option([], "--slow-link", help="What-if: LINK=BANDWIDTH (repeatable), BANDWIDTH a fraction of nominal; LINK a link name, uplink:LEAF, nic:N, node:N, rail:R or tier:NAME, e.g. nic:3=0.5."),
     fail_node: list[int] = typer.Option([], "--fail-node", help="What-if: a node that fails (repeatable); goodput from --mtbf-hours etc."),
-    failure_policy: Optional[str] = typer.Option(None, "--failure-policy", help="What-if: restart (from checkpoint) or spares."),
+    failure_policy: Optional[str] = typer.Option(None, "--failure-policy", help="What-if: restart (from the last checkpoint; default) or spares (a hot spare node takes over)."),
     mtbf_hours: Optional[float] = typer.Option(None, "--mtbf-hours", help="What-if: MTBF of one GPU, hours (default 50,000, Llama 3)."),
-    checkpoint_interval_s: Optional[float] = typer.Option(None, "--checkpoint-interval-s", help="What-if: work between checkpoints, s."),
-    checkpoint_cost_s: Optional[float] = typer.Option(None, "--checkpoint-cost-s", help="What-if: time to write a checkpoint, s."),
-    restart_cost_s: Optional[float] = typer.Option(None, "--restart-cost-s", help="What-if: time to restart after a failure, s."),
-    jitter: Optional[float] = typer.Option(None, "--jitter", help="What-if: CV of seeded noise per kernel (e.g. 0.05)."),
-    jitter_target: Optional[str] = typer.Option(None, "--jitter-target", help="What-if: kernel, collective or both."),
-    seeds: Optional[int] = typer.Option(None, "--seeds", help="What-if: steps (one per seed) for the P50/P90/P99 step time."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="What-if: first jitter seed."),
-    jitter_granularity: Optional[str] = typer.Option(None, "--jitter-granularity", help="What-if: group (every TP group) or stage (cheaper)."),
+    checkpoint_interval_s: Optional[float] = typer.Option(None, "--checkpoint-interval-s", help="What-if: work between checkpoints, s (default 1800)."),
+    checkpoint_cost_s: Optional[float] = typer.Option(None, "--checkpoint-cost-s", help="What-if: blocking time to write a checkpoint, s (default 60)."),
+    restart_cost_s: Optional[float] = typer.Option(None, "--restart-cost-s", help="What-if: time to restart after a failure, s (default 600)."),
+    jitter: Optional[float] = typer.Option(None, "--jitter", help="What-if: coefficient of variation of seeded lognormal noise on each duration, e.g. 0.05 (5%)."),
+    jitter_target: Optional[str] = typer.Option(None, "--jitter-target", help="What-if: what --jitter applies to: kernel (default), collective or both."),
+    seeds: Optional[int] = typer.Option(None, "--seeds", help="What-if: steps (one per seed) for the P50/P90/P99 step time (default 1)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="What-if: first jitter seed (default 0)."),
+    jitter_granularity: Optional[str] = typer.Option(None, "--jitter-granularity", help="What-if: jitter drawn per group (every TP x CP group; default) or per stage (about dp times cheaper)."),
 ) -> None:
     """Simulate one training step and print the prediction.
 
@@ -347,11 +347,14 @@ def print_summary(report, scenario=None) -> None:
     t.add_row("pipeline bubble", f"{report.bubble_fraction:.1%} (worst stage {report.bubble_fraction_worst:.1%})")
     from simulator.report.analysis import breakdown_lines
 
-    for label, value in breakdown_lines(report):
+    breakdown = breakdown_lines(report)
+    for label, value in breakdown:
         t.add_row(label, value)
-    for dim, v in report.exposed_comm_s.items():
-        if v > 0:
-            t.add_row(f"exposed {dim} comm", f"{v:.3f} s ({v / report.step_time_s:.1%})")
+    if not breakdown:
+        # The breakdown's "+ exposed <dim>" rows already say this; a report without one still does.
+        for dim, v in report.exposed_comm_s.items():
+            if v > 0:
+                t.add_row(f"exposed {dim} comm", f"{v:.3f} s ({v / report.step_time_s:.1%})")
     fit = "fits" if report.fits_in_memory else "[red]DOES NOT FIT[/red]"
     t.add_row("peak memory", f"{report.peak_memory_gib:.1f} GiB of {report.memory_capacity_gib:.1f} ({fit})")
     for link, n in group_links(report.busiest_links)[:3]:
@@ -377,13 +380,34 @@ def main() -> None:
     the command and is printed here as one line.
     """
     try:
-        app()
+        # Not standalone: click's usage errors (a bad flag, a value of the wrong type) come here, to be
+        # printed as one line like every other bad input instead of a multi-line panel.
+        rv = app(standalone_mode=False)
     except UserError as exc:
         _stderr(f"error: {exc}")
         sys.exit(2)
     except KeyboardInterrupt:
         _stderr("interrupted")
         sys.exit(130)
+    except Exception as exc:
+        if type(exc).__name__ == "Abort":  # click's Ctrl-C / EOF at a prompt
+            _stderr("interrupted")
+            sys.exit(130)
+        if not _is_click_error(exc):
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            sys.exit(exc.exit_code)  # the help was printed when it was raised
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        msg = " ".join(exc.format_message().split()).removeprefix("Value error, ").rstrip(".")
+        _stderr(f"error: {msg.replace(': Value error, ', ': ')}{hint}")
+        sys.exit(exc.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _is_click_error(exc: Exception) -> bool:
+    """A click (or typer's vendored click) ClickException: a usage error with a message and an exit code."""
+    return any(c.__name__ == "ClickException" for c in type(exc).__mro__) and hasattr(exc, "format_message")
 
 
 if __name__ == "__main__":

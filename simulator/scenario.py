@@ -492,7 +492,9 @@ def model_from_hf_config(path: Path) -> ModelConfig:
         raise UserError(
             f"model_type {mt!r} in {str(path)!r} is not supported: supported are {', '.join(HF_MODEL_TYPES)}"
         )
-    name = cfg.get("_name_or_path") or path.parent.name or path.stem
+    # A hub download is <model>/config.json: the folder names the model; any other file names it itself
+    # (tests/data/hf/mistral.json is "mistral", not "hf").
+    name = cfg.get("_name_or_path") or (path.parent.name if path.name == "config.json" and path.parent.name else path.stem)
 
     def whole(key: str, value: Any) -> int:
         # HF configs hold JSON numbers; a quoted "768" would otherwise multiply as text (4 * "768").
@@ -712,6 +714,14 @@ def _valid_without_data(dotted: str) -> bool:
     return False
 
 
+def _did_you_mean(word: str, choices) -> str:
+    """' (did you mean 'zero'?)' for a near miss among ``choices``, else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def check_override_path(dotted: str, data: dict[str, Any]) -> None:
     """Raise UserError unless ``dotted`` names a field of the scenario (profiles and topologies
     included); the message lists the valid keys where the path went wrong."""
@@ -726,7 +736,8 @@ def check_override_path(dotted: str, data: dict[str, Any]) -> None:
         fields = {name: f for m in models for name, f in m.model_fields.items()}
         if parts[i] not in fields:
             where = f"under {here!r}" if here else "at the top level"
-            raise UserError(f"unknown key {'.'.join(parts[: i + 1])!r}: valid keys {where} are {', '.join(sorted(fields))}")
+            raise UserError(f"unknown key {'.'.join(parts[: i + 1])!r}{_did_you_mean(parts[i], fields)}: "
+                            f"valid keys {where} are {', '.join(sorted(fields))}")
         if i == len(parts) - 1:
             return
         ann = fields[parts[i]].annotation
@@ -736,8 +747,8 @@ def check_override_path(dotted: str, data: dict[str, Any]) -> None:
             node = _get_dotted(data, ".".join(parts[: i + 1]))
             if isinstance(node, dict) and parts[i + 1] not in node:
                 raise UserError(
-                    f"unknown key {'.'.join(parts[: i + 2])!r}: valid keys under {'.'.join(parts[: i + 1])!r} "
-                    f"are {', '.join(sorted(node))}"
+                    f"unknown key {'.'.join(parts[: i + 2])!r}{_did_you_mean(parts[i + 1], node)}: valid keys under "
+                    f"{'.'.join(parts[: i + 1])!r} are {', '.join(sorted(node))}"
                 )
             if i + 1 == len(parts) - 1:
                 return

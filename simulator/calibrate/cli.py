@@ -42,7 +42,8 @@ def calibrate_command(
         prof = prof.model_copy(update={"name": name or out.stem})
         write_atomic(out, prof.model_dump_json(indent=2, exclude_none=True) + "\n")
         km = prof.compute.kernels
-        print(f"{prof.name}: {prof.device}: GEMM efficiency {km.gemm_efficiency}, k overhead {km.gemm_k_overhead:.1f}, "
+        print(f"{prof.name}: {prof.device}: GEMM efficiency {', '.join(f'{k} {v:.2f}' for k, v in km.gemm_efficiency.items())}, "
+              f"K overhead {km.gemm_k_overhead:.1f} (per-tile cost, in elements of K), "
               f"launch floor {km.launch_floor_us:.1f} us, HBM efficiency {', '.join(f'{k} {v:.2f}' for k, v in km.mem_efficiency.items())}; "
               f"median |op error| {', '.join(f'{k} {v:.0%}' for k, v in (km.fit_error or {}).items())}; wrote {out}", file=sys.stderr)
         if km.fit_source and "low confidence" in km.fit_source:

@@ -430,6 +430,16 @@ SET_NOTES = {
 }
 
 
+def published_set_name(name: str) -> str:
+    """The set's name for NAME, which may also be its shipped file's stem (megatron-2021-table1)."""
+    if name in PUBLISHED:
+        return name
+    for key, file in PUBLISHED.items():
+        if name == Path(file).stem:
+            return key
+    raise UserError(f"unknown published set {name!r}: use one of {', '.join(PUBLISHED)}")
+
+
 def read_table(name: str) -> list[dict[str, str]]:
     if name not in PUBLISHED:
         raise UserError(f"unknown published set {name!r}: use one of {', '.join(PUBLISHED)}")
@@ -476,7 +486,7 @@ def print_published(v: PublishedValidation, max_rows: int | None = None) -> None
     cols = ["run", "GPUs", "published s", "predicted s", "error"]
     tflops = any(r.published_tflops_per_gpu is not None for r in v.rows)
     if tflops:
-        cols += ["published TFLOP/s", "predicted TFLOP/s"]
+        cols += ["published TFLOP/s per GPU", "predicted TFLOP/s per GPU"]
     setup = any(not r.stated or r.note for r in v.rows)
     if setup:
         cols += ["setup"]

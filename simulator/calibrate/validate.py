@@ -278,10 +278,10 @@ def print_validation(res: dict[str, Any]) -> None:
 
 
 def validate_command(
-    bundle: Annotated[Optional[Path], typer.Argument(help="Trace bundle of the train workload (traces/<name>).")] = None,
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Profile: a shipped name or a path to a profile JSON.")] = None,
+    bundle: Annotated[Optional[Path], typer.Argument(help="What was measured: a trace bundle of the train workload (traces/<name>), or with --scenario a Kineto trace, a per-operator latency table (.csv, e.g. NeuSight's) or a step JSON.")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Profile: a shipped name or a path to a profile JSON. A bundle needs one; a trace or op table without it is fitted from itself (a self-consistency check).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object.")] = False,
-    published: Annotated[Optional[str], typer.Option("--published", help="Validate against a published table instead, e.g. megatron-2021.")] = None,
+    published: Annotated[Optional[str], typer.Option("--published", help="Validate against a published table instead: megatron-2021, torchtitan-2024 or vtrain-single-node.")] = None,
     topology: Annotated[Optional[str], typer.Option("--topology", help="Topology to simulate on; default from the bundle's host kind.")] = None,
     scenario: Annotated[Optional[Path], typer.Option("--scenario", help="Scenario the measurement ran (needed for op tables and step files).")] = None,
 ) -> None:
@@ -290,7 +290,9 @@ def validate_command(
     if published is not None:
         if bundle is not None:
             raise UserError(f"give either a bundle ({str(bundle)!r}) or --published {published!r}, not both")
-        from simulator.calibrate.published import print_published, validate_published
+        from simulator.calibrate.published import print_published, published_set_name, validate_published
+
+        published = published_set_name(published)
 
         from simulator.progress import progress_wanted
 
@@ -566,13 +568,17 @@ def print_trace_validation(res: dict[str, Any]) -> None:
     t.add_section()
     for name, r in res["op_classes"].items():
         t.add_row(f"compute {name}", _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
-    t.add_section()
-    for name, r in res["exposed_comm"].items():
-        t.add_row(f"exposed comm {name}", _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
-    r = res["bubble"]
-    t.add_row("bubble", _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
+    rows = [(f"exposed comm {name}", r) for name, r in res["exposed_comm"].items()] + [("bubble", res["bubble"])]
+    # A dimension the run does not use (cp on one GPU) has nothing measured or predicted: a row of zeros says nothing.
+    shown = [(label, r) for label, r in rows if r["measured_time_s"] or r["predicted_time_s"]]
+    if shown:
+        t.add_section()
+    for label, r in shown:
+        t.add_row(label, _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
     con.print(t)
-    con.print("per class, dimension and bubble: seconds per step on one rank, mean over ranks")
+    hidden = [label.removeprefix("exposed comm ") for label, r in rows if (label, r) not in shown]
+    con.print("per class, dimension and bubble: seconds per step on one rank, mean over ranks"
+              + (f"; nothing measured or predicted, not shown: {', '.join(hidden)}" if hidden else ""))
     for n in res["notes"]:
         con.print(f"note: {n}")
 

@@ -199,12 +199,13 @@ def format_explain(op: str, gpus: int, rows: list[dict], model: Any = None) -> s
     if model is not None and gpus > 1:
         _, n_nodes, _ = model.shape(np.arange(gpus))
         lines.append(f"# {n_nodes} node(s): {model.system.protocols_note(n_nodes)}")
-    lines += [f"# {op} on {gpus} GPUs: NCCL's choice per size (time = latency + pipeline fill + size / bandwidth; "
-             "busbw = algbw x bus factor; fill: Simple store-and-forward stages x slice time, unit = slice bytes per channel; "
-             "lat us: NCCL's latency terms (calibrated) and the launch floor; chan us: the measured cost per channel launched x channels, part of the time)",
-             f"#{'size (B)':>13} {'algorithm':>15} {'proto':>6} {'ch':>3} {'thr':>4} {'lat us':>9} {'fill us':>8} {'stages':>6} "
-             f"{'unit B':>8} {'bw-term us':>11} "
-             f"{'model GB/s':>10} {'time us':>10} {'busbw':>8} {'chan us':>8}   runner-up"]
+    lines += [f"# {op} on {gpus} GPUs: NCCL's choice per size; time us = lat us + fill us + bw-term us + chan us",
+              "#   lat us: NCCL's latency terms (calibrated) and the launch floor; chan us: measured cost per channel x ch",
+              "#   fill us: Simple's store-and-forward stages x slice time (unit B: slice bytes per channel); bw-term us: size / model GB/s",
+              "#   ch: channels; thr: threads per channel; busbw GB/s = algbw x bus factor (as nccl-tests); runner-up: the next-fastest choice",
+              f"#{'size (B)':>13} {'algorithm':>15} {'proto':>6} {'ch':>3} {'thr':>4} {'lat us':>9} {'fill us':>8} {'stages':>6} "
+              f"{'unit B':>8} {'bw-term us':>11} "
+              f"{'model GB/s':>10} {'time us':>10} {'busbw':>8} {'chan us':>8}   runner-up"]
     for r in rows:
         c = r.get("nccl")
         if c is None:

@@ -305,7 +305,9 @@ def compare_command(
     with progress("compare") as phase:
         if b is None:
             # What-if: the scenario without its perturbations (A) against with them (B).
-            side_b = load_side("B", a, mode.value, phase)
+            # Errors name the file as the user gave it (A); the perturbed run is then shown as B.
+            side_b = load_side("A", a, mode.value, phase)
+            side_b.label = "B"
             if side_b.result is None or side_b.result.clean is None:
                 raise UserError(f"A = {str(a)!r} has no perturbations: give B, or add a perturbations: section to A")
             clean = side_b.result.clean

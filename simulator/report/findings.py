@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 # Thresholds that make a finding worth a line; shares of the step unless named otherwise.
 BUBBLE_SHARE = 0.10  # pipeline bubble (imbalance excluded)
 IMBALANCE_SHARE = 0.03  # slowest stage's compute over the mean, beyond which a re-split is proposed
+NO_GAIN_SHARE = 0.002  # a simulated step shorter by less than this is no gain: the suggestion is not advised
 DP_SHARE = 0.03  # exposed dp communication
 SLOW_LINK_SHARE = 0.01  # exposed comm of a dimension whose groups cross nodes
 RESIM_BUDGET_S = 20.0  # wall time the re-simulations of one report may take in all
@@ -315,6 +316,14 @@ def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | 
                          note=f"slowest stage {new_max * 1e3:.1f} ms instead of {now_max * 1e3:.1f} ms per microbatch "
                               "(program's per-layer compute; not simulated)"), budget.simulate(over))
     moved = [f"pp {i} {c:+d}" for i, c in enumerate(np.array(split) - np.array(current)) if c]
+    if s.simulated and s.predicted_step_s is not None and s.predicted_step_s > rep.step_time_s * (1 - NO_GAIN_SHARE):
+        # The per-layer compute says the split helps, the simulation says the step does not: do not advise it.
+        msg = (f"imbalance: pp rank {slow} computes {comp[slow] / mean - 1:.1%} more than the mean "
+               f"({comp[slow]:.3f} s vs {mean:.3f} s); imbalance costs {rep.step_breakdown_s.get('imbalance', 0.0):.3f} s "
+               f"of the step. Moving layers ({', '.join(moved)} layers) lowers the slowest stage "
+               f"{now_max * 1e3:.1f} → {new_max * 1e3:.1f} ms per microbatch but not the step: {_sim_text(s, rep.step_time_s)}; "
+               f"keep pp_layer_split {current}.")
+        return Finding("imbalance", msg, comp[slow] / mean - 1, [s])
     msg = (f"imbalance: pp rank {slow} computes {comp[slow] / mean - 1:.1%} more than the mean "
            f"({comp[slow]:.3f} s vs {mean:.3f} s); imbalance costs {rep.step_breakdown_s.get('imbalance', 0.0):.3f} s "
            f"of the step. Move layers ({', '.join(moved)} layers): pp_layer_split {current} → {split}, slowest stage "

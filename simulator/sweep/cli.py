@@ -30,6 +30,13 @@ def _flag_axes(**flags: Optional[str]) -> dict[str, list]:
     axes = {}
     for name, raw in flags.items():
         vals = parse_list(name.replace("_", "-"), raw, kinds.get(name, int))
+        if vals is not None and kinds.get(name, int) is int:
+            # A size below 1 (a ZeRO stage below 0) is a typo, not a layout to prune.
+            least = 0 if name == "zero" else 1
+            for v in vals:
+                if v < least:
+                    raise UserError(f"--{name.replace('_', '-')} value {v} must be at least {least}: "
+                                    f"write e.g. --{name.replace('_', '-')} {'0,1,3' if name == 'zero' else '2,4,8'}")
         if vals is not None:
             axes[name] = vals
     return axes
@@ -74,7 +81,11 @@ def sweep_command(
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
 ) -> None:
-    """Search parallel layouts: prune, estimate every point, simulate the best, store and rank them."""
+    """Search parallel layouts: prune, estimate every point, simulate the best, store and rank them.
+
+    Without a space file the base is the built-in default scenario (Llama-3-70B, 1,024 H100, TP8 PP8,
+    global batch 2,048 x 8,192 tokens); the flags' axes vary it.
+    """
     from simulator.scenario import default_scenario_dict
     from simulator.sweep.runner import run_sweep
     from simulator.sweep.space import Constraints, apply_fixed, load_space, make_spec
@@ -109,6 +120,8 @@ def sweep_command(
         spec.constraints.min_gpus = min_gpus
     if executor == Executor.dask and not scheduler:
         raise UserError("--executor dask needs --scheduler tcp://HOST:8786 (the address of a running dask scheduler)")
+    if top_k is not None and top_k < 1:
+        raise UserError(f"--top-k {top_k} must be at least 1 (points to simulate); --estimate-only simulates none")
     if workers is not None and workers < 1:
         raise UserError(f"--workers {workers} must be at least 1")
     if batch_size is not None and batch_size < 1:

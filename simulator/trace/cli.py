@@ -76,6 +76,8 @@ def summarise_nccl_tests(res: NcclTestsResult, path: Path) -> dict[str, Any]:
         colls.append({
             "name": str(name), "count": int(len(grp)), "bytes": int(size),
             "group_size": res.nranks, "busbw_GBps": float(grp["busbw_GBps"].max()),
+            # the fastest of the size's rows (out-of-place, in-place), as busbw is the best of them
+            "time_us": float(grp["time_us"].min()), "total_us": round(float(grp["time_us"].sum()), 3),
         })
     return {
         "kind": "nccl-tests",
@@ -105,11 +107,13 @@ def _print_rich(info: dict[str, Any]) -> None:
     con = Console()
     con.print(f"[bold]{for_rich(info['kind'])}[/bold]: {for_rich(', '.join(info['files'][:4]))}{' ...' if len(info['files']) > 4 else ''}")
     ranks = info["ranks"]
+    # An nccl-tests log has no timeline: its "span" is the sum of the rows' times.
+    span = "sum of row times" if info["kind"] == "nccl-tests" else "span"
     con.print(f"ranks: {len(ranks)} {ranks if len(ranks) <= 16 else str(ranks[:16])[:-1] + ', ...]'}"
-              f"   world size: {info.get('world_size') or '?'}   span: {info['span_us'] / 1e3:.3f} ms")
+              f"   world size: {info.get('world_size') or '?'}   {span}: {info['span_us'] / 1e3:.3f} ms")
     devs = sorted(set(info["devices"]))
-    con.print(f"devices: {for_rich(', '.join(devs)) if devs else '?'}")
-    if info["op_classes"]:
+    con.print(f"devices: {for_rich(', '.join(devs)) if devs else '? (not named in the input)'}")
+    if info["op_classes"] and info["kind"] != "nccl-tests":  # one class, all of it communication
         t = Table(title="op classes")
         t.add_column("class")
         t.add_column("total ms", justify="right")
@@ -118,7 +122,16 @@ def _print_rich(info: dict[str, Any]) -> None:
         for c, us in info["op_classes"].items():
             t.add_row(for_rich(c), f"{us / 1e3:.3f}", f"{100 * us / total:.1f}%")
         con.print(t)
-    if info["collectives"]:
+    if info["collectives"] and info["kind"] == "nccl-tests":
+        # One row per message size, as nccl-tests prints them (no waiting: nccl-tests times whole calls).
+        t = Table(title="collectives")
+        for col in ("name", "size", "ranks", "rows", "time us", "busbw GB/s"):
+            t.add_column(col, justify="left" if col == "name" else "right")
+        for c in info["collectives"]:
+            t.add_row(for_rich(c["name"]), _fmt_bytes(c["bytes"]), str(c["group_size"] or "?"), str(c["count"]),
+                      f"{c['time_us']:.1f}", f"{c['busbw_GBps']:.2f}")
+        con.print(t)
+    elif info["collectives"]:
         t = Table(title="collectives")
         for col, just in (("name", "left"), ("message", "right"), ("group", "right"), ("count", "right"),
                           ("total ms", "right"), ("waiting ms", "right")):

@@ -1,0 +1,180 @@
+"""Bugs a new user met walking the README (second pass): each pinned at the CLI or library level.
+
+CLI cases run `python -m simulator.cli` in a subprocess from a temporary folder, so the exit status,
+stderr and the files left behind are those of `clustersim` itself.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator.calibrate.published import PUBLISHED, published_set_name
+from simulator.errors import UserError
+from simulator.scenario import load_scenario, model_from_hf_config
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data"
+NCCL_LOG = DATA / "reference" / "nccl-tests" / "p4de-2nodes-16gpu_all_reduce_perf.txt"
+
+
+def clustersim(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="160")
+    return subprocess.run([sys.executable, "-m", "simulator.cli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess, pattern: str) -> None:
+    import re
+
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+    assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_trace_info_on_an_nccl_tests_log_prints_sizes_not_a_traceback(tmp_path):
+    # Was KeyError 'total_us': the rich table expected a trace's collectives.
+    p = clustersim(["trace", "info", NCCL_LOG], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    assert "busbw GB/s" in p.stdout and "all_reduce" in p.stdout
+    # the largest size's best busbw, from the log (78.33 out-of-place, 78.33 in-place)
+    assert "78.33" in p.stdout
+
+
+def test_compare_whatif_names_the_missing_file_a(tmp_path):
+    # Was "B = 'nope.yaml' does not exist" for the one file the user gave (A).
+    p = clustersim(["compare", "nope.yaml"], tmp_path)
+    assert_one_line_error(p, r"^error: A = 'nope\.yaml' does not exist")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags, pattern", [
+    (["--gpus", "-64"], r"--gpus value -64 must be at least 1"),
+    (["--gpus", "64", "--tp", "0,2"], r"--tp value 0 must be at least 1"),
+    (["--gpus", "64", "--zero", "-1"], r"--zero value -1 must be at least 0"),
+    (["--gpus", "64", "--tp", "2,4", "--top-k", "0"], r"--top-k 0 must be at least 1"),
+])
+def test_sweep_sizes_below_one_are_errors(tmp_path, flags, pattern):
+    # Were pruned as infeasible points (exit 0); --top-k 0 silently became 20.
+    p = clustersim(["sweep", "--model", "llama3-8b", *flags, "--no-progress"], tmp_path)
+    assert_one_line_error(p, pattern)
+    assert list(tmp_path.iterdir()) == []  # no store, no dashboard
+
+
+def test_hf_config_named_after_its_file(tmp_path):
+    # Was "hf" (the folder) for tests/data/hf/mistral.json; a hub download <model>/config.json keeps the folder's name.
+    assert model_from_hf_config(DATA / "hf" / "mistral.json").name == "mistral"
+    folder = tmp_path / "Mistral-7B-v0.1"
+    folder.mkdir()
+    (folder / "config.json").write_text((DATA / "hf" / "mistral.json").read_text())
+    assert model_from_hf_config(folder / "config.json").name == "Mistral-7B-v0.1"
+
+
+def test_set_typo_suggests_the_field():
+    with pytest.raises(UserError, match=r"unknown key 'parallelism\.zer' \(did you mean 'zero'\?\): valid keys"):
+        load_scenario(None, {"parallelism.zer": 3})
+    with pytest.raises(UserError, match=r"unknown key 'batch\.seq_len' \(did you mean 'seq_length'\?\)"):
+        load_scenario(None, {"batch.seq_len": 4096})
+    with pytest.raises(UserError) as exc:
+        load_scenario(None, {"parallelism.foo": 1})
+    assert "did you mean" not in str(exc.value)
+
+
+def test_published_set_by_its_file_name():
+    assert published_set_name("megatron-2021-table1") == "megatron-2021"
+    assert all(published_set_name(Path(f).stem) == k for k, f in PUBLISHED.items())
+    with pytest.raises(UserError, match=r"unknown published set 'megatron-2022': use one of megatron-2021"):
+        published_set_name("megatron-2022")
+
+
+def test_calibrate_op_table_summary_is_rounded(tmp_path):
+    # Was a Python dict repr with 16 digits ({'fp32': 0.808242724076368}) and a unitless "k overhead".
+    table = DATA / "reference" / "neusight" / "NVIDIA_H100_80GB_HBM3" / "gpt2_large-train-1024-4.csv"
+    p = clustersim(["calibrate", table, "--out", "h100.json"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    line = next(x for x in p.stderr.splitlines() if "GEMM efficiency" in x)
+    assert "{" not in line and "K overhead" in line and "elements of K" in line
+    assert (tmp_path / "h100.json").exists()
+
+
+def test_imbalance_split_that_does_not_shorten_the_simulated_step_is_not_advised(monkeypatch):
+    # The default scenario printed "Move layers ... step 18.282 s (-0.0%, simulated)" and on 128 GB200
+    # "(+1.6%, simulated)": advice the simulation had just refuted.
+    from types import SimpleNamespace
+
+    from simulator.report import findings as F
+    from simulator.scenario import build_scenario
+    from simulator.simulate import simulate
+
+    base = {"name": "t", "model": "llama3-8b", "parallelism": {"tp": 2, "pp": 4, "zero": 1, "pp_layer_split": [5, 9, 9, 9]},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 4096},
+            "cluster": {"gpus": 64, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}
+    res = simulate(build_scenario(base))
+    step = res.report.step_time_s
+    worse = SimpleNamespace(step_time_s=step * 1.01, tokens_per_s=res.report.tokens_per_s / 1.01,
+                            peak_memory_gib=res.report.peak_memory_gib, fits_in_memory=True)
+    monkeypatch.setattr(F._Budget, "simulate", lambda self, overrides: worse)
+    f = {x["kind"]: x for x in F.attach(res, budget_s=10).report.findings}["imbalance"]
+    assert "but not the step" in f["message"] and "keep pp_layer_split [5, 9, 9, 9]" in f["message"]
+    assert "Move layers" not in f["message"] and "(+1.0%, simulated)" in f["message"]
+
+
+def test_summary_says_exposed_comm_once(tmp_path):
+    # The table printed each dimension twice: "+ exposed tp" in the breakdown and "exposed tp comm" below it.
+    scenario = DATA / "scenarios" / "small-llama.yaml"
+    p = clustersim(["simulate", scenario, "--no-dashboard", "--findings-budget-s", "0"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "+ exposed tp" in p.stdout and "exposed tp comm" not in p.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_explain_header_names_every_column(tmp_path):
+    p = clustersim(["collective", "all_reduce", "-g", "16", "--topology", "p4de-efa", "--gpu", "a100-sxm-80gb",
+                    "-b", "1M", "-e", "1M", "--explain"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    header = "\n".join(l for l in p.stdout.splitlines() if l.startswith("#"))
+    assert "time us = lat us + fill us + bw-term us + chan us" in header
+    assert "thr: threads per channel" in header and "busbw GB/s" in header
+    (row,) = [l.split() for l in p.stdout.splitlines() if l and not l.startswith("#")]
+    assert float(row[5]) + float(row[6]) + float(row[9]) + float(row[13]) == pytest.approx(float(row[11]), abs=0.2)
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["simulate", "--gpus", "abc"], r"^error: Invalid value for '--gpus': .*integer \(see '.* simulate --help'\)$"),
+    (["simulate", "--bogus"], r"^error: No such option: --bogus"),
+    (["simulatee"], r"^error: No such command 'simulatee'\. Did you mean 'simulate'\?"),
+    (["collective"], r"^error: Missing argument 'op' \(see"),
+    (["simulate", "--mode", "half"], r"^error: Invalid value for '--mode': 'half' is not one of 'reduced', 'full' \(see"),
+    (["simulate", "--findings-budget-s", "-1"], r"^error: Invalid value for '--findings-budget-s'"),
+])
+def test_usage_errors_are_one_line(tmp_path, args, pattern):
+    # Were click's multi-line usage panel (Usage:, Try ..., a boxed Error); README: every bad input is one line.
+    assert_one_line_error(clustersim(args, tmp_path), pattern)
+
+
+def test_help_version_and_no_arguments_keep_their_exit_status(tmp_path):
+    assert clustersim(["simulate", "--help"], tmp_path).returncode == 0
+    v = clustersim(["--version"], tmp_path)
+    assert v.returncode == 0 and v.stdout.startswith("clustersim ")
+    bare = clustersim([], tmp_path)
+    assert bare.returncode == 2 and "simulate" in bare.stdout + bare.stderr  # the command list, as before
+    # a command's own exit status (trace info ends with typer.Exit(2) on a bad path)
+    missing = clustersim(["trace", "info", "nope.json"], tmp_path)
+    assert_one_line_error(missing, r"^error: 'nope\.json' does not exist")
+
+
+def test_validate_op_table_leaves_out_dimensions_with_no_time(tmp_path):
+    # A one-GPU table printed six rows of "0.00 ms | 0.00 ms | -" (tp, cp, ep, pp, dp, bubble).
+    n = DATA / "reference" / "neusight" / "NVIDIA_H100_80GB_HBM3"
+    s = DATA / "scenarios" / "neusight"
+    p = clustersim(["validate", n / "gpt2_large-train-1024-4.csv", "--scenario", s / "gpt2_large-h100-1024-4.yaml"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "exposed comm" not in p.stdout and "compute gemm" in p.stdout
+    assert "nothing measured or predicted, not shown: tp, cp, ep, pp, dp, bubble" in " ".join(p.stdout.split())
