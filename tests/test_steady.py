@@ -64,7 +64,10 @@ def _same(fast, plain) -> None:
 
 
 @pytest.mark.parametrize("schedule,pp,nmb,vpp,tp,dp,network,replayed", [
-    ("1f1b", 4, 24, 1, 2, 2, None, True),
+    # The flow network with SM contention: rank 0's consecutive periods in the 10-microbatch short
+    # run still differ by 3 ns in 28 ms (the stages settle geometrically since attention is timed
+    # by FlashAttention-2 tile shape), and the retry does not fit the budget: the plain run.
+    ("1f1b", 4, 24, 1, 2, 2, None, False),
     ("1f1b", 4, 24, 1, 2, 2, "alpha-beta", True),
     ("1f1b", 4, 32, 1, 1, 4, None, True),
     ("interleaved-1f1b", 2, 24, 2, 2, 2, None, True),
@@ -137,7 +140,9 @@ def _short_1f1b_run():
     from simulator.engine.steady import plan_cut
     from simulator.schedules import build_schedule
 
-    sc = build_scenario(_scenario("1f1b", 4, 24, 1))
+    # alpha-beta: the short run settles exactly (with the flow network and SM contention this
+    # layout's stages still drift by ~1e-7 of a period after 10 microbatches; see the table above).
+    sc = build_scenario(_scenario("1f1b", 4, 24, 1, network="alpha-beta"))
     profile, topo = S.load_profile(sc.cluster.gpu), S.load_topology(sc.cluster.topology)
     full = build_schedule("1f1b", 4, 24, 1)
     short, cut = plan_cut(full, lambda m: build_schedule("1f1b", 4, m, 1))
@@ -228,16 +233,19 @@ def test_aperiodic_short_run_stops_early():
     assert extend(tl, short, cut, whole.action_marks, why_whole) is None, why_whole
 
 
-@pytest.mark.parametrize("schedule,pp,nmb,vpp", [
-    ("zb-h1", 4, 48, 1),  # the first short run has not settled: stopped early
-    ("1f1b", 4, 24, 1),
-    ("interleaved-1f1b", 4, 32, 2),
-    ("zbv", 4, 48, 1),
+@pytest.mark.parametrize("schedule,pp,nmb,vpp,refused_how", [
+    ("zb-h1", 4, 48, 1, "early"),  # the first short run has not settled: stopped early
+    # Periods drifting by ~1e-7 (3 ns in 28 ms): below the early check's 1e-6 tolerance, so only
+    # extend's 1e-12 refuses it, after the whole short run.
+    ("1f1b", 4, 24, 1, "extend"),
+    ("interleaved-1f1b", 4, 32, 2, None),
+    ("zbv", 4, 48, 1, None),
 ])
-def test_early_stop_agrees_with_extend(schedule, pp, nmb, vpp):
-    """The early check during the short run (``run_short``) refuses exactly where ``extend`` on
-    the whole short run refuses, on the first two short runs of each schedule: it is a speed-up,
-    never a different answer."""
+def test_early_stop_agrees_with_extend(schedule, pp, nmb, vpp, refused_how):
+    """The early check during the short run (``run_short``) never refuses a short run that
+    ``extend`` on the whole run would accept, on the first two short runs of each schedule: it is
+    a speed-up, never a different answer. It is a necessary condition with a looser tolerance, so
+    a drift smaller than that is refused by ``extend`` alone."""
     import simulator.simulate as S
     from simulator.engine.steady import extend, plan_cuts, run_short
     from simulator.schedules import build_schedule
@@ -260,8 +268,7 @@ def test_early_stop_agrees_with_extend(schedule, pp, nmb, vpp):
         late = extend(tl, short, cut, whole.action_marks)
         assert (early is None) == (late is None), why
         if early is None:
-            refused.append(why[0])
-            assert why[0].startswith("stopped early")  # (this refusal is decided by the marks)
+            refused.append("early" if why[0].startswith("stopped early") else "extend")
         else:
             assert early.step_time_s == late.step_time_s
-    assert bool(refused) == (schedule == "zb-h1")
+    assert set(refused) == ({refused_how} if refused_how else set()), (refused, why)
