@@ -766,6 +766,12 @@ def apply_override(data: dict[str, Any], dotted: str, value: Any) -> None:
     section = _materialise(data, dotted)
     check_override_path(dotted, data)
     set_dotted(data, dotted, value)
+    if section in ("cluster.gpu", "cluster.topology"):
+        # Reports name the profile and topology; a changed one must not read as the stock one.
+        spec = _get_dotted(data, section)
+        if isinstance(spec, dict) and isinstance(spec.get("name"), str):
+            shown = f"{value:g}" if isinstance(value, float) else value  # (2000 from a flag or from --set alike)
+            spec["name"] = f"{spec['name']} with {dotted[len(section) + 1:]}={shown}"
     if section == "cluster.gpu" and isinstance(value, (int, float, str)) and not isinstance(value, bool):
         # A changed profile number is no longer the datasheet's or the fit's: say so where the
         # profile records where its numbers come from.

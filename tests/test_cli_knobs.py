@@ -90,8 +90,9 @@ def test_set_reaches_into_a_named_topology(monkeypatch):
     sc = scenario_of([*SMALL, "--set", "cluster.topology.node.nic_gbps=200"], monkeypatch)
     topo = sc.cluster.topology
     assert isinstance(topo, TopologySpec)
-    assert topo.name == "dgx-h100-fattree" and topo.node.nic_gbps == 200 and topo.node.nvlink_GBps == 450
-    assert sc.cluster.topology_name == "dgx-h100-fattree"
+    assert topo.node.nic_gbps == 200 and topo.node.nvlink_GBps == 450
+    # Named as changed, so reports do not present it as the stock topology.
+    assert sc.cluster.topology_name == topo.name == "dgx-h100-fattree with node.nic_gbps=200"
 
 
 def test_slower_nics_slow_a_cross_node_data_parallel_step():
@@ -107,7 +108,7 @@ def test_slower_nics_slow_a_cross_node_data_parallel_step():
 def test_set_reaches_into_a_named_profile(monkeypatch):
     sc = scenario_of([*SMALL, "--set", "cluster.gpu.compute.peak_tflops=500"], monkeypatch)
     prof = sc.cluster.gpu
-    assert isinstance(prof, Profile) and prof.name == "h100-sxm-80gb" and prof.compute.peak_tflops == 500
+    assert isinstance(prof, Profile) and prof.name == "h100-sxm-80gb with compute.peak_tflops=500" and prof.compute.peak_tflops == 500
     # the profile says that this number is a what-if, not the datasheet's
     item = prof.provenance.items[-1]
     assert item.field == "compute.peak_tflops" and item.value == 500 and "what-if" in item.source
@@ -152,7 +153,7 @@ def test_what_if_flag_works_on_a_topology_file_and_an_inline_one(tmp_path, monke
         " nvlink_latency_us: 0.7, nics_per_node: 8, nic_gbps: 400, nic_latency_us: 2.0}}\n"
     )
     sc = scenario_of([str(tmp_path / "s.yaml"), "--nic-gbps", "100"], monkeypatch)
-    assert sc.cluster.topology.name == "mine" and sc.cluster.topology.node.nic_gbps == 100
+    assert sc.cluster.topology.name == "mine with node.nic_gbps=100" and sc.cluster.topology.node.nic_gbps == 100
 
 
 @pytest.mark.parametrize("setting, names", [
@@ -427,3 +428,16 @@ def test_sweep_names_itself_once_and_says_where_the_best_timeline_went(tmp_path)
     assert res.stdout.startswith("sweep: 4 points") and "sweep sweep" not in res.stdout
     best = Path("dashboards") / "sweep-sweep-best.html"
     assert f"timeline of the best point: {best}" in res.stderr and (tmp_path / best).exists()
+
+
+def test_overridden_profile_and_topology_are_named_as_changed():
+    """A dotted override inside a named GPU profile or topology renames it in reports, so a
+    changed topology does not read as the stock one (the summary's layout line, dashboards)."""
+    from simulator.scenario import build_scenario, default_scenario_dict
+
+    sc = build_scenario(default_scenario_dict(), {"cluster.topology.node.nic_gbps": 200,
+                                                  "cluster.gpu.compute.hbm_GBps": 4000})
+    assert sc.cluster.topology_name == "dgx-h100-fattree with node.nic_gbps=200"
+    assert sc.cluster.gpu_name == "h100-sxm-80gb with compute.hbm_GBps=4000"
+    stock = build_scenario(default_scenario_dict(), {"parallelism.tp": 4})
+    assert (stock.cluster.topology_name, stock.cluster.gpu_name) == ("dgx-h100-fattree", "h100-sxm-80gb")
