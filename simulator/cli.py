@@ -344,7 +344,8 @@ def print_summary(report, scenario=None) -> None:
     t.add_row("throughput", f"{report.tokens_per_s:,.0f} tokens/s ({report.tokens_per_s_per_gpu:,.0f} per GPU)")
     t.add_row("model TFLOP/s per GPU", f"{report.model_tflops_per_gpu:.1f}")
     t.add_row("MFU", f"{report.mfu:.1%}")
-    t.add_row("pipeline bubble", f"{report.bubble_fraction:.1%} (worst stage {report.bubble_fraction_worst:.1%})")
+    # The idle share holds bubble and stage imbalance together; the breakdown below splits them.
+    t.add_row("pipeline idle", f"{report.bubble_fraction:.1%} of the step (worst stage {report.bubble_fraction_worst:.1%})")
     from simulator.report.analysis import breakdown_lines
 
     breakdown = breakdown_lines(report)

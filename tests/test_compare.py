@@ -91,3 +91,22 @@ def test_compare_renders_in_chromium(compared, tmp_path):
     assert res.js_errors == []
     assert res.dom.count('class="main-svg"') >= 4
     assert Path(tmp_path / "cmp.png").stat().st_size > 20_000
+
+
+def test_idle_share_falls_while_bubble_time_grows():
+    """A longer step can lower the idle share while the bubble itself grows: compare shows both,
+    and calls the share better and the bubble time worse rather than hiding the growth."""
+    from simulator.report.compare import metric_rows
+    from simulator.scenario import load_scenario
+    from simulator.simulate import simulate
+
+    over = {"model": "llama3-8b", "cluster.gpus": 64, "parallelism.tp": 2, "parallelism.pp": 4,
+            "batch.global_batch_size": 32, "batch.seq_length": 4096}
+    ra = simulate(load_scenario(None, over)).report
+    bubble_s = ra.step_breakdown_s["bubble"]
+    assert bubble_s > 0
+    rb = ra.model_copy(update={"bubble_fraction": ra.bubble_fraction * 0.8,
+                               "step_breakdown_s": {**ra.step_breakdown_s, "bubble": bubble_s * 1.2}})
+    rows = {label: (change, cls) for label, _, _, change, cls in metric_rows(ra, rb)}
+    assert rows["pipeline idle, share of step"] == ("-20.0%", "better")
+    assert rows["bubble time"] == ("+20.0%", "worse")

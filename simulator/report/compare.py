@@ -56,8 +56,10 @@ METRICS: list[tuple[str, Any, str, int]] = [
     ("tokens / s per GPU", lambda r: r.tokens_per_s_per_gpu, "{:,.0f}", +1),
     ("MFU", lambda r: r.mfu, "{:.1%}", +1),
     ("model TFLOP/s per GPU", lambda r: r.model_tflops_per_gpu, "{:.1f}", +1),
-    ("pipeline bubble", lambda r: r.bubble_fraction, "{:.1%}", -1),
-    ("bubble, worst stage", lambda r: r.bubble_fraction_worst, "{:.1%}", -1),
+    # A share of the step can fall while the idle time itself grows (a longer step): both shown.
+    ("pipeline idle, share of step", lambda r: r.bubble_fraction, "{:.1%}", -1),
+    ("idle, worst stage", lambda r: r.bubble_fraction_worst, "{:.1%}", -1),
+    ("bubble time", lambda r: r.step_breakdown_s.get("bubble", 0.0), "{:.3f} s", -1),
     *[(f"exposed {d} comm", (lambda r, d=d: r.exposed_comm_s.get(d, 0.0)), "{:.3f} s", -1)
       for d in DIM_NAMES],
     ("peak memory", lambda r: r.peak_memory_gib, "{:.1f} GiB", -1),
