@@ -241,10 +241,17 @@ class NotPeriodic(Exception):
     """Raised from inside a short run whose marks already show it cannot verify (``ShortRunMarks``)."""
 
 
-# Tolerance of the early check on periods, relative to the period: looser than extend's 1e-12 of
-# the step (the short run's step is not known yet; it spans far fewer than 1e6 periods), so the
-# early check refuses only short runs that extend would refuse too.
-EARLY_PERIOD_REL_TOL = 1e-6
+# The early check compares periods (each rank's with the first rank's, as extend does) to
+# extend's tolerance REL_TOL * step, with the short run's step, not known yet, bounded above by
+# this factor times the time of the check (every rank has then started its cool-down). A
+# pipeline's cool-down mirrors its warm-up and the step's tail (gradient reduce, optimizer) is
+# far shorter than the steady phase, so the step is < 2x that time; 100x keeps the check looser
+# than extend's, so it refuses only short runs extend refuses too. Were a step ever longer, the
+# early stop would cost speed only: a stopped run falls back to the plain loop.
+# (A tolerance of 1e-6 of the period, used before, let through 1F1B llama3-8b pp4's stages whose
+# periods still differ by 3e-9 s = 1e-7 of the period, which extend refuses; see
+# docs/design-notes.md "steady state: geometric settling".)
+EARLY_STEP_BOUND_FACTOR = 100.0
 
 
 class ShortRunMarks(dict):
@@ -294,6 +301,8 @@ class ShortRunMarks(dict):
         if t_a is None or t_b is None or t_a - t_b <= 0:
             return None
         period = t_a - t_b
+        t_now = max(h[0] for rm in self.values() for h in rm.values())
+        period_tol = max(REL_TOL * EARLY_STEP_BOUND_FACTOR * t_now, 1e-15)
         # t_min (see extend) is known up to the end times of ranks with no action after their
         # steady phase: bounds, from their last action's start (below) and their last block's
         # start plus a period (above).
@@ -323,7 +332,7 @@ class ShortRunMarks(dict):
                 return f"rank {r}: the block holding T* is not in the simulated steady phase"
             reasons = []
             for ci in range(hi, lo - 1 if lo is not None else 0, -a_len):
-                why, _ = _rank_period(self[r], short.actions[p], ci, a_len, cut.q, period, EARLY_PERIOD_REL_TOL * period)
+                why, _ = _rank_period(self[r], short.actions[p], ci, a_len, cut.q, period, period_tol)
                 if why is None:
                     break
                 reasons.append(why)
