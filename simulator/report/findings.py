@@ -306,29 +306,26 @@ def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | 
         return float(max(pre[edges[i + 1]] - pre[edges[i]] for i in range(len(counts))))
 
     now_max, new_max = stage_max(current), stage_max(split)
+    excess = comp[slow] / mean - 1
+    head = f"imbalance: pp rank {slow} computes {excess:.1%} more than the mean ({comp[slow]:.3f} s vs {mean:.3f} s)"
     if split == current or new_max >= now_max * 0.99:
-        msg = (f"imbalance: pp rank {slow} computes {comp[slow] / mean - 1:.1%} more than the mean "
-               f"({comp[slow]:.3f} s vs {mean:.3f} s); no layer split lowers the slowest stage "
-               f"(split {current} is already the best for these layer costs).")
-        return Finding("imbalance", msg, comp[slow] / mean - 1, [])
+        return Finding("imbalance", f"{head}; no layer split lowers the slowest stage "
+                                    f"(split {current} is already the best for these layer costs).", excess, [])
     over = {"parallelism.pp_layer_split": split}
     s = _fill(Suggestion(f"pp_layer_split={split}", over,
                          note=f"slowest stage {new_max * 1e3:.1f} ms instead of {now_max * 1e3:.1f} ms per microbatch "
                               "(program's per-layer compute; not simulated)"), budget.simulate(over))
-    moved = [f"pp {i} {c:+d}" for i, c in enumerate(np.array(split) - np.array(current)) if c]
+    moved = ", ".join(f"pp {i} {c:+d}" for i, c in enumerate(np.array(split) - np.array(current)) if c)
+    head += f"; imbalance costs {rep.step_breakdown_s.get('imbalance', 0.0):.3f} s of the step. "
+    stages = f"{now_max * 1e3:.1f} → {new_max * 1e3:.1f} ms per microbatch"
     if s.simulated and s.predicted_step_s is not None and s.predicted_step_s > rep.step_time_s * (1 - NO_GAIN_SHARE):
         # The per-layer compute says the split helps, the simulation says the step does not: do not advise it.
-        msg = (f"imbalance: pp rank {slow} computes {comp[slow] / mean - 1:.1%} more than the mean "
-               f"({comp[slow]:.3f} s vs {mean:.3f} s); imbalance costs {rep.step_breakdown_s.get('imbalance', 0.0):.3f} s "
-               f"of the step. Moving layers ({', '.join(moved)} layers) lowers the slowest stage "
-               f"{now_max * 1e3:.1f} → {new_max * 1e3:.1f} ms per microbatch but not the step: {_sim_text(s, rep.step_time_s)}; "
-               f"keep pp_layer_split {current}.")
-        return Finding("imbalance", msg, comp[slow] / mean - 1, [s])
-    msg = (f"imbalance: pp rank {slow} computes {comp[slow] / mean - 1:.1%} more than the mean "
-           f"({comp[slow]:.3f} s vs {mean:.3f} s); imbalance costs {rep.step_breakdown_s.get('imbalance', 0.0):.3f} s "
-           f"of the step. Move layers ({', '.join(moved)} layers): pp_layer_split {current} → {split}, slowest stage "
-           f"{now_max * 1e3:.1f} → {new_max * 1e3:.1f} ms per microbatch; {_sim_text(s, rep.step_time_s)}.")
-    return Finding("imbalance", msg, comp[slow] / mean - 1, [s])
+        msg = (f"{head}Moving layers ({moved} layers) lowers the slowest stage {stages} but not the step: "
+               f"{_sim_text(s, rep.step_time_s)}; keep pp_layer_split {current}.")
+    else:
+        msg = (f"{head}Move layers ({moved} layers): pp_layer_split {current} → {split}, slowest stage {stages}; "
+               f"{_sim_text(s, rep.step_time_s)}.")
+    return Finding("imbalance", msg, excess, [s])
 
 
 def slow_link_findings(result: "SimulationResult") -> list[Finding]:
