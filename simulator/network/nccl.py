@@ -237,16 +237,19 @@ class NcclSystem:
         """The graph's intra-node path type: NVLink through the NVSwitch, else PCIe (§3.1)."""
         return "NVL" if self.nvlink else "PXB"
 
+    def type_inter(self, n_nodes: int) -> str:
+        """The graph's typeInter for a communicator over n_nodes: the GPU-NIC path across nodes,
+        PIX on one node (§4.2)."""
+        return self.nic_path if n_nodes > 1 else SINGLE_NODE_TYPE_INTER
+
     def ll128_on(self, n_nodes: int) -> bool:
-        """LL128 for a communicator over n_nodes: the system's setting and NCCL's rule, with the
-        graph's typeInter the GPU-NIC path across nodes (PIX on one node, §4.2)."""
-        inter = self.nic_path if n_nodes > 1 else SINGLE_NODE_TYPE_INTER
-        return self.ll128 and ll128_enabled(self.gen, self.type_intra, inter)
+        """LL128 for a communicator over n_nodes: the system's setting and NCCL's rule."""
+        return self.ll128 and ll128_enabled(self.gen, self.type_intra, self.type_inter(n_nodes))
 
     def protocols_note(self, n_nodes: int) -> str:
         """One line: the protocols NCCL enables for a communicator over n_nodes, and why LL128 is
         on or off (NCCL's rule, §3.6)."""
-        inter = self.nic_path if n_nodes > 1 else SINGLE_NODE_TYPE_INTER
+        inter = self.type_inter(n_nodes)
         on = [p for p in self.protocols if p != "LL128" or self.ll128_on(n_nodes)]
         where = f"GPU-NIC path {inter}" if n_nodes > 1 else f"one node, graph typeInter {inter}"
         limit = "PXN (Hopper+)" if self.gen >= _HOPPER else "PXB"
