@@ -1,5 +1,6 @@
 """The SimPy model: a generic replay of each rank's plan, collectives as rendezvous, the network
-behind an interface.
+behind an interface. It runs on the lean event core (``simulator.engine.events``: SimPy's event
+order without SimPy's per-event objects), or on SimPy itself (``core="simpy"``, the reference).
 
 The engine holds no parallelism policy. The workload's plan (``simulator.workload.plan``) lists,
 per pipeline rank, compute segments, blocking and asynchronous collectives on named streams,
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import time
+from array import array
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Literal
@@ -33,6 +35,7 @@ import pandas as pd
 import simpy
 
 from simulator.contention import P2P_CTAS, collective_ctas, compute_slowdown, scaled_slowdown
+from simulator.engine import events as lean_events
 from simulator.errors import SimulationStalled
 from simulator.network.base import CollectiveRequest, Network
 from simulator.vocabulary import GROUP_DIMS, REPORT_DIMS, RECV_STREAM_OF, CollectiveOp, Dim, Stream, bus_factor
@@ -40,6 +43,9 @@ from simulator.workload.plan import Collective, Complete, Compute, Plan, Recv, W
 from simulator.workload.program import Program
 
 Mode = Literal["reduced", "full"]
+# The event core: "lean" (simulator.engine.events, SimPy's order without its per-event objects)
+# or "simpy" (the reference it is checked against, value for value).
+Core = Literal["lean", "simpy"]
 DIMS: tuple[str, ...] = tuple(d.value for d in REPORT_DIMS)
 # Sub-groups report under their parallel dimension.
 BASE_DIM = {d.value: d.base.value for d in Dim}
@@ -125,13 +131,62 @@ class _Rendezvous:
         self.done = done
 
 
+class _Rows:
+    """Rows kept as columns while the loop runs: a code per row for what every rank of a pipeline
+    rank shares (the plan instruction's stream, kind, name, microbatch, stage, layer, bytes),
+    the rank and the two times in typed arrays. A row costs 32 bytes instead of a 10-tuple and
+    its floats (~180 bytes), and the frame is built with numpy takes instead of from millions
+    of tuples (docs/design-notes.md, "Event core")."""
+
+    __slots__ = ("code", "rank", "t0", "t1", "shared", "index")
+
+    def __init__(self):
+        self.code, self.rank, self.t0, self.t1 = array("q"), array("q"), array("d"), array("d")
+        self.shared: list[tuple] = []  # code -> the columns every row with that code has
+        self.index: dict = {}  # key -> code
+
+    def code_of(self, key, shared: tuple) -> int:
+        c = self.index.get(key)
+        if c is None:
+            c = self.index[key] = len(self.shared)
+            self.shared.append(shared)
+        return c
+
+    def columns(self, names: list[str], dtypes: dict, shared: list[tuple] | None = None) -> dict:
+        """name -> column; the shared columns taken by code (``dtypes``: a column's dtype where
+        it is not inferred from its values; ``shared``: the shared tuples to use, by code, in
+        place of the recorded ones)."""
+        shared = self.shared if shared is None else shared
+        codes = np.frombuffer(self.code, dtype=np.int64) if len(self.code) else np.zeros(0, np.int64)
+        out = {"rank": np.frombuffer(self.rank, dtype=np.int64).copy() if len(self.rank) else np.zeros(0, np.int64),
+               "t0": np.frombuffer(self.t0, dtype=np.float64).copy() if len(self.t0) else np.zeros(0),
+               "t1": np.frombuffer(self.t1, dtype=np.float64).copy() if len(self.t1) else np.zeros(0)}
+        per = list(zip(*shared)) if shared else [()] * len(names)
+        for name, values in zip(names, per):
+            dt = dtypes.get(name)
+            if dt is not None:
+                col = pd.array(list(values), dtype=dt)
+                out[name] = col.take(codes)
+            else:
+                out[name] = np.asarray(values)[codes]
+        return out
+
+
+# The timeline's string columns: pandas' string dtype, as from_records on tuples gave them.
+_STR = pd.Series(["x"]).dtype
+
+
 class Engine:
     def __init__(self, program: Program, network: Network, mode: Mode = "reduced", plan: Plan | None = None,
-                 sm_count: int | None = None, contention_scale: float = 1.0):
-        """``sm_count``: the GPU's SMs; given, compute that overlaps in-flight communication
+                 sm_count: int | None = None, contention_scale: float = 1.0, core: Core = "lean"):
+        """``core``: the event loop (``Core``); both give the same timeline.
+        ``sm_count``: the GPU's SMs; given, compute that overlaps in-flight communication
         kernels slows down by the SMs they hold (``simulator.contention``); None: no contention.
         ``contention_scale``: scale on that slowdown's excess measured from traces
         (``simulator.contention.measured_excess_scale``); 1.0: the SM-share model as it is."""
+        if core not in ("lean", "simpy"):
+            raise ValueError(f"core must be 'lean' or 'simpy', got {core!r}")
+        self.core = core
         self.sm_count = sm_count
         self.contention_scale = contention_scale
         self.prog = program
@@ -237,9 +292,12 @@ class Engine:
 
     def run(self) -> Timeline:
         t_wall = time.perf_counter()
-        env = simpy.Environment()
+        env = lean_events.Environment() if self.core == "lean" else simpy.Environment()
         self.env = env
-        self.rows: list[tuple] = []
+        # What a process yields to wait ``x`` seconds: the number itself on the lean core (no
+        # Timeout object), a Timeout on SimPy's. Same heap entry, same order.
+        self._delay = float if self.core == "lean" else env.timeout
+        self.rows = _Rows()
         self.n_events = 0
         self.rdv: dict[tuple, _Rendezvous] = {}
         self._needed: dict[tuple, int] = {}
@@ -257,7 +315,9 @@ class Engine:
         self.waiting_on: dict[int, object] = {}  # rank -> the instruction it waits on
         self.finished: set[int] = set()
         self.end_time: dict[int, float] = {}
-        self.wait_rows: list[tuple] = []
+        self.wait_rows = _Rows()
+        self._w_issued, self._w_src = array("d"), array("q")
+        self._codes_of_plan: dict[int, list[int]] = {}
 
         streams_of = [rp.streams for rp in self.plan.ranks]
         self.stores: dict[tuple[int, str], _Queue] = {}
@@ -292,7 +352,7 @@ class Engine:
                 f"simulation stalled at t={env.now:.6f}s: {detail}{more}: the schedule has a dependency cycle; fix the schedule"
             )
         step = max(self.end_time.values())
-        events = pd.DataFrame.from_records(self.rows, columns=TIMELINE_COLUMNS)
+        events = self._event_frame()
         report = []
         if hasattr(self.net, "link_report"):
             report = self.net.link_report(duration_s=step)  # type: ignore[attr-defined]
@@ -328,7 +388,7 @@ class Engine:
         while left > 0.0:
             f = self._slowdown(rank)
             if f == 1.0:
-                yield env.timeout(left)
+                yield self._delay(left)
                 break
             t0 = env.now
             change = self._sm_change[rank] = env.event()
@@ -346,14 +406,49 @@ class Engine:
     def _waiting(self, rank: int) -> str:
         return _describe(self.waiting_on.get(rank))
 
+    def _event_frame(self) -> pd.DataFrame:
+        """TIMELINE_COLUMNS from the rows' columns."""
+        shared = ["stream", "kind", "name", "microbatch", "stage", "layer", "bytes"]
+        c = self.rows.columns(shared, {"stream": _STR, "kind": _STR, "name": _STR})
+        c["microbatch"] = c["microbatch"].astype(np.int64, copy=False)
+        c["stage"] = c["stage"].astype(np.int64, copy=False)
+        c["layer"] = c["layer"].astype(np.int64, copy=False)
+        c["bytes"] = c["bytes"].astype(np.float64, copy=False)
+        c["start_s"], c["end_s"] = c.pop("t0"), c.pop("t1")
+        return pd.DataFrame({k: c[k] for k in TIMELINE_COLUMNS})
+
     def _wait_frame(self) -> pd.DataFrame:
         """WAIT_COLUMNS from the recorded waits; each awaited instruction is described once
         (plan instructions are shared by every rank of a pipeline rank)."""
-        rows = self.wait_rows
-        awaited = {id(r[6]): r[6] for r in rows}  # (the objects stay alive: ids are unique)
-        text = {k: _describe(w) for k, w in awaited.items()}
-        return pd.DataFrame.from_records([(r, t0, t1, c, i, s, text[id(w)]) for r, t0, t1, c, i, s, w in rows],
-                                         columns=WAIT_COLUMNS)
+        w = self.wait_rows
+        # A wait's code names its (cause, awaited instruction); when it was issued and by which
+        # rank vary per wait and have their own arrays (_w_issued, _w_src).
+        described = [(cause, _describe(what)) for cause, what in w.shared]
+        c = w.columns(["cause", "what"], {"cause": _STR, "what": _STR}, described)
+        return pd.DataFrame({"rank": c["rank"], "start_s": c["t0"], "end_s": c["t1"], "cause": c["cause"],
+                             "issued_s": np.frombuffer(self._w_issued, dtype=np.float64).copy()
+                             if len(self._w_issued) else np.zeros(0),
+                             "src_rank": np.frombuffer(self._w_src, dtype=np.int64).copy()
+                             if len(self._w_src) else np.zeros(0, np.int64),
+                             "what": c["what"]}, columns=WAIT_COLUMNS)
+
+    def _wait(self, rank: int, t0: float, t1: float, cause: str, issued: float, src: int, what: object) -> None:
+        """Record one wait of ``rank``'s compute stream (WAIT_COLUMNS)."""
+        w = self.wait_rows
+        w.code.append(w.code_of((cause, id(what)), (cause, what)))
+        w.rank.append(rank)
+        w.t0.append(t0)
+        w.t1.append(t1)
+        self._w_issued.append(issued)
+        self._w_src.append(src)
+
+    def _row(self, rank: int, key, shared: tuple, t0: float, t1: float) -> None:
+        """Record one timeline row; ``key`` names its shared columns (``_Rows.code_of``)."""
+        r = self.rows
+        r.code.append(r.code_of(key, shared))
+        r.rank.append(rank)
+        r.t0.append(t0)
+        r.t1.append(t1)
 
     # ------------------------------------------------------------------ streams
 
@@ -428,8 +523,8 @@ class Engine:
                 yield self._collective(rank, dim, op, size_bytes)
                 self._take_sms(rank, -ctas)
                 self.n_events += 2
-            self.rows.append((rank, sname, ins.row_kind, ins.name, t0, env.now, ins.microbatch, ins.stage, ins.layer,
-                              ins.row_bytes))
+            self._row(rank, id(ins), (sname, ins.row_kind, ins.name, ins.microbatch, ins.stage, ins.layer, ins.row_bytes),
+                      t0, env.now)
             self.outstanding[sk] -= 1
             done.succeed()
 
@@ -452,8 +547,11 @@ class Engine:
                 gather, _ = self._request(Dim.TP, CollectiveOp.ALL_GATHER, send.gather_bytes, dst)
                 yield self.net.start(env, gather)
                 self.n_events += 1
-            self.rows.append((rank, sname, "pp", f"send {kind} mb{mb}", t0, env.now, mb, stage, -1, send.size_bytes))
-            self.rows.append((dst, rname, "pp", f"recv {kind} mb{mb}", t0, env.now, mb, stage, -1, send.size_bytes))
+            size = send.size_bytes
+            self._row(rank, (sname, kind, mb, stage, size), (sname, "pp", f"send {kind} mb{mb}", mb, stage, -1, size),
+                      t0, env.now)
+            self._row(dst, (rname, kind, mb, stage, size), (rname, "pp", f"recv {kind} mb{mb}", mb, stage, -1, size),
+                      t0, env.now)
             self.outstanding[(rank, stream)] -= 1
             self._event((dst, key)).succeed()
 
@@ -468,32 +566,60 @@ class Engine:
         self.outstanding[sk] += 1
         self.stores[sk].put(item + (idle,))
 
+    def _row_codes(self, rp) -> list[int]:
+        """Each plan instruction's row code (compute segments and collectives; -1 for the rest),
+        once per pipeline rank's plan."""
+        cache = self._codes_of_plan
+        codes = cache.get(id(rp))
+        if codes is None:
+            rows = self.rows
+            codes = []
+            for ins in rp.instrs:
+                t = type(ins)
+                if t is Compute:
+                    codes.append(rows.code_of(id(ins), ("compute", ins.kind, ins.label, ins.microbatch, ins.stage,
+                                                        ins.layer, 0.0)))
+                elif t is Collective:
+                    codes.append(rows.code_of(id(ins), (ins.stream.value, ins.row_kind, ins.name, ins.microbatch,
+                                                        ins.stage, ins.layer, ins.row_bytes)))
+                else:
+                    codes.append(-1)
+            cache[id(rp)] = codes
+        return codes
+
     def _replay(self, rank: int):
         """Walk the rank's plan: no decisions here beyond 'is the stream idle' and 'has it arrived'."""
         env = self.env
         rp = self.plan.ranks[int(self._pp_of[rank])]
         handles: list[simpy.Event | None] = [None] * rp.num_handles
         exposed = self.exposed[rank]
-        rows = self.rows
         outstanding = self.outstanding
-        wait_rows = self.wait_rows
-
+        record_wait = self._wait
+        wrows = self.wait_rows
+        w_code, w_rank, w_t0, w_t1 = wrows.code.append, wrows.rank.append, wrows.t0.append, wrows.t1.append
+        w_issued, w_src, w_code_of = self._w_issued.append, self._w_src.append, wrows.code_of
         waiting_on = self.waiting_on
+        codes = self._row_codes(rp)
+        rows = self.rows
+        row_code, row_rank, row_t0, row_t1 = rows.code.append, rows.rank.append, rows.t0.append, rows.t1.append
 
         def waited(t0: float, cause: str, issued: float = float("nan"), src: int = -1) -> None:
             # Every wait of the compute stream with its cause (the dashboard's colours, the step
             # breakdown). What it waited on is kept as the plan instruction and described once
             # per instruction when the table is built (_wait_frame), not once per wait.
-            if env.now > t0:
-                wait_rows.append((rank, t0, env.now, cause, issued, src, waiting_on.get(rank)))
+            now = env.now
+            if now > t0:
+                what = waiting_on.get(rank)
+                w_code(w_code_of((cause, id(what)), (cause, what))); w_rank(rank); w_t0(t0); w_t1(now)
+                w_issued(issued); w_src(src)
 
         wait_cause = _WAIT_CAUSE
         factor = self.compute_factor.get(rank)
         marks = None if self.action_marks is None else self.action_marks.setdefault(rank, {})
         comm_bytes = self.comm_bytes[rank]
-        sms_taken, sm_count, busy, timeout = self.sms_taken, self.sm_count, self.busy, env.timeout
+        sms_taken, sm_count, busy, timeout = self.sms_taken, self.sm_count, self.busy, self._delay
         ci = 0
-        for ins in rp.instrs:
+        for ins, code in zip(rp.instrs, codes):
             t = type(ins)
             if t is Compute:
                 t0 = env.now
@@ -515,7 +641,7 @@ class Engine:
                 if ins.counted:
                     self.n_events += 1
                 busy[rank] += seconds
-                rows.append((rank, "compute", ins.kind, ins.label, t0, env.now, ins.microbatch, ins.stage, ins.layer, 0.0))
+                row_code(code); row_rank(rank); row_t0(t0); row_t1(env.now)
             elif t is Collective:
                 sk = (rank, ins.stream)
                 if ins.handle >= 0:
@@ -530,8 +656,7 @@ class Engine:
                     # place (same timing, a third of the events of a hand-over).
                     yield self._collective(rank, dim, op, size_bytes)
                     self.n_events += 2
-                    rows.append((rank, ins.stream.value, ins.row_kind, ins.name, t0, env.now, ins.microbatch, ins.stage,
-                                 ins.layer, ins.row_bytes))
+                    row_code(code); row_rank(rank); row_t0(t0); row_t1(env.now)
                 else:
                     ev = env.event()
                     self._issue(rank, ins.stream, (ins, ev), collective_ctas(ins.steps[0][1]))
@@ -564,9 +689,9 @@ class Engine:
                 exposed["pp"] += env.now - max(t0, ts)
                 src = self._peer(rank, ins.src_pp)
                 if ts > t0:
-                    wait_rows.append((rank, t0, min(ts, env.now), "bubble", float("nan"), src, ins))
+                    record_wait(rank, t0, min(ts, env.now), "bubble", float("nan"), src, ins)
                 if env.now > max(t0, ts):
-                    wait_rows.append((rank, max(t0, ts), env.now, "pp", ts, src, ins))
+                    record_wait(rank, max(t0, ts), env.now, "pp", ts, src, ins)
                 if self.wait_log is not None:
                     self.wait_log.append((rank, self._peer(rank, ins.src_pp), "pp", env.now - t0))
             elif t is Complete:

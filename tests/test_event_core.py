@@ -1,0 +1,152 @@
+"""The lean event core (simulator/engine/events.py) against SimPy, its reference: the same order of
+events, so the same timeline, value for value."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import simpy
+
+from simulator.engine import events
+from simulator.engine.core import Engine
+from simulator.profile import load_profile
+from simulator.scenario import build_scenario
+from simulator.simulate import make_network, resolve_schedule
+from simulator.topology.spec import load_topology
+from simulator.workload.plan import build_plan
+from simulator.workload.program import build_program
+
+
+def _trace_order(make_env):
+    """Who ran when, in what order, on an environment from ``make_env``: processes that wait on
+    delays, on shared events, on already processed events and on the first of two events."""
+    env = make_env()
+    log = []
+    gate = env.event()
+    delay = (lambda s: s) if isinstance(env, events.Environment) else env.timeout
+
+    def waiter(name, d):
+        yield delay(d)
+        log.append((env.now, name, "slept"))
+        v = yield gate
+        log.append((env.now, name, "gate", v))
+        v = yield gate  # processed already: goes on at once with its value
+        log.append((env.now, name, "again", v))
+
+    def opener():
+        yield delay(1.0)
+        gate.succeed("open")
+        log.append((env.now, "opener", "opened"))
+
+    def racer():
+        a, b = env.timeout(2.0, "a"), env.event()
+        fired = yield a | b
+        log.append((env.now, "racer", a in fired, b in fired))
+        b2 = env.event()
+        env.timeout(0.5).callbacks.append(lambda _e: b2.succeed("b"))
+        fired = yield env.timeout(3.0) | b2
+        log.append((env.now, "racer", b2 in fired))
+
+    for i, d in enumerate([1.0, 0.5, 1.0, 0.0]):
+        env.process(waiter(f"w{i}", d))
+    env.process(opener())
+    env.process(racer())
+    env.run()
+    return log
+
+
+def test_lean_core_runs_processes_in_simpys_order():
+    lean, ref = _trace_order(events.Environment), _trace_order(simpy.Environment)
+    assert lean == ref
+    # and the order is the one SimPy documents: same-time events in the order they were
+    # scheduled (w0 and w2 both wake at 1.0, before the opener that was created after them)
+    assert [x[1] for x in lean if x[0] == 1.0 and x[2] == "slept"] == ["w0", "w2"]
+    assert ("racer", True, False) == lean[[x[1] for x in lean].index("racer")][1:]
+
+
+def test_simpy_events_run_on_the_lean_core():
+    env = events.Environment()
+    seen = []
+    ev = simpy.Event(env)  # the flow network builds its completion events this way
+
+    def proc():
+        v = yield ev
+        seen.append((env.now, v))
+
+    env.process(proc())
+    env.timeout(2.5).callbacks.append(lambda _e: ev.succeed(7))
+    env.run()
+    assert seen == [(2.5, 7)]
+
+
+def test_an_exception_in_a_process_leaves_the_loop_as_itself():
+    class Stop(Exception):
+        pass
+
+    env = events.Environment()
+
+    def proc():
+        yield 1.0
+        raise Stop("why")
+
+    env.process(proc())
+    with pytest.raises(Stop, match="why"):
+        env.run()
+    assert env.now == 1.0
+
+
+def test_negative_delay_is_refused():
+    with pytest.raises(ValueError, match="negative delay"):
+        events.Environment().timeout(-1.0)
+
+
+SCENARIOS = {
+    # full mode with TP, PP, DP collectives on the flow network and SM contention
+    "full-tp2-pp2-dp2": ({"name": "c1", "model": "llama3-8b", "parallelism": {"tp": 2, "pp": 2, "zero": 1},
+                          "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048},
+                          "cluster": {"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}, "full"),
+    # FSDP (ZeRO-3) across nodes with asynchronous gathers and reduce-scatters
+    "fsdp-16": ({"name": "c2", "model": "llama3-8b", "parallelism": {"zero": 3},
+                 "batch": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048},
+                 "cluster": {"gpus": 16, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}, "full"),
+    # zero-bubble (split backward) in full mode
+    "zb-h1": ({"name": "c4", "model": "llama3-8b", "parallelism": {"tp": 2, "pp": 4}, "schedule": "zb-h1",
+               "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048},
+               "cluster": {"gpus": 16, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}, "full"),
+    # an interleaved pipeline in reduced mode
+    "interleaved": ({"name": "c3", "model": "llama3-8b", "parallelism": {"tp": 2, "pp": 4, "vpp": 2},
+                     "schedule": "interleaved-1f1b", "batch": {"micro_batch_size": 1, "global_batch_size": 8,
+                                                          "seq_length": 2048},
+                     "cluster": {"gpus": 16, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}, "reduced"),
+}
+
+
+def _run(d: dict, mode: str, core: str):
+    sc = build_scenario(d)
+    profile = load_profile(sc.cluster.gpu)
+    topo = load_topology(sc.cluster.topology)
+    prog = build_program(sc, profile, resolve_schedule(sc))
+    eng = Engine(prog, make_network(sc, topo, profile), mode=mode, plan=build_plan(prog),
+                 sm_count=profile.compute.sm_count, core=core)
+    return eng.run()
+
+
+@pytest.mark.parametrize("case", sorted(SCENARIOS))
+def test_lean_core_gives_simpys_timeline(case):
+    d, mode = SCENARIOS[case]
+    lean, ref = _run(d, mode, "lean"), _run(d, mode, "simpy")
+    assert lean.step_time_s == ref.step_time_s
+    assert len(lean.events) > 20
+    pd.testing.assert_frame_equal(lean.events, ref.events)
+    pd.testing.assert_frame_equal(lean.waits, ref.waits)
+    assert lean.exposed_s == ref.exposed_s and lean.contention_s == ref.contention_s
+    assert lean.num_events == ref.num_events
+
+
+def test_unknown_core_is_refused():
+    d, mode = SCENARIOS["interleaved"]
+    sc = build_scenario(d)
+    profile = load_profile(sc.cluster.gpu)
+    prog = build_program(sc, profile, resolve_schedule(sc))
+    with pytest.raises(ValueError, match="core must be 'lean' or 'simpy'"):
+        Engine(prog, make_network(sc, load_topology(sc.cluster.topology), profile), core="fast")
