@@ -146,11 +146,17 @@ class _Rows:
         self.index: dict = {}  # key -> code
 
     def code_of(self, key, shared: tuple) -> int:
+        """The code of ``key`` (a new one holding ``shared`` the first time)."""
         c = self.index.get(key)
         if c is None:
             c = self.index[key] = len(self.shared)
             self.shared.append(shared)
         return c
+
+    def new_code(self, shared: tuple) -> int:
+        """A code of its own (a plan instruction: its rows are found by the code it carries)."""
+        self.shared.append(shared)
+        return len(self.shared) - 1
 
     def columns(self, names: list[str], dtypes: dict, shared: list[tuple] | None = None) -> dict:
         """name -> column; the shared columns taken by code (``dtypes``: a column's dtype where
@@ -509,10 +515,9 @@ class Engine:
 
     def _collective_stream(self, rank: int, stream: Stream, store: "_Queue"):
         env = self.env
-        sname = stream.value
         sk = (rank, stream)
         while True:
-            ins, done, counted = yield store.get(env)
+            ins, done, code, counted = yield store.get(env)
             t0 = env.now
             # An instruction may chain collectives; they run back to back on this stream. Its
             # NCCL kernel holds SMs from launch (waiting for peers included) to completion.
@@ -523,8 +528,8 @@ class Engine:
                 yield self._collective(rank, dim, op, size_bytes)
                 self._take_sms(rank, -ctas)
                 self.n_events += 2
-            self._row(rank, id(ins), (sname, ins.row_kind, ins.name, ins.microbatch, ins.stage, ins.layer, ins.row_bytes),
-                      t0, env.now)
+            rows = self.rows
+            rows.code.append(code); rows.rank.append(rank); rows.t0.append(t0); rows.t1.append(env.now)
             self.outstanding[sk] -= 1
             done.succeed()
 
@@ -577,11 +582,11 @@ class Engine:
             for ins in rp.instrs:
                 t = type(ins)
                 if t is Compute:
-                    codes.append(rows.code_of(id(ins), ("compute", ins.kind, ins.label, ins.microbatch, ins.stage,
-                                                        ins.layer, 0.0)))
+                    codes.append(rows.new_code(("compute", ins.kind, ins.label, ins.microbatch, ins.stage, ins.layer,
+                                                0.0)))
                 elif t is Collective:
-                    codes.append(rows.code_of(id(ins), (ins.stream.value, ins.row_kind, ins.name, ins.microbatch,
-                                                        ins.stage, ins.layer, ins.row_bytes)))
+                    codes.append(rows.new_code((ins.stream.value, ins.row_kind, ins.name, ins.microbatch, ins.stage,
+                                                ins.layer, ins.row_bytes)))
                 else:
                     codes.append(-1)
             cache[id(rp)] = codes
@@ -646,7 +651,7 @@ class Engine:
                 sk = (rank, ins.stream)
                 if ins.handle >= 0:
                     ev = handles[ins.handle] = env.event()
-                    self._issue(rank, ins.stream, (ins, ev), collective_ctas(ins.steps[0][1]))
+                    self._issue(rank, ins.stream, (ins, ev, code), collective_ctas(ins.steps[0][1]))
                     continue
                 dim, op, size_bytes = ins.steps[0]
                 t0 = env.now
@@ -659,7 +664,7 @@ class Engine:
                     row_code(code); row_rank(rank); row_t0(t0); row_t1(env.now)
                 else:
                     ev = env.event()
-                    self._issue(rank, ins.stream, (ins, ev), collective_ctas(ins.steps[0][1]))
+                    self._issue(rank, ins.stream, (ins, ev, code), collective_ctas(ins.steps[0][1]))
                     yield ev
                 exposed[BASE_DIM[dim]] += env.now - t0
                 waited(t0, BASE_DIM[dim], t0)
