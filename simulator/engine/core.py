@@ -307,17 +307,27 @@ class Engine:
         self.n_events = 0
         self.rdv: dict[tuple, _Rendezvous] = {}
         self._needed: dict[tuple, int] = {}
-        self._collective_cache: dict[tuple, tuple] = {}
-        self.outstanding: dict[tuple[int, str], int] = defaultdict(int)
-        self.seq: dict[tuple, int] = defaultdict(int)
+        # Per simulated rank (a list indexed by rank: no hashing of a rank key per issue, and a
+        # small dict per rank instead of one world-sized one): (dim, op, bytes) -> what an issue
+        # needs (_collective).
+        self._collectives_of_rank: list[dict | None] = [None] * self.mesh.world_size
+        for r in self.ranks:
+            self._collectives_of_rank[r] = {}
+        self._seq_box: dict[tuple, list[int]] = {}  # (rank, dim) -> [next rendezvous number]
+        # rank -> stream -> work handed to the stream and not finished (list indexed by rank)
+        self.outstanding: list[defaultdict | None] = [None] * self.mesh.world_size
+        for r in self.ranks:
+            self.outstanding[r] = defaultdict(int)
+        self.seq: dict[tuple, int] = defaultdict(int)  # (rank, dim) -> next rendezvous number (SplitEngine)
         self.events: dict[tuple, simpy.Event] = {}
         self.transfer_start: dict[tuple, float] = {}
         self.busy = {r: 0.0 for r in self.ranks}
         self.exposed = {r: dict.fromkeys(DIMS, 0.0) for r in self.ranks}
         self.comm_bytes = {r: dict.fromkeys(DIMS, 0.0) for r in self.ranks}
-        self.sms_taken = dict.fromkeys(self.ranks, 0)  # SMs held by this rank's running NCCL kernels
+        # rank -> SMs held by its running NCCL kernels (lists indexed by rank: read per segment)
+        self.sms_taken = [0] * self.mesh.world_size
         self.contention = dict.fromkeys(self.ranks, 0.0)
-        self._sm_change: dict[int, simpy.Event] = {}  # rank -> wakes its contended compute segment
+        self._sm_change: list = [None] * self.mesh.world_size  # rank -> wakes its contended compute segment
         self.waiting_on: dict[int, object] = {}  # rank -> the instruction it waits on
         self.finished: set[int] = set()
         self.end_time: dict[int, float] = {}
@@ -376,9 +386,11 @@ class Engine:
         """NCCL kernels of ``rank`` take (ctas > 0) or release SMs; a compute segment running
         contended re-times itself at the new share."""
         self.sms_taken[rank] += ctas
-        ev = self._sm_change.pop(rank, None)
-        if ev is not None and not ev.triggered:
-            ev.succeed()
+        ev = self._sm_change[rank]
+        if ev is not None:
+            self._sm_change[rank] = None
+            if not ev.triggered:
+                ev.succeed()
 
     def _slowdown(self, rank: int) -> float:
         """Factor on compute time at the SMs ``rank``'s communication kernels hold now."""
@@ -404,7 +416,7 @@ class Engine:
             # The segment ends when its work is done (a change at that very instant included);
             # deciding by the timeout, not by elapsed time, survives clocks too coarse to advance.
             left = 0.0 if finish in fired else max(0.0, left - (env.now - t0) / f)
-        self._sm_change.pop(rank, None)
+        self._sm_change[rank] = None
         wall = env.now - t_start
         self.contention[rank] += wall - work_s
         return wall
@@ -478,9 +490,11 @@ class Engine:
     def _collective(self, rank: int, dim: str, op: str, size_bytes: float):
         """Rendezvous with the group's simulated members, then run the collective."""
         # One look-up per issue: a rank issues the same few collectives (per layer, per
-        # microbatch) many times; their request, group, wire bytes and simulated members are fixed.
-        ck = (rank, dim, op, size_bytes)
-        c = self._collective_cache.get(ck)
+        # microbatch) many times; their request, group, wire bytes, simulated members, the
+        # rank's byte counters and rendezvous counter are fixed.
+        cache = self._collectives_of_rank[rank]
+        ck = (dim, op, size_bytes)
+        c = cache.get(ck)
         if c is None:
             req, gkey = self._request(dim, op, size_bytes, rank)
             fkey = (dim, op)
@@ -491,15 +505,17 @@ class Engine:
             if needed is None:
                 needed = int(self.simulated[self._groups[dim][gkey[1]]].sum())
                 self._needed[gkey] = needed
-            c = self._collective_cache[ck] = (req, gkey, BASE_DIM[dim], f * size_bytes, needed)
-        req, gkey, base_dim, wire_bytes, needed = c
-        self.comm_bytes[rank][base_dim] += wire_bytes
+            box = self._seq_box.get((rank, dim))
+            if box is None:
+                box = self._seq_box[(rank, dim)] = [0]
+            c = cache[ck] = (req, gkey, BASE_DIM[dim], f * size_bytes, needed, self.comm_bytes[rank], box)
+        req, gkey, base_dim, wire_bytes, needed, comm_bytes, box = c
+        comm_bytes[base_dim] += wire_bytes
         if needed == 1:
             # The only simulated member (reduced mode): no rendezvous, the network's event is it.
             return self.net.start(self.env, req)
-        sk = (rank, dim)
-        seq = self.seq[sk]
-        self.seq[sk] = seq + 1
+        seq = box[0]
+        box[0] = seq + 1
         key = (gkey, seq)
         rv = self.rdv.get(key)
         if rv is None:
@@ -515,7 +531,7 @@ class Engine:
 
     def _collective_stream(self, rank: int, stream: Stream, store: "_Queue"):
         env = self.env
-        sk = (rank, stream)
+        outstanding = self.outstanding[rank]
         while True:
             ins, done, code, counted = yield store.get(env)
             t0 = env.now
@@ -530,7 +546,7 @@ class Engine:
                 self.n_events += 2
             rows = self.rows
             rows.code.append(code); rows.rank.append(rank); rows.t0.append(t0); rows.t1.append(env.now)
-            self.outstanding[sk] -= 1
+            outstanding[stream] -= 1
             done.succeed()
 
     def _send_stream(self, rank: int, stream: Stream, store: "_Queue"):
@@ -557,19 +573,19 @@ class Engine:
                       t0, env.now)
             self._row(dst, (rname, kind, mb, stage, size), (rname, "pp", f"recv {kind} mb{mb}", mb, stage, -1, size),
                       t0, env.now)
-            self.outstanding[(rank, stream)] -= 1
+            self.outstanding[rank][stream] -= 1
             self._event((dst, key)).succeed()
 
     def _issue(self, rank: int, stream: Stream, item: tuple, ctas: int) -> None:
         """Hand work to a stream. On an idle stream the kernel launches now: its SMs are taken
         before the compute stream's next segment starts (the stream process runs later in the
         same instant)."""
-        sk = (rank, stream)
-        idle = not self.outstanding[sk]
+        outstanding = self.outstanding[rank]
+        idle = not outstanding[stream]
         if idle:
             self._take_sms(rank, ctas)
-        self.outstanding[sk] += 1
-        self.stores[sk].put(item + (idle,))
+        outstanding[stream] += 1
+        self.stores[(rank, stream)].put(item + (idle,))
 
     def _row_codes(self, rp) -> list[int]:
         """Each plan instruction's row code (compute segments and collectives; -1 for the rest),
@@ -598,7 +614,7 @@ class Engine:
         rp = self.plan.ranks[int(self._pp_of[rank])]
         handles: list[simpy.Event | None] = [None] * rp.num_handles
         exposed = self.exposed[rank]
-        outstanding = self.outstanding
+        outstanding = self.outstanding[rank]
         record_wait = self._wait
         wrows = self.wait_rows
         w_code, w_rank, w_t0, w_t1 = wrows.code.append, wrows.rank.append, wrows.t0.append, wrows.t1.append
@@ -622,7 +638,8 @@ class Engine:
         factor = self.compute_factor.get(rank)
         marks = None if self.action_marks is None else self.action_marks.setdefault(rank, {})
         comm_bytes = self.comm_bytes[rank]
-        sms_taken, sm_count, busy, timeout = self.sms_taken, self.sm_count, self.busy, self._delay
+        sms_taken, sm_count, timeout = self.sms_taken, self.sm_count, self._delay
+        busy_s = 0.0  # this rank's compute seconds so far (kept local: added per segment; stored at the end)
         ci = 0
         for ins, code in zip(rp.instrs, codes):
             t = type(ins)
@@ -631,7 +648,7 @@ class Engine:
                 if marks is not None:
                     mk = (ins.stage, ins.kind, ins.microbatch)
                     if mk not in marks:
-                        marks[mk] = (t0, self.busy[rank], tuple(exposed.values()), tuple(comm_bytes.values()),
+                        marks[mk] = (t0, busy_s, tuple(exposed.values()), tuple(comm_bytes.values()),
                                      self.contention[rank])
                 seconds = ins.seconds
                 if factor is not None:
@@ -645,10 +662,9 @@ class Engine:
                     yield timeout(seconds)
                 if ins.counted:
                     self.n_events += 1
-                busy[rank] += seconds
+                busy_s += seconds
                 row_code(code); row_rank(rank); row_t0(t0); row_t1(env.now)
             elif t is Collective:
-                sk = (rank, ins.stream)
                 if ins.handle >= 0:
                     ev = handles[ins.handle] = env.event()
                     self._issue(rank, ins.stream, (ins, ev, code), collective_ctas(ins.steps[0][1]))
@@ -656,7 +672,7 @@ class Engine:
                 dim, op, size_bytes = ins.steps[0]
                 t0 = env.now
                 self.waiting_on[rank] = ins
-                if not outstanding[sk] and len(ins.steps) == 1:
+                if not outstanding[ins.stream] and len(ins.steps) == 1:
                     # The stream is idle and compute blocks on it anyway: run the collective in
                     # place (same timing, a third of the events of a hand-over).
                     yield self._collective(rank, dim, op, size_bytes)
@@ -707,6 +723,7 @@ class Engine:
                     self._issue(rank, send.stream, (send, dst, key, ins.microbatch, ins.stage, ins.kind), P2P_CTAS)
             else:  # pragma: no cover - a plan only holds the instruction types above
                 raise TypeError(f"unknown plan instruction {ins!r}")
+        self.busy[rank] = busy_s
         self.finished.add(rank)
         self.end_time[rank] = env.now
         self.waiting_on.pop(rank, None)
