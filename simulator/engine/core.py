@@ -328,7 +328,7 @@ class Engine:
         self.sms_taken = [0] * self.mesh.world_size
         self.contention = dict.fromkeys(self.ranks, 0.0)
         self._sm_change: list = [None] * self.mesh.world_size  # rank -> wakes its contended compute segment
-        self.waiting_on: dict[int, object] = {}  # rank -> the instruction it waits on
+        self.waiting_on: list = [None] * self.mesh.world_size  # rank -> the instruction it waits on
         self.finished: set[int] = set()
         self.end_time: dict[int, float] = {}
         self.wait_rows = _Rows()
@@ -422,7 +422,7 @@ class Engine:
         return wall
 
     def _waiting(self, rank: int) -> str:
-        return _describe(self.waiting_on.get(rank))
+        return _describe(self.waiting_on[rank])
 
     def _event_frame(self) -> pd.DataFrame:
         """TIMELINE_COLUMNS from the rows' columns."""
@@ -587,26 +587,32 @@ class Engine:
         outstanding[stream] += 1
         self.stores[(rank, stream)].put(item + (idle,))
 
-    def _row_codes(self, rp) -> list[int]:
-        """Each plan instruction's row code (compute segments and collectives; -1 for the rest),
-        once per pipeline rank's plan."""
+    def _row_codes(self, rp) -> tuple[list[int], list[int]]:
+        """Each plan instruction's row code (compute segments and collectives; -1 for the rest)
+        and, for a blocking collective, the code of the compute stream's wait on it (-1 for the
+        rest), once per pipeline rank's plan."""
         cache = self._codes_of_plan
-        codes = cache.get(id(rp))
-        if codes is None:
-            rows = self.rows
-            codes = []
+        hit = cache.get(id(rp))
+        if hit is None:
+            rows, waits = self.rows, self.wait_rows
+            codes, wait_codes = [], []
             for ins in rp.instrs:
                 t = type(ins)
+                wcode = -1
                 if t is Compute:
                     codes.append(rows.new_code(("compute", ins.kind, ins.label, ins.microbatch, ins.stage, ins.layer,
                                                 0.0)))
                 elif t is Collective:
                     codes.append(rows.new_code((ins.stream.value, ins.row_kind, ins.name, ins.microbatch, ins.stage,
                                                 ins.layer, ins.row_bytes)))
+                    if ins.handle < 0:
+                        cause = BASE_DIM[ins.steps[0][0]]
+                        wcode = waits.code_of((cause, id(ins)), (cause, ins))
                 else:
                     codes.append(-1)
-            cache[id(rp)] = codes
-        return codes
+                wait_codes.append(wcode)
+            hit = cache[id(rp)] = (codes, wait_codes)
+        return hit
 
     def _replay(self, rank: int):
         """Walk the rank's plan: no decisions here beyond 'is the stream idle' and 'has it arrived'."""
@@ -620,7 +626,7 @@ class Engine:
         w_code, w_rank, w_t0, w_t1 = wrows.code.append, wrows.rank.append, wrows.t0.append, wrows.t1.append
         w_issued, w_src, w_code_of = self._w_issued.append, self._w_src.append, wrows.code_of
         waiting_on = self.waiting_on
-        codes = self._row_codes(rp)
+        codes, wait_codes = self._row_codes(rp)
         rows = self.rows
         row_code, row_rank, row_t0, row_t1 = rows.code.append, rows.rank.append, rows.t0.append, rows.t1.append
 
@@ -630,7 +636,7 @@ class Engine:
             # per instruction when the table is built (_wait_frame), not once per wait.
             now = env.now
             if now > t0:
-                what = waiting_on.get(rank)
+                what = waiting_on[rank]
                 w_code(w_code_of((cause, id(what)), (cause, what))); w_rank(rank); w_t0(t0); w_t1(now)
                 w_issued(issued); w_src(src)
 
@@ -641,7 +647,8 @@ class Engine:
         sms_taken, sm_count, timeout = self.sms_taken, self.sm_count, self._delay
         busy_s = 0.0  # this rank's compute seconds so far (kept local: added per segment; stored at the end)
         ci = 0
-        for ins, code in zip(rp.instrs, codes):
+        base_dim_of = BASE_DIM
+        for ins, code, wcode in zip(rp.instrs, codes, wait_codes):
             t = type(ins)
             if t is Compute:
                 t0 = env.now
@@ -671,7 +678,7 @@ class Engine:
                     continue
                 dim, op, size_bytes = ins.steps[0]
                 t0 = env.now
-                self.waiting_on[rank] = ins
+                waiting_on[rank] = ins
                 if not outstanding[ins.stream] and len(ins.steps) == 1:
                     # The stream is idle and compute blocks on it anyway: run the collective in
                     # place (same timing, a third of the events of a hand-over).
@@ -682,8 +689,10 @@ class Engine:
                     ev = env.event()
                     self._issue(rank, ins.stream, (ins, ev, code), collective_ctas(ins.steps[0][1]))
                     yield ev
-                exposed[BASE_DIM[dim]] += env.now - t0
-                waited(t0, BASE_DIM[dim], t0)
+                now = env.now
+                exposed[base_dim_of[dim]] += now - t0
+                if now > t0:  # the wait, as waited() records it (its code was made with the plan's)
+                    w_code(wcode); w_rank(rank); w_t0(t0); w_t1(now); w_issued(t0); w_src(-1)
             elif t is Wait:
                 ev = handles[ins.handle]
                 if not ev.triggered:
@@ -726,4 +735,4 @@ class Engine:
         self.busy[rank] = busy_s
         self.finished.add(rank)
         self.end_time[rank] = env.now
-        self.waiting_on.pop(rank, None)
+        self.waiting_on[rank] = None
