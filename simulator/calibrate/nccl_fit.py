@@ -26,7 +26,14 @@ so the constants are the system's, not a size's or a log's. Fitted (``NcclCalibr
 - ll128_latency_scale, simple_latency_scale: the LL128 and Simple latencies relative to LL's (the
   Simple pipeline fill, which NCCL's own 2.18 comment folds into the Tree/Simple latency, is an
   explicit term of the model now: ``simulator.network.nccl.pipeline_fill_us``, no constant);
-- intra_latency_scale: latency_scale for collectives inside one node (fitted only with such logs).
+- intra_latency_scale: latency_scale for collectives inside one node (fitted only with such logs);
+- net_step_us (multi-node logs): a cost per network step a channel runs beyond its first loop,
+  with the steps of NCCL's own chunking (``simulator.network.nccl.chunking``, calcCollChunking,
+  NCCL-MODEL.md §4.4); runtime_chunking (structure, always on in a fit): Tree/LL128 across nodes
+  takes its size dependence from that chunk count instead of the tuner's treeCorrectionFactor;
+- inter_simple_latency_scale (multi-node and single-node logs together): the Simple latency scale
+  across nodes apart from inside one node (NCCL's Simple ring latency across nodes charges
+  netOverhead x 3 per NVLink step, §3.3, which one node does not).
 
 The objective is the relative time error at every size, weighted by the tolerance the issue
 asks for (10 % from 64 KiB, 25 % below), as |log-ratio / tolerance|^3 (leaning towards the worst
@@ -48,11 +55,11 @@ from simulator.network.nccl import NcclModel, NcclSystem, NcclTuning
 
 _NGPUS = re.compile(r"nGpus\s+(\d+)")
 _SMALL_BYTES = 64 << 10
-import os
-SPLIT_SIMPLE = bool(os.environ.get('SPLIT_SIMPLE'))  # EXPERIMENT
 # At most this many read+write passes over the buffer can be exposed: a Simple ring step reads its
 # input and the received chunk and writes the result (about 3 passes of traffic per byte moved).
 MAX_MEM_PASSES = 3.0
+# Protocol bandwidth factors hopped to either end from the best point (fit_system)
+HOPS = (("ll_bw_scale", 0.15), ("ll_bw_scale", 1.0), ("ll128_bw_scale", 0.15), ("ll128_bw_scale", 1.0))
 
 
 @dataclass
@@ -124,7 +131,7 @@ def physical_bounds(system: NcclSystem) -> tuple[float, float]:
 
 
 def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None = None,
-               system_name: str = "", note=None, n_random_starts: int = 4, extra_starts: list[dict] | None = None) -> NcclCalibration:
+               system_name: str = "", note=None, n_random_starts: int = 4) -> NcclCalibration:
     """The system's constants from all its logs (see the module docstring)."""
     from scipy.optimize import least_squares
 
@@ -176,11 +183,18 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
         lo += [0.0, 0.2]
         hi += [200.0, inter_hi]
         x0 += [5.0, 0.9]
+        # A cost per network step beyond a channel's first loop (NCCL's proxy runs the steps of
+        # calcCollChunking one after another, §4.4): 0-10 µs, a sanity cap like channel_us (a
+        # step is a few µs of proxy work and NIC handshake at most).
         names.append("net_step_us")
         lo.append(0.0)
         hi.append(10.0)
         x0.append(1.0)
-        if any(l.n_nodes == 1 and l.n_ranks > 1 for l in logs) and SPLIT_SIMPLE:
+        if any(l.n_nodes == 1 and l.n_ranks > 1 for l in logs):
+            # Simple's latency across nodes apart from inside one node: NCCL's ring formula
+            # charges every NVLink step max(hwLat, netOverhead x 3) across nodes (6 µs on AMD
+            # hosts, §3.3) and none inside one; one scale for both left Azure 32 GPUs at 256 MiB
+            # on Ring/LL128 (+13 %) where the run is at Simple's rate. Bound as simple_latency_scale.
             names.append("inter_simple_latency_scale")
             lo.append(0.2)
             hi.append(5.0)
@@ -202,6 +216,7 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
     def tuning(x) -> NcclTuning:
         kw = dict(zip(names, (float(v) for v in x)))
         kw["cta_bound_intra"] = True  # structure, not fitted: see NcclTuning.cta_bound_intra
+        kw["runtime_chunking"] = True  # structure, not fitted: see NcclTuning.runtime_chunking
         passes = kw.pop("mem_passes", 0.0)
         if passes >= 0.01 and hbm_GBps:  # below 1 % of a pass: none (NCCL's model)
             kw["mem_GBps"] = hbm_GBps / (2.0 * passes)
@@ -225,9 +240,6 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
     # and a few spread over the box (fixed seed: the fit is reproducible). The algorithm and
     # protocol switch with the constants, so the objective has steps and several local minima:
     # every start runs a short descent, the best one is then refined.
-    # and from given constants (e.g. a previous fit of the same system), missing ones at x0
-    for d in extra_starts or ():
-        starts.append([float(d.get(n, v)) if d.get(n) is not None else v for n, v in zip(names, x0)])
     rng = np.random.default_rng(0)
     lo_a, hi_a = np.asarray(lo, float), np.asarray(hi, float)
     for _ in range(n_random_starts):
@@ -236,24 +248,22 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
     for s in starts:
         s = np.clip(s, lo_a + 1e-9, hi_a - 1e-9)
         short.append(least_squares(resid, s, bounds=(lo, hi), loss="soft_l1", f_scale=1.0, diff_step=1e-3, max_nfev=30))
-    if os.environ.get('FITDBG'):
-        for r in short: print('short', round(r.cost,3), dict(zip(names, np.round(r.x,3))))
-    for r in sorted(short, key=lambda r: r.cost)[:1]:
-        r = least_squares(resid, np.clip(r.x, lo_a + 1e-9, hi_a - 1e-9), bounds=(lo, hi), loss="soft_l1",
+    best = min(short, key=lambda r: r.cost)
+    best = least_squares(resid, np.clip(best.x, lo_a + 1e-9, hi_a - 1e-9), bounds=(lo, hi), loss="soft_l1",
+                         f_scale=1.0, diff_step=1e-3, max_nfev=300)
+    # Where one protocol hands over to the next is a step of the objective that a descent does not
+    # cross: from the best point, each protocol's bandwidth factor is set to either end (a small
+    # fraction of NCCL's factor, NCCL's own) and the point refined again, kept if better (Azure:
+    # LL at 0.09-0.13 of NCCL's factor, cost 0.28, against 0.63 with NCCL's own, every other
+    # constant alike; p4de: LL128 at NCCL's own against 0.82).
+    for name, value in HOPS:
+        if name not in names or abs(best.x[names.index(name)] - value) < 0.1:
+            continue
+        hop = np.array([value if n == name else v for n, v in zip(names, best.x)])
+        r = least_squares(resid, np.clip(hop, lo_a + 1e-9, hi_a - 1e-9), bounds=(lo, hi), loss="soft_l1",
                           f_scale=1.0, diff_step=1e-3, max_nfev=300)
-        if os.environ.get('FITDBG'): print('refined', round(r.cost,3), dict(zip(names, np.round(r.x,3))))
-        if best is None or r.cost < best.cost:
+        if r.cost < best.cost:
             best = r
-    # Where LL hands over to LL128 is a step of the objective that a descent from a high LL
-    # factor does not cross: the best point is refined once more with LL at a small fraction of
-    # NCCL's factor, and kept if better (Azure: LL at 0.13 of NCCL's factor, cost 0.28, against
-    # 0.63 with NCCL's own, every other constant alike).
-    hop = np.array([0.15 if n == "ll_bw_scale" else v for n, v in zip(names, best.x)])
-    r = least_squares(resid, np.clip(hop, lo_a + 1e-9, hi_a - 1e-9), bounds=(lo, hi), loss="soft_l1",
-                      f_scale=1.0, diff_step=1e-3, max_nfev=300)
-    if os.environ.get('FITDBG'): print('hop', round(r.cost,3), dict(zip(names, np.round(r.x,3))))
-    if r.cost < best.cost:
-        best = r
     tn = tuning(best.x)
     tol = [1e-6 * max(1.0, abs(b)) for b in hi]
     at_lo = [n for n, v, a, t in zip(names, best.x, lo, tol) if v - a <= t]
@@ -280,6 +290,7 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
                            ll128_bw_scale=tn.ll128_bw_scale, channel_us=tn.channel_us, copy_latency_us=tn.copy_latency_us,
                            mem_GBps=tn.mem_GBps, intra_ll_bw_scale=tn.intra_ll_bw_scale, cta_bound_intra=tn.cta_bound_intra,
                            net_step_us=tn.net_step_us, inter_simple_latency_scale=tn.inter_simple_latency_scale,
+                           runtime_chunking=tn.runtime_chunking,
                            system=system_name, fit_error=worst)
 
 
@@ -298,7 +309,13 @@ def physics_checks(system: NcclSystem, cal: NcclCalibration, hbm_GBps: float | N
         ("protocol bw", f"LL x{cal.ll_bw_scale:.2f}, LL128 x{cal.ll128_bw_scale:.2f} <= 1 of NCCL's protocol factors",
          cal.ll_bw_scale <= 1 + 1e-9 and cal.ll128_bw_scale <= 1 + 1e-9),
         ("channel_us", f"{cal.channel_us:.2f} µs per channel launched, 0..10", 0 <= cal.channel_us <= 10 + 1e-9),
+        ("net_step_us", f"{cal.net_step_us:.2f} µs per network step beyond a channel's first loop, 0..10",
+         0 <= cal.net_step_us <= 10 + 1e-9),
     ]
+    if cal.inter_simple_latency_scale is not None:
+        out.append(("inter_simple_latency_scale", f"Simple latency across nodes x{cal.inter_simple_latency_scale:.2f} of NCCL's "
+                    "(inside one: x{:.2f}), >= 0.2 (its pipeline fill is a term of its own)".format(cal.simple_latency_scale),
+                    cal.inter_simple_latency_scale >= 0.2 - 1e-9))
     if hbm_GBps:
         if cal.mem_GBps:
             passes = hbm_GBps / 2 / cal.mem_GBps

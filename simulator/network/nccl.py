@@ -195,11 +195,15 @@ class NcclTuning:
     # plugins not being the 2.28 tables: docs/design-notes.md.
     rank_on_tuner_time: bool = False
     pick_on_own_table: bool = False
-    # A cost per network step beyond the first loop, µs (see chunking and NcclCalibration.net_step_us).
+    # A cost per network (proxy) step a channel runs beyond its first loop, µs: NCCL's tuner counts
+    # one loop's steps in its latency and none after (see chunking, NcclCalibration.net_step_us).
     net_step_us: float = 0.0
     # The Simple latency scale across nodes where it differs from inside one node (None: simple_latency_scale).
     inter_simple_latency_scale: float | None = None
-    tree_correction: bool = True  # EXPERIMENT
+    # Tree/LL128 across nodes takes its size dependence from the runtime's chunk count
+    # (calcCollChunking, §4.4, with net_step_us per step) instead of the tuner's
+    # treeCorrectionFactor (§1.9), which stands in for it keyed on the total size. Off: NCCL's tuner.
+    runtime_chunking: bool = False
 
     @classmethod
     def from_comm(cls, comm: Any) -> "NcclTuning":
@@ -216,7 +220,8 @@ class NcclTuning:
                    mem_GBps=getattr(cal, "mem_GBps", None), intra_ll_bw_scale=getattr(cal, "intra_ll_bw_scale", None),
                    cta_bound_intra=bool(getattr(cal, "cta_bound_intra", False)),
                    net_step_us=float(getattr(cal, "net_step_us", 0.0) or 0.0),
-                   inter_simple_latency_scale=getattr(cal, "inter_simple_latency_scale", None))
+                   inter_simple_latency_scale=getattr(cal, "inter_simple_latency_scale", None),
+                   runtime_chunking=bool(getattr(cal, "runtime_chunking", False)))
 
 
 @dataclass(frozen=True)
@@ -804,17 +809,21 @@ class NcclModel:
                 # the measured cost per channel launched (NcclCalibration.channel_us): NCCL's
                 # tuner has no such term, so more channels never cost it anything
                 ch_us = tn.channel_us * nc
+                # NCCL's chunking of each channel's share (§4.4): the proxy runs every network step
+                # in turn; NCCL's latency covers one loop's steps, each further step costs
+                # net_step_us (fitted; no network, no proxy: 0 inside one node)
                 ck = chunking(algo, proto, top, size / max(1, nc), n, n_nodes, ppn)
                 extra_steps = ck.proxy_steps - ck.steps_per_loop if n_nodes > 1 else 0
                 st_us = tn.net_step_us * extra_steps
-                if not tn.tree_correction and algo == "tree" and proto == "LL128" and n_nodes > 1 and size >= 64:
+                if tn.runtime_chunking and algo == "tree" and proto == "LL128" and n_nodes > 1 and size >= 64:
+                    # the chunk count above replaces the tuner's size correction (§1.9) that
+                    # algo_time_us applied: the measured rate steps where calcCollChunking doubles
+                    # the chunk (Azure 32 GPUs: 8 MiB), not where the table steps (4 MiB)
                     i = int(math.log2(size / 64))
                     if i <= 22:
-                        corr = TREE_CORRECTION[proto][i]
-                        t = lat + (t - lat) * corr
-                        bw = bw / corr
-                ch_us += st_us
-                t, lat = t + fill + ch_us, lat + fill + ch_us
+                        t = lat + (t - lat) * TREE_CORRECTION[proto][i]
+                        bw = bw / TREE_CORRECTION[proto][i]
+                t, lat = t + fill + ch_us + st_us, lat + fill + ch_us + st_us
                 if tn.mem_GBps:
                     # one pass over the buffer that does not overlap the transfers (see
                     # NcclTuning.mem_GBps): the size term runs at the harmonic sum of the rates
@@ -824,7 +833,7 @@ class NcclModel:
                     rank = t
                 times[(algo, proto)] = max(t + stagger, floor)
                 if best is None or rank < best[0]:
-                    best = (rank, t, lat, bw, algo, proto, nc, nt, (fill, unit, stages), ch_us - st_us, ck, extra_steps, st_us)
+                    best = (rank, t, lat, bw, algo, proto, nc, nt, (fill, unit, stages), ch_us, ck, extra_steps, st_us)
         _, t, lat, bw, algo, proto, nc, nt, pipe, ch_us, ck, extra_steps, st_us = best
         c = Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times, *pipe,
                    channel_cost_us=ch_us, chunk_bytes=float(ck.chunk_bytes), net_steps=extra_steps, step_cost_us=st_us)
