@@ -14,7 +14,7 @@ import simpy
 from typer.testing import CliRunner
 
 from simulator.calibrate.fit import calibrate
-from simulator.calibrate.nccl_fit import error_table, errors, fit_system, physical_bounds, physics_checks, read_log
+from simulator.calibrate.nccl_fit import error_table, errors, fit_system, physical_bounds, physics_checks, read_log, ring_simple_floor
 from simulator.profile import load_profile
 from simulator.network.alpha_beta import TierNetwork
 from simulator.network.base import CollectiveRequest
@@ -193,8 +193,8 @@ BOUNDS = {
     "azure-ndv4-a100-40gb-2gpu_all_reduce_perf.txt": (0.085, 0.15),
     "azure-ndv4-a100-40gb-4gpu_all_reduce_perf.txt": (0.10, 0.18),
     "azure-ndv4-a100-40gb-8gpu_all_reduce_perf.txt": (0.12, 0.13),
-    "azure-ndv4-a100-40gb-16gpu_all_reduce_perf.txt": (0.10, 0.16),
-    "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt": (0.10, 0.135),
+    "azure-ndv4-a100-40gb-16gpu_all_reduce_perf.txt": (0.10, 0.18),
+    "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt": (0.10, 0.12),
 }
 MEETS_TARGET = ("p4de-", "p5-", "azure-ndv4-a100-40gb-1gpu", "azure-ndv4-a100-40gb-2gpu", "azure-ndv4-a100-40gb-4gpu",
                 "azure-ndv4-a100-40gb-16gpu", "azure-ndv4-a100-40gb-32gpu")
@@ -244,7 +244,7 @@ def test_logs_that_meet_the_targets(fitted):
 
 def test_fitted_constants_within_physics(fitted):
     for topo, (spec, system, logs, cal) in fitted.items():
-        checks = physics_checks(system, cal, SYSTEMS[topo][2])
+        checks = physics_checks(system, cal, SYSTEMS[topo][2], [(l.n_ranks, l.n_nodes) for l in logs])
         assert all(ok for _, _, ok in checks), (topo, checks)
     # The Azure fit: NVLink at most its 300 GB/s spec, the NICs below their 200 Gb/s line rate
     # (128 GB/s busbw at 16 GPUs), a cost per channel of about 1.2 µs (the single-node steps of
@@ -258,12 +258,12 @@ def test_fitted_constants_within_physics(fitted):
     # LL128 chunk time at 18,000 B is ~4.4 µs where 2.3 µs moves the bytes); Simple's latency
     # across nodes well under NCCL's AMD-host ring formula (netOverhead x 3 per NVLink step).
     assert 1.0 < cal.net_step_us < 4.0 and cal.runtime_chunking
-    assert 0.2 - 1e-9 <= cal.inter_simple_latency_scale < 0.5 < cal.simple_latency_scale
+    assert ring_simple_floor(fitted["azure-ndv4"][1], [(16, 2), (32, 4)]) - 1e-6 <= cal.inter_simple_latency_scale < 0.5 < cal.simple_latency_scale
 
 
 def test_held_out_log_predicted_from_the_others(fitted):
-    """Overfitting guard: Azure fitted without its 32-GPU log predicts that log within 14.1 % from
-    64 KiB and 20.4 % below (fitted on it: 9.3 % / 11.9 %): the constants carry over from 16 to 32
+    """Overfitting guard: Azure fitted without its 32-GPU log predicts that log within 15.1 % from
+    64 KiB and 16.4 % below (fitted on it: 9.9 % / 10.7 %): the constants carry over from 16 to 32
     GPUs, less well at small sizes (the 4-node tree's latency is only seen at 2 nodes)."""
     spec, system, logs, _ = fitted["azure-ndv4"]
     name = "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt"
@@ -271,7 +271,7 @@ def test_held_out_log_predicted_from_the_others(fitted):
         warnings.simplefilter("ignore")
         cal = fit_system(system, [l for l in logs if l.name != name], SYSTEMS["azure-ndv4"][2], "azure-ndv4")
     (row,) = error_table(NcclModel(system, NcclTuning.from_comm(NS(nccl=cal))), [l for l in logs if l.name == name])
-    assert row["worst_ge_64KiB"] <= 0.155 and row["worst_lt_64KiB"] <= 0.215, row
+    assert row["worst_ge_64KiB"] <= 0.165 and row["worst_lt_64KiB"] <= 0.18, row
 
 
 def test_measured_time_is_the_better_column():

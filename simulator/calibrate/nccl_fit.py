@@ -130,6 +130,29 @@ def physical_bounds(system: NcclSystem) -> tuple[float, float]:
     return float(intra), float(inter)
 
 
+def ring_simple_floor(system: NcclSystem, shapes: list[tuple[int, int]]) -> float:
+    """The lowest Simple latency scale across nodes at which Ring/Simple starts no sooner than
+    Ring/LL on the same ring: Simple waits on a fenced counter per step where LL polls a flag in
+    the data (NCCL-MODEL.md §2.1), so its latency is no lower. From NCCL's own tables (§3.3, the
+    ×1.4 plateau of §3.4 included), the largest ratio over the (ranks, nodes) shapes given."""
+    from simulator.network.nccl import algo_time_us, graphs, tune
+
+    floor = 0.0
+    for n, nodes in shapes:
+        if nodes < 2:
+            continue
+        ppn = max(1, math.ceil(n / nodes))
+        table = tune(system, "all_reduce", n, nodes, ppn, NcclTuning())
+        if ("ring", "LL") not in table or ("ring", "Simple") not in table:
+            continue
+        rt = graphs(system, nodes, ppn)["ring"].runtime_ch
+        big = float(1 << 30)
+        ll = algo_time_us(system, "all_reduce", big, n, nodes, "ring", "LL", *table[("ring", "LL")], rt)[1]
+        simple = algo_time_us(system, "all_reduce", big, n, nodes, "ring", "Simple", *table[("ring", "Simple")], rt)[1]
+        floor = max(floor, ll / simple)
+    return floor
+
+
 def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None = None,
                system_name: str = "", note=None, n_random_starts: int = 4) -> NcclCalibration:
     """The system's constants from all its logs (see the module docstring)."""
@@ -191,12 +214,13 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
         hi.append(10.0)
         x0.append(1.0)
         if any(l.n_nodes == 1 and l.n_ranks > 1 for l in logs):
-            # Simple's latency across nodes apart from inside one node: NCCL's ring formula
+            # Ring/Simple's latency across nodes apart from inside one node: NCCL's ring formula
             # charges every NVLink step max(hwLat, netOverhead x 3) across nodes (6 µs on AMD
             # hosts, §3.3) and none inside one; one scale for both left Azure 32 GPUs at 256 MiB
-            # on Ring/LL128 (+13 %) where the run is at Simple's rate. Bound as simple_latency_scale.
+            # on Ring/LL128 (+13 %) where the run is at Simple's rate. Lower bound: no sooner
+            # than Ring/LL on the same ring (ring_simple_floor).
             names.append("inter_simple_latency_scale")
-            lo.append(0.2)
+            lo.append(max(0.2, ring_simple_floor(system, [(l.n_ranks, l.n_nodes) for l in logs])))
             hi.append(5.0)
             x0.append(1.0)
     if hbm_GBps:
@@ -294,8 +318,11 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
                            system=system_name, fit_error=worst)
 
 
-def physics_checks(system: NcclSystem, cal: NcclCalibration, hbm_GBps: float | None = None) -> list[tuple[str, str, bool]]:
-    """Each fitted constant against what the hardware allows: (constant, the check in words, holds)."""
+def physics_checks(system: NcclSystem, cal: NcclCalibration, hbm_GBps: float | None = None,
+                   shapes: list[tuple[int, int]] | None = None) -> list[tuple[str, str, bool]]:
+    """Each fitted constant against what the hardware allows: (constant, the check in words, holds).
+    shapes: the (ranks, nodes) of the fitted logs, for the Ring/Simple latency floor (default: 2
+    full nodes)."""
     intra_hi, inter_hi = physical_bounds(system)
     nvl_GBps = system.nvl_GBps * cal.intra_bw_scale
     out = [
@@ -313,9 +340,10 @@ def physics_checks(system: NcclSystem, cal: NcclCalibration, hbm_GBps: float | N
          0 <= cal.net_step_us <= 10 + 1e-9),
     ]
     if cal.inter_simple_latency_scale is not None:
-        out.append(("inter_simple_latency_scale", f"Simple latency across nodes x{cal.inter_simple_latency_scale:.2f} of NCCL's "
-                    "(inside one: x{:.2f}), >= 0.2 (its pipeline fill is a term of its own)".format(cal.simple_latency_scale),
-                    cal.inter_simple_latency_scale >= 0.2 - 1e-9))
+        floor = max(0.2, ring_simple_floor(system, shapes or [(2 * system.gpus_per_node, 2)]))
+        out.append(("inter_simple_latency_scale", f"Ring/Simple latency across nodes x{cal.inter_simple_latency_scale:.3f} of "
+                    f"NCCL's (inside one node x{cal.simple_latency_scale:.2f}) >= {floor:.3f}, where it would start "
+                    "sooner than Ring/LL on the same ring", cal.inter_simple_latency_scale >= floor - 1e-6))
     if hbm_GBps:
         if cal.mem_GBps:
             passes = hbm_GBps / 2 / cal.mem_GBps

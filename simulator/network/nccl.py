@@ -20,17 +20,23 @@ What it does, per collective (op, size, group):
 5. the pipeline fill NCCL's tuner leaves out (§4.4, §4.5; ``pipeline_fill_us``): Simple moves
    slices store-and-forward through an 8-slot FIFO, so each stage a slice crosses outside the
    lockstep ring (the hops of a tree or a broadcast chain, NVLS's
-   switch) adds one slice time, with NCCL's own chunk and slice sizes per channel launched.
+   switch) adds one slice time, with NCCL's own chunk and slice sizes per channel launched;
+6. the runtime's chunking (§4.4; ``chunking``): calcCollChunking's chunk per channel and the
+   proxy's network steps; across nodes every step beyond a channel's first loop (which NCCL's
+   latency covers) costs a calibrated net_step_us, and with runtime_chunking Tree/LL128 across
+   nodes takes its size dependence from that chunk count, not the tuner's treeCorrectionFactor.
 
 NCCL's absolute times are optimistic (its tuner only ranks choices, §8.4). A per-system
 calibration (``simulator.calibrate.nccl_fit``, stored in ``Profile.comm.nccl``) scales a few
 things and nothing else: the latency tables (latency_scale across nodes, intra_latency_scale
-inside one, and per protocol LL128 / Simple relative to LL), a network latency per network hop
+inside one, per protocol LL128 / Simple relative to LL, and Ring/Simple across nodes apart
+from inside one), a network latency per network hop
 that NCCL itself takes from the net plugin (``latencyInter``, 0 for InfiniBand, large for EFA),
 the graph bandwidths inside and across nodes (intra/inter_bw_scale), the LL and LL128 bandwidth
-factors, and a host launch cost per GPU driven by one thread (launch_us); and it adds three
+factors, and a host launch cost per GPU driven by one thread (launch_us); and it adds four
 measured terms NCCL's tuner does not have: a cost per channel launched (channel_us), an exposed
-memory pass per byte (mem_GBps) and a 1-rank copy's start-up (copy_latency_us), each with its
+memory pass per byte (mem_GBps), a 1-rank copy's start-up (copy_latency_us) and a cost per
+network step beyond a channel's first loop (net_step_us, item 6), each with its
 evidence in NcclTuning and docs/design-notes.md. The choice of algorithm and protocol is the
 fastest on the calibrated time, with NCCL's scan order for ties (NcclTuning.rank_on_tuner_time
 and pick_on_own_table give NCCL's own ranking rules instead).
@@ -516,7 +522,7 @@ def _tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: Nccl
             lat_net = _latency(sys, op, algo, proto, pi, n, n_nodes, ppn, nsteps, intra_hw, hw, 1.0) - lat_nccl
             lat_scale = tuning.latency_scale if n_nodes > 1 else tuning.intra_latency_scale
             simple_scale = tuning.simple_latency_scale
-            if n_nodes > 1 and tuning.inter_simple_latency_scale is not None:
+            if algo == "ring" and n_nodes > 1 and tuning.inter_simple_latency_scale is not None:
                 simple_scale = tuning.inter_simple_latency_scale
             lat_scale *= tuning.ll128_latency_scale if proto == "LL128" else (simple_scale if proto == "Simple" else 1.0)
             out[(algo, proto)] = (algbw, lat_nccl * lat_scale + lat_net * tuning.net_latency_us)
