@@ -31,9 +31,10 @@ so the constants are the system's, not a size's or a log's. Fitted (``NcclCalibr
   with the steps of NCCL's own chunking (``simulator.network.nccl.chunking``, calcCollChunking,
   NCCL-MODEL.md §4.4); runtime_chunking (structure, always on in a fit): Tree/LL128 across nodes
   takes its size dependence from that chunk count instead of the tuner's treeCorrectionFactor;
-- inter_simple_latency_scale (multi-node and single-node logs together): the Simple latency scale
-  across nodes apart from inside one node (NCCL's Simple ring latency across nodes charges
-  netOverhead x 3 per NVLink step, §3.3, which one node does not).
+- inter_simple_latency_scale (multi-node and single-node logs together): the Ring/Simple latency
+  scale across nodes apart from inside one node (NCCL's Simple ring latency across nodes charges
+  netOverhead x 3 per NVLink step, §3.3, which one node does not), no lower than Ring/LL's
+  latency on the same ring (``ring_simple_floor``).
 
 The objective is the relative time error at every size, weighted by the tolerance the issue
 asks for (10 % from 64 KiB, 25 % below), as |log-ratio / tolerance|^3 (leaning towards the worst

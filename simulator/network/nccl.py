@@ -204,7 +204,8 @@ class NcclTuning:
     # A cost per network (proxy) step a channel runs beyond its first loop, µs: NCCL's tuner counts
     # one loop's steps in its latency and none after (see chunking, NcclCalibration.net_step_us).
     net_step_us: float = 0.0
-    # The Simple latency scale across nodes where it differs from inside one node (None: simple_latency_scale).
+    # Ring/Simple's latency scale across nodes where it differs from inside one node (None:
+    # simple_latency_scale; NCCL's ring charges netOverhead x 3 per NVLink step across nodes, §3.3).
     inter_simple_latency_scale: float | None = None
     # Tree/LL128 across nodes takes its size dependence from the runtime's chunk count
     # (calcCollChunking, §4.4, with net_step_us per step) instead of the tuner's
@@ -611,9 +612,9 @@ def chunking(algo: str, proto: str, op: str, bytes_per_channel: float, n: int, n
       Simple 512 KiB; LL half a 64 KiB step (32 KiB of data); LL128 15/16 of a 614,400 B step
       (576,000 B);
     - Tree/LL128 halves it (not below 128 KiB) while bytes/chunk < (1 + log2 nNodes + 0.1 ppn) x
-      64/ppn, then (not below 32 KiB) while < the same x 16/ppn: on 4 nodes x 8 GPUs 18,000 B
-      from 128 KiB to 4 MiB per channel share of 256 KiB, 36,000 B up to 512 KiB, 72,000 B up to
-      4.4 MB (then 144,000 B);
+      64/ppn, then (not below 32 KiB) while < the same x 16/ppn: on 4 nodes x 8 GPUs (3.8 x 8 =
+      30.4, 3.8 x 2 = 7.6) a channel's share below 273,600 B gets 18,000 B chunks, below
+      547,200 B 36,000 B, below 4,377,600 B 72,000 B, then 144,000 B and up;
     - NVLS / NVLS Tree: the pipeline_fill_us units (128 KiB, 64 KiB from 4 nodes);
     - rounded down to the grain (§1.3: 16 B LL, 1,920 B LL128, 512 B Simple).
     Loops: a ring moves n chunks per loop (runRing), a tree or a chain one. Proxy steps per channel
