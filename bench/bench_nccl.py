@@ -87,7 +87,7 @@ def main() -> None:
                   f"{_pct(r['worst_ge_64KiB']):>9} {_pct(r['worst_lt_64KiB']):>7} {_mark(r)}  {miss}")
         consts = ", ".join(f"{k} {v:.3g}" for k, v in cal.model_dump(exclude={"system", "fit_error"}).items() if v is not None)
         print(f"  {topo} fitted constants: {consts}  (fit {fit_s:.1f} s, loaded machine)")
-        for name, words, ok in physics_checks(system, cal, hbm):
+        for name, words, ok in physics_checks(system, cal, hbm, [(l.n_ranks, l.n_nodes) for l in logs]):
             print(f"    physics {'ok ' if ok else 'BAD'} {name}: {words}")
         for n in notes:
             print(f"    note: {n}")

@@ -14,7 +14,7 @@ import simpy
 from typer.testing import CliRunner
 
 from simulator.calibrate.fit import calibrate
-from simulator.calibrate.nccl_fit import error_table, errors, fit_system, physical_bounds, physics_checks, read_log
+from simulator.calibrate.nccl_fit import error_table, errors, fit_system, physical_bounds, physics_checks, read_log, ring_simple_floor
 from simulator.profile import load_profile
 from simulator.network.alpha_beta import TierNetwork
 from simulator.network.base import CollectiveRequest
@@ -183,20 +183,21 @@ SYSTEMS = {
 }
 # Worst |relative error| reached per log (>= 64 KiB, < 64 KiB), with about 1.5 points of slack
 # over what the fit reaches (bench/bench_nccl.py prints the figures). The targets are 10 % / 25 %;
-# p4de, p5, Azure 1, 2 and 4 GPUs meet them (asserted at the target below); Azure 8, 16 and 32 GPUs
-# miss them (10.6 %, 10.5 %, 14.5 % from 64 KiB), with the causes in docs/design-notes.md. These
-# bounds guard against regressions.
+# every log but Azure 8 GPUs meets them (asserted at the target below); Azure 8 GPUs misses
+# (10.5 % from 64 KiB, at 64 MiB), with the cause in docs/design-notes.md. These bounds guard
+# against regressions.
 BOUNDS = {
-    "p4de-2nodes-16gpu_all_reduce_perf.txt": (0.085, 0.14),
-    "p5-2nodes-16gpu_all_reduce_perf.txt": (0.075, 0.10),
-    "azure-ndv4-a100-40gb-1gpu_all_reduce_perf.txt": (0.075, 0.095),
+    "p4de-2nodes-16gpu_all_reduce_perf.txt": (0.09, 0.13),
+    "p5-2nodes-16gpu_all_reduce_perf.txt": (0.09, 0.09),
+    "azure-ndv4-a100-40gb-1gpu_all_reduce_perf.txt": (0.075, 0.09),
     "azure-ndv4-a100-40gb-2gpu_all_reduce_perf.txt": (0.085, 0.15),
     "azure-ndv4-a100-40gb-4gpu_all_reduce_perf.txt": (0.10, 0.18),
     "azure-ndv4-a100-40gb-8gpu_all_reduce_perf.txt": (0.12, 0.13),
-    "azure-ndv4-a100-40gb-16gpu_all_reduce_perf.txt": (0.12, 0.185),
-    "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt": (0.16, 0.125),
+    "azure-ndv4-a100-40gb-16gpu_all_reduce_perf.txt": (0.10, 0.18),
+    "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt": (0.10, 0.12),
 }
-MEETS_TARGET = ("p4de-", "p5-", "azure-ndv4-a100-40gb-1gpu", "azure-ndv4-a100-40gb-2gpu", "azure-ndv4-a100-40gb-4gpu")
+MEETS_TARGET = ("p4de-", "p5-", "azure-ndv4-a100-40gb-1gpu", "azure-ndv4-a100-40gb-2gpu", "azure-ndv4-a100-40gb-4gpu",
+                "azure-ndv4-a100-40gb-16gpu", "azure-ndv4-a100-40gb-32gpu")
 
 
 @pytest.fixture(scope="module")
@@ -227,8 +228,9 @@ def test_one_fit_per_system_reproduces_its_logs(fitted):
 
 
 def test_logs_that_meet_the_targets(fitted):
-    """p4de, p5 (EFA, one process per GPU), Azure 1 GPU (a copy) and Azure 2 and 4 GPUs (one host
-    thread) meet the issue's targets: 10 % from 64 KiB, 25 % below."""
+    """p4de, p5 (EFA, one process per GPU), Azure 1 GPU (a copy), Azure 2 and 4 GPUs (one host
+    thread) and Azure 16 and 32 GPUs (2 and 4 nodes) meet the issue's targets: 10 % from 64 KiB,
+    25 % below."""
     seen = 0
     for topo, (spec, system, logs, cal) in fitted.items():
         model = NcclModel(system, NcclTuning.from_comm(NS(nccl=cal)))
@@ -237,12 +239,12 @@ def test_logs_that_meet_the_targets(fitted):
                 seen += 1
                 assert row["worst_ge_64KiB"] <= 0.10, row
                 assert row["worst_lt_64KiB"] is None or row["worst_lt_64KiB"] <= 0.25, row
-    assert seen == 5
+    assert seen == 7
 
 
 def test_fitted_constants_within_physics(fitted):
     for topo, (spec, system, logs, cal) in fitted.items():
-        checks = physics_checks(system, cal, SYSTEMS[topo][2])
+        checks = physics_checks(system, cal, SYSTEMS[topo][2], [(l.n_ranks, l.n_nodes) for l in logs])
         assert all(ok for _, _, ok in checks), (topo, checks)
     # The Azure fit: NVLink at most its 300 GB/s spec, the NICs below their 200 Gb/s line rate
     # (128 GB/s busbw at 16 GPUs), a cost per channel of about 1.2 µs (the single-node steps of
@@ -252,11 +254,16 @@ def test_fitted_constants_within_physics(fitted):
     assert 0.8 < cal.channel_us < 1.6
     assert 1555.0 / 2 / 2 < cal.mem_GBps < 1555.0 / 2 * 1.6
     assert 3.8 < cal.launch_us < 4.6  # the 8-GPU floor: 31 µs = 8 launches
+    # A network step beyond a channel's first loop costs a couple of µs (Azure 32 GPUs: the Tree/
+    # LL128 chunk time at 18,000 B is ~4.4 µs where 2.3 µs moves the bytes); Simple's latency
+    # across nodes well under NCCL's AMD-host ring formula (netOverhead x 3 per NVLink step).
+    assert 1.0 < cal.net_step_us < 4.0 and cal.runtime_chunking
+    assert ring_simple_floor(fitted["azure-ndv4"][1], [(16, 2), (32, 4)]) - 1e-6 <= cal.inter_simple_latency_scale < 0.5 < cal.simple_latency_scale
 
 
 def test_held_out_log_predicted_from_the_others(fitted):
-    """Overfitting guard: Azure fitted without its 32-GPU log predicts that log within 16.7 % from
-    64 KiB and 18.8 % below (fitted on it: 14.5 % / 10.7 %): the constants carry over from 16 to 32
+    """Overfitting guard: Azure fitted without its 32-GPU log predicts that log within 15.1 % from
+    64 KiB and 16.4 % below (fitted on it: 9.9 % / 10.7 %): the constants carry over from 16 to 32
     GPUs, less well at small sizes (the 4-node tree's latency is only seen at 2 nodes)."""
     spec, system, logs, _ = fitted["azure-ndv4"]
     name = "azure-ndv4-a100-40gb-32gpu_all_reduce_perf.txt"
@@ -264,7 +271,7 @@ def test_held_out_log_predicted_from_the_others(fitted):
         warnings.simplefilter("ignore")
         cal = fit_system(system, [l for l in logs if l.name != name], SYSTEMS["azure-ndv4"][2], "azure-ndv4")
     (row,) = error_table(NcclModel(system, NcclTuning.from_comm(NS(nccl=cal))), [l for l in logs if l.name == name])
-    assert row["worst_ge_64KiB"] <= 0.18 and row["worst_lt_64KiB"] <= 0.21, row
+    assert row["worst_ge_64KiB"] <= 0.165 and row["worst_lt_64KiB"] <= 0.18, row
 
 
 def test_measured_time_is_the_better_column():
@@ -391,7 +398,7 @@ def test_explain_prints_choice_per_size(tmp_path):
     assert res.exit_code == 0, res.output
     (row,) = [l.split() for l in res.stdout.splitlines() if l and not l.startswith("#")]
     assert float(row[13]) == pytest.approx(int(row[3]) * shipped.channel_us, abs=0.06)
-    assert float(row[5]) + float(row[6]) + float(row[9]) + float(row[13]) == pytest.approx(float(row[11]), abs=0.2)
+    assert float(row[5]) + float(row[6]) + float(row[9]) + float(row[13]) + float(row[15]) == pytest.approx(float(row[11]), abs=0.2)
 
 
 def test_calibrate_writes_nccl_constants_with_provenance():

@@ -143,7 +143,7 @@ def test_explain_header_names_every_column(tmp_path):
     assert "time us = lat us + fill us + bw-term us + chan us" in header
     assert "thr: threads per channel" in header and "busbw GB/s" in header
     (row,) = [l.split() for l in p.stdout.splitlines() if l and not l.startswith("#")]
-    assert float(row[5]) + float(row[6]) + float(row[9]) + float(row[13]) == pytest.approx(float(row[11]), abs=0.2)
+    assert float(row[5]) + float(row[6]) + float(row[9]) + float(row[13]) + float(row[15]) == pytest.approx(float(row[11]), abs=0.2)
 
 
 @pytest.mark.parametrize("args, pattern", [

@@ -199,24 +199,26 @@ def format_explain(op: str, gpus: int, rows: list[dict], model: Any = None) -> s
     if model is not None and gpus > 1:
         _, n_nodes, _ = model.shape(np.arange(gpus))
         lines.append(f"# {n_nodes} node(s): {model.system.protocols_note(n_nodes)}")
-    lines += [f"# {op} on {gpus} GPUs: NCCL's choice per size; time us = lat us + fill us + bw-term us + chan us",
+    lines += [f"# {op} on {gpus} GPUs: NCCL's choice per size; time us = lat us + fill us + bw-term us + chan us + step us",
               "#   lat us: NCCL's latency terms (calibrated) and the launch floor; chan us: measured cost per channel x ch",
+              "#   chunk B: NCCL's chunk per channel (calcCollChunking); step us: network steps beyond the first loop x the fitted cost per step",
               "#   fill us: Simple's store-and-forward stages x slice time (unit B: slice bytes per channel); bw-term us: size / model GB/s",
               "#   ch: channels; thr: threads per channel; busbw GB/s = algbw x bus factor (as nccl-tests); runner-up: the next-fastest choice",
               f"#{'size (B)':>13} {'algorithm':>15} {'proto':>6} {'ch':>3} {'thr':>4} {'lat us':>9} {'fill us':>8} {'stages':>6} "
               f"{'unit B':>8} {'bw-term us':>11} "
-              f"{'model GB/s':>10} {'time us':>10} {'busbw':>8} {'chan us':>8}   runner-up"]
+              f"{'model GB/s':>10} {'time us':>10} {'busbw':>8} {'chan us':>8} {'chunk B':>8} {'step us':>8}   runner-up"]
     for r in rows:
         c = r.get("nccl")
         if c is None:
             lines.append(f"{r['size_bytes']:14d} {r['algorithm']:>15} {'-':>6} {'-':>3} {'-':>4} {'-':>9} {'-':>8} {'-':>6} {'-':>8} {'-':>11} {'-':>10} "
-                         f"{r['time_us']:10.1f} {r['busbw_GBps']:8.2f} {'-':>8}   (no NCCL model: give --gpu)")
+                         f"{r['time_us']:10.1f} {r['busbw_GBps']:8.2f} {'-':>8} {'-':>8} {'-':>8}   (no NCCL model: give --gpu)")
             continue
         others = sorted((t, f"{a}/{p}") for (a, p), t in c.table.items() if (a, p) != (c.algorithm, c.protocol))
         runner = f"{others[0][1]} {others[0][0]:.1f} us" if others else "-"
         lines.append(f"{r['size_bytes']:14d} {c.algorithm:>15} {c.protocol:>6} {c.channels:3d} {c.threads:4d} "
-                     f"{c.latency_us - c.pipeline_us - c.channel_cost_us:9.1f} {c.pipeline_us:8.1f} {c.pipeline_stages:6.0f} {c.pipeline_unit_bytes:8.0f} "
-                     f"{c.bw_time_us:11.1f} {c.bandwidth_GBps:10.2f} {r['time_us']:10.1f} {r['busbw_GBps']:8.2f} {c.channel_cost_us:8.1f}   {runner}")
+                     f"{c.latency_us - c.pipeline_us - c.channel_cost_us - c.step_cost_us:9.1f} {c.pipeline_us:8.1f} {c.pipeline_stages:6.0f} "
+                     f"{c.pipeline_unit_bytes:8.0f} {c.bw_time_us:11.1f} {c.bandwidth_GBps:10.2f} {r['time_us']:10.1f} {r['busbw_GBps']:8.2f} "
+                     f"{c.channel_cost_us:8.1f} {c.chunk_bytes:8.0f} {c.step_cost_us:8.1f}   {runner}")
     return "\n".join(lines)
 
 

@@ -20,17 +20,23 @@ What it does, per collective (op, size, group):
 5. the pipeline fill NCCL's tuner leaves out (§4.4, §4.5; ``pipeline_fill_us``): Simple moves
    slices store-and-forward through an 8-slot FIFO, so each stage a slice crosses outside the
    lockstep ring (the hops of a tree or a broadcast chain, NVLS's
-   switch) adds one slice time, with NCCL's own chunk and slice sizes per channel launched.
+   switch) adds one slice time, with NCCL's own chunk and slice sizes per channel launched;
+6. the runtime's chunking (§4.4; ``chunking``): calcCollChunking's chunk per channel and the
+   proxy's network steps; across nodes every step beyond a channel's first loop (which NCCL's
+   latency covers) costs a calibrated net_step_us, and with runtime_chunking Tree/LL128 across
+   nodes takes its size dependence from that chunk count, not the tuner's treeCorrectionFactor.
 
 NCCL's absolute times are optimistic (its tuner only ranks choices, §8.4). A per-system
 calibration (``simulator.calibrate.nccl_fit``, stored in ``Profile.comm.nccl``) scales a few
 things and nothing else: the latency tables (latency_scale across nodes, intra_latency_scale
-inside one, and per protocol LL128 / Simple relative to LL), a network latency per network hop
+inside one, per protocol LL128 / Simple relative to LL, and Ring/Simple across nodes apart
+from inside one), a network latency per network hop
 that NCCL itself takes from the net plugin (``latencyInter``, 0 for InfiniBand, large for EFA),
 the graph bandwidths inside and across nodes (intra/inter_bw_scale), the LL and LL128 bandwidth
-factors, and a host launch cost per GPU driven by one thread (launch_us); and it adds three
+factors, and a host launch cost per GPU driven by one thread (launch_us); and it adds four
 measured terms NCCL's tuner does not have: a cost per channel launched (channel_us), an exposed
-memory pass per byte (mem_GBps) and a 1-rank copy's start-up (copy_latency_us), each with its
+memory pass per byte (mem_GBps), a 1-rank copy's start-up (copy_latency_us) and a cost per
+network step beyond a channel's first loop (net_step_us, item 6), each with its
 evidence in NcclTuning and docs/design-notes.md. The choice of algorithm and protocol is the
 fastest on the calibrated time, with NCCL's scan order for ties (NcclTuning.rank_on_tuner_time
 and pick_on_own_table give NCCL's own ranking rules instead).
@@ -195,6 +201,16 @@ class NcclTuning:
     # plugins not being the 2.28 tables: docs/design-notes.md.
     rank_on_tuner_time: bool = False
     pick_on_own_table: bool = False
+    # A cost per network (proxy) step a channel runs beyond its first loop, µs: NCCL's tuner counts
+    # one loop's steps in its latency and none after (see chunking, NcclCalibration.net_step_us).
+    net_step_us: float = 0.0
+    # Ring/Simple's latency scale across nodes where it differs from inside one node (None:
+    # simple_latency_scale; NCCL's ring charges netOverhead x 3 per NVLink step across nodes, §3.3).
+    inter_simple_latency_scale: float | None = None
+    # Tree/LL128 across nodes takes its size dependence from the runtime's chunk count
+    # (calcCollChunking, §4.4, with net_step_us per step) instead of the tuner's
+    # treeCorrectionFactor (§1.9), which stands in for it keyed on the total size. Off: NCCL's tuner.
+    runtime_chunking: bool = False
 
     @classmethod
     def from_comm(cls, comm: Any) -> "NcclTuning":
@@ -209,7 +225,10 @@ class NcclTuning:
                    ll_bw_scale=cal.ll_bw_scale, ll128_bw_scale=cal.ll128_bw_scale,
                    channel_us=getattr(cal, "channel_us", 0.0), copy_latency_us=getattr(cal, "copy_latency_us", None),
                    mem_GBps=getattr(cal, "mem_GBps", None), intra_ll_bw_scale=getattr(cal, "intra_ll_bw_scale", None),
-                   cta_bound_intra=bool(getattr(cal, "cta_bound_intra", False)))
+                   cta_bound_intra=bool(getattr(cal, "cta_bound_intra", False)),
+                   net_step_us=float(getattr(cal, "net_step_us", 0.0) or 0.0),
+                   inter_simple_latency_scale=getattr(cal, "inter_simple_latency_scale", None),
+                   runtime_chunking=bool(getattr(cal, "runtime_chunking", False)))
 
 
 @dataclass(frozen=True)
@@ -395,6 +414,9 @@ class Choice:
     pipeline_unit_bytes: float = 0.0  # the store-and-forward unit (slice or chunk) per channel
     pipeline_stages: float = 0.0  # store-and-forward stages a unit crosses beyond the lockstep ring
     channel_cost_us: float = 0.0  # the measured per-channel cost (part of latency_us): channels x channel_us
+    chunk_bytes: float = 0.0  # NCCL's chunk per channel (calcCollChunking, §4.4)
+    net_steps: int = 0  # network (proxy) steps per channel beyond the first loop, multi-node only
+    step_cost_us: float = 0.0  # net_steps x net_step_us (part of latency_us)
 
     @property
     def bw_time_us(self) -> float:
@@ -500,7 +522,10 @@ def _tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: Nccl
             lat_nccl = _latency(sys, op, algo, proto, pi, n, n_nodes, ppn, nsteps, intra_hw, hw, 0.0)
             lat_net = _latency(sys, op, algo, proto, pi, n, n_nodes, ppn, nsteps, intra_hw, hw, 1.0) - lat_nccl
             lat_scale = tuning.latency_scale if n_nodes > 1 else tuning.intra_latency_scale
-            lat_scale *= tuning.ll128_latency_scale if proto == "LL128" else (tuning.simple_latency_scale if proto == "Simple" else 1.0)
+            simple_scale = tuning.simple_latency_scale
+            if algo == "ring" and n_nodes > 1 and tuning.inter_simple_latency_scale is not None:
+                simple_scale = tuning.inter_simple_latency_scale
+            lat_scale *= tuning.ll128_latency_scale if proto == "LL128" else (simple_scale if proto == "Simple" else 1.0)
             out[(algo, proto)] = (algbw, lat_nccl * lat_scale + lat_net * tuning.net_latency_us)
     return out
 
@@ -560,6 +585,66 @@ RING_SLICES_PER_CHUNK = (NCCL_STEPS // 2) // (NCCL_STEPS // 4)
 TREE_CHUNK_BYTES = SIMPLE_STEP_BYTES  # Tree/Simple and Broadcast/Reduce: one step per chunk
 NVLS_CHUNK_BYTES = 128 << 10  # NCCL_NVLS_CHUNKSIZE
 NVLS_TREE_CHUNK_4NODES_BYTES = 64 << 10  # NCCL_NVLSTREE_MAX_CHUNKSIZE auto at >= 4 nodes
+
+
+# §1.3: per-connection buffers (init.cc computeBuffSizes) and the grain a chunk is rounded down to
+# (device.h ncclProtoGrainSize): LL 512 KiB, LL128 4,915,200 B, Simple 4 MiB, each in NCCL_STEPS slots.
+LL_STEP_BYTES = (512 << 10) // NCCL_STEPS  # 64 KiB on the wire; a chunk is half of it in data (§4.4)
+LL128_STEP_BYTES = 4915200 // NCCL_STEPS  # 614,400 B on the wire; 15 of 16 words are data (§4.4)
+GRAIN_BYTES = {"LL": 16, "LL128": 1920, "Simple": 512}
+RING_CHUNK_STEPS = NCCL_STEPS // 2  # collectives.h ALLREDUCE/ALLGATHER/REDUCESCATTER_CHUNKSTEPS (Simple ring)
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """What NCCL's calcCollChunking (enqueue.cc, NCCL-MODEL.md §4.4) gives one channel's share."""
+
+    chunk_bytes: int  # data bytes per chunk, rounded down to the protocol's grain
+    loops: int  # passes of the device loop over the channel's data (tree: chunks; ring: n chunks each)
+    proxy_steps: int  # network steps the proxy runs per channel (§4.4: ring 2(n-1) x loops x chunkSteps)
+    steps_per_loop: int  # of those, the ones one loop takes (what NCCL's latency term covers)
+
+
+def chunking(algo: str, proto: str, op: str, bytes_per_channel: float, n: int, n_nodes: int, ppn: int) -> Chunking:
+    """calcCollChunking for one channel's bytes (NCCL 2.19+ chunks each channel's piece on its
+    own, §4.3), NCCL-MODEL.md §4.4:
+    - the chunk starts at one step (Ring/Simple AllReduce/AllGather/ReduceScatter: 4 steps = 2 MiB):
+      Simple 512 KiB; LL half a 64 KiB step (32 KiB of data); LL128 15/16 of a 614,400 B step
+      (576,000 B);
+    - Tree/LL128 halves it (not below 128 KiB) while bytes/chunk < (1 + log2 nNodes + 0.1 ppn) x
+      64/ppn, then (not below 32 KiB) while < the same x 16/ppn: on 4 nodes x 8 GPUs (3.8 x 8 =
+      30.4, 3.8 x 2 = 7.6) a channel's share below 273,600 B gets 18,000 B chunks, below
+      547,200 B 36,000 B, below 4,377,600 B 72,000 B, then 144,000 B and up;
+    - NVLS / NVLS Tree: the pipeline_fill_us units (128 KiB, 64 KiB from 4 nodes);
+    - rounded down to the grain (§1.3: 16 B LL, 1,920 B LL128, 512 B Simple).
+    Loops: a ring moves n chunks per loop (runRing), a tree or a chain one. Proxy steps per channel
+    (§4.4): ring AllReduce 2(n-1) x loops x chunkSteps, AllGather/ReduceScatter (n-1) x loops x
+    chunkSteps, tree and chains 1 x loops."""
+    ring_coll = algo == "ring" and op in ("all_reduce", "all_gather", "reduce_scatter")
+    chunk_steps = RING_CHUNK_STEPS if (proto == "Simple" and ring_coll) else 1
+    if proto == "LL":
+        chunk = LL_STEP_BYTES // 2
+    elif proto == "LL128":
+        chunk = LL128_STEP_BYTES // 16 * 15  # NCCL_LL128_LINEELEMS 16, NCCL_LL128_DATAELEMS 15
+    else:
+        chunk = SIMPLE_STEP_BYTES * chunk_steps
+    if algo == "tree" and proto == "LL128":
+        nsteps_ll128 = 1 + int(math.log2(max(1, n_nodes))) + 0.1 * ppn  # log2i: floor
+        while bytes_per_channel / chunk < nsteps_ll128 * 64 / ppn and chunk > 131072:
+            chunk //= 2
+        while bytes_per_channel / chunk < nsteps_ll128 * 16 / ppn and chunk > 32768:
+            chunk //= 2
+    elif algo in ("nvls", "nvls_tree"):
+        chunk = NVLS_TREE_CHUNK_4NODES_BYTES if (algo == "nvls_tree" and n_nodes >= 4) else NVLS_CHUNK_BYTES
+    grain = GRAIN_BYTES[proto]
+    chunk = max(grain, chunk // grain * grain)
+    per_loop = n * chunk if ring_coll else chunk
+    loops = max(1, math.ceil(bytes_per_channel / per_loop))
+    if ring_coll:
+        steps = (2 * (n - 1) if op == "all_reduce" else n - 1) * chunk_steps
+    else:
+        steps = 1
+    return Chunking(int(chunk), int(loops), int(steps * loops), int(steps))
 
 
 def _units(bytes_per_channel: float, unit_max: float) -> float:
@@ -731,7 +816,21 @@ class NcclModel:
                 # the measured cost per channel launched (NcclCalibration.channel_us): NCCL's
                 # tuner has no such term, so more channels never cost it anything
                 ch_us = tn.channel_us * nc
-                t, lat = t + fill + ch_us, lat + fill + ch_us
+                # NCCL's chunking of each channel's share (§4.4): the proxy runs every network step
+                # in turn; NCCL's latency covers one loop's steps, each further step costs
+                # net_step_us (fitted; no network, no proxy: 0 inside one node)
+                ck = chunking(algo, proto, top, size / max(1, nc), n, n_nodes, ppn)
+                extra_steps = ck.proxy_steps - ck.steps_per_loop if n_nodes > 1 else 0
+                st_us = tn.net_step_us * extra_steps
+                if tn.runtime_chunking and algo == "tree" and proto == "LL128" and n_nodes > 1 and size >= 64:
+                    # the chunk count above replaces the tuner's size correction (§1.9) that
+                    # algo_time_us applied: the measured rate steps where calcCollChunking doubles
+                    # the chunk (Azure 32 GPUs: 8 MiB), not where the table steps (4 MiB)
+                    i = int(math.log2(size / 64))
+                    if i <= 22:
+                        t = lat + (t - lat) * TREE_CORRECTION[proto][i]
+                        bw = bw / TREE_CORRECTION[proto][i]
+                t, lat = t + fill + ch_us + st_us, lat + fill + ch_us + st_us
                 if tn.mem_GBps:
                     # one pass over the buffer that does not overlap the transfers (see
                     # NcclTuning.mem_GBps): the size term runs at the harmonic sum of the rates
@@ -741,10 +840,10 @@ class NcclModel:
                     rank = t
                 times[(algo, proto)] = max(t + stagger, floor)
                 if best is None or rank < best[0]:
-                    best = (rank, t, lat, bw, algo, proto, nc, nt, (fill, unit, stages), ch_us)
-        _, t, lat, bw, algo, proto, nc, nt, pipe, ch_us = best
+                    best = (rank, t, lat, bw, algo, proto, nc, nt, (fill, unit, stages), ch_us, ck, extra_steps, st_us)
+        _, t, lat, bw, algo, proto, nc, nt, pipe, ch_us, ck, extra_steps, st_us = best
         c = Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times, *pipe,
-                   channel_cost_us=ch_us)
+                   channel_cost_us=ch_us, chunk_bytes=float(ck.chunk_bytes), net_steps=extra_steps, step_cost_us=st_us)
         return self._floor(c, floor)
 
     @staticmethod

@@ -206,6 +206,9 @@ class NcclCalibration(BaseModel):
     mem_GBps: float | None = Field(None, gt=0, description="Rate of a pass over the buffer that the transfers do not hide, GB/s (None: none).")
     intra_ll_bw_scale: float | None = Field(None, gt=0, le=1.0, description="Achieved / NCCL's LL bandwidth inside one node, where it differs from across nodes (None: ll_bw_scale).")
     cta_bound_intra: bool = Field(False, description="Inside one node a collective gets the bandwidth of only the CTAs it launches (NCCL's channel rule), not all channels'.")
+    inter_simple_latency_scale: float | None = Field(None, gt=0, description="The Ring/Simple latency scale for collectives across nodes, where it differs from inside one node (None: simple_latency_scale).")
+    runtime_chunking: bool = Field(False, description="Tree/LL128 across nodes takes its size dependence from NCCL's runtime chunk count (calcCollChunking) instead of the tuner's treeCorrectionFactor.")
+    net_step_us: float = Field(0.0, ge=0, description="Cost per network (proxy) step a channel runs beyond its first loop, µs (NCCL's calcCollChunking step count, NCCL-MODEL.md §4.4); NCCL's tuner has none.")
     system: str = Field("", description="The system (topology) the constants were fitted on.")
     fit_error: dict[str, float] = Field(default_factory=dict, description="Worst |relative time error| per fitted log.")
 
