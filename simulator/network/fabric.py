@@ -215,20 +215,22 @@ class _RPlan:
     links: np.ndarray  # every link the plan uses
     lat_s: float = 0.0
     tau_s: float = 0.0
+    # links as a Python int bitset: whether a collective's links are idle is one AND with the
+    # fabric's held-link bitsets, not a fancy index of per-link arrays (most starts take the fast path)
+    bits: int = 0
 
     def time_s(self, size_bytes: float) -> float:
         return self.overhead_s + self.lat_s + size_bytes * self.tau_s
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Coll:
     plan: _RPlan
     size: float
     event: simpy.Event
     t0: float
-    virtual: bool = False
-    real: bool = False  # holds its links in _busy until it finishes (so does a virtual one)
-    vid: int = -1  # while virtual: its id in FlowNetwork._virtuals
+    virtual: bool = False  # runs on idle links in closed form; holds them in _virt_bits
+    real: bool = False  # holds its links in _busy (and _real_bits) until it finishes
 
 
 @dataclass(eq=False)
@@ -344,6 +346,9 @@ class FlowNetwork:
         self._nccl_plans: dict[tuple, _RPlan] = {}
         self._nccl_shapes: dict[bytes, tuple[int, int, int]] = {}
         self._nccl_reqs: dict[int, tuple] = {}
+        # id(request) -> (request, plan, bytes, isolated time): the engine reuses its request
+        # objects, so what a start needs of one is looked up once (the entry keeps it alive)
+        self._req_plans: dict[int, tuple] = {}
         eff = np.where(graph.link_class == LINK_INTRA, self.nvlink_efficiency, self.nic_efficiency)
         self.capacity_Bps = graph.link_capacity_GBps * 1e9 * eff
         # The healthy fabric's capacities: NCCL's model prices a collective on healthy links, so a
@@ -449,6 +454,18 @@ class FlowNetwork:
         self._nccl_reqs[id(req)] = (req, plan, eff)
         return plan, eff
 
+    def _resolve(self, req: CollectiveRequest) -> tuple:
+        """(req, plan, bytes, isolated time) of a request: what ``start`` runs, cached by identity."""
+        if self.nccl is not None:
+            plan, size = self._nccl_scaled(req)
+        else:
+            plan, size = self.plan_for(req), float(req.size_bytes)
+        hit = (req, plan, size, plan.time_s(size))
+        if len(self._req_plans) > 65536:
+            self._req_plans.clear()
+        self._req_plans[id(req)] = hit
+        return hit
+
     def _nccl_scaled_new(self, req: CollectiveRequest) -> tuple[_RPlan, float]:
         plan = self.plan_for(req)
         choice = self.nccl_choice(req)
@@ -503,6 +520,7 @@ class FlowNetwork:
         rp = _RPlan(plan.op, plan.algorithm, phases, self.launch_overhead_us * 1e-6, links)
         rp.lat_s = sum(p.lat_s for p in phases)
         rp.tau_s = sum(p.tau_s for p in phases)
+        rp.bits = _bitset(links)
         return rp
 
     def _isolated(self, inc: sp.csc_matrix, coef: np.ndarray, capacity_Bps: np.ndarray | None = None) -> tuple[float, np.ndarray]:
@@ -543,49 +561,63 @@ class FlowNetwork:
     def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
         if env is not self._env:
             self._reset_dynamic(env)
-        if self.nccl is not None:
-            plan, size = self._nccl_scaled(req)
-        else:
-            plan, size = self.plan_for(req), float(req.size_bytes)
-        coll = _Coll(plan, size, simpy.Event(env), env.now)
+        hit = self._req_plans.get(id(req))
+        if hit is None or hit[0] is not req:
+            hit = self._resolve(req)
+        _, plan, size, time_s = hit
+        now = env.now
+        coll = _Coll(plan, size, simpy.Event(env), now)
         self.stats.collectives += 1
         if self._t_first is None:
-            self._t_first = env.now
-        links = plan.links
-        busy = bool(links.size) and bool(self._busy[links].any())
-        if self.fast_path and not busy:
+            self._t_first = now
+        bits = plan.bits
+        if self.fast_path and not (bits & self._virt_bits or bits & self._real_bits):
+            # every link idle: run in closed form (see the module's "Fast path")
             self.stats.fast_path += 1
             coll.virtual = True
-            self._vid += 1
-            coll.vid = self._vid
-            self._busy[links] += 1
-            self._virt_owner[links] = coll.vid
-            self._virtuals[coll.vid] = coll
-            env.timeout(plan.time_s(coll.size)).callbacks.append(partial(self._virtual_done, coll))
+            self._virt_bits |= bits
+            self._virtuals[coll] = None
+            env.timeout(time_s).callbacks.append(partial(self._virtual_done, coll))
             return coll.event
         if not self.incremental:
             self._advance()
-        if self._virtuals and links.size:
-            # each link has at most one virtual owner: a virtual collective only starts on idle links
-            owners = self._virt_owner[links]
-            hit = np.unique(owners[owners >= 0])
-            for vid in hit.tolist():
-                self._materialize(self._virtuals[vid])
+        if self._virtuals and bits & self._virt_bits:
+            # a virtual collective only starts on idle links, so each link has at most one
+            # virtual holder; they are materialised in start order
+            for v in [v for v in self._virtuals if v.plan.bits & bits]:
+                self._materialize(v)
         coll.real = True
-        self._busy[links] += 1
+        self._hold(plan)
         self._enter_phase(coll, 0)
         self._settle()
         return coll.event
+
+    def _hold(self, plan: _RPlan) -> None:
+        if plan.links.size:
+            self._busy[plan.links] += 1
+            self._real_bits |= plan.bits
+
+    def _release(self, plan: _RPlan) -> None:
+        links = plan.links
+        if links.size:
+            busy = self._busy
+            busy[links] -= 1
+            left = busy[links]
+            # the links no real collective holds any more leave _real_bits (they were all in it)
+            self._real_bits ^= _bitset(links[left == 0]) if left.any() else plan.bits
 
     # --- dynamic state --------------------------------------------------------------------
 
     def _reset_dynamic(self, env: simpy.Environment | None) -> None:
         self._env = env
         n = self.graph.n_links
-        self._virt_owner = np.full(n, -1, dtype=np.int64)  # id of the virtual collective on each link
-        self._busy = np.zeros(n, dtype=np.int32)  # collectives (virtual or real) holding each link
-        self._virtuals: dict[int, _Coll] = {}
-        self._vid = 0
+        # Links held: by virtual collectives (each link by at most one, so a virtual one's end
+        # clears its bits with an XOR), and by real ones (counted per link in _busy; _real_bits
+        # are the links whose count is positive).
+        self._virt_bits = 0
+        self._real_bits = 0
+        self._busy = np.zeros(n, dtype=np.int32)
+        self._virtuals: dict[_Coll, None] = {}  # running virtual collectives, in start order
         self._batches: list[Any] = []  # _Batch (per-flow) or _CoBatch (coflow, global solve)
         self._dirty = True
         self._A: sp.csr_matrix | None = None
@@ -617,10 +649,10 @@ class FlowNetwork:
         if not coll.virtual:
             return  # it was turned into real flows
         coll.virtual = False
-        del self._virtuals[coll.vid]
+        del self._virtuals[coll]
         plan = coll.plan
-        self._busy[plan.links] -= 1
-        self._virt_owner[plan.links] = -1
+        # nothing else touched its links while it ran (that would have materialised it)
+        self._virt_bits ^= plan.bits
         for ph in plan.phases:
             self._link_bytes[ph.link_ids] += coll.size * ph.link_coef
         self._finish(coll)
@@ -630,10 +662,11 @@ class FlowNetwork:
         self.stats.materialized += 1
         env = self._env
         coll.virtual = False
-        del self._virtuals[coll.vid]
+        del self._virtuals[coll]
         plan = coll.plan
-        self._virt_owner[plan.links] = -1  # it keeps holding its links in _busy, as a real one
+        self._virt_bits ^= plan.bits  # it goes on holding its links, as a real one
         coll.real = True
+        self._hold(plan)
         tau = env.now - coll.t0
         t = plan.overhead_s
         for p, ph in enumerate(plan.phases):
@@ -717,7 +750,7 @@ class FlowNetwork:
     def _finish(self, coll: _Coll) -> None:
         if coll.real:
             coll.real = False
-            self._busy[coll.plan.links] -= 1
+            self._release(coll.plan)
         self._t_end = max(self._t_end, self._env.now)
         coll.event.succeed()
 
