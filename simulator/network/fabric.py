@@ -96,6 +96,10 @@ class _Coflow:
     link_bits: int | None = None  # link_ids as a Python int bitset, for overlap tests
 
 
+# Plans on at most this many links keep, per request, the bytes a virtual run adds to each
+# link (a tiny multiply saved per collective); larger ones compute them when they end.
+_ADDS_MAX_LINKS = 4096
+
 # Most coflows per phase: flows of an irregular phase whose isolated finish times differ are
 # bucketed (the bucket keeps its latest finish, so a phase alone still ends on time).
 _MAX_COFLOWS = 8
@@ -230,7 +234,9 @@ class _Coll:
     event: simpy.Event
     t0: float
     virtual: bool = False  # runs on idle links in closed form; holds them in _virt_bits
-    real: bool = False  # holds its links in _busy (and _real_bits) until it finishes
+    real: bool = False  # holds its links (FlowNetwork._real_plans, _real_bits) until it finishes
+    # (link ids, bytes) per phase that a virtual run adds to link_bytes, from the request cache
+    adds: tuple | None = None
 
 
 @dataclass(eq=False)
@@ -460,7 +466,10 @@ class FlowNetwork:
             plan, size = self._nccl_scaled(req)
         else:
             plan, size = self.plan_for(req), float(req.size_bytes)
-        hit = (req, plan, size, plan.time_s(size))
+        adds = None
+        if plan.links.size <= _ADDS_MAX_LINKS:
+            adds = tuple((ph.link_ids, size * ph.link_coef) for ph in plan.phases)
+        hit = (req, plan, size, plan.time_s(size), adds)
         if len(self._req_plans) > 65536:
             self._req_plans.clear()
         self._req_plans[id(req)] = hit
@@ -564,9 +573,9 @@ class FlowNetwork:
         hit = self._req_plans.get(id(req))
         if hit is None or hit[0] is not req:
             hit = self._resolve(req)
-        _, plan, size, time_s = hit
+        _, plan, size, time_s, adds = hit
         now = env.now
-        coll = _Coll(plan, size, simpy.Event(env), now)
+        coll = _Coll(plan, size, simpy.Event(env), now, adds=adds)
         self.stats.collectives += 1
         if self._t_first is None:
             self._t_first = now
@@ -593,18 +602,23 @@ class FlowNetwork:
         return coll.event
 
     def _hold(self, plan: _RPlan) -> None:
-        if plan.links.size:
-            self._busy[plan.links] += 1
+        held = self._real_plans.get(id(plan))
+        if held is None:
+            self._real_plans[id(plan)] = [plan, 1]
             self._real_bits |= plan.bits
+        else:
+            held[1] += 1
 
     def _release(self, plan: _RPlan) -> None:
-        links = plan.links
-        if links.size:
-            busy = self._busy
-            busy[links] -= 1
-            left = busy[links]
-            # the links no real collective holds any more leave _real_bits (they were all in it)
-            self._real_bits ^= _bitset(links[left == 0]) if left.any() else plan.bits
+        held = self._real_plans[id(plan)]
+        held[1] -= 1
+        if held[1] == 0:
+            del self._real_plans[id(plan)]
+            # the links the plans still running hold (a few plans: an OR each)
+            bits = 0
+            for p, _ in self._real_plans.values():
+                bits |= p.bits
+            self._real_bits = bits
 
     # --- dynamic state --------------------------------------------------------------------
 
@@ -612,11 +626,11 @@ class FlowNetwork:
         self._env = env
         n = self.graph.n_links
         # Links held: by virtual collectives (each link by at most one, so a virtual one's end
-        # clears its bits with an XOR), and by real ones (counted per link in _busy; _real_bits
-        # are the links whose count is positive).
+        # clears its bits with an XOR), and by real ones (_real_bits: the links of the plans in
+        # _real_plans, id(plan) -> [plan, real collectives running it]).
         self._virt_bits = 0
         self._real_bits = 0
-        self._busy = np.zeros(n, dtype=np.int32)
+        self._real_plans: dict[int, list] = {}
         self._virtuals: dict[_Coll, None] = {}  # running virtual collectives, in start order
         self._batches: list[Any] = []  # _Batch (per-flow) or _CoBatch (coflow, global solve)
         self._dirty = True
@@ -653,8 +667,13 @@ class FlowNetwork:
         plan = coll.plan
         # nothing else touched its links while it ran (that would have materialised it)
         self._virt_bits ^= plan.bits
-        for ph in plan.phases:
-            self._link_bytes[ph.link_ids] += coll.size * ph.link_coef
+        lb = self._link_bytes
+        if coll.adds is not None:
+            for ids, b in coll.adds:
+                lb[ids] += b
+        else:
+            for ph in plan.phases:
+                lb[ph.link_ids] += coll.size * ph.link_coef
         self._finish(coll)
 
     def _materialize(self, coll: _Coll) -> None:
@@ -1031,10 +1050,10 @@ class FlowNetwork:
         heap = self._heap
         for comp in self._changed:
             members = list(comp.members)
-            level = self._component_levels([m.cf for m in members])
+            level = self._component_level_list([m.cf for m in members])
             self.stats.solves += 1
             self.stats.solved_coflows += len(members)
-            for m, lv in zip(members, level.tolist()):
+            for m, lv in zip(members, level):
                 rate = lv * m.cu_per
                 if rate == m.rate and m.gen:
                     continue  # same rate: its completion entry stands
@@ -1100,6 +1119,27 @@ class FlowNetwork:
             self._level_cache[key] = hit
         level = np.empty(len(cfs))
         level[order] = hit[0]
+        return level
+
+    def _component_level_list(self, cfs: list[_Coflow]) -> list[float]:
+        """``_component_levels`` as Python floats (the same values), without numpy on a few numbers."""
+        if len(cfs) == 1:
+            return [cfs[0].ceil_Bps]
+        order = sorted(range(len(cfs)), key=lambda i: id(cfs[i]))
+        key = tuple(id(cfs[i]) for i in order)
+        hit = self._level_cache.get(key)
+        if hit is None:
+            group = tuple(cfs[i] for i in order)
+            hit = (self._solve_component(group), group)
+            if len(self._level_cache) >= 65536:
+                self._level_cache.clear()
+            self._level_cache[key] = hit
+        if len(hit) == 2:  # first use as a list: keep the floats beside the array
+            hit = self._level_cache[key] = hit + (hit[0].tolist(),)
+        lv = hit[2]
+        level = [0.0] * len(cfs)
+        for j, i in enumerate(order):
+            level[i] = lv[j]
         return level
 
     def _solve_component(self, cfs: tuple[_Coflow, ...]) -> np.ndarray:
