@@ -169,6 +169,41 @@ def _components(n: int, a: np.ndarray, b: np.ndarray) -> tuple[int, np.ndarray]:
     return len(ids), label
 
 
+# Components of at most this many coflows are split by pairwise tests of their link bitsets
+# (a few ANDs); larger ones by sorting their links (numpy, linear in the links).
+_SPLIT_BITSET_MAX = 16
+
+
+def _cf_bits(cf: "_Coflow") -> int:
+    bits = cf.link_bits
+    if bits is None:
+        bits = cf.link_bits = _bitset(cf.link_ids)
+    return bits
+
+
+def _bit_components(bits: list[int]) -> tuple[int, list[int]]:
+    """``_components`` of nodes joined where their bitsets share a bit: (count, label per node),
+    labels 0..count-1 in order of each component's first node."""
+    n = len(bits)
+    parent = list(range(n))
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for i in range(n):
+        for j in range(i + 1, n):
+            if bits[i] & bits[j]:
+                ri, rj = root(i), root(j)
+                if ri != rj:
+                    parent[max(ri, rj)] = min(ri, rj)
+    ids: dict[int, int] = {}
+    label = [ids.setdefault(root(i), len(ids)) for i in range(n)]
+    return len(ids), label
+
+
 def _incidence(flow: np.ndarray, link: np.ndarray, n_flows: int, n_links: int) -> sp.csc_matrix:
     """links x flows, 1 where the flow crosses the link (``Routes.incidence``, built straight
     into CSC: plans are built per group in full mode, tens of thousands at 16,384 GPUs)."""
@@ -249,7 +284,7 @@ class _Batch:
     alive: np.ndarray
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _CoBatch:
     """One running coflow."""
 
@@ -278,7 +313,7 @@ class _CoBatch:
         self.t_set = now
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Comp:
     """Running coflows connected through shared links (a connected component)."""
 
@@ -961,14 +996,16 @@ class FlowNetwork:
         self._running[b] = None
         ids = b.cf.link_ids
         lc = self._link_comp
-        hit = lc[ids]
-        hit = np.unique(hit[hit >= 0]) if hit.size else hit
-        if hit.size == 0:
+        # the components on its links, in id order (a set of a few hundred ints is cheaper
+        # than np.unique's sort on a coflow's links)
+        hit = set(lc[ids].tolist())
+        hit.discard(-1)
+        if not hit:
             self._cid += 1
             comp = _Comp(self._cid, {})
             self._comps[comp.cid] = comp
         else:
-            comps = [self._comps[c] for c in hit.tolist()]
+            comps = [self._comps[c] for c in sorted(hit)]
             comp = max(comps, key=lambda c: len(c.members))
             for other in comps:
                 if other is comp:
@@ -1001,7 +1038,8 @@ class FlowNetwork:
                 del comp.members[b]
             rest = list(comp.members)
             if len(rest) <= 1:
-                lc[np.concatenate([b.cf.link_ids for b in left])] = -1
+                for b in left:
+                    lc[b.cf.link_ids] = -1
                 if rest:
                     lc[rest[0].cf.link_ids] = comp.cid
                     self._changed[comp] = None
@@ -1013,22 +1051,37 @@ class FlowNetwork:
 
     def _split(self, comp: _Comp, rest: list[_CoBatch], left: list[_CoBatch]) -> None:
         lc = self._link_comp
-        sizes = np.fromiter((m.cf.link_ids.size for m in rest), dtype=np.int64, count=len(rest))
-        ids = np.concatenate([m.cf.link_ids for m in rest])
-        owner = np.repeat(np.arange(len(rest)), sizes)
-        order = np.argsort(ids, kind="stable")
-        ids_s, own_s = ids[order], owner[order]
-        same = ids_s[1:] == ids_s[:-1]
-        n_sub, label = _components(len(rest), own_s[:-1][same], own_s[1:][same])
-        lc[np.concatenate([b.cf.link_ids for b in left])] = -1
-        self._changed[comp] = None
-        if n_sub == 1:
-            lc[ids] = comp.cid
-            return
+        if len(rest) <= _SPLIT_BITSET_MAX:
+            n_sub, labels = _bit_components([_cf_bits(m.cf) for m in rest])
+            for b in left:
+                lc[b.cf.link_ids] = -1
+            self._changed[comp] = None
+            if n_sub == 1:
+                for m in rest:
+                    lc[m.cf.link_ids] = comp.cid
+                return
+            ids = owner = label = None
+        else:
+            sizes = np.fromiter((m.cf.link_ids.size for m in rest), dtype=np.int64, count=len(rest))
+            ids = np.concatenate([m.cf.link_ids for m in rest])
+            owner = np.repeat(np.arange(len(rest)), sizes)
+            order = np.argsort(ids, kind="stable")
+            ids_s, own_s = ids[order], owner[order]
+            same = ids_s[1:] == ids_s[:-1]
+            n_sub, label = _components(len(rest), own_s[:-1][same], own_s[1:][same])
+            lc[np.concatenate([b.cf.link_ids for b in left])] = -1
+            self._changed[comp] = None
+            if n_sub == 1:
+                lc[ids] = comp.cid
+                return
+            labels = label.tolist()
         # the largest part keeps the component's id; the others become new components
-        big = int(np.argmax(np.bincount(label)))
+        counts = [0] * n_sub
+        for k in labels:
+            counts[k] += 1
+        big = counts.index(max(counts))
         parts: dict[int, _Comp] = {}
-        for m, k in zip(rest, label.tolist()):
+        for m, k in zip(rest, labels):
             if k == big:
                 continue
             part = parts.get(k)
@@ -1043,7 +1096,11 @@ class FlowNetwork:
         cid_of = np.full(n_sub, comp.cid, dtype=np.int64)
         for k, part in parts.items():
             cid_of[k] = part.cid
-        lc[ids] = cid_of[label[owner]]
+        if ids is None:
+            for m, k in zip(rest, labels):
+                lc[m.cf.link_ids] = cid_of[k]
+        else:
+            lc[ids] = cid_of[label[owner]]
 
     def _settle_incremental(self) -> None:
         now = self._env.now
