@@ -94,6 +94,9 @@ class _Coflow:
     fin_s: float  # isolated finish time per byte of size
     ceil_Bps: float  # per-flow bandwidth it averages alone: it never runs faster
     link_bits: int | None = None  # link_ids as a Python int bitset, for overlap tests
+    # creation number in its fabric: components are solved with their coflows in this order, so a
+    # run's rounding does not depend on where Python put the objects in memory (it did: id order)
+    uid: int = -1
 
 
 # Plans on at most this many links keep, per request, the bytes a virtual run adds to each
@@ -397,6 +400,7 @@ class FlowNetwork:
         self.nominal_capacity_Bps = self.capacity_Bps.copy()
         self._plans: dict[tuple, list[_RPlan]] = {}
         self._level_cache: dict[tuple, tuple[np.ndarray, tuple]] = {}
+        self._n_coflows = 0
         self._scratch_pos = np.zeros(graph.n_links, dtype=np.int64)
         self._hash_w = np.random.default_rng(12345).random(257) + 0.5
         self._gkeys: dict[int, tuple[np.ndarray, bytes]] = {}
@@ -559,6 +563,9 @@ class FlowNetwork:
             ids, load = _link_load(inc, ph.coef)
             rph = _RPhase(inc, ph.coef, lat_s, tau, fin, ids, load)
             rph.coflows = _split_coflows(inc, ph.coef, fin, tau)
+            for cf in rph.coflows:
+                self._n_coflows += 1
+                cf.uid = self._n_coflows
             phases.append(rph)
         links = np.unique(np.concatenate([p.link_ids for p in phases])) if phases else np.zeros(0, np.int64)
         rp = _RPlan(plan.op, plan.algorithm, phases, self.launch_overhead_us * 1e-6, links)
@@ -1165,7 +1172,7 @@ class FlowNetwork:
         memoised by the coflows' identities (see _coflow_levels)."""
         if len(cfs) == 1:
             return np.array([cfs[0].ceil_Bps])  # alone: its isolated speed
-        order = sorted(range(len(cfs)), key=lambda i: id(cfs[i]))
+        order = sorted(range(len(cfs)), key=lambda i: (cfs[i].uid, id(cfs[i])))
         group = tuple(cfs[i] for i in order)
         key = tuple(map(id, group))
         hit = self._level_cache.get(key)
@@ -1182,7 +1189,7 @@ class FlowNetwork:
         """``_component_levels`` as Python floats (the same values), without numpy on a few numbers."""
         if len(cfs) == 1:
             return [cfs[0].ceil_Bps]
-        order = sorted(range(len(cfs)), key=lambda i: id(cfs[i]))
+        order = sorted(range(len(cfs)), key=lambda i: (cfs[i].uid, id(cfs[i])))
         key = tuple(id(cfs[i]) for i in order)
         hit = self._level_cache.get(key)
         if hit is None:
