@@ -69,7 +69,10 @@ def _links(net: FlowNetwork, req) -> set[int]:
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_fast_path_is_taken_exactly_when_every_link_is_idle(seed):
+@pytest.mark.parametrize("scan", [True, False])
+def test_fast_path_is_taken_exactly_when_every_link_is_idle(seed, scan, monkeypatch):
+    if not scan:  # virtual collectives found through the link -> owner array
+        monkeypatch.setattr(F, "_SCAN_VIRTUALS_MAX", 0)
     rng = np.random.default_rng(500 + seed)
     graph = build_graph(_spec(), 16)
     pool = _random_reqs(rng, 16, 6)
@@ -101,7 +104,7 @@ def test_fast_path_is_taken_exactly_when_every_link_is_idle(seed):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_cached_link_bytes_and_bitset_split_change_no_number(seed, monkeypatch):
+def test_shortcuts_change_no_number(seed, monkeypatch):
     rng = np.random.default_rng(700 + seed)
     graph = build_graph(_spec(), 16)
     pool = _random_reqs(rng, 16, 6)
@@ -110,6 +113,7 @@ def test_cached_link_bytes_and_bitset_split_change_no_number(seed, monkeypatch):
     t_new, b_new = _run(FlowNetwork(graph), reqs, starts)
     monkeypatch.setattr(F, "_ADDS_MAX_LINKS", -1)  # link bytes computed when a collective ends
     monkeypatch.setattr(F, "_SPLIT_BITSET_MAX", 0)  # every split by sorting links
+    monkeypatch.setattr(F, "_SCAN_VIRTUALS_MAX", 0)  # virtual collectives found through the owner array
     t_ref, b_ref = _run(FlowNetwork(graph), reqs, starts)
     np.testing.assert_array_equal(t_new, t_ref)
     np.testing.assert_array_equal(b_new, b_ref)

@@ -172,6 +172,10 @@ def _components(n: int, a: np.ndarray, b: np.ndarray) -> tuple[int, np.ndarray]:
     return len(ids), label
 
 
+# Up to this many virtual collectives running, a contended start finds the ones on its links by
+# testing each one's link bitset; beyond, from a link -> owner array (see _virtual_owners).
+_SCAN_VIRTUALS_MAX = 64
+
 # Components of at most this many coflows are split by pairwise tests of their link bitsets
 # (a few ANDs); larger ones by sorting their links (numpy, linear in the links).
 _SPLIT_BITSET_MAX = 16
@@ -275,6 +279,7 @@ class _Coll:
     real: bool = False  # holds its links (FlowNetwork._real_plans, _real_bits) until it finishes
     # (link ids, bytes) per phase that a virtual run adds to link_bytes, from the request cache
     adds: tuple | None = None
+    vid: int = -1  # while virtual, once written into FlowNetwork._virt_owner: its id there
 
 
 @dataclass(eq=False)
@@ -628,6 +633,9 @@ class FlowNetwork:
             coll.virtual = True
             self._virt_bits |= bits
             self._virtuals[coll] = None
+            self._unsynced.append(coll)
+            if len(self._unsynced) > 4096:
+                self._unsynced = [v for v in self._unsynced if v.virtual]
             env.timeout(time_s).callbacks.append(partial(self._virtual_done, coll))
             return coll.event
         if not self.incremental:
@@ -635,13 +643,39 @@ class FlowNetwork:
         if self._virtuals and bits & self._virt_bits:
             # a virtual collective only starts on idle links, so each link has at most one
             # virtual holder; they are materialised in start order
-            for v in [v for v in self._virtuals if v.plan.bits & bits]:
+            if len(self._virtuals) <= _SCAN_VIRTUALS_MAX:
+                hit = [v for v in self._virtuals if v.plan.bits & bits]
+            else:
+                hit = self._virtual_owners(plan.links)
+            for v in hit:
                 self._materialize(v)
         coll.real = True
         self._hold(plan)
         self._enter_phase(coll, 0)
         self._settle()
         return coll.event
+
+    def _virtual_owners(self, links: np.ndarray) -> list[_Coll]:
+        """The virtual collectives on these links, in start order, from the link -> owner array
+        (full mode at scale runs thousands at once: a scan would test each). The array is written
+        here, for the virtual collectives started since the last call that still run: most end
+        before any contended start looks."""
+        owner = self._virt_owner
+        for v in self._unsynced:
+            if v.virtual:
+                self._vid += 1
+                v.vid = self._vid
+                self._vid_coll[v.vid] = v
+                owner[v.plan.links] = v.vid
+        self._unsynced.clear()
+        ids = owner[links]
+        out = []
+        # ids grow in start order; an entry of a virtual collective that has ended is stale
+        for vid in np.unique(ids[ids >= 0]).tolist():
+            v = self._vid_coll.get(vid)
+            if v is not None:
+                out.append(v)
+        return out
 
     def _hold(self, plan: _RPlan) -> None:
         held = self._real_plans.get(id(plan))
@@ -674,6 +708,12 @@ class FlowNetwork:
         self._real_bits = 0
         self._real_plans: dict[int, list] = {}
         self._virtuals: dict[_Coll, None] = {}  # running virtual collectives, in start order
+        # link -> id of the virtual collective last written there (stale once it ended), written
+        # lazily: _unsynced are the virtual ones started since (see _virtual_owners)
+        self._virt_owner = np.full(n, -1, dtype=np.int64)
+        self._vid_coll: dict[int, _Coll] = {}
+        self._unsynced: list[_Coll] = []
+        self._vid = 0
         self._batches: list[Any] = []  # _Batch (per-flow) or _CoBatch (coflow, global solve)
         self._dirty = True
         self._A: sp.csr_matrix | None = None
@@ -706,6 +746,8 @@ class FlowNetwork:
             return  # it was turned into real flows
         coll.virtual = False
         del self._virtuals[coll]
+        if coll.vid >= 0:
+            del self._vid_coll[coll.vid]
         plan = coll.plan
         # nothing else touched its links while it ran (that would have materialised it)
         self._virt_bits ^= plan.bits
@@ -724,6 +766,8 @@ class FlowNetwork:
         env = self._env
         coll.virtual = False
         del self._virtuals[coll]
+        if coll.vid >= 0:
+            del self._vid_coll[coll.vid]
         plan = coll.plan
         self._virt_bits ^= plan.bits  # it goes on holding its links, as a real one
         coll.real = True
