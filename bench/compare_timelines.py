@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_scale's scenario
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # after PYTHONPATH: PYTHONPATH=OTHER_CHECKOUT saves that checkout's results
 
 
 def _scenarios() -> dict[str, tuple[dict, str, bool]]:
@@ -39,7 +41,15 @@ def _scenarios() -> dict[str, tuple[dict, str, bool]]:
         "torchtitan-8B-128-fsdp": (P.torchtitan_scenario(tt["Table 3 (FSDP)"])[0], "reduced", True),
         "torchtitan-405B-fsdp4-cp2": (P.torchtitan_scenario(tt["Table 6 (FSDP 4, CP 2)"])[0], "reduced", True),
         "torchtitan-8B-8-fsdp-full": (P.torchtitan_scenario(tt["Table 1 (FSDP)"])[0], "full", False),
+        # full mode at 256 GPUs: hundreds of virtual collectives at once (bench_scale.py's case)
+        "llama3-70b-256-full": (_llama70b(256, 8), "full", False),
     }
+
+
+def _llama70b(gpus: int, nmb: int) -> dict:
+    from bench_scale import llama70b
+
+    return llama70b(gpus, nmb)
 
 
 def run(d: dict, mode: str, ff: bool) -> dict:
