@@ -102,6 +102,7 @@ class _Coflow:
 # Plans on at most this many links keep, per request, the bytes a virtual run adds to each
 # link (a tiny multiply saved per collective); larger ones compute them when they end.
 _ADDS_MAX_LINKS = 4096
+_REQ_ADDS_MAX = 1 << 22  # values (32 MiB) of cached link bytes before the request cache starts over
 
 # Most coflows per phase: flows of an irregular phase whose isolated finish times differ are
 # bucketed (the bucket keeps its latest finish, so a phase alone still ends on time).
@@ -398,6 +399,7 @@ class FlowNetwork:
         # id(request) -> (request, plan, bytes, isolated time): the engine reuses its request
         # objects, so what a start needs of one is looked up once (the entry keeps it alive)
         self._req_plans: dict[int, tuple] = {}
+        self._req_adds_n = 0  # link-byte values the request cache holds
         eff = np.where(graph.link_class == LINK_INTRA, self.nvlink_efficiency, self.nic_efficiency)
         self.capacity_Bps = graph.link_capacity_GBps * 1e9 * eff
         # The healthy fabric's capacities: NCCL's model prices a collective on healthy links, so a
@@ -505,7 +507,8 @@ class FlowNetwork:
         return plan, eff
 
     def _resolve(self, req: CollectiveRequest) -> tuple:
-        """(req, plan, bytes, isolated time) of a request: what ``start`` runs, cached by identity."""
+        """(req, plan, bytes, isolated time, per-phase link bytes or None) of a request: what
+        ``start`` runs, cached by identity."""
         if self.nccl is not None:
             plan, size = self._nccl_scaled(req)
         else:
@@ -514,9 +517,14 @@ class FlowNetwork:
         if plan.links.size <= _ADDS_MAX_LINKS:
             adds = tuple((ph.link_ids, size * ph.link_coef) for ph in plan.phases)
         hit = (req, plan, size, plan.time_s(size), adds)
-        if len(self._req_plans) > 65536:
+        # bounded in entries and in the link bytes it keeps (a caller that makes a new request
+        # per start, as a placed network does, only ever misses)
+        n_adds = sum(b.size for _, b in adds) if adds else 0
+        if len(self._req_plans) > 65536 or self._req_adds_n + n_adds > _REQ_ADDS_MAX:
             self._req_plans.clear()
+            self._req_adds_n = 0
         self._req_plans[id(req)] = hit
+        self._req_adds_n += n_adds
         return hit
 
     def _nccl_scaled_new(self, req: CollectiveRequest) -> tuple[_RPlan, float]:
