@@ -104,6 +104,9 @@ def main() -> None:
     base = pickle.loads(args.check.read_bytes())
     bad = []
     for n in names:
+        if n not in base:
+            print(f"{n:28s} not in {args.check}: skipped")
+            continue
         new = run(*sc[n])
         diff = compare(n, base[n], new)
         bad += diff

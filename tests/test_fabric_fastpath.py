@@ -112,6 +112,7 @@ def test_shortcuts_change_no_number(seed, monkeypatch):
     starts = np.round(rng.uniform(0, 3e-3, len(reqs)), 4)
     t_new, b_new = _run(FlowNetwork(graph), reqs, starts)
     monkeypatch.setattr(F, "_ADDS_MAX_LINKS", -1)  # link bytes computed when a collective ends
+    monkeypatch.setattr(F, "_BYTES_LOG_MAX", 1)  # and added at once
     monkeypatch.setattr(F, "_SPLIT_BITSET_MAX", 0)  # every split by sorting links
     monkeypatch.setattr(F, "_SCAN_VIRTUALS_MAX", 0)  # virtual collectives found through the owner array
     t_ref, b_ref = _run(FlowNetwork(graph), reqs, starts)
@@ -129,6 +130,7 @@ def test_cached_link_bytes_on_a_dgx_fabric(monkeypatch):
     starts = np.linspace(0, 2e-3, len(reqs))
     t_new, b_new = _run(FlowNetwork(graph), reqs, starts)
     monkeypatch.setattr(F, "_ADDS_MAX_LINKS", -1)
+    monkeypatch.setattr(F, "_BYTES_LOG_MAX", 1)
     t_ref, b_ref = _run(FlowNetwork(graph), reqs, starts)
     np.testing.assert_array_equal(t_new, t_ref)
     np.testing.assert_array_equal(b_new, b_ref)
