@@ -632,15 +632,15 @@ class FlowNetwork:
             hit = self._resolve(req)
         _, plan, size, time_s, adds = hit
         now = env.now
-        coll = _Coll(plan, size, simpy.Event(env), now, adds=adds)
-        self.stats.collectives += 1
+        stats = self.stats
+        stats.collectives += 1
         if self._t_first is None:
             self._t_first = now
         bits = plan.bits
         if self.fast_path and not (bits & self._virt_bits or bits & self._real_bits):
             # every link idle: run in closed form (see the module's "Fast path")
-            self.stats.fast_path += 1
-            coll.virtual = True
+            stats.fast_path += 1
+            coll = _Coll(plan, size, simpy.Event(env), now, True, False, adds)
             self._virt_bits |= bits
             self._virtuals[coll] = None
             self._unsynced.append(coll)
@@ -648,6 +648,7 @@ class FlowNetwork:
                 self._unsynced = [v for v in self._unsynced if v.virtual]
             env.timeout(time_s).callbacks.append(partial(self._virtual_done, coll))
             return coll.event
+        coll = _Coll(plan, size, simpy.Event(env), now, False, False, adds)
         if not self.incremental:
             self._advance()
         if self._virtuals and bits & self._virt_bits:
@@ -771,7 +772,11 @@ class FlowNetwork:
                 log.append((ph.link_ids, coll.size * ph.link_coef))
         if len(log) >= _BYTES_LOG_MAX:
             self._flush_bytes()
-        self._finish(coll)
+        # _finish of a collective that is not real
+        now = self._env.now
+        if now > self._t_end:
+            self._t_end = now
+        coll.event.succeed()
 
     def _materialize(self, coll: _Coll) -> None:
         """Turn a virtual collective into real flows where its isolated schedule is now."""
