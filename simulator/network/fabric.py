@@ -407,7 +407,7 @@ class FlowNetwork:
         # The healthy fabric's capacities: NCCL's model prices a collective on healthy links, so a
         # degraded link (what-if) must slow the flows, not be normalised away by the NCCL scaling.
         self.nominal_capacity_Bps = self.capacity_Bps.copy()
-        self._plans: dict[tuple, list[_RPlan]] = {}
+        self._plans: dict[tuple, list] = {}  # (op, groups) -> candidate Plans, routed as used (_RPlan)
         self._level_cache: dict[tuple, tuple[np.ndarray, tuple]] = {}
         self._n_coflows = 0
         self._scratch_pos = np.zeros(graph.n_links, dtype=np.int64)
@@ -446,7 +446,10 @@ class FlowNetwork:
         self._gkeys[id(groups)] = (groups, key)
         return key
 
-    def _candidates(self, req: CollectiveRequest) -> list[_RPlan]:
+    def _unrouted(self, req: CollectiveRequest) -> list:
+        """The request's candidate plans, each routed (_RPlan) once something asked for it: with
+        NCCL's model only the algorithm NCCL picks is used, and routing one (its isolated time
+        by progressive filling, for a tree) is most of a plan's cost."""
         groups = req.groups
         if not isinstance(groups, np.ndarray):
             groups = np.asarray(groups, dtype=np.int64)
@@ -458,21 +461,31 @@ class FlowNetwork:
                     f"collective {req.op} uses GPU ids {int(groups.min())}..{int(groups.max())} but the fabric has "
                     f"{self.graph.n_gpus} GPUs: build it with more GPUs"
                 )
-            plans = [self._route_plan(p) for p in candidates(self.graph, req.op, groups, self.algorithms.get(req.op))]
-            self._plans[key] = plans
+            plans = self._plans[key] = candidates(self.graph, req.op, groups, self.algorithms.get(req.op))
         return plans
 
+    def _routed(self, plans: list, i: int) -> _RPlan:
+        p = plans[i]
+        if not isinstance(p, _RPlan):
+            p = plans[i] = self._route_plan(p)
+        return p
+
+    def _candidates(self, req: CollectiveRequest) -> list[_RPlan]:
+        plans = self._unrouted(req)
+        return [self._routed(plans, i) for i in range(len(plans))]
+
     def plan_for(self, req: CollectiveRequest) -> _RPlan:
-        plans = self._candidates(req)
         if self.nccl is not None and req.op not in self.algorithms:
             choice = self.nccl_choice(req)
             if choice is not None:
+                plans = self._unrouted(req)
                 # The flows of the NCCL algorithm: a tree's for Tree / NVLS Tree / CollNet, else a ring's.
                 want = "tree" if choice.algorithm in ("tree", "nvls_tree", "collnet_direct", "collnet_chain") else "ring"
-                for p in plans:
+                for i, p in enumerate(plans):
                     if p.algorithm == want:
-                        return p
-                return plans[0]
+                        return self._routed(plans, i)
+                return self._routed(plans, 0)
+        plans = self._candidates(req)
         if len(plans) == 1:
             return plans[0]
         return min(plans, key=lambda p: p.time_s(req.size_bytes))
