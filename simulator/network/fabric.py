@@ -102,9 +102,9 @@ class _Coflow:
 # Plans on at most this many links keep, per request, the bytes a virtual run adds to each
 # link (a tiny multiply saved per collective); larger ones compute them when they end.
 _ADDS_MAX_LINKS = 4096
-_REQ_ADDS_MAX = 1 << 22
+_REQ_ADDS_MAX = 1 << 22  # values (32 MiB) of cached link bytes before the request cache starts over
 # Entries of link bytes logged before they are added (see FlowNetwork._flush_bytes); 1: at once.
-_BYTES_LOG_MAX = 1024  # values (32 MiB) of cached link bytes before the request cache starts over
+_BYTES_LOG_MAX = 1024
 
 # Most coflows per phase: flows of an irregular phase whose isolated finish times differ are
 # bucketed (the bucket keeps its latest finish, so a phase alone still ends on time).
@@ -657,7 +657,7 @@ class FlowNetwork:
             self._virt_bits |= bits
             self._virtuals[coll] = None
             self._unsynced.append(coll)
-            if len(self._unsynced) > 4096:
+            if len(self._unsynced) > 2 * len(self._virtuals) + 4096:
                 self._unsynced = [v for v in self._unsynced if v.virtual]
             env.timeout(time_s).callbacks.append(partial(self._virtual_done, coll))
             return coll.event
