@@ -103,8 +103,10 @@ class _Coflow:
 # link (a tiny multiply saved per collective); larger ones compute them when they end.
 _ADDS_MAX_LINKS = 4096
 _REQ_ADDS_MAX = 1 << 22  # values (32 MiB) of cached link bytes before the request cache starts over
-# Entries of link bytes logged before they are added (see FlowNetwork._flush_bytes); 1: at once.
-_BYTES_LOG_MAX = 1024
+# Link-byte values logged before they are added (see FlowNetwork._flush_bytes); 1: at once.
+# 16K values: each concatenated array (128 KiB) stays under glibc's mmap threshold; batches of
+# 1 MiB measured 3x slower per value than 128 KiB ones (fresh pages at every flush).
+_BYTES_LOG_MAX = 1 << 14
 
 # Most coflows per phase: flows of an irregular phase whose isolated finish times differ are
 # bucketed (the bucket keeps its latest finish, so a phase alone still ends on time).
@@ -263,6 +265,7 @@ class _RPlan:
     overhead_s: float
     links: np.ndarray  # every link the plan uses
     lat_s: float = 0.0
+    n_link_values: int = 0  # link ids over all phases (what a run adds to link_bytes)
     tau_s: float = 0.0
     # links as a Python int bitset: whether a collective's links are idle is one AND with the
     # fabric's held-link bitsets, not a fancy index of per-link arrays (most starts take the fast path)
@@ -600,6 +603,7 @@ class FlowNetwork:
         rp.lat_s = sum(p.lat_s for p in phases)
         rp.tau_s = sum(p.tau_s for p in phases)
         rp.bits = _bitset(links)
+        rp.n_link_values = sum(int(p.link_ids.size) for p in phases)
         return rp
 
     def _isolated(self, inc: sp.csc_matrix, coef: np.ndarray, capacity_Bps: np.ndarray | None = None) -> tuple[float, np.ndarray]:
@@ -750,6 +754,7 @@ class FlowNetwork:
         self._link_bytes = np.zeros(n)
         # (link ids, bytes) added to _link_bytes later, in this order (see _flush_bytes)
         self._bytes_log: list[tuple[np.ndarray, np.ndarray]] = []
+        self._bytes_log_n = 0  # values in it
         self._t_first: float | None = None
         self._t_end = 0.0
         # incremental solver: running coflows, their components (link -> component id), the
@@ -783,7 +788,8 @@ class FlowNetwork:
         else:
             for ph in plan.phases:
                 log.append((ph.link_ids, coll.size * ph.link_coef))
-        if len(log) >= _BYTES_LOG_MAX:
+        self._bytes_log_n += plan.n_link_values
+        if self._bytes_log_n >= _BYTES_LOG_MAX:
             self._flush_bytes()
         # _finish of a collective that is not real
         now = self._env.now
@@ -967,12 +973,13 @@ class FlowNetwork:
     @link_bytes.setter
     def link_bytes(self, value: np.ndarray) -> None:
         self._bytes_log.clear()  # (the getter, which computed value, flushed it)
+        self._bytes_log_n = 0
         self._link_bytes = value
 
     def _add_bytes(self, ids: np.ndarray, b: np.ndarray) -> None:
-        log = self._bytes_log
-        log.append((ids, b))
-        if len(log) >= _BYTES_LOG_MAX:
+        self._bytes_log.append((ids, b))
+        self._bytes_log_n += ids.size
+        if self._bytes_log_n >= _BYTES_LOG_MAX:
             self._flush_bytes()
 
     def _flush_bytes(self) -> None:
@@ -986,6 +993,7 @@ class FlowNetwork:
         elif log:
             np.add.at(self._link_bytes, np.concatenate([e[0] for e in log]), np.concatenate([e[1] for e in log]))
         log.clear()
+        self._bytes_log_n = 0
 
     def _settle(self) -> None:
         if self.incremental:
