@@ -7,7 +7,12 @@ shared 2-core development machine unless said otherwise: wall and events are bot
 because wall depends on the load, events do not.
 
     python bench/bench_published_rows.py [--set megatron-2021|torchtitan-2024|vtrain-single-node|all]
-                                         [--repeat 1] [--rows N] [--plain]
+                                         [--repeat 1] [--rows N] [--only LABEL ...] [--plain]
+                                         [--base OTHER_CHECKOUT]
+
+CPU s is the child's process time for the run (less sensitive to the machine's load than wall).
+--base: same-load before/after pairs: every repeat runs the row with OTHER_CHECKOUT's code, then
+with this one's, alternating, and prints both medians of CPU s and their ratio.
 """
 
 from __future__ import annotations
@@ -27,11 +32,11 @@ import json, resource, sys, time
 from simulator.scenario import build_scenario
 from simulator.simulate import simulate
 d, ff = json.loads(sys.argv[1]), sys.argv[2] == "1"
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 res = simulate(build_scenario(d), fast_forward=ff)
-wall = time.perf_counter() - t
+wall, cpu = time.perf_counter() - t, time.process_time() - c
 tl = res.timeline
-print(json.dumps({"wall_s": wall, "engine_s": tl.sim_wall_s, "events": tl.num_events,
+print(json.dumps({"wall_s": wall, "cpu_s": cpu, "engine_s": tl.sim_wall_s, "events": tl.num_events,
                   "microbatches": res.program.schedule.num_microbatches,
                   "simulated_mb": (tl.fast_forward or {}).get("microbatches_simulated", res.program.schedule.num_microbatches),
                   "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
@@ -60,6 +65,19 @@ def rows(name: str) -> list[tuple[str, dict]]:
     return out
 
 
+def _child(root: Path, d: dict, plain: bool, timeout: float) -> dict | str:
+    """One run in a fresh process with ``root``'s code: its measurements, or why it failed."""
+    try:
+        p = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(d), "0" if plain else "1"], cwd=root,
+                           capture_output=True, text=True, timeout=timeout,
+                           env={"PYTHONPATH": str(root), "PATH": ""})
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s"
+    if p.returncode != 0:
+        return f"failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}"
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", default="megatron-2021", choices=["megatron-2021", "torchtitan-2024", "vtrain-single-node", "all"])
@@ -67,38 +85,72 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=None, help="Only the first N unique rows of each set.")
     ap.add_argument("--plain", action="store_true", help="Without the steady-state fast path.")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--only", nargs="*", default=None, help="Rows whose label starts with one of these (e.g. 529.6B).")
+    ap.add_argument("--base", type=Path, default=None, help="Another checkout: alternate its runs with this one's.")
     args = ap.parse_args()
+    if args.base is not None:
+        ab(args)
+        return
     sets = ["megatron-2021", "torchtitan-2024", "vtrain-single-node"] if args.set == "all" else [args.set]
     print(f"{'set':18s} {'row':40s} {'GPUs':>6s} {'mb':>5s} {'sim mb':>6s} {'events':>9s} {'events/s':>9s} "
-          f"{'wall s':>7s} {'RSS GiB':>7s}  (median of {args.repeat}; fast path {'off' if args.plain else 'on'})")
+          f"{'wall s':>7s} {'CPU s':>7s} {'RSS GiB':>7s}  (median of {args.repeat}; fast path {'off' if args.plain else 'on'})")
     worst = (0.0, "")
     for name in sets:
-        for label, d in rows(name)[: args.rows]:
+        for label, d in _selected(name, args):
             runs = []
             for _ in range(args.repeat):
-                try:
-                    p = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(d), "0" if args.plain else "1"], cwd=ROOT,
-                                       capture_output=True, text=True, timeout=args.timeout,
-                                       env={"PYTHONPATH": str(ROOT), "PATH": ""})
-                except subprocess.TimeoutExpired:
+                r = _child(ROOT, d, args.plain, args.timeout)
+                if isinstance(r, str):
+                    print(f"{name:18s} {label:40s} {r}")
                     runs = []
                     break
-                if p.returncode != 0:
-                    print(f"{name:18s} {label:40s} failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
-                    runs = []
-                    break
-                runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+                runs.append(r)
             if not runs:
                 continue
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             eps = med["events"] / med["engine_s"] if med["engine_s"] > 0 else float("nan")
             print(f"{name:18s} {label:40s} {d['cluster']['gpus']:>6,d} {int(med['microbatches']):>5d} "
                   f"{int(med['simulated_mb']):>6d} {int(med['events']):>9,d} {eps:>9,.0f} {med['wall_s']:>7.2f} "
-                  f"{med['rss_gib']:>7.2f}", flush=True)
+                  f"{med['cpu_s']:>7.2f} {med['rss_gib']:>7.2f}", flush=True)
             if med["wall_s"] > worst[0]:
                 worst = (med["wall_s"], f"{name} {label}")
     print(f"max over rows: {worst[0]:.2f} s ({worst[1]}) vs target <= {TARGET_S:.0f} s: "
           f"{'met' if worst[0] <= TARGET_S else 'MISSED'}")
+
+
+def _selected(name: str, args) -> list[tuple[str, dict]]:
+    out = rows(name)[: args.rows]
+    if args.only:
+        out = [(label, d) for label, d in out if any(label.startswith(o) for o in args.only)]
+    return out
+
+
+def ab(args) -> None:
+    """Same-load before/after pairs: base and this checkout alternate on every repeat."""
+    base = args.base.resolve()
+    sets = ["megatron-2021", "torchtitan-2024", "vtrain-single-node"] if args.set == "all" else [args.set]
+    print(f"{'set':18s} {'row':40s} {'events':>9s} {'base CPU s':>10s} {'new CPU s':>10s} {'new/base':>8s} "
+          f"{'base ev/s':>10s} {'new ev/s':>10s}  (medians of {args.repeat} alternating pairs; base {base})")
+    for name in sets:
+        for label, d in _selected(name, args):
+            pairs = []
+            for _ in range(args.repeat):
+                rb, rn = _child(base, d, args.plain, args.timeout), _child(ROOT, d, args.plain, args.timeout)
+                if isinstance(rb, str) or isinstance(rn, str):
+                    print(f"{name:18s} {label:40s} base {rb if isinstance(rb, str) else 'ok'}, new {rn if isinstance(rn, str) else 'ok'}")
+                    pairs = []
+                    break
+                pairs.append((rb, rn))
+            if not pairs:
+                continue
+            cb = statistics.median(b["cpu_s"] for b, _ in pairs)
+            cn = statistics.median(n["cpu_s"] for _, n in pairs)
+            eb = statistics.median(b["events"] / b["engine_s"] for b, _ in pairs)
+            en = statistics.median(n["events"] / n["engine_s"] for _, n in pairs)
+            ev = pairs[0][1]["events"]
+            same = all(b["events"] == n["events"] for b, n in pairs)
+            print(f"{name:18s} {label:40s} {ev:>9,d} {cb:>10.2f} {cn:>10.2f} {cn / cb:>8.2f} {eb:>10,.0f} {en:>10,.0f}"
+                  f"{'' if same else '  (event counts differ)'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -94,7 +94,19 @@ class _Coflow:
     fin_s: float  # isolated finish time per byte of size
     ceil_Bps: float  # per-flow bandwidth it averages alone: it never runs faster
     link_bits: int | None = None  # link_ids as a Python int bitset, for overlap tests
+    # creation number in its fabric: components are solved with their coflows in this order, so a
+    # run's rounding does not depend on where Python put the objects in memory (it did: id order)
+    uid: int = -1
 
+
+# Plans on at most this many links keep, per request, the bytes a virtual run adds to each
+# link (a tiny multiply saved per collective); larger ones compute them when they end.
+_ADDS_MAX_LINKS = 4096
+_REQ_ADDS_MAX = 1 << 22  # values (32 MiB) of cached link bytes before the request cache starts over
+# Link-byte values logged before they are added (see FlowNetwork._flush_bytes); 1: at once.
+# 16K values: each concatenated array (128 KiB) stays under glibc's mmap threshold; batches of
+# 1 MiB measured 3x slower per value than 128 KiB ones (fresh pages at every flush).
+_BYTES_LOG_MAX = 1 << 14
 
 # Most coflows per phase: flows of an irregular phase whose isolated finish times differ are
 # bucketed (the bucket keeps its latest finish, so a phase alone still ends on time).
@@ -165,6 +177,45 @@ def _components(n: int, a: np.ndarray, b: np.ndarray) -> tuple[int, np.ndarray]:
     return len(ids), label
 
 
+# Up to this many virtual collectives running, a contended start finds the ones on its links by
+# testing each one's link bitset; beyond, from a link -> owner array (see _virtual_owners).
+_SCAN_VIRTUALS_MAX = 64
+
+# Components of at most this many coflows are split by pairwise tests of their link bitsets
+# (a few ANDs); larger ones by sorting their links (numpy, linear in the links).
+_SPLIT_BITSET_MAX = 16
+
+
+def _cf_bits(cf: "_Coflow") -> int:
+    bits = cf.link_bits
+    if bits is None:
+        bits = cf.link_bits = _bitset(cf.link_ids)
+    return bits
+
+
+def _bit_components(bits: list[int]) -> tuple[int, list[int]]:
+    """``_components`` of nodes joined where their bitsets share a bit: (count, label per node),
+    labels 0..count-1 in order of each component's first node."""
+    n = len(bits)
+    parent = list(range(n))
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for i in range(n):
+        for j in range(i + 1, n):
+            if bits[i] & bits[j]:
+                ri, rj = root(i), root(j)
+                if ri != rj:
+                    parent[max(ri, rj)] = min(ri, rj)
+    ids: dict[int, int] = {}
+    label = [ids.setdefault(root(i), len(ids)) for i in range(n)]
+    return len(ids), label
+
+
 def _incidence(flow: np.ndarray, link: np.ndarray, n_flows: int, n_links: int) -> sp.csc_matrix:
     """links x flows, 1 where the flow crosses the link (``Routes.incidence``, built straight
     into CSC: plans are built per group in full mode, tens of thousands at 16,384 GPUs)."""
@@ -214,21 +265,27 @@ class _RPlan:
     overhead_s: float
     links: np.ndarray  # every link the plan uses
     lat_s: float = 0.0
+    n_link_values: int = 0  # link ids over all phases (what a run adds to link_bytes)
     tau_s: float = 0.0
+    # links as a Python int bitset: whether a collective's links are idle is one AND with the
+    # fabric's held-link bitsets, not a fancy index of per-link arrays (most starts take the fast path)
+    bits: int = 0
 
     def time_s(self, size_bytes: float) -> float:
         return self.overhead_s + self.lat_s + size_bytes * self.tau_s
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Coll:
     plan: _RPlan
     size: float
     event: simpy.Event
     t0: float
-    virtual: bool = False
-    real: bool = False  # holds its links in _busy until it finishes (so does a virtual one)
-    vid: int = -1  # while virtual: its id in FlowNetwork._virtuals
+    virtual: bool = False  # runs on idle links in closed form; holds them in _virt_bits
+    real: bool = False  # holds its links (FlowNetwork._real_plans, _real_bits) until it finishes
+    # (link ids, bytes) per phase that a virtual run adds to link_bytes, from the request cache
+    adds: tuple | None = None
+    vid: int = -1  # while virtual, once written into FlowNetwork._virt_owner: its id there
 
 
 @dataclass(eq=False)
@@ -241,7 +298,7 @@ class _Batch:
     alive: np.ndarray
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _CoBatch:
     """One running coflow."""
 
@@ -270,7 +327,7 @@ class _CoBatch:
         self.t_set = now
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Comp:
     """Running coflows connected through shared links (a connected component)."""
 
@@ -344,13 +401,18 @@ class FlowNetwork:
         self._nccl_plans: dict[tuple, _RPlan] = {}
         self._nccl_shapes: dict[bytes, tuple[int, int, int]] = {}
         self._nccl_reqs: dict[int, tuple] = {}
+        # id(request) -> (request, plan, bytes, isolated time): the engine reuses its request
+        # objects, so what a start needs of one is looked up once (the entry keeps it alive)
+        self._req_plans: dict[int, tuple] = {}
+        self._req_adds_n = 0  # link-byte values the request cache holds
         eff = np.where(graph.link_class == LINK_INTRA, self.nvlink_efficiency, self.nic_efficiency)
         self.capacity_Bps = graph.link_capacity_GBps * 1e9 * eff
         # The healthy fabric's capacities: NCCL's model prices a collective on healthy links, so a
         # degraded link (what-if) must slow the flows, not be normalised away by the NCCL scaling.
         self.nominal_capacity_Bps = self.capacity_Bps.copy()
-        self._plans: dict[tuple, list[_RPlan]] = {}
+        self._plans: dict[tuple, list] = {}  # (op, groups) -> candidate Plans, routed as used (_RPlan)
         self._level_cache: dict[tuple, tuple[np.ndarray, tuple]] = {}
+        self._n_coflows = 0
         self._scratch_pos = np.zeros(graph.n_links, dtype=np.int64)
         self._hash_w = np.random.default_rng(12345).random(257) + 0.5
         self._gkeys: dict[int, tuple[np.ndarray, bytes]] = {}
@@ -387,7 +449,10 @@ class FlowNetwork:
         self._gkeys[id(groups)] = (groups, key)
         return key
 
-    def _candidates(self, req: CollectiveRequest) -> list[_RPlan]:
+    def _unrouted(self, req: CollectiveRequest) -> list:
+        """The request's candidate plans, each routed (_RPlan) once something asked for it: with
+        NCCL's model only the algorithm NCCL picks is used, and routing one (its isolated time
+        by progressive filling, for a tree) is most of a plan's cost."""
         groups = req.groups
         if not isinstance(groups, np.ndarray):
             groups = np.asarray(groups, dtype=np.int64)
@@ -399,21 +464,31 @@ class FlowNetwork:
                     f"collective {req.op} uses GPU ids {int(groups.min())}..{int(groups.max())} but the fabric has "
                     f"{self.graph.n_gpus} GPUs: build it with more GPUs"
                 )
-            plans = [self._route_plan(p) for p in candidates(self.graph, req.op, groups, self.algorithms.get(req.op))]
-            self._plans[key] = plans
+            plans = self._plans[key] = candidates(self.graph, req.op, groups, self.algorithms.get(req.op))
         return plans
 
+    def _routed(self, plans: list, i: int) -> _RPlan:
+        p = plans[i]
+        if not isinstance(p, _RPlan):
+            p = plans[i] = self._route_plan(p)
+        return p
+
+    def _candidates(self, req: CollectiveRequest) -> list[_RPlan]:
+        plans = self._unrouted(req)
+        return [self._routed(plans, i) for i in range(len(plans))]
+
     def plan_for(self, req: CollectiveRequest) -> _RPlan:
-        plans = self._candidates(req)
         if self.nccl is not None and req.op not in self.algorithms:
             choice = self.nccl_choice(req)
             if choice is not None:
+                plans = self._unrouted(req)
                 # The flows of the NCCL algorithm: a tree's for Tree / NVLS Tree / CollNet, else a ring's.
                 want = "tree" if choice.algorithm in ("tree", "nvls_tree", "collnet_direct", "collnet_chain") else "ring"
-                for p in plans:
+                for i, p in enumerate(plans):
                     if p.algorithm == want:
-                        return p
-                return plans[0]
+                        return self._routed(plans, i)
+                return self._routed(plans, 0)
+        plans = self._candidates(req)
         if len(plans) == 1:
             return plans[0]
         return min(plans, key=lambda p: p.time_s(req.size_bytes))
@@ -448,6 +523,27 @@ class FlowNetwork:
             self._nccl_reqs.clear()
         self._nccl_reqs[id(req)] = (req, plan, eff)
         return plan, eff
+
+    def _resolve(self, req: CollectiveRequest) -> tuple:
+        """(req, plan, bytes, isolated time, per-phase link bytes or None) of a request: what
+        ``start`` runs, cached by identity."""
+        if self.nccl is not None:
+            plan, size = self._nccl_scaled(req)
+        else:
+            plan, size = self.plan_for(req), float(req.size_bytes)
+        adds = None
+        if plan.links.size <= _ADDS_MAX_LINKS:
+            adds = tuple((ph.link_ids, size * ph.link_coef) for ph in plan.phases)
+        hit = (req, plan, size, plan.time_s(size), adds)
+        # bounded in entries and in the link bytes it keeps (a caller that makes a new request
+        # per start, as a placed network does, only ever misses)
+        n_adds = sum(b.size for _, b in adds) if adds else 0
+        if len(self._req_plans) > 65536 or self._req_adds_n + n_adds > _REQ_ADDS_MAX:
+            self._req_plans.clear()
+            self._req_adds_n = 0
+        self._req_plans[id(req)] = hit
+        self._req_adds_n += n_adds
+        return hit
 
     def _nccl_scaled_new(self, req: CollectiveRequest) -> tuple[_RPlan, float]:
         plan = self.plan_for(req)
@@ -498,11 +594,16 @@ class FlowNetwork:
             ids, load = _link_load(inc, ph.coef)
             rph = _RPhase(inc, ph.coef, lat_s, tau, fin, ids, load)
             rph.coflows = _split_coflows(inc, ph.coef, fin, tau)
+            for cf in rph.coflows:
+                self._n_coflows += 1
+                cf.uid = self._n_coflows
             phases.append(rph)
         links = np.unique(np.concatenate([p.link_ids for p in phases])) if phases else np.zeros(0, np.int64)
         rp = _RPlan(plan.op, plan.algorithm, phases, self.launch_overhead_us * 1e-6, links)
         rp.lat_s = sum(p.lat_s for p in phases)
         rp.tau_s = sum(p.tau_s for p in phases)
+        rp.bits = _bitset(links)
+        rp.n_link_values = sum(int(p.link_ids.size) for p in phases)
         return rp
 
     def _isolated(self, inc: sp.csc_matrix, coef: np.ndarray, capacity_Bps: np.ndarray | None = None) -> tuple[float, np.ndarray]:
@@ -543,48 +644,103 @@ class FlowNetwork:
     def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
         if env is not self._env:
             self._reset_dynamic(env)
-        if self.nccl is not None:
-            plan, size = self._nccl_scaled(req)
-        else:
-            plan, size = self.plan_for(req), float(req.size_bytes)
-        coll = _Coll(plan, size, simpy.Event(env), env.now)
-        self.stats.collectives += 1
+        hit = self._req_plans.get(id(req))
+        if hit is None or hit[0] is not req:
+            hit = self._resolve(req)
+        _, plan, size, time_s, adds = hit
+        now = env.now
+        stats = self.stats
+        stats.collectives += 1
         if self._t_first is None:
-            self._t_first = env.now
-        links = plan.links
-        busy = bool(links.size) and bool(self._busy[links].any())
-        if self.fast_path and not busy:
-            self.stats.fast_path += 1
-            coll.virtual = True
-            self._vid += 1
-            coll.vid = self._vid
-            self._busy[links] += 1
-            self._virt_owner[links] = coll.vid
-            self._virtuals[coll.vid] = coll
-            env.timeout(plan.time_s(coll.size)).callbacks.append(partial(self._virtual_done, coll))
+            self._t_first = now
+        bits = plan.bits
+        if self.fast_path and not (bits & self._virt_bits or bits & self._real_bits):
+            # every link idle: run in closed form (see the module's "Fast path")
+            stats.fast_path += 1
+            coll = _Coll(plan, size, simpy.Event(env), now, True, False, adds)
+            self._virt_bits |= bits
+            self._virtuals[coll] = None
+            self._unsynced.append(coll)
+            if len(self._unsynced) > 2 * len(self._virtuals) + 4096:
+                self._unsynced = [v for v in self._unsynced if v.virtual]
+            env.timeout(time_s).callbacks.append(partial(self._virtual_done, coll))
             return coll.event
+        coll = _Coll(plan, size, simpy.Event(env), now, False, False, adds)
         if not self.incremental:
             self._advance()
-        if self._virtuals and links.size:
-            # each link has at most one virtual owner: a virtual collective only starts on idle links
-            owners = self._virt_owner[links]
-            hit = np.unique(owners[owners >= 0])
-            for vid in hit.tolist():
-                self._materialize(self._virtuals[vid])
+        if self._virtuals and bits & self._virt_bits:
+            # a virtual collective only starts on idle links, so each link has at most one
+            # virtual holder; they are materialised in start order
+            if len(self._virtuals) <= _SCAN_VIRTUALS_MAX:
+                hit = [v for v in self._virtuals if v.plan.bits & bits]
+            else:
+                hit = self._virtual_owners(plan.links)
+            for v in hit:
+                self._materialize(v)
         coll.real = True
-        self._busy[links] += 1
+        self._hold(plan)
         self._enter_phase(coll, 0)
         self._settle()
         return coll.event
+
+    def _virtual_owners(self, links: np.ndarray) -> list[_Coll]:
+        """The virtual collectives on these links, in start order, from the link -> owner array
+        (full mode at scale runs thousands at once: a scan would test each). The array is written
+        here, for the virtual collectives started since the last call that still run: most end
+        before any contended start looks."""
+        owner = self._virt_owner
+        for v in self._unsynced:
+            if v.virtual:
+                self._vid += 1
+                v.vid = self._vid
+                self._vid_coll[v.vid] = v
+                owner[v.plan.links] = v.vid
+        self._unsynced.clear()
+        ids = owner[links]
+        out = []
+        # ids grow in start order; an entry of a virtual collective that has ended is stale
+        for vid in np.unique(ids[ids >= 0]).tolist():
+            v = self._vid_coll.get(vid)
+            if v is not None:
+                out.append(v)
+        return out
+
+    def _hold(self, plan: _RPlan) -> None:
+        held = self._real_plans.get(id(plan))
+        if held is None:
+            self._real_plans[id(plan)] = [plan, 1]
+            self._real_bits |= plan.bits
+        else:
+            held[1] += 1
+
+    def _release(self, plan: _RPlan) -> None:
+        held = self._real_plans[id(plan)]
+        held[1] -= 1
+        if held[1] == 0:
+            del self._real_plans[id(plan)]
+            # the links the plans still running hold (a few plans: an OR each)
+            bits = 0
+            for p, _ in self._real_plans.values():
+                bits |= p.bits
+            self._real_bits = bits
 
     # --- dynamic state --------------------------------------------------------------------
 
     def _reset_dynamic(self, env: simpy.Environment | None) -> None:
         self._env = env
         n = self.graph.n_links
-        self._virt_owner = np.full(n, -1, dtype=np.int64)  # id of the virtual collective on each link
-        self._busy = np.zeros(n, dtype=np.int32)  # collectives (virtual or real) holding each link
-        self._virtuals: dict[int, _Coll] = {}
+        # Links held: by virtual collectives (each link by at most one, so a virtual one's end
+        # clears its bits with an XOR), and by real ones (_real_bits: the links of the plans in
+        # _real_plans, id(plan) -> [plan, real collectives running it]).
+        self._virt_bits = 0
+        self._real_bits = 0
+        self._real_plans: dict[int, list] = {}
+        self._virtuals: dict[_Coll, None] = {}  # running virtual collectives, in start order
+        # link -> id of the virtual collective last written there (stale once it ended), written
+        # lazily: _unsynced are the virtual ones started since (see _virtual_owners)
+        self._virt_owner = np.full(n, -1, dtype=np.int64)
+        self._vid_coll: dict[int, _Coll] = {}
+        self._unsynced: list[_Coll] = []
         self._vid = 0
         self._batches: list[Any] = []  # _Batch (per-flow) or _CoBatch (coflow, global solve)
         self._dirty = True
@@ -596,6 +752,9 @@ class FlowNetwork:
         self._t_last = 0.0 if env is None else env.now
         self._gen = 0
         self._link_bytes = np.zeros(n)
+        # (link ids, bytes) added to _link_bytes later, in this order (see _flush_bytes)
+        self._bytes_log: list[tuple[np.ndarray, np.ndarray]] = []
+        self._bytes_log_n = 0  # values in it
         self._t_first: float | None = None
         self._t_end = 0.0
         # incremental solver: running coflows, their components (link -> component id), the
@@ -617,23 +776,39 @@ class FlowNetwork:
         if not coll.virtual:
             return  # it was turned into real flows
         coll.virtual = False
-        del self._virtuals[coll.vid]
+        del self._virtuals[coll]
+        if coll.vid >= 0:
+            del self._vid_coll[coll.vid]
         plan = coll.plan
-        self._busy[plan.links] -= 1
-        self._virt_owner[plan.links] = -1
-        for ph in plan.phases:
-            self._link_bytes[ph.link_ids] += coll.size * ph.link_coef
-        self._finish(coll)
+        # nothing else touched its links while it ran (that would have materialised it)
+        self._virt_bits ^= plan.bits
+        log = self._bytes_log
+        if coll.adds is not None:
+            log.extend(coll.adds)
+        else:
+            for ph in plan.phases:
+                log.append((ph.link_ids, coll.size * ph.link_coef))
+        self._bytes_log_n += plan.n_link_values
+        if self._bytes_log_n >= _BYTES_LOG_MAX:
+            self._flush_bytes()
+        # _finish of a collective that is not real
+        now = self._env.now
+        if now > self._t_end:
+            self._t_end = now
+        coll.event.succeed()
 
     def _materialize(self, coll: _Coll) -> None:
         """Turn a virtual collective into real flows where its isolated schedule is now."""
         self.stats.materialized += 1
         env = self._env
         coll.virtual = False
-        del self._virtuals[coll.vid]
+        del self._virtuals[coll]
+        if coll.vid >= 0:
+            del self._vid_coll[coll.vid]
         plan = coll.plan
-        self._virt_owner[plan.links] = -1  # it keeps holding its links in _busy, as a real one
+        self._virt_bits ^= plan.bits  # it goes on holding its links, as a real one
         coll.real = True
+        self._hold(plan)
         tau = env.now - coll.t0
         t = plan.overhead_s
         for p, ph in enumerate(plan.phases):
@@ -650,7 +825,7 @@ class FlowNetwork:
                     rem = []
                     for cf in ph.coflows:
                         frac = min(max(u / (coll.size * cf.fin_s), 0.0), 1.0)
-                        self._link_bytes[cf.link_ids] += (coll.size * frac) * cf.link_coef
+                        self._add_bytes(cf.link_ids, (coll.size * frac) * cf.link_coef)
                         rem.append(1.0 - frac)
                     self._add_phase_now(coll, p, rem)
                     return
@@ -661,7 +836,7 @@ class FlowNetwork:
                 self._add_phase_now(coll, p, full - carried)
                 return
             t += bw
-            self._link_bytes[ph.link_ids] += coll.size * ph.link_coef
+            self._add_bytes(ph.link_ids, coll.size * ph.link_coef)
         # its isolated end is exactly now; the completion timeout has not fired yet
         self._finish(coll)
 
@@ -717,7 +892,7 @@ class FlowNetwork:
     def _finish(self, coll: _Coll) -> None:
         if coll.real:
             coll.real = False
-            self._busy[coll.plan.links] -= 1
+            self._release(coll.plan)
         self._t_end = max(self._t_end, self._env.now)
         coll.event.succeed()
 
@@ -778,7 +953,7 @@ class FlowNetwork:
         # Link bytes of a running coflow are added when it ends or someone reads link_bytes,
         # not at every event: the event loop then touches no per-link array.
         if b.carried > 0:
-            self._link_bytes[b.cf.link_ids] += (b.coll.size * b.carried) * b.cf.link_coef
+            self._add_bytes(b.cf.link_ids, (b.coll.size * b.carried) * b.cf.link_coef)
             b.carried = 0.0
 
     @property
@@ -792,11 +967,33 @@ class FlowNetwork:
         elif self.coflow:
             for b in self._batches:
                 self._account(b)
+        self._flush_bytes()
         return self._link_bytes
 
     @link_bytes.setter
     def link_bytes(self, value: np.ndarray) -> None:
+        self._bytes_log.clear()  # (the getter, which computed value, flushed it)
+        self._bytes_log_n = 0
         self._link_bytes = value
+
+    def _add_bytes(self, ids: np.ndarray, b: np.ndarray) -> None:
+        self._bytes_log.append((ids, b))
+        self._bytes_log_n += ids.size
+        if self._bytes_log_n >= _BYTES_LOG_MAX:
+            self._flush_bytes()
+
+    def _flush_bytes(self) -> None:
+        """Add the logged bytes to _link_bytes. np.add.at adds element by element in the log's
+        order, so every link sums its bytes in the order they came, as one ``+=`` per entry did
+        (the same floats), for one numpy call per batch instead of four per entry."""
+        log = self._bytes_log
+        if len(log) == 1:
+            ids, b = log[0]
+            self._link_bytes[ids] += b
+        elif log:
+            np.add.at(self._link_bytes, np.concatenate([e[0] for e in log]), np.concatenate([e[1] for e in log]))
+        log.clear()
+        self._bytes_log_n = 0
 
     def _settle(self) -> None:
         if self.incremental:
@@ -909,14 +1106,16 @@ class FlowNetwork:
         self._running[b] = None
         ids = b.cf.link_ids
         lc = self._link_comp
-        hit = lc[ids]
-        hit = np.unique(hit[hit >= 0]) if hit.size else hit
-        if hit.size == 0:
+        # the components on its links, in id order (a set of a few hundred ints is cheaper
+        # than np.unique's sort on a coflow's links)
+        hit = set(lc[ids].tolist())
+        hit.discard(-1)
+        if not hit:
             self._cid += 1
             comp = _Comp(self._cid, {})
             self._comps[comp.cid] = comp
         else:
-            comps = [self._comps[c] for c in hit.tolist()]
+            comps = [self._comps[c] for c in sorted(hit)]
             comp = max(comps, key=lambda c: len(c.members))
             for other in comps:
                 if other is comp:
@@ -949,7 +1148,8 @@ class FlowNetwork:
                 del comp.members[b]
             rest = list(comp.members)
             if len(rest) <= 1:
-                lc[np.concatenate([b.cf.link_ids for b in left])] = -1
+                for b in left:
+                    lc[b.cf.link_ids] = -1
                 if rest:
                     lc[rest[0].cf.link_ids] = comp.cid
                     self._changed[comp] = None
@@ -961,22 +1161,37 @@ class FlowNetwork:
 
     def _split(self, comp: _Comp, rest: list[_CoBatch], left: list[_CoBatch]) -> None:
         lc = self._link_comp
-        sizes = np.fromiter((m.cf.link_ids.size for m in rest), dtype=np.int64, count=len(rest))
-        ids = np.concatenate([m.cf.link_ids for m in rest])
-        owner = np.repeat(np.arange(len(rest)), sizes)
-        order = np.argsort(ids, kind="stable")
-        ids_s, own_s = ids[order], owner[order]
-        same = ids_s[1:] == ids_s[:-1]
-        n_sub, label = _components(len(rest), own_s[:-1][same], own_s[1:][same])
-        lc[np.concatenate([b.cf.link_ids for b in left])] = -1
-        self._changed[comp] = None
-        if n_sub == 1:
-            lc[ids] = comp.cid
-            return
+        if len(rest) <= _SPLIT_BITSET_MAX:
+            n_sub, labels = _bit_components([_cf_bits(m.cf) for m in rest])
+            for b in left:
+                lc[b.cf.link_ids] = -1
+            self._changed[comp] = None
+            if n_sub == 1:
+                for m in rest:
+                    lc[m.cf.link_ids] = comp.cid
+                return
+            ids = owner = label = None
+        else:
+            sizes = np.fromiter((m.cf.link_ids.size for m in rest), dtype=np.int64, count=len(rest))
+            ids = np.concatenate([m.cf.link_ids for m in rest])
+            owner = np.repeat(np.arange(len(rest)), sizes)
+            order = np.argsort(ids, kind="stable")
+            ids_s, own_s = ids[order], owner[order]
+            same = ids_s[1:] == ids_s[:-1]
+            n_sub, label = _components(len(rest), own_s[:-1][same], own_s[1:][same])
+            lc[np.concatenate([b.cf.link_ids for b in left])] = -1
+            self._changed[comp] = None
+            if n_sub == 1:
+                lc[ids] = comp.cid
+                return
+            labels = label.tolist()
         # the largest part keeps the component's id; the others become new components
-        big = int(np.argmax(np.bincount(label)))
+        counts = [0] * n_sub
+        for k in labels:
+            counts[k] += 1
+        big = counts.index(max(counts))
         parts: dict[int, _Comp] = {}
-        for m, k in zip(rest, label.tolist()):
+        for m, k in zip(rest, labels):
             if k == big:
                 continue
             part = parts.get(k)
@@ -991,17 +1206,21 @@ class FlowNetwork:
         cid_of = np.full(n_sub, comp.cid, dtype=np.int64)
         for k, part in parts.items():
             cid_of[k] = part.cid
-        lc[ids] = cid_of[label[owner]]
+        if ids is None:
+            for m, k in zip(rest, labels):
+                lc[m.cf.link_ids] = cid_of[k]
+        else:
+            lc[ids] = cid_of[label[owner]]
 
     def _settle_incremental(self) -> None:
         now = self._env.now
         heap = self._heap
         for comp in self._changed:
             members = list(comp.members)
-            level = self._component_levels([m.cf for m in members])
+            level = self._component_level_list([m.cf for m in members])
             self.stats.solves += 1
             self.stats.solved_coflows += len(members)
-            for m, lv in zip(members, level.tolist()):
+            for m, lv in zip(members, level):
                 rate = lv * m.cu_per
                 if rate == m.rate and m.gen:
                     continue  # same rate: its completion entry stands
@@ -1056,7 +1275,7 @@ class FlowNetwork:
         memoised by the coflows' identities (see _coflow_levels)."""
         if len(cfs) == 1:
             return np.array([cfs[0].ceil_Bps])  # alone: its isolated speed
-        order = sorted(range(len(cfs)), key=lambda i: id(cfs[i]))
+        order = sorted(range(len(cfs)), key=lambda i: (cfs[i].uid, id(cfs[i])))
         group = tuple(cfs[i] for i in order)
         key = tuple(map(id, group))
         hit = self._level_cache.get(key)
@@ -1067,6 +1286,27 @@ class FlowNetwork:
             self._level_cache[key] = hit
         level = np.empty(len(cfs))
         level[order] = hit[0]
+        return level
+
+    def _component_level_list(self, cfs: list[_Coflow]) -> list[float]:
+        """``_component_levels`` as Python floats (the same values), without numpy on a few numbers."""
+        if len(cfs) == 1:
+            return [cfs[0].ceil_Bps]
+        order = sorted(range(len(cfs)), key=lambda i: (cfs[i].uid, id(cfs[i])))
+        key = tuple(id(cfs[i]) for i in order)
+        hit = self._level_cache.get(key)
+        if hit is None:
+            group = tuple(cfs[i] for i in order)
+            hit = (self._solve_component(group), group)
+            if len(self._level_cache) >= 65536:
+                self._level_cache.clear()
+            self._level_cache[key] = hit
+        if len(hit) == 2:  # first use as a list: keep the floats beside the array
+            hit = self._level_cache[key] = hit + (hit[0].tolist(),)
+        lv = hit[2]
+        level = [0.0] * len(cfs)
+        for j, i in enumerate(order):
+            level[i] = lv[j]
         return level
 
     def _solve_component(self, cfs: tuple[_Coflow, ...]) -> np.ndarray:

@@ -1,0 +1,121 @@
+"""Value-for-value check that a change to the simulator's cost left every result as it was.
+
+Runs a few scenarios (published rows: Megatron SC'21 529.6B / 1T / 310.1B with the steady-state
+fast path, a small Megatron row without it, torchtitan FSDP rows, one in full mode) and saves,
+or compares against a saved copy, everything a run reports: the timeline rows, the waits, the
+step time, exposed/busy/contention seconds, wire bytes, the network report (link bytes) and the
+fast-path summary. DataFrames are compared with ``pandas.testing.assert_frame_equal`` exactly.
+
+    git checkout BASE; python bench/compare_timelines.py --save /tmp/base.pkl
+    git checkout NEW;  python bench/compare_timelines.py --check /tmp/base.pkl [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_scale's scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # after PYTHONPATH: PYTHONPATH=OTHER_CHECKOUT saves that checkout's results
+
+
+def _scenarios() -> dict[str, tuple[dict, str, bool]]:
+    """name -> (scenario dict, mode, fast_forward)."""
+    from simulator.calibrate import published as P
+
+    meg = {r["params_billion"]: r for r in P.read_table("megatron-2021")}
+    tt = {r["table"]: r for r in P.read_table("torchtitan-2024") if r["model"].startswith("Llama 3.1")}
+    return {
+        "megatron-529.6B": (P.megatron_2021_scenario(meg["529.6"]), "reduced", True),
+        "megatron-1008.0B": (P.megatron_2021_scenario(meg[max(meg, key=float)]), "reduced", True),
+        "megatron-310.1B": (P.megatron_2021_scenario(meg["310.1"]), "reduced", True),
+        "megatron-1.7B-plain": (P.megatron_2021_scenario(meg[min(meg, key=float)]), "reduced", False),
+        "megatron-76.1B-plain": (P.megatron_2021_scenario(meg["76.1"]), "reduced", False),
+        "torchtitan-8B-128-fsdp": (P.torchtitan_scenario(tt["Table 3 (FSDP)"])[0], "reduced", True),
+        "torchtitan-405B-fsdp4-cp2": (P.torchtitan_scenario(tt["Table 6 (FSDP 4, CP 2)"])[0], "reduced", True),
+        "torchtitan-8B-8-fsdp-full": (P.torchtitan_scenario(tt["Table 1 (FSDP)"])[0], "full", False),
+        # full mode at 256 GPUs: hundreds of virtual collectives at once (bench_scale.py's case)
+        "llama3-70b-256-full": (_llama70b(256, 8), "full", False),
+    }
+
+
+def _llama70b(gpus: int, nmb: int) -> dict:
+    from bench_scale import llama70b
+
+    return llama70b(gpus, nmb)
+
+
+def run(d: dict, mode: str, ff: bool) -> dict:
+    from simulator.scenario import build_scenario
+    from simulator.simulate import simulate
+
+    t = time.process_time()
+    res = simulate(build_scenario(d), mode=mode, fast_forward=ff)
+    cpu = time.process_time() - t
+    tl = res.timeline
+    return {
+        "events": tl.events, "waits": tl.waits, "step_time_s": tl.step_time_s, "ranks": tl.ranks,
+        "busy_compute_s": tl.busy_compute_s, "exposed_s": tl.exposed_s, "comm_bytes": tl.comm_bytes,
+        "contention_s": tl.contention_s, "end_time_s": tl.end_time_s, "network_report": tl.network_report,
+        "fast_forward": tl.fast_forward, "num_events": tl.num_events, "_cpu_s": cpu,
+    }
+
+
+def compare(name: str, base: dict, new: dict) -> list[str]:
+    bad = []
+    for k, v in base.items():
+        if k.startswith("_"):
+            continue
+        w = new[k]
+        if isinstance(v, pd.DataFrame) or isinstance(w, pd.DataFrame):
+            try:
+                pd.testing.assert_frame_equal(v, w, check_exact=True)
+            except AssertionError as e:
+                bad.append(f"{name}: {k} differs: {str(e).splitlines()[0:3]}")
+        elif v != w:
+            bad.append(f"{name}: {k} differs: {v!r:.200} vs {w!r:.200}")
+    return bad
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--save", type=Path)
+    g.add_argument("--check", type=Path)
+    ap.add_argument("--only", nargs="*", default=None, help="Scenario names (default: all).")
+    args = ap.parse_args()
+    sc = _scenarios()
+    names = args.only or list(sc)
+    if args.save:
+        out = {}
+        for n in names:
+            out[n] = run(*sc[n])
+            print(f"{n:28s} step {out[n]['step_time_s']:.6f} s, {out[n]['num_events']:,} events, "
+                  f"{out[n]['_cpu_s']:.2f} CPU s", flush=True)
+        args.save.write_bytes(pickle.dumps(out))
+        return
+    base = pickle.loads(args.check.read_bytes())
+    bad = []
+    for n in names:
+        if n not in base:
+            print(f"{n:28s} not in {args.check}: skipped")
+            continue
+        new = run(*sc[n])
+        diff = compare(n, base[n], new)
+        bad += diff
+        print(f"{n:28s} {'same' if not diff else 'DIFFERENT'}: step {new['step_time_s']:.6f} s, "
+              f"{new['num_events']:,} events, {new['_cpu_s']:.2f} CPU s (saved run {base[n]['_cpu_s']:.2f})", flush=True)
+    for line in bad:
+        print(line)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
