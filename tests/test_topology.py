@@ -113,3 +113,21 @@ def test_placement_keeps_tp_in_a_node():
         bad.check_fits(mesh.world_size, 8, ("tp",))
     with pytest.raises(UserError, match=r"the mesh needs 512 GPUs"):
         pl.check_fits(256)
+
+
+def test_placed_network_maps_a_request_to_the_same_object():
+    # The fabric caches its plan per request object; a placed network must hand it the same
+    # mapped request each time the engine issues the same request, and map the ranks right.
+    from simulator.network.base import CollectiveRequest
+    from simulator.topology.placement import PlacedNetwork
+
+    mesh = Mesh(tp=2, cp=1, ep=1, dp=2, pp=2)
+    pl = Placement(mesh, order="dp-tp-cp-ep-pp")
+    assert not pl.is_identity
+    net = PlacedNetwork(object(), pl)
+    req = CollectiveRequest("all_reduce", "tp", np.array([[0, 1]]), 1024.0)
+    a, b = net._map(req), net._map(req)
+    assert a is b
+    assert a.groups.tolist() == [[int(pl.gpu_of_rank[0]), int(pl.gpu_of_rank[1])]]
+    other = CollectiveRequest("all_reduce", "tp", np.array([[0, 1]]), 2048.0)
+    assert net._map(other) is not a and net._map(other).size_bytes == 2048.0

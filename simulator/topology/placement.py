@@ -189,11 +189,22 @@ class PlacedNetwork:
     def __init__(self, base, placement: Placement):
         self.base = base
         self.gpu_of_rank = placement.gpu_of_rank
+        # id(request) -> (request, mapped request): the engine issues the same request objects
+        # again and again, and the fabric caches its plans per request object, so a request
+        # must map to the same object every time (the original is held so its id stays its own).
+        self._mapped: dict[int, tuple] = {}
 
     def _map(self, req):
+        hit = self._mapped.get(id(req))
+        if hit is not None and hit[0] is req:
+            return hit[1]
         from dataclasses import replace
 
-        return replace(req, groups=self.gpu_of_rank[np.asarray(req.groups)])
+        mapped = replace(req, groups=self.gpu_of_rank[np.asarray(req.groups)])
+        if len(self._mapped) >= 65536:  # a caller making a new request per call: only misses, bounded
+            self._mapped.clear()
+        self._mapped[id(req)] = (req, mapped)
+        return mapped
 
     def collective_time_s(self, req) -> float:
         return self.base.collective_time_s(self._map(req))
