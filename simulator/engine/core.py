@@ -221,6 +221,7 @@ class Engine:
             self._groups[dim] = groups
             self._group_index[dim] = idx
         self._request_cache: dict[tuple, CollectiveRequest] = {}
+        self._peers: dict[tuple[int, int], int] = {}  # (rank, pipeline rank) -> its peer there
         self._wire_factor: dict[tuple, float] = {}
         # What-if hooks (simulator.whatif), empty in a nominal run: per simulated rank, a factor
         # per Compute instruction of its plan (1/speed x jitter); and, when a list, every wait
@@ -290,10 +291,16 @@ class Engine:
         return req
 
     def _peer(self, rank: int, pp_rank: int) -> int:
-        _, dp, cp, tp, _ = self.coords[rank]
-        if self.mode == "reduced":
-            return self.mesh.rank(pp=pp_rank)
-        return self.mesh.rank(pp=pp_rank, dp=int(dp), cp=int(cp), tp=int(tp))
+        key = (rank, pp_rank)
+        peer = self._peers.get(key)
+        if peer is None:
+            _, dp, cp, tp, _ = self.coords[rank]
+            if self.mode == "reduced":
+                peer = self.mesh.rank(pp=pp_rank)
+            else:
+                peer = self.mesh.rank(pp=pp_rank, dp=int(dp), cp=int(cp), tp=int(tp))
+            self._peers[key] = peer
+        return peer
 
     # ------------------------------------------------------------------ run
 
@@ -440,7 +447,11 @@ class Engine:
         w = self.wait_rows
         # A wait's code names its (cause, awaited instruction); when it was issued and by which
         # rank vary per wait and have their own arrays (_w_issued, _w_src).
-        described = [(cause, _describe(what)) for cause, what in w.shared]
+        # Described once per awaited instruction, and only where a wait was recorded (codes are
+        # made up front for every blocking collective, most of whose waits are empty).
+        used = np.zeros(len(w.shared), dtype=bool)
+        used[np.frombuffer(w.code, dtype=np.int64) if len(w.code) else np.zeros(0, np.int64)] = True
+        described = [(cause, _describe(what) if u else "") for (cause, what), u in zip(w.shared, used.tolist())]
         c = w.columns(["cause", "what"], {"cause": _STR, "what": _STR}, described)
         return pd.DataFrame({"rank": c["rank"], "start_s": c["t0"], "end_s": c["t1"], "cause": c["cause"],
                              "issued_s": np.frombuffer(self._w_issued, dtype=np.float64).copy()
