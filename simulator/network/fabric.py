@@ -153,28 +153,38 @@ def _link_load(inc: sp.csc_matrix, coef: np.ndarray) -> tuple[np.ndarray, np.nda
     return ids[keep].astype(np.int64), load[keep]
 
 
+def _root(parent: list[int], x: int) -> int:
+    """Union-find: the root of x, halving the path on the way."""
+    while parent[x] != x:
+        parent[x] = parent[parent[x]]
+        x = parent[x]
+    return x
+
+
+def _join_roots(parent: list[int], x: int, y: int) -> None:
+    """Union-find: join x's and y's sets under the smaller root."""
+    rx, ry = _root(parent, x), _root(parent, y)
+    if rx != ry:
+        parent[max(rx, ry)] = min(rx, ry)
+
+
+def _labels(parent: list[int]) -> tuple[int, list[int]]:
+    """(count, label per node) of a union-find, labels in order of each set's first node."""
+    ids: dict[int, int] = {}
+    label = [ids.setdefault(_root(parent, i), len(ids)) for i in range(len(parent))]
+    return len(ids), label
+
+
 def _components(n: int, a: np.ndarray, b: np.ndarray) -> tuple[int, np.ndarray]:
     """Connected components of n nodes joined by edges (a[i], b[i]): (count, label per node),
     labels 0..count-1 in order of each component's first node. Union-find over the distinct
     edges; n is a component's coflows (tens), so this stays far below scipy's call overhead."""
     parent = list(range(n))
-
-    def root(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
     edges = np.unique(np.minimum(a, b) * n + np.maximum(a, b)) if a.size else a
     for k in edges.tolist():
-        rx, ry = root(k // n), root(k % n)
-        if rx != ry:
-            parent[max(rx, ry)] = min(rx, ry)
-    label = np.empty(n, dtype=np.int64)
-    ids: dict[int, int] = {}
-    for i in range(n):
-        label[i] = ids.setdefault(root(i), len(ids))
-    return len(ids), label
+        _join_roots(parent, k // n, k % n)
+    count, label = _labels(parent)
+    return count, np.asarray(label, dtype=np.int64)
 
 
 # Up to this many virtual collectives running, a contended start finds the ones on its links by
@@ -198,22 +208,11 @@ def _bit_components(bits: list[int]) -> tuple[int, list[int]]:
     labels 0..count-1 in order of each component's first node."""
     n = len(bits)
     parent = list(range(n))
-
-    def root(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
     for i in range(n):
         for j in range(i + 1, n):
             if bits[i] & bits[j]:
-                ri, rj = root(i), root(j)
-                if ri != rj:
-                    parent[max(ri, rj)] = min(ri, rj)
-    ids: dict[int, int] = {}
-    label = [ids.setdefault(root(i), len(ids)) for i in range(n)]
-    return len(ids), label
+                _join_roots(parent, i, j)
+    return _labels(parent)
 
 
 def _incidence(flow: np.ndarray, link: np.ndarray, n_flows: int, n_links: int) -> sp.csc_matrix:
