@@ -656,7 +656,7 @@ class FlowNetwork:
         if self.fast_path and not (bits & self._virt_bits or bits & self._real_bits):
             # every link idle: run in closed form (see the module's "Fast path")
             stats.fast_path += 1
-            coll = _Coll(plan, size, simpy.Event(env), now, True, False, adds)
+            coll = _Coll(plan, size, env.event(), now, True, False, adds)
             self._virt_bits |= bits
             self._virtuals[coll] = None
             self._unsynced.append(coll)
@@ -664,7 +664,7 @@ class FlowNetwork:
                 self._unsynced = [v for v in self._unsynced if v.virtual]
             env.timeout(time_s).callbacks.append(partial(self._virtual_done, coll))
             return coll.event
-        coll = _Coll(plan, size, simpy.Event(env), now, False, False, adds)
+        coll = _Coll(plan, size, env.event(), now, False, False, adds)
         if not self.incremental:
             self._advance()
         if self._virtuals and bits & self._virt_bits:
