@@ -100,18 +100,19 @@ class AnyOf(Event):
     """Triggered when the first of its events is processed (SimPy's ``a | b``); its value is the
     list of its events processed by the time it is (``x in value`` asks whether x fired)."""
 
-    __slots__ = ("_events",)
+    __slots__ = ("_events", "_chk")
 
     def __init__(self, env: "Environment", events: tuple):
         self.env = env
         self.callbacks = []
         self._value = PENDING
         self._events = events
+        self._chk = check = self._check  # one bound method: added to the events, removed from them
         for ev in events:
             if ev.callbacks is None:
-                self._check(ev)
+                check(ev)
             else:
-                ev.callbacks.append(self._check)
+                ev.callbacks.append(check)
         self.callbacks.append(self._build_value)
 
     def _check(self, event) -> None:
@@ -119,7 +120,7 @@ class AnyOf(Event):
             self.succeed()
 
     def _build_value(self, _event) -> None:
-        check = self._check
+        check = self._chk
         for ev in self._events:
             cbs = ev.callbacks
             if cbs and check in cbs:
