@@ -161,10 +161,9 @@ class _Rows:
         it is not inferred from its values; ``shared``: the shared tuples to use, by code, in
         place of the recorded ones)."""
         shared = self.shared if shared is None else shared
-        codes = np.frombuffer(self.code, dtype=np.int64) if len(self.code) else np.zeros(0, np.int64)
-        out = {"rank": np.frombuffer(self.rank, dtype=np.int64).copy() if len(self.rank) else np.zeros(0, np.int64),
-               "t0": np.frombuffer(self.t0, dtype=np.float64).copy() if len(self.t0) else np.zeros(0),
-               "t1": np.frombuffer(self.t1, dtype=np.float64).copy() if len(self.t1) else np.zeros(0)}
+        # np.array on an array buffer copies it with its type ('q' int64, 'd' float64), empty included.
+        codes = np.array(self.code)
+        out = {"rank": np.array(self.rank), "t0": np.array(self.t0), "t1": np.array(self.t1)}
         for i, name in enumerate(names):
             # One column of the shared tuples (itemgetter: zip(*shared) over ~10^6 tuples
             # measured 4-5x slower), then taken by code.
@@ -450,14 +449,11 @@ class Engine:
         # Described once per awaited instruction, and only where a wait was recorded (codes are
         # made up front for every blocking collective, most of whose waits are empty).
         used = np.zeros(len(w.shared), dtype=bool)
-        used[np.frombuffer(w.code, dtype=np.int64) if len(w.code) else np.zeros(0, np.int64)] = True
+        used[np.array(w.code)] = True
         described = [(cause, _describe(what) if u else "") for (cause, what), u in zip(w.shared, used.tolist())]
         c = w.columns(["cause", "what"], {"cause": _STR, "what": _STR}, described)
         return pd.DataFrame({"rank": c["rank"], "start_s": c["t0"], "end_s": c["t1"], "cause": c["cause"],
-                             "issued_s": np.frombuffer(self._w_issued, dtype=np.float64).copy()
-                             if len(self._w_issued) else np.zeros(0),
-                             "src_rank": np.frombuffer(self._w_src, dtype=np.int64).copy()
-                             if len(self._w_src) else np.zeros(0, np.int64),
+                             "issued_s": np.array(self._w_issued), "src_rank": np.array(self._w_src),
                              "what": c["what"]}, columns=WAIT_COLUMNS)
 
     def _wait(self, rank: int, t0: float, t1: float, cause: str, issued: float, src: int, what: object) -> None:

@@ -29,13 +29,14 @@ from __future__ import annotations
 from heapq import heappop, heappush
 from itertools import count
 
+# simpy.events.PENDING: a value no event can have, so "triggered" is "value is not PENDING"; the
+# same sentinel, so SimPy events mix in.
+from simpy.events import PENDING
+
 # SimPy's priorities (simpy.events.URGENT / NORMAL): process start before anything else at
 # the same instant, everything else in the order it was scheduled.
 URGENT = 0
 NORMAL = 1
-
-# simpy.events.PENDING: a value no event can have, so "triggered" is "value is not PENDING".
-from simpy.events import PENDING  # noqa: E402  (the same sentinel, so SimPy events mix in)
 
 
 class Event:
