@@ -96,3 +96,27 @@ def test_hf_eager_gpt2_layer_matches_hf_ops():
     # Parameters of one layer: 12 h^2 + 13 h (weights, biases and two LayerNorms).
     h = 1280
     assert dense.params == 12 * h * h + 13 * h
+
+
+def _classic_attention(micro_batch: int, tp: int):
+    """GPT with Megatron's classic (materialised-score) attention, 16 heads, fp16."""
+    sc = build_scenario({"model": {"hidden_size": 1024, "num_layers": 4, "num_attention_heads": 16,
+                                   "ffn_hidden_size": 4096, "vocab_size": 51200, "mlp": "gelu"},
+                         "parallelism": {"tp": tp, "pp": 1}, "dtype": "fp16", "flash_attention": False,
+                         "batch": {"micro_batch_size": micro_batch, "global_batch_size": 8 * micro_batch,
+                                   "seq_length": 1024},
+                         "cluster": {"gpus": tp, "gpu": "a100-sxm-80gb", "topology": "dgx-a100"}})
+    dense = build_layer_ops(sc)["dense"]
+    fwd = next(o for o in dense.forward if o.name == "softmax_dropout")
+    bwd = next(o for o in dense.backward()[0] if o.name == "softmax_dropout.bwd")
+    return fwd, bwd, micro_batch * (16 // tp) * 1024 * 1024  # score elements: b x heads x s x s
+
+
+@pytest.mark.parametrize("micro_batch, tp, fused", [(1, 8, False), (2, 8, True), (1, 4, True), (3, 2, True)])
+def test_megatron_softmax_falls_back_unfused_where_its_kernel_refuses(micro_batch, tp, fused):
+    """FusedScaleMaskSoftmax needs b x heads a multiple of 4: 1 x 16/8 = 2 heads takes the
+    fp32 torch path, which moves 36 B a score forward instead of the fused kernel's 4."""
+    fwd, bwd, scores = _classic_attention(micro_batch, tp)
+    assert fwd.bytes / scores == pytest.approx(11.0 if fused else 43.0), fwd.bytes / scores
+    assert bwd.bytes / scores == pytest.approx(22.0 if fused else 54.0), bwd.bytes / scores
+    assert (fwd.launches, bwd.launches) == ((2, 4) if fused else (6, 7))

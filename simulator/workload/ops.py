@@ -228,6 +228,30 @@ def grad_accumulate_bytes_per_param(sc: Scenario) -> float:
     return 2.0 * main + fresh
 
 
+def megatron_fused_softmax_available(micro_batch: int, heads_per_rank: int, s_q: int, s_k: int, dtype_bytes: int) -> bool:
+    """Whether Megatron's fused scale-mask-softmax kernel takes classic (non-flash) attention's
+    scores, as ``FusedScaleMaskSoftmax.is_kernel_available`` decides (megatron-core 0.5.0,
+    PyPI wheel, core/fusions/fused_softmax.py; Megatron-LM and Megatron-DeepSpeed of 2021-22
+    check the same with sk <= 2048): fp16/bf16 input, 16 < sk <= 4096, sq and sk multiples of 4,
+    and attn_batches = b x heads a multiple of 4 (and of the kernel's batch_per_block, 4 for
+    sk in (128, 4096]: 128 threads a block over 32-thread warps, one row a warp). Otherwise the
+    scores go through ``forward_torch_softmax``."""
+    attn_batches = micro_batch * heads_per_rank
+    return (dtype_bytes == 2 and 16 < s_k <= 4096 and s_q % 4 == 0 and s_k % 4 == 0
+            and attn_batches % 4 == 0)
+
+
+# Megatron's unfused softmax (FusedScaleMaskSoftmax.forward_torch_softmax, megatron-core 0.5.0)
+# with attention_softmax_in_fp32 (megatron-core's default; Megatron-LM and Megatron-DeepSpeed set
+# it whenever apply_query_key_layer_scaling is on, their default). HBM bytes a score element:
+#   forward  input.float() 2+4, * scale 4+4, masked_fill_ 4+4, softmax 4+4, .half() 4+2 = 36 B, 5 kernels
+#   backward the same chain's gradients: to fp32 2+4, softmax_backward 4+4+4, masked_fill 4+4,
+#            * scale 4+4, to half 4+2 = 40 B, 5 kernels
+# (the boolean mask is broadcast over heads and left out). The fused kernel moves 2+2 forward
+# and 2+2+2 backward.
+UNFUSED_SOFTMAX_BYTES_PER_SCORE = (36.0, 40.0, 5, 5)
+
+
 def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     if sc.implementation == "hf-eager":
         return build_hf_eager_layer_ops(sc)
@@ -359,8 +383,15 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     if not sc.flash_attention:
         # Materialised scores: baddbmm write, fused scale-mask-softmax read+write, dropout, bmm read.
         score_elems = b * (a / t) * s * s_full
-        # Two launches: Megatron's fused scale-mask-softmax kernel, then the dropout kernel.
-        attn.append(Op("softmax_dropout", "elementwise", "F", 5.0 * score_elems, 0.0, 11.0 * score_elems, launches=2))
+        if megatron_fused_softmax_available(b, max(a // t, 1), s, s_full, dt):
+            # Two launches: Megatron's fused scale-mask-softmax kernel, then the dropout kernel.
+            attn.append(Op("softmax_dropout", "elementwise", "F", 5.0 * score_elems, 0.0, 11.0 * score_elems, launches=2))
+        else:
+            # Megatron's torch fallback in fp32 instead of the fused kernel's 4 B an element.
+            fwd_b, bwd_b, fwd_k, bwd_k = UNFUSED_SOFTMAX_BYTES_PER_SCORE
+            attn.append(Op("softmax_dropout", "elementwise", "F", 5.0 * score_elems, 0.0,
+                           (11.0 - 4.0 + fwd_b) * score_elems, launches=1 + fwd_k,
+                           bwd_bytes=(22.0 - 8.0 + bwd_b) * score_elems, bwd_launches=2 + bwd_k))
     attn += linear("attn_out_proj", T, attn_width, h)
     attn += tp_out("attn_out")
     attn.append(residual("attn_residual"))
