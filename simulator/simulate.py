@@ -8,7 +8,7 @@ from pathlib import Path
 
 from simulator.contention import measured_excess_scale
 from simulator.profile import Profile, load_profile
-from simulator.engine.core import Engine, Mode, Timeline
+from simulator.engine.core import Engine, Mode, Timeline, cyclic_gc_paused
 from simulator.errors import UserError
 from simulator.network.alpha_beta import TierNetwork
 from simulator.report.metrics import Report, build_report
@@ -118,6 +118,13 @@ def simulate_step(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str]
     ``what`` qualifies the progress line ("clean"); ``wait_log``, given, collects the engine's waits.
     ``fast_forward`` (reduced mode, a named schedule): simulate a shorter pipeline and replay its
     verified steady period in closed form; the plain run where it does not verify."""
+    # Plan, run, frames and report: all of it allocates objects that stay alive (cyclic_gc_paused).
+    with cyclic_gc_paused():
+        return _simulate_step(sc, mode, progress, what, wait_log, fast_forward)
+
+
+def _simulate_step(sc: Scenario, mode: Mode, progress: Callable[[str], None] | None, what: str,
+                   wait_log: list | None, fast_forward: bool) -> SimulationResult:
     profile = load_profile(sc.cluster.gpu)
     topo = load_topology(sc.cluster.topology)
     tl = None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import gc
 import time
 from array import array
+from contextlib import contextmanager
 from collections import defaultdict, deque
 from operator import itemgetter
 from dataclasses import dataclass, field
@@ -176,6 +177,26 @@ class _Rows:
             else:
                 out[name] = np.asarray(values)[codes]
         return out
+
+
+@contextmanager
+def cyclic_gc_paused():
+    """Python's cyclic garbage collector off for the block, back to what it was after.
+
+    A simulation allocates millions of small objects that stay alive (plan instructions,
+    timeline rows, their frames), so the collector's generation-2 passes re-scan an ever larger
+    heap while finding next to nothing: the run's garbage is freed by reference counting. Measured
+    on Megatron SC'21 529.6B (fast path): 9.55 s with it on, 6.79 s off, the wait frame 1.10 ->
+    0.19 s and plan building 0.77 -> 0.25 s; peak RSS at 256 GPUs full mode was the same either
+    way. Reference cycles made in the block (the engine and its process generators) are
+    collected once the collector is back on."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 # The timeline's string columns: pandas' string dtype, as from_records on tuples gave them.
@@ -356,17 +377,10 @@ class Engine:
                 else:
                     env.process(self._collective_stream(r, stream, st))
             env.process(self._replay(r))
-        # The cyclic collector finds next to nothing here (the run's garbage is freed by
-        # reference counting; peak RSS at 256 GPUs full mode was the same with it off) but, with
-        # millions of timeline rows alive, its passes cost ~20% of the run's CPU: off while the
-        # loop runs, back to what it was after.
-        gc_was_on = gc.isenabled()
-        gc.disable()
-        try:
+        # The cyclic collector's passes over millions of live rows cost ~20% of the loop's CPU
+        # and find next to nothing (cyclic_gc_paused).
+        with cyclic_gc_paused():
             env.run()
-        finally:
-            if gc_was_on:
-                gc.enable()
         if len(self.finished) < len(self.ranks):
             stuck = [r for r in self.ranks if r not in self.finished]
             detail = "; ".join(f"rank {r} (pp {int(self.coords[r, 0])}) waits on {self._waiting(r)}" for r in stuck[:6])

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from simulator.errors import UserError
-from simulator.schedules.base import Action, PipelineSchedule, required_inputs
+from simulator.schedules.base import BACKWARD_INPUT_KINDS, Action, PipelineSchedule, required_inputs
 
 _KINDS = ("F", "B", "I", "W", "FB")
 
@@ -30,6 +30,11 @@ def _describe_event(schedule: PipelineSchedule, event: tuple[int, str, int]) -> 
     if 0 <= stage < schedule.num_stages:
         return f"{label} on rank {schedule.stage_rank[stage]}"
     return label
+
+
+def _where(rank: int, idx: int, action: Action) -> str:
+    """Where a problem is, for its message (formatted only when there is one)."""
+    return f"rank {rank}, action {idx} ({action})"
 
 
 def _leaves(action: Action) -> tuple[Action, ...]:
@@ -52,36 +57,35 @@ def _check_shape(schedule: PipelineSchedule) -> None:
     chain_stages = [set(c) for c in schedule.chains]
     for rank, ops in enumerate(schedule.actions):
         for idx, action in enumerate(ops):
-            where = f"rank {rank}, action {idx} ({action})"
             if action.kind not in _KINDS:
-                raise UserError(f"{where}: unknown kind {action.kind!r}; use one of F, B, I, W, FB")
+                raise UserError(f"{_where(rank, idx, action)}: unknown kind {action.kind!r}; use one of F, B, I, W, FB")
             if action.kind == "FB":
                 sub = action.sub
                 if sub is None or len(sub) != 2 or sub[0].kind != "F" or sub[1].kind not in ("B", "I"):
                     raise UserError(
-                        f"{where}: an overlapped pair must hold one F and then one B or I, e.g. (0F3;7B1)"
+                        f"{_where(rank, idx, action)}: an overlapped pair must hold one F and then one B or I, e.g. (0F3;7B1)"
                     )
             elif action.sub is not None:
-                raise UserError(f"{where}: only FB actions carry sub-actions; drop the pair or make it FB")
+                raise UserError(f"{_where(rank, idx, action)}: only FB actions carry sub-actions; drop the pair or make it FB")
             for leaf in _leaves(action):
                 if not 0 <= leaf.stage < s_count:
                     raise UserError(
-                        f"{where}: stage {leaf.stage} does not exist; stages are 0..{s_count - 1}"
+                        f"{_where(rank, idx, action)}: stage {leaf.stage} does not exist; stages are 0..{s_count - 1}"
                     )
                 if schedule.stage_rank[leaf.stage] != rank:
                     raise UserError(
-                        f"{where}: stage {leaf.stage} lives on rank {schedule.stage_rank[leaf.stage]}, not on "
+                        f"{_where(rank, idx, action)}: stage {leaf.stage} lives on rank {schedule.stage_rank[leaf.stage]}, not on "
                         f"rank {rank}; move the action to rank {schedule.stage_rank[leaf.stage]}'s list"
                     )
                 if not 0 <= leaf.microbatch < n:
                     raise UserError(
-                        f"{where}: microbatch {leaf.microbatch} is out of range 0..{n - 1}; "
+                        f"{_where(rank, idx, action)}: microbatch {leaf.microbatch} is out of range 0..{n - 1}; "
                         f"the schedule has {n} microbatches"
                     )
                 chain = schedule.chain_of_microbatch(leaf.microbatch)
                 if leaf.stage not in chain_stages[chain]:
                     raise UserError(
-                        f"{where}: microbatch {leaf.microbatch} flows through chain {chain}, which does not "
+                        f"{_where(rank, idx, action)}: microbatch {leaf.microbatch} flows through chain {chain}, which does not "
                         f"contain stage {leaf.stage}; run it on a stage of chain {chain}"
                     )
 
@@ -94,33 +98,32 @@ def _check_complete_and_ordered(schedule: PipelineSchedule) -> None:
             for leaf in _leaves(action):
                 key = (leaf.stage, leaf.microbatch)
                 kinds = seen[key]
-                where = f"rank {rank}, action {idx} ({leaf})"
                 if leaf.kind in kinds:
                     raise UserError(
-                        f"{where}: duplicate {leaf.kind} for stage {leaf.stage} microbatch {leaf.microbatch} "
+                        f"{_where(rank, idx, leaf)}: duplicate {leaf.kind} for stage {leaf.stage} microbatch {leaf.microbatch} "
                         f"(also action {kinds[leaf.kind][1]}); keep only one"
                     )
                 if leaf.kind in ("B", "I"):
                     other = "I" if leaf.kind == "B" else "B"
                     if other in kinds:
                         raise UserError(
-                            f"{where}: stage {leaf.stage} microbatch {leaf.microbatch} has both B and I; "
+                            f"{_where(rank, idx, leaf)}: stage {leaf.stage} microbatch {leaf.microbatch} has both B and I; "
                             "use a full backward B or an I+W split, not both"
                         )
                     if "F" not in kinds:
                         raise UserError(
-                            f"{where}: backward before its forward {leaf.stage}F{leaf.microbatch} on rank {rank}; "
+                            f"{_where(rank, idx, leaf)}: backward before its forward {leaf.stage}F{leaf.microbatch} on rank {rank}; "
                             "move the backward after the forward"
                         )
                 if leaf.kind == "W":
                     if "B" in kinds:
                         raise UserError(
-                            f"{where}: W after a full backward B of the same microbatch; a B already computes "
+                            f"{_where(rank, idx, leaf)}: W after a full backward B of the same microbatch; a B already computes "
                             "the weight gradient, so drop the W or split the B into I and W"
                         )
                     if "I" not in kinds:
                         raise UserError(
-                            f"{where}: W before its input-grad {leaf.stage}I{leaf.microbatch}; run the I first"
+                            f"{_where(rank, idx, leaf)}: W before its input-grad {leaf.stage}I{leaf.microbatch}; run the I first"
                         )
                 kinds[leaf.kind] = (rank, idx)
     chain_stages = [set(c) for c in schedule.chains]
@@ -156,13 +159,31 @@ def check_progress(schedule: PipelineSchedule) -> None:
     pos = [0] * schedule.num_ranks
     ready = list(range(schedule.num_ranks))
     blocked_on: dict[int, tuple[int, str, int]] = {}
+    stage_prev, stage_next = schedule.stage_prev, schedule.stage_next
     while ready:
         rank = ready.pop()
         ops = schedule.actions[rank]
         i = pos[rank]
         while i < len(ops):
             action = ops[i]
-            lacking = next((e for e in required_inputs(schedule, action) if e not in done), None)
+            # required_inputs, spelled out for the common kinds (this loop visits every action).
+            kind, s, m = action.kind, action.stage, action.microbatch
+            lacking = None
+            if kind == "F":
+                p = stage_prev[s]
+                if p >= 0 and (p, "F", m) not in done:
+                    lacking = (p, "F", m)
+            elif kind in BACKWARD_INPUT_KINDS:
+                nxt = stage_next[s]
+                if (s, "F", m) not in done:
+                    lacking = (s, "F", m)
+                elif nxt >= 0 and (nxt, "BI", m) not in done:
+                    lacking = (nxt, "BI", m)
+            elif kind == "W":
+                if (s, "BI", m) not in done:
+                    lacking = (s, "BI", m)
+            else:
+                lacking = next((e for e in required_inputs(schedule, action) if e not in done), None)
             if lacking is not None:
                 blocked_on[rank] = lacking
                 waiting[lacking].append(rank)

@@ -124,10 +124,15 @@ class RankPlan:
 
     @property
     def streams(self) -> set[Stream]:
-        out = {i.stream for i in self.instrs if isinstance(i, Collective)}
+        out = set()
+        add, update = out.add, out.update
         for i in self.instrs:
-            if isinstance(i, Complete):
-                out.update(s.stream for s in i.sends)
+            # Collective and Complete are slotted dataclasses: their type, not isinstance chains.
+            t = type(i)
+            if t is Collective:
+                add(i.stream)
+            elif t is Complete:
+                update(s.stream for s in i.sends)
         return out
 
     def collectives(self) -> list[Collective]:
@@ -363,7 +368,7 @@ def _template(seg) -> list[tuple]:
             c_info = None
             if comm is not None:
                 dim = Dim(comm.dim)
-                c_info = (dim, Stream(dim), ((dim, CollectiveOp(comm.op), comm.size_bytes),), f"{comm.op} {seg.label[j]}",
+                c_info = (dim.value, Stream(dim), ((dim, CollectiveOp(comm.op), comm.size_bytes),), f"{comm.op} {seg.label[j]}",
                           comm.overlap, comm.size_bytes, Wait(-1, dim.base, f"overlapped {dim} communication"))
             tpl.append((float(seg.compute_s[j]), seg.label[j], int(seg.layer[j]), c_info))
         seg._plan_template = tpl
@@ -400,12 +405,12 @@ def emit_action(out: list, seg, a: Action, blocking: bool, new_handle, idx: int 
             for w, h in pending:
                 append(Wait(h, w.dim, w.reason))
             pending.clear()
-        dim, stream, step, name, overlap, size, w = c_info
+        row_kind, stream, step, name, overlap, size, w = c_info
         if blocking and not overlap:
-            append(Collective(stream, step, -1, dim.value, name, mb, stage, lj, size, a))
+            append(Collective(stream, step, -1, row_kind, name, mb, stage, lj, size, a))
             continue
         h = new_handle()
-        append(Collective(stream, step, h, dim.value, name, mb, stage, lj, size))
+        append(Collective(stream, step, h, row_kind, name, mb, stage, lj, size))
         (pending if blocking else deferred).append((w, h))
     for w, h in pending:
         append(Wait(h, w.dim, w.reason))
