@@ -3,8 +3,9 @@
 Runs a few scenarios (published rows: Megatron SC'21 529.6B / 1T / 310.1B with the steady-state
 fast path, a small Megatron row without it, torchtitan FSDP rows, one in full mode) and saves,
 or compares against a saved copy, everything a run reports: the timeline rows, the waits, the
-step time, exposed/busy/contention seconds, wire bytes, the network report (link bytes) and the
-fast-path summary. DataFrames are compared with ``pandas.testing.assert_frame_equal`` exactly.
+step time, exposed/busy/contention seconds, wire bytes, the network report (link bytes), the
+fast-path summary, and the report's step breakdown, critical path and per-pipeline-rank rows.
+DataFrames are compared with ``pandas.testing.assert_frame_equal`` exactly.
 
     git checkout BASE; python bench/compare_timelines.py --save /tmp/base.pkl
     git checkout NEW;  python bench/compare_timelines.py --check /tmp/base.pkl [--only NAME ...]
@@ -65,6 +66,8 @@ def run(d: dict, mode: str, ff: bool) -> dict:
         "busy_compute_s": tl.busy_compute_s, "exposed_s": tl.exposed_s, "comm_bytes": tl.comm_bytes,
         "contention_s": tl.contention_s, "end_time_s": tl.end_time_s, "network_report": tl.network_report,
         "fast_forward": tl.fast_forward, "num_events": tl.num_events, "_cpu_s": cpu,
+        "step_breakdown_s": res.report.step_breakdown_s, "critical_path_s": res.report.critical_path_s,
+        "critical_path": res.report.critical_path, "per_pp_rank": res.report.per_pp_rank,
     }
 
 

@@ -122,6 +122,9 @@ class AnyOf(Event):
 
     def _build_value(self, _event) -> None:
         check = self._chk
+        # The bound method refers to self: drop it, or every condition would stay alive in a
+        # reference cycle until the cyclic collector (paused while a simulation runs) ran.
+        self._chk = None
         for ev in self._events:
             cbs = ev.callbacks
             if cbs and check in cbs:

@@ -28,6 +28,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 
 if TYPE_CHECKING:
     from simulator.engine.core import Timeline
@@ -38,25 +39,35 @@ BREAKDOWN_KEYS = ("compute",) + tuple(f"exposed_{d}" for d in DIMS) + ("bubble",
 EPS_S = 1e-12
 
 
+def _sum_by_rank(rank: np.ndarray, seconds: np.ndarray) -> dict[int, float]:
+    """rank -> the sum of its seconds (pandas' groupby sum: its compensated summation, so the
+    figures are the ones a grouped frame gave)."""
+    return {int(r): float(v) for r, v in pd.Series(seconds).groupby(rank).sum().items()}
+
+
 def rank_breakdown(tl: "Timeline") -> dict[int, dict[str, float]]:
     """Per simulated rank: the parts of BREAKDOWN_KEYS (seconds) and ``unattributed``."""
     step = tl.step_time_s
     # The optimizer step: the plan's last compute entry on every rank ("opt" kind, "optimizer step").
-    ev0 = tl.events
-    opt_rows = ev0[(ev0["stream"] == "compute") & (ev0["kind"] == "opt") & (ev0["name"] == "optimizer step")]
-    opt = float((opt_rows["end_s"] - opt_rows["start_s"]).max()) if len(opt_rows) else 0.0
+    # Column arrays and masks, no sub-frames: full mode at scale has millions of rows, and a
+    # filtered frame copies every column.
+    ev = tl.events
+    is_comp = (ev["stream"] == "compute").to_numpy(dtype=bool)
+    dur = ev["end_s"].to_numpy() - ev["start_s"].to_numpy()
+    ev_rank = ev["rank"].to_numpy()
+    is_opt = is_comp & (ev["kind"] == "opt").to_numpy(dtype=bool) & (ev["name"] == "optimizer step").to_numpy(dtype=bool)
+    opt = float(dur[is_opt].max()) if is_opt.any() else 0.0
     waits = getattr(tl, "waits", None)
     ends = getattr(tl, "end_time_s", None) or {}
-    ev = tl.events
-    comp = ev[ev["stream"] == "compute"]
-    busy = (comp["end_s"] - comp["start_s"]).groupby(comp["rank"]).sum()
+    busy = _sum_by_rank(ev_rank[is_comp], dur[is_comp])
     bubble_w: dict[int, float] = {}
     if waits is not None and len(waits):
-        b = waits[waits["cause"] == "bubble"]
-        bubble_w = (b["end_s"] - b["start_s"]).groupby(b["rank"]).sum().to_dict()
+        is_b = (waits["cause"] == "bubble").to_numpy(dtype=bool)
+        w_dur = waits["end_s"].to_numpy() - waits["start_s"].to_numpy()
+        bubble_w = _sum_by_rank(waits["rank"].to_numpy()[is_b], w_dur[is_b])
     out: dict[int, dict[str, float]] = {}
     for r in tl.ranks:
-        compute = float(busy.get(r, 0.0)) - opt
+        compute = busy.get(r, 0.0) - opt
         exposed = {d: float(tl.exposed_s[r].get(d, 0.0)) for d in DIMS}
         if waits is not None and r in ends:
             idle = float(bubble_w.get(r, 0.0)) + max(0.0, step - float(ends[r]))
@@ -163,6 +174,35 @@ def _lane_tiles(tl: "Timeline") -> dict[int, dict]:
     return {int(r): {c: v[bounds[i]:bounds[i + 1]] for c, v in cols.items()} for i, r in enumerate(ranks)}
 
 
+class _CommRows:
+    """Per rank, its communication rows (end, kind, start) as arrays, in row order, built for a
+    rank when the walk first asks (it looks up the row ending at t once per dp wait on the path:
+    hundreds under FSDP, where a pandas mask per look-up cost ~2 ms; and a sub-frame of every
+    communication row copied millions of rows in full mode)."""
+
+    def __init__(self, ev: pd.DataFrame):
+        self.ev = ev
+        rows = np.flatnonzero((ev["stream"] != "compute").to_numpy(dtype=bool))
+        rank = ev["rank"].to_numpy()[rows]
+        order = np.argsort(rank, kind="stable")
+        self.rows, r_sorted = rows[order], rank[order]
+        starts = np.flatnonzero(np.r_[True, r_sorted[1:] != r_sorted[:-1]]) if len(r_sorted) else np.zeros(0, int)
+        bounds = list(starts) + [len(r_sorted)]
+        self.span = {int(r_sorted[b]): (bounds[i], bounds[i + 1]) for i, b in enumerate(starts)}
+        self.cache: dict[int, tuple] = {}
+
+    def get(self, rank: int):
+        hit = self.cache.get(rank)
+        if hit is None and rank in self.span:
+            a, b = self.span[rank]
+            idx = self.rows[a:b]
+            ev = self.ev
+            hit = (ev["end_s"].to_numpy()[idx], ev["kind"].array[idx].to_numpy(dtype=object),
+                   ev["start_s"].to_numpy()[idx])
+            self.cache[rank] = hit
+        return hit
+
+
 def critical_path(tl: "Timeline") -> list[dict[str, Any]]:
     """Segments of the critical path in time order: dicts with rank, pp_rank, cause (compute or a
     dimension or bubble), kind, what, start_s, end_s, microbatch, stage. Contiguous from 0 to the step."""
@@ -170,12 +210,7 @@ def critical_path(tl: "Timeline") -> list[dict[str, Any]]:
     if not ends or getattr(tl, "waits", None) is None:
         return []
     tiles = _lane_tiles(tl)
-    ev = tl.events
-    comm = ev[ev["stream"] != "compute"]
-    # Per rank, as arrays: the walk looks up the communication row ending at t once per dp wait
-    # on the path (hundreds under FSDP); a pandas mask per look-up cost ~2 ms each.
-    comm_by_rank = {int(r): (g["end_s"].to_numpy(), g["kind"].astype(str).to_numpy(), g["start_s"].to_numpy())
-                    for r, g in comm.groupby("rank")}
+    comm_by_rank = _CommRows(tl.events)
     tol = max(1e-12, tl.step_time_s * 1e-12)
     # The lowest rank of those ending the step: ranks that end together (after a step-wide
     # collective) differ by float rounding, which must not pick the rank the walk starts from.
