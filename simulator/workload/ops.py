@@ -746,8 +746,8 @@ def fp8_cast_bytes_per_elem(recipe: str, num_microbatches: int, sc: Scenario) ->
     MXFP8 computes a scale per 32-element block inside the cast (one E8M0 byte per block and
     layout: +2/32). torchao rowwise scales each row: an amax and a cast per layout (2+2+1 twice).
     Weights: TE casts them once per step and caches the FP8 copy across microbatches; torchao
-    casts them in every forward (and their transpose in backward), or once on the FSDP shard
-    before an FP8 all-gather.
+    casts them in every forward (and their transpose in backward), or, with the FP8 all-gather, in
+    FSDP2's copy-in (not charged here). torchao tensorwise is read from its source below.
     """
     if recipe == "te-delayed":
         act = 4.0
