@@ -294,8 +294,10 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
         # FP8 operands are 1 byte, the output bf16.
         op = replace(op, fp8=True, bytes=float(tokens * k + k * n) + tokens * n * dt)
         act_f, act_b, w_f, w_b = fp8_cast_bytes_per_elem(recipe, nmb, sc)
+        # torchao recasts the saved bf16 input for the weight-gradient GEMM in backward (T x k).
+        in_b = fp8_input_recast_bytes_per_elem(recipe)
         cast = Op(f"{name}.fp8_cast", "elementwise", "F", 0.0, 0.0, tokens * k * act_f + k * n * w_f,
-                  bwd_bytes=tokens * n * act_b + k * n * w_b)
+                  bwd_bytes=tokens * n * act_b + tokens * k * in_b + k * n * w_b)
         return [cast, op]
 
     def tp_in(name: str) -> list[Op]:
@@ -615,17 +617,22 @@ def fsdp2_copy_out_ops(sc: Scenario, ops: list[Op]) -> list[Op]:
     shard = p.fsdp_shard_size or sc.dp
     if p.zero < 3 or shard <= 1:
         return []
-    dt = sc.dtype_bytes
-    fp8_gather = sc.dtype == "fp8" and sc.fp8.param_all_gather
-    nbytes = 0.0
-    for op in ops:
-        if op.params <= 0:
-            continue
-        nbytes += op.params * (1 if (fp8_gather and op.fp8) else dt)
+    nbytes = fsdp_gather_bytes(sc, ops)
     if nbytes <= 0:
         return []
     return [Op("fsdp_copy_out", "elementwise", "F", 0.0, 0.0, 2 * nbytes, bwd_bytes=2 * nbytes, launches=1,
                bwd_launches=1, recompute=False)]
+
+
+def fsdp_gather_bytes(sc: Scenario, ops: list[Op]) -> float:
+    """Bytes FSDP2 all-gathers for the parameters these ops own: the gather dtype (bf16 param_dtype),
+    and 1 byte for FP8 linears under the FP8 all-gather (torchao float8/fsdp_utils.py
+    WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather hands FSDP only ``float8_tensor._data``;
+    the scale travels as metadata, and with precompute_float8_dynamic_scale_for_fsdp it is the same
+    on every rank). Embedding, norms and the LM head (not Float8Linear) stay bf16."""
+    dt = sc.dtype_bytes
+    fp8_gather = sc.dtype == "fp8" and sc.fp8.param_all_gather
+    return float(sum(op.params * (1 if (fp8_gather and op.fp8) else dt) for op in ops if op.params > 0))
 
 
 def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps:
@@ -739,8 +746,8 @@ def fp8_cast_bytes_per_elem(recipe: str, num_microbatches: int, sc: Scenario) ->
     MXFP8 computes a scale per 32-element block inside the cast (one E8M0 byte per block and
     layout: +2/32). torchao rowwise scales each row: an amax and a cast per layout (2+2+1 twice).
     Weights: TE casts them once per step and caches the FP8 copy across microbatches; torchao
-    casts them in every forward (and their transpose in backward), or once on the FSDP shard
-    before an FP8 all-gather.
+    casts them in every forward (and their transpose in backward), or, with the FP8 all-gather, in
+    FSDP2's copy-in (not charged here). torchao tensorwise is read from its source below.
     """
     if recipe == "te-delayed":
         act = 4.0
@@ -752,16 +759,66 @@ def fp8_cast_bytes_per_elem(recipe: str, num_microbatches: int, sc: Scenario) ->
         act = 4.0 + 2.0 / 32
         w_f, w_b = act / num_microbatches, 0.0
     elif recipe == "tensorwise":
-        act = 6.0
+        # torchao 0.11/0.12 float8/float8_linear.py matmul_with_hp_or_float8_args: forward casts
+        # the input once, row-major, for the output GEMM (tensor_to_amax: torch.max(torch.abs(x)),
+        # 2 B read; then x * scale, clamp, to e4m3: 2 B read, 1 B write) and saves the bf16 input;
+        # the transposed copy for grad_weight is made in backward (fp8_input_recast_bytes_per_elem).
+        # Backward casts grad_output twice with one config (grad_input and grad_weight), which
+        # torch.compile's CSE makes one amax (2) and one cast (2 -> 1) plus the transposed layout
+        # float8_ops.preprocess_addmm needs for go.t() (a second 1 B write): 6.
+        act_f, act_b = 5.0, 6.0
         w_f, w_b = 5.0, 2.0  # amax + cast in forward; the FP8 weight transposed in backward (1 + 1)
+        p = sc.parallelism
+        if sc.fp8.param_all_gather and p.zero >= 3:
+            # enable_fsdp_float8_all_gather: the weight arrives as Float8Tensor, so
+            # Float8Linear.forward casts nothing (_cast_weight_to_float8_t returns weight.t()). The
+            # cast runs in WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather (fp32 shard -> e4m3,
+            # float8/fsdp_utils.py) inside FSDP2's all-gather copy-in, on the copy-in stream, which
+            # is not charged to compute (fsdp2_copy_out_ops); with
+            # precompute_float8_dynamic_scale_for_fsdp its scale comes from one _foreach_norm
+            # after the optimizer step. The backward transpose (preprocess_addmm: weight row-major
+            # -> b.t().contiguous().t()) stays.
+            w_f = 0.0
+        return act_f, act_b, w_f, w_b
     else:  # rowwise
         act = 10.0
         w_f, w_b = 5.0, 5.0
     p = sc.parallelism
-    if sc.fp8.param_all_gather and p.zero >= 3 and recipe in ("tensorwise", "rowwise"):
+    if sc.fp8.param_all_gather and p.zero >= 3 and recipe == "rowwise":
         # Cast on the shard before the all-gather (torchtitan precompute_float8_dynamic_scale_for_fsdp).
         w_f = w_f / (p.fsdp_shard_size or sc.dp)
     return act, act, w_f, w_b
+
+
+def fp8_input_recast_bytes_per_elem(recipe: str) -> float:
+    """HBM bytes per input element a linear's backward spends re-quantizing its input for the
+    weight-gradient GEMM. torchao (0.11/0.12 float8_linear.py matmul_with_hp_or_float8_args.backward)
+    saves the bf16 input and calls hp_tensor_to_float8_dynamic on it again
+    (cast_config_input_for_grad_weight): amax 2 B, cast 2 B read + 1 B write in the column-major
+    layout float8_ops.preprocess_addmm asks of b (compiled: the transpose fuses into the cast; eager
+    adds a 1 + 1 copy): 5. Transformer Engine keeps the forward's transposed FP8 copy instead (0);
+    the rowwise figure (10) already counts both layouts in forward."""
+    return 5.0 if recipe == "tensorwise" else 0.0
+
+
+def fp8_recompute_cast_op(cast: Op, gemm: Op, sc: Scenario, gemm_recomputed: bool) -> Op | None:
+    """What torchtitan's per-op SAC reruns in backward of a torchao tensorwise ``.fp8_cast`` op
+    (None: nothing). The input's FP8 copy feeds only its forward GEMM, so under torch.compile
+    (the partitioner recomputes only what backward reads) it is re-quantized only when that GEMM
+    is recomputed; the amax is not re-read, since torchtitan's _save_list holds aten.max.default
+    (tensor_to_amax's torch.max) and SAC saves it: 2 B read + 1 B write an element. Without the
+    FP8 all-gather the FP8 weight (cast in Float8Linear.forward, inside the checkpointed block)
+    is saved for the grad_input GEMM but tagged PREFER_RECOMPUTE: re-cast, 3 B a parameter,
+    whether or not the GEMM reruns."""
+    kern = gemm.kernel
+    if kern is None:
+        return cast
+    p = sc.parallelism
+    weight_cast = 0.0 if (sc.fp8.param_all_gather and p.zero >= 3) else 3.0 * kern.k * kern.n
+    input_cast = 3.0 * kern.m * kern.k if gemm_recomputed else 0.0
+    if weight_cast + input_cast <= 0:
+        return None
+    return replace(cast, name=f"{cast.name}.rec", bytes=float(input_cast + weight_cast), bwd_bytes=0.0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -472,7 +472,8 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
                 for L in dict.fromkeys(int(x) for x in seg.layer):
                     if prog.fsdp_reshard_after_forward or (sub.stage, L) not in gathered:
                         gathered.add((sub.stage, L))
-                        gathers.append((idx, L, prog.unit_params.get(L, 0.0) * prog.param_bytes))
+                        nbytes = prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes)
+                        gathers.append((idx, L, nbytes))
     gather_handles = [new_handle() for _ in gathers]
     next_gather = [0, 0]  # [next to wait for, next to issue]
 

@@ -19,7 +19,8 @@ from simulator.errors import UserError
 from simulator.scenario import Scenario
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
-from simulator.workload.ops import Comm, LayerOps, Op, build_layer_ops, moe_dropped_fraction, moe_load_factor, op_durations_s, optimizer_time_s
+from simulator.workload.ops import (Comm, LayerOps, Op, build_layer_ops, fp8_recompute_cast_op, fsdp_gather_bytes, moe_dropped_fraction,
+                                   moe_load_factor, op_durations_s, optimizer_time_s)
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
     ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, grad_reduce_bytes, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
@@ -77,6 +78,8 @@ class Program:
     zero: int = 1
     pp_gather_bytes: float = 0.0  # > 0: after a p2p receive, a tp all-gather of this size (scatter/gather)
     unit_params: dict[int, float] = field(default_factory=dict)  # FSDP units: layer id -> parameters on one rank
+    # FSDP units: layer id -> bytes one all-gather of it moves, where they are not unit_params x param_bytes.
+    unit_gather_bytes: dict[int, float] = field(default_factory=dict)
     fsdp_reshard_after_forward: bool = True
     fsdp_prefetch: int = 1
     fsdp_shard_size: int | None = None  # HSDP shard group size (None: the whole dp group)
@@ -251,18 +254,39 @@ def layer_recompute_ops(sc: Scenario, lo: LayerOps, layer: int = 0) -> list[Op]:
         # counted per layer), the SDPA outputs and reduce-scatters; everything else is recomputed.
         # With framework torchtitan the count runs over its seven separate projections (wq, wk,
         # wv, wo, w1, w3, w2: wk, wo and w3 recomputed); otherwise over our fused GEMMs.
+        # Float8 (torchao) linears dispatch aten.mm on Float8Tensor operands: SAC's
+        # TorchDispatchMode sees that call before the subclass unwraps it into _scaled_mm (modes
+        # run before a subclass's __torch_dispatch__; under torch.compile the AOT trace keeps that
+        # order, functionalization below the subclass), so they count like bf16 mms.
         out, n_mm = [], 0
+        tensorwise = sc.dtype == "fp8" and sc.fp8.recipe == "tensorwise"
+        by_name = {o.name: o for o in lo.forward}
+        rerun: dict[str, bool] = {}  # GEMM name -> any of its mm parts recomputed
         for o in lo.forward:
             if o.comm is not None or o.op_class == "attention" or not o.recompute:
                 continue
             if o.op_class == "gemm":
                 parts = _torchtitan_mm_parts(sc, o) if sc.framework == "torchtitan" else [1.0]
+                rerun[o.name] = False
                 for j, frac in enumerate(parts):
                     n_mm += 1
                     if n_mm % 2 == 0:
+                        rerun[o.name] = True
                         out.append(_gemm_part(o, frac, f"mm{j}"))
                 continue
             out.append(o)
+        if tensorwise:
+            # A cast precedes its GEMM in the forward list, so its GEMM's verdict is known only now.
+            recast = []
+            for o in out:
+                gemm = by_name.get(o.name[: -len(".fp8_cast")]) if o.name.endswith(".fp8_cast") else None
+                if gemm is None:
+                    recast.append(o)
+                    continue
+                r = fp8_recompute_cast_op(o, gemm, sc, rerun.get(gemm.name, False))
+                if r is not None:
+                    recast.append(r)
+            out = recast
         return out
     if sc.recompute == "selective":
         return [o for o in lo.forward if o.op_class == "attention" or o.name == "softmax_dropout"]
@@ -364,6 +388,14 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     unit_params = {L: layer_kinds[kind_of(L)].params for L in range(m.num_layers)}
     unit_params[-1] = layer_kinds["embedding"].params
     unit_params[m.num_layers] = layer_kinds["head"].params
+    # FSDP all-gather bytes per unit: with the FP8 all-gather only Float8 linears move 1 byte a
+    # parameter; the embedding, the norms and the (unconverted) LM head move bf16.
+    unit_gather_bytes: dict[int, float] = {}
+    if sc.dtype == "fp8" and sc.fp8.param_all_gather and p.zero >= 3:
+        for L in range(m.num_layers):
+            unit_gather_bytes[L] = fsdp_gather_bytes(sc, layer_kinds[kind_of(L)].forward)
+        unit_gather_bytes[-1] = layer_kinds["embedding"].params * sc.dtype_bytes
+        unit_gather_bytes[m.num_layers] = layer_kinds["head"].params * sc.dtype_bytes
     notes: list[str] = []
     dropped = moe_dropped_fraction(sc)
     if dropped > 0:
@@ -396,6 +428,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         # FSDP with FP8 all-gather moves 1-byte weights (torchtitan enable_fsdp_float8_all_gather).
         param_bytes=1 if sc.dtype == "fp8" and sc.fp8.param_all_gather and p.zero >= 3 else sc.dtype_bytes,
         unit_params=unit_params,
+        unit_gather_bytes=unit_gather_bytes,
         stage_expert_params=stage_expert_params,
         fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
         fsdp_prefetch=p.fsdp_prefetch,
