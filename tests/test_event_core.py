@@ -64,6 +64,46 @@ def test_lean_core_runs_processes_in_simpys_order():
     assert ("racer", True, False) == lean[[x[1] for x in lean].index("racer")][1:]
 
 
+def _same_instant_order(make_env):
+    """Entries that meet at one instant: many processes waking together, zero delays scheduled
+    while the instant runs, and a process started mid-run (SimPy's URGENT start comes before the
+    instant's NORMAL entries still pending)."""
+    env = make_env()
+    log = []
+    delay = (lambda s: s) if isinstance(env, events.Environment) else env.timeout
+
+    def late(name):
+        log.append((env.now, name, "started"))
+        yield delay(0.0)
+        log.append((env.now, name, "after zero delay"))
+
+    def member(i):
+        yield delay(1.0)
+        log.append((env.now, f"m{i}", "woke"))
+        if i == 2:
+            env.process(late("late"))  # starts before m3..m5 resume
+            ev = env.event()
+            ev.callbacks.append(lambda _e: log.append((env.now, "zero-delay event", "fired")))
+            ev.succeed()  # after everything already pending at t=1
+        yield delay(0.0)
+        log.append((env.now, f"m{i}", "after zero delay"))
+        yield delay(0.25 * (i % 2))
+        log.append((env.now, f"m{i}", "done"))
+
+    for i in range(6):
+        env.process(member(i))
+    env.run()
+    return log
+
+
+def test_lean_core_keeps_simpys_order_within_one_instant():
+    lean, ref = _same_instant_order(events.Environment), _same_instant_order(simpy.Environment)
+    assert lean == ref, [(a, b) for a, b in zip(lean, ref) if a != b][:3]
+    # The mid-run start came before the members still pending at t = 1.
+    names = [e[1] for e in ref if e[0] == 1.0]
+    assert names.index("late") < names.index("m3")
+
+
 def test_simpy_events_run_on_the_lean_core():
     env = events.Environment()
     seen = []

@@ -4,9 +4,10 @@ nothing needs them.
 SimPy (the reference, and what the networks are written against) processes one heap entry
 ``(time, priority, id, event)`` at a time and runs the event's callbacks; a process is a
 generator resumed by a callback on the event it yielded. This core keeps exactly that order —
-the same heap key, ids handed out at the same points, callbacks run in the order they were
-added — so a simulation gives the same results, value for value, on either core
-(``tests/test_event_core.py`` runs scenarios on both and compares every row).
+entries of one instant in the order they were scheduled (SimPy's id order), URGENT before
+NORMAL, callbacks run in the order they were added — so a simulation gives the same results,
+value for value, on either core (``tests/test_event_core.py`` runs scenarios on both and
+compares every row).
 
 What is cheaper here, measured on the full-mode engine (docs/design-notes.md, "Event core"):
 - A process may yield a plain number: a delay. The heap entry then holds the process itself,
@@ -15,6 +16,8 @@ What is cheaper here, measured on the full-mode engine (docs/design-notes.md, "E
   id is taken at the same point, so the order is the same.)
 - Events carry ``__slots__``; ``now`` is a plain attribute, not a property; the loop is one
   function, not a ``step()`` call per event.
+- The queue is a list per instant and a heap of the distinct instants (``Environment``), not one
+  heap of every entry: a symmetric run wakes many ranks at one instant.
 - A process that ends schedules nothing (SimPy schedules the Process event itself; nothing in
   the engine waits on a process, and an entry no one waits on changes no other entry's order).
 - An exception in a process propagates out of ``run()`` as itself (SimPy re-raises a copy
@@ -73,8 +76,7 @@ class Event:
             raise RuntimeError(f"{self!r} has already been triggered")
         self._ok = True
         self._value = value
-        env = self.env
-        heappush(env._queue, (env.now, NORMAL, next(env._eid), self))
+        self.env._push(self.env.now, self)
         return self
 
     def __or__(self, other: "Event") -> "AnyOf":
@@ -94,7 +96,7 @@ class Timeout(Event):
         self.callbacks = []
         self._value = value
         self._ok = True
-        heappush(env._queue, (env.now + delay, NORMAL, next(env._eid), self))
+        env._push(env.now + delay, self)
 
 
 class AnyOf(Event):
@@ -143,7 +145,7 @@ class Process:
         self._send = generator.send
         self._resume = self._on_event
         # SimPy's Initialize event: the process starts at this instant, before NORMAL events.
-        heappush(env._queue, (env.now, URGENT, next(env._eid), self))
+        env.schedule(self, URGENT)
 
     def _on_event(self, event) -> None:
         self._step(event._value)
@@ -157,12 +159,12 @@ class Process:
             except StopIteration:
                 return
             if got.__class__ is float:
-                heappush(env._queue, (env.now + got, NORMAL, next(env._eid), self))
+                env._push(env.now + got, self)
                 return
             try:
                 cbs = got.callbacks
             except AttributeError:  # a delay of another numeric type (numpy, int)
-                heappush(env._queue, (env.now + float(got), NORMAL, next(env._eid), self))
+                env._push(env.now + float(got), self)
                 return
             if cbs is not None:
                 cbs.append(self._resume)
@@ -171,15 +173,33 @@ class Process:
 
 
 class Environment:
-    """The loop: pop the earliest entry; a process entry resumes its process, an event entry
-    runs its callbacks."""
+    """The loop: take the earliest entry; a process entry resumes its process, an event entry
+    runs its callbacks.
 
-    __slots__ = ("now", "_queue", "_eid")
+    SimPy's heap key is (time, priority, id), ids growing with each entry. Here NORMAL entries
+    are kept per instant, in a list in the order they were scheduled (which is id order), with a
+    heap of the distinct instants: many ranks meet at the same instant in a symmetric run, so the
+    heap holds a fraction of the entries and an entry at an instant already pending is one list
+    append. URGENT entries (a process's start) go to a small heap of their own and come before
+    the NORMAL entries of their instant. The order is SimPy's exactly."""
+
+    __slots__ = ("now", "_times", "_at", "_urgent", "_eid")
 
     def __init__(self):
         self.now = 0.0
-        self._queue: list = []
+        self._times: list[float] = []  # heap of the instants that have NORMAL entries
+        self._at: dict[float, list] = {}  # instant -> its NORMAL entries, in scheduling order
+        self._urgent: list = []  # heap of (time, id, entry)
         self._eid = count()
+
+    def _push(self, t: float, item) -> None:
+        """A NORMAL entry at ``t``."""
+        at = self._at.get(t)
+        if at is None:
+            self._at[t] = [item]
+            heappush(self._times, t)
+        else:
+            at.append(item)
 
     def event(self) -> Event:
         return Event(self)
@@ -192,21 +212,51 @@ class Environment:
 
     def schedule(self, event, priority: int = NORMAL, delay: float = 0.0) -> None:
         """SimPy's hook: SimPy events created on this environment schedule themselves here."""
-        heappush(self._queue, (self.now + delay, priority, next(self._eid), event))
+        if priority == NORMAL:
+            self._push(self.now + delay, event)
+        else:
+            heappush(self._urgent, (self.now + delay, next(self._eid), event))
+
+    def _fire(self, item) -> None:
+        if item.__class__ is Process:
+            item._step(None)
+            return
+        callbacks = item.callbacks
+        item.callbacks = None
+        for cb in callbacks:
+            cb(item)
+        if not item._ok:  # pragma: no cover - nothing in the engine fails an event
+            raise item._value
 
     def run(self) -> None:
-        queue = self._queue
-        pop = heappop
+        times, at, urgent = self._times, self._at, self._urgent
         process = Process
-        while queue:
-            now, _, _, item = pop(queue)
-            self.now = now
-            if item.__class__ is process:
-                item._step(None)
+        while True:
+            if urgent and (not times or urgent[0][0] <= times[0]):
+                t, _, item = heappop(urgent)
+                self.now = t
+                self._fire(item)
                 continue
-            callbacks = item.callbacks
-            item.callbacks = None
-            for cb in callbacks:
-                cb(item)
-            if not item._ok:  # pragma: no cover - nothing in the engine fails an event
-                raise item._value
+            if not times:
+                return
+            t = times[0]
+            entries = at[t]
+            self.now = t
+            i = 0
+            # Entries scheduled at t while its entries run join the end of the same list.
+            while i < len(entries):
+                item = entries[i]
+                i += 1
+                if item.__class__ is process:
+                    item._step(None)
+                else:
+                    callbacks = item.callbacks
+                    item.callbacks = None
+                    for cb in callbacks:
+                        cb(item)
+                    if not item._ok:  # pragma: no cover - nothing in the engine fails an event
+                        raise item._value
+                while urgent and urgent[0][0] <= t:  # an URGENT entry at t comes first
+                    self._fire(heappop(urgent)[2])
+            del at[t]
+            heappop(times)
