@@ -390,6 +390,11 @@ class Engine:
             )
         step = max(self.end_time.values())
         events = self._event_frame()
+        waits = self._wait_frame()
+        # The frames hold the rows now; the row buffers (32 B a row, millions in full mode) would
+        # otherwise stay alive beside them through the report, as long as the engine does.
+        self.rows = self.wait_rows = None
+        self._w_issued = self._w_src = None
         report = []
         if hasattr(self.net, "link_report"):
             report = self.net.link_report(duration_s=step)  # type: ignore[attr-defined]
@@ -399,7 +404,7 @@ class Engine:
             busy_compute_s=self.busy, exposed_s=self.exposed, comm_bytes=self.comm_bytes,
             sim_wall_s=time.perf_counter() - t_wall, num_events=self.n_events, mode=self.mode,
             network_report=report, contention_s=self.contention,
-            waits=self._wait_frame(),
+            waits=waits,
             end_time_s=dict(self.end_time),
         )
 
