@@ -97,81 +97,61 @@ def step_breakdown(tl: "Timeline") -> dict[str, float]:
 # critical path
 
 
-class _Strings:
-    """A string column of the tiles read on demand from its sources (the events' and the waits'
-    own columns) by (source, row): the walk reads a few thousand of a million tiles' strings, so
-    none is gathered, converted or copied before (that cost ~0.4 s on Megatron 1T)."""
+class _Tiles:
+    """Per rank, the compute lane as tiles (compute rows and waits) sorted by end: the sorted ends
+    (the walk's binary search) and, per tile, where it came from; a tile's other columns are read
+    from the events' and the waits' own columns when the walk visits it. The walk visits a few
+    thousand of millions of tiles, so no column but the sort keys is gathered or copied (full mode
+    at 1,024 GPUs: the copied columns were ~0.25 GiB and ~0.4 s)."""
 
-    __slots__ = ("sources", "which", "row")
+    def __init__(self, tl: "Timeline"):
+        ev = tl.events
+        self.ci = ci = np.flatnonzero((ev["stream"] == "compute").to_numpy())
+        waits = getattr(tl, "waits", None)
+        self.waits = waits if waits is not None and len(waits) else None
+        nw = 0 if self.waits is None else len(self.waits)
+        self.nc = nc = len(ci)
 
-    def __init__(self, sources: tuple, which: np.ndarray, row: np.ndarray):
-        self.sources, self.which, self.row = sources, which, row
+        def both(name: str) -> np.ndarray:
+            comp = ev[name].to_numpy()[ci]
+            return comp if self.waits is None else np.concatenate([comp, self.waits[name].to_numpy()])
 
-    def __len__(self) -> int:
-        return len(self.row)
+        rank, start, end = both("rank"), both("start_s"), both("end_s")
+        keep = end > start
+        # One stable sort by (rank, end, start) and a slice per rank: the order a per-rank stable
+        # sort by (end, start) gives, without a groupby and a sort per rank.
+        order = np.flatnonzero(keep)[np.lexsort((start[keep], end[keep], rank[keep]))]
+        self.pos = order  # position in (compute rows, then waits)
+        self.end_s = end[order]
+        ranks, first = np.unique(rank[order], return_index=True)
+        bounds = list(first) + [len(order)]
+        self.span = {int(r): (bounds[i], bounds[i + 1]) for i, r in enumerate(ranks)}
+        self.ev_cols = {c: ev[c].to_numpy() for c in ("rank", "start_s", "end_s", "microbatch", "stage")}
+        self.ev_str = {c: ev[c].array for c in ("name", "kind")}
+        if self.waits is not None:
+            w = self.waits
+            self.w_cols = {c: w[c].to_numpy() for c in ("rank", "start_s", "end_s", "issued_s", "src_rank")}
+            self.w_str = {c: w[c].array for c in ("cause", "what")}
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return _Strings(self.sources, self.which[i], self.row[i])
-        return str(self.sources[int(self.which[i])][int(self.row[i])])
+    def lane_ends(self, rank: int) -> np.ndarray | None:
+        sp = self.span.get(rank)
+        return None if sp is None else self.end_s[sp[0]:sp[1]]
 
-
-class _Const:
-    def __init__(self, value: str):
-        self.value = value
-
-    def __getitem__(self, i) -> str:
-        return self.value
-
-
-def _lane_tiles(tl: "Timeline") -> dict[int, dict]:
-    """Per rank: the compute lane as tiles (compute rows and waits), sorted by end; columns as
-    arrays (the string columns read on demand, ``_Strings``)."""
-    ev = tl.events
-    ci = np.flatnonzero((ev["stream"] == "compute").to_numpy())
-    waits = getattr(tl, "waits", None)
-    if waits is None or not len(waits):
-        waits = None
-    nw = 0 if waits is None else len(waits)
-    nc = len(ci)
-
-    def both(comp: np.ndarray, w) -> np.ndarray:
-        if waits is None:
-            return comp
-        return np.concatenate([comp, w if isinstance(w, np.ndarray) else np.full(nw, w)])
-
-    def col(name: str) -> np.ndarray:
-        return ev[name].to_numpy()[ci]
-
-    num = {
-        "rank": both(col("rank"), None if waits is None else waits["rank"].to_numpy()),
-        "start_s": both(col("start_s"), None if waits is None else waits["start_s"].to_numpy()),
-        "end_s": both(col("end_s"), None if waits is None else waits["end_s"].to_numpy()),
-        "issued_s": both(np.full(nc, np.nan), None if waits is None else waits["issued_s"].to_numpy()),
-        "src_rank": both(np.full(nc, -1, dtype=np.int64), None if waits is None else waits["src_rank"].to_numpy()),
-        "microbatch": both(col("microbatch"), -1),
-        "stage": both(col("stage"), -1),
-    }
-    which = both(np.zeros(nc, dtype=np.int8), np.ones(nw, dtype=np.int8) if waits is not None else None)
-    row = both(ci, np.arange(nw) if waits is not None else None)
-    keep = num["end_s"] > num["start_s"]
-    # One stable sort by (rank, end, start) and a slice per rank: the order a per-rank stable
-    # sort by (end, start) gives, without a groupby and a sort per rank.
-    order = np.flatnonzero(keep)[np.lexsort((num["start_s"][keep], num["end_s"][keep], num["rank"][keep]))]
-    cols: dict[str, object] = {c: v[order] for c, v in num.items()}
-    which, row = which[order], row[order]
-    w_cause = waits["cause"].array if waits is not None else None
-    strings = {
-        "cause": (_Const("compute"), w_cause),
-        "what": (ev["name"].array, waits["what"].array if waits is not None else None),
-        "kind": (ev["kind"].array, w_cause),
-    }
-    for c, src in strings.items():
-        cols[c] = _Strings(src, which, row)
-    rank = cols["rank"]
-    ranks, first = np.unique(rank, return_index=True)
-    bounds = list(first) + [len(rank)]
-    return {int(r): {c: v[bounds[i]:bounds[i + 1]] for c, v in cols.items()} for i, r in enumerate(ranks)}
+    def row(self, rank: int, i: int) -> dict[str, Any]:
+        """Tile ``i`` of ``rank``'s lane (in end order)."""
+        k = int(self.pos[self.span[rank][0] + i])
+        if k < self.nc:
+            j = int(self.ci[k])
+            c = self.ev_cols
+            return {"rank": c["rank"][j], "start_s": c["start_s"][j], "end_s": c["end_s"][j], "issued_s": np.nan,
+                    "src_rank": -1, "microbatch": c["microbatch"][j], "stage": c["stage"][j], "cause": "compute",
+                    "what": str(self.ev_str["name"][j]), "kind": str(self.ev_str["kind"][j])}
+        j = k - self.nc
+        c = self.w_cols
+        cause = str(self.w_str["cause"][j])
+        return {"rank": c["rank"][j], "start_s": c["start_s"][j], "end_s": c["end_s"][j], "issued_s": c["issued_s"][j],
+                "src_rank": c["src_rank"][j], "microbatch": -1, "stage": -1, "cause": cause,
+                "what": str(self.w_str["what"][j]), "kind": cause}
 
 
 class _CommRows:
@@ -209,7 +189,7 @@ def critical_path(tl: "Timeline") -> list[dict[str, Any]]:
     ends = getattr(tl, "end_time_s", None) or {}
     if not ends or getattr(tl, "waits", None) is None:
         return []
-    tiles = _lane_tiles(tl)
+    tiles = _Tiles(tl)
     comm_by_rank = _CommRows(tl.events)
     tol = max(1e-12, tl.step_time_s * 1e-12)
     # The lowest rank of those ending the step: ranks that end together (after a step-wide
@@ -225,17 +205,17 @@ def critical_path(tl: "Timeline") -> list[dict[str, Any]]:
                          "what": what, "start_s": float(s), "end_s": float(e), "microbatch": int(mb), "stage": int(st)})
 
     guard = 0
-    limit = 4 * sum(len(x["end_s"]) for x in tiles.values()) + 100
+    limit = 4 * len(tiles.end_s) + 100
     while t > tol and guard < limit:
         guard += 1
-        lane = tiles.get(rank)
-        if lane is None or not len(lane["end_s"]):
+        lane_ends = tiles.lane_ends(rank)
+        if lane_ends is None or not len(lane_ends):
             break
-        i = int(np.searchsorted(lane["end_s"], t + tol, side="right")) - 1
+        i = int(np.searchsorted(lane_ends, t + tol, side="right")) - 1
         if i < 0:
             add(rank, "bubble", "bubble", "idle before the first work", 0.0, t)
             break
-        row = {c: v[i] for c, v in lane.items()}
+        row = tiles.row(rank, i)
         if row["end_s"] < t - tol:
             # Nothing ends at t on this lane: the rank was idle from its last tile until t
             # (a transfer queued behind another on the send stream, or a rank's end of step).
@@ -254,7 +234,7 @@ def critical_path(tl: "Timeline") -> list[dict[str, Any]]:
             if cause == "pp" and not math.isnan(issued):
                 add(rank, "pp", "pp", row["what"], float(issued), t)
                 t = float(issued)
-            if src in tiles:
+            if src in tiles.span:
                 rank = src
             else:
                 add(rank, "bubble", "bubble", row["what"], s0, t)
