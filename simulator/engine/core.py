@@ -457,7 +457,9 @@ class Engine:
         c = self.rows.columns(shared, {"stream": _STR, "kind": _STR, "name": _STR, "microbatch": i64, "stage": i64,
                                        "layer": i64, "bytes": f64})
         c["start_s"], c["end_s"] = c.pop("t0"), c.pop("t1")
-        return pd.DataFrame({k: c[k] for k in TIMELINE_COLUMNS})
+        # copy=False: the columns are this frame's own (made just above); a copy into consolidated
+        # blocks held the rows twice while it ran (+0.1 GiB at 1,024 GPUs full mode).
+        return pd.DataFrame({k: c[k] for k in TIMELINE_COLUMNS}, copy=False)
 
     def _wait_frame(self) -> pd.DataFrame:
         """WAIT_COLUMNS from the recorded waits; each awaited instruction is described once
@@ -473,7 +475,7 @@ class Engine:
         c = w.columns(["cause", "what"], {"cause": _STR, "what": _STR}, described)
         return pd.DataFrame({"rank": c["rank"], "start_s": c["t0"], "end_s": c["t1"], "cause": c["cause"],
                              "issued_s": np.array(self._w_issued), "src_rank": np.array(self._w_src),
-                             "what": c["what"]}, columns=WAIT_COLUMNS)
+                             "what": c["what"]}, columns=WAIT_COLUMNS, copy=False)
 
     def _wait(self, rank: int, t0: float, t1: float, cause: str, issued: float, src: int, what: object) -> None:
         """Record one wait of ``rank``'s compute stream (WAIT_COLUMNS)."""

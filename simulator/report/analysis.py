@@ -117,10 +117,13 @@ class _Tiles:
             return comp if self.waits is None else np.concatenate([comp, self.waits[name].to_numpy()])
 
         rank, start, end = both("rank"), both("start_s"), both("end_s")
-        keep = end > start
         # One stable sort by (rank, end, start) and a slice per rank: the order a per-rank stable
-        # sort by (end, start) gives, without a groupby and a sort per rank.
-        order = np.flatnonzero(keep)[np.lexsort((start[keep], end[keep], rank[keep]))]
+        # sort by (end, start) gives, without a groupby and a sort per rank. Empty tiles are
+        # dropped after the sort (a stable sort keeps the rest in the order it gives them alone),
+        # so no filtered copy of the keys is made.
+        order = np.lexsort((start, end, rank))
+        order = order[(end > start)[order]]
+        del start
         self.pos = order  # position in (compute rows, then waits)
         self.end_s = end[order]
         ranks, first = np.unique(rank[order], return_index=True)
