@@ -40,7 +40,7 @@ def scenario_of(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Scenario:
     """The Scenario `clustersim simulate ARGS` would simulate (the simulation itself is skipped)."""
     seen: list[Scenario] = []
 
-    def record(sc, mode="reduced", progress=None):
+    def record(sc, mode="reduced", progress=None, fast_forward=False):
         seen.append(sc)
         raise _Stop
 
@@ -441,3 +441,16 @@ def test_overridden_profile_and_topology_are_named_as_changed():
     assert sc.cluster.gpu_name == "h100-sxm-80gb with compute.hbm_GBps=4000"
     stock = build_scenario(default_scenario_dict(), {"parallelism.tp": 4})
     assert (stock.cluster.topology_name, stock.cluster.gpu_name) == ("dgx-h100-fattree", "h100-sxm-80gb")
+
+
+def test_steady_fast_path_flag_gives_the_plain_step():
+    """--steady-fast-path replays a verified steady period: the same step as the plain event loop
+    (to float rounding), far fewer events, and the summary says how the step was made."""
+    args = [*SMALL, "--global-batch-size", "64", "--findings-budget-s", "0"]
+    plain = simulate_json(args)
+    fast = simulate_json([*args, "--steady-fast-path"])
+    assert fast["step_time_s"] == pytest.approx(plain["step_time_s"], rel=1e-9)
+    assert fast["events"] < plain["events"] / 2, (fast["events"], plain["events"])
+    res = CliRunner().invoke(app, ["simulate", *args, "--steady-fast-path", "--no-dashboard"])
+    assert res.exit_code == 0, res.output
+    assert "steady period replayed" in " ".join(res.output.split())

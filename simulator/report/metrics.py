@@ -58,6 +58,9 @@ class Report(BaseModel):
         default_factory=list, description="What to change: kind, message, numbers, and whether a suggestion was simulated.")
     whatif: dict[str, Any] | None = Field(
         None, description="What-if answers (simulator.whatif): clean vs perturbed step, wait chain, seed distribution, goodput.")
+    fast_forward: dict[str, Any] | None = Field(
+        None, description="Set when the steady-state fast path made the step (--steady-fast-path): microbatches "
+        "simulated, periods replayed in closed form, the period (s) and microbatches per period.")
 
     # The keys `--json` promises; everything else is detail.
     SUMMARY_KEYS: ClassVar[tuple[str, ...]] = (
@@ -146,4 +149,5 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
         step_breakdown_s=breakdown,
         critical_path_s={k: float(v) for k, v in path_by_cause.items()},
         critical_path=path,
+        fast_forward=tl.fast_forward,
     )
