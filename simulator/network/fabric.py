@@ -1297,8 +1297,12 @@ class FlowNetwork:
         """``_component_levels`` as Python floats (the same values), without numpy on a few numbers."""
         if len(cfs) == 1:
             return [cfs[0].ceil_Bps]
-        order = sorted(range(len(cfs)), key=lambda i: (cfs[i].uid, id(cfs[i])))
-        key = tuple(id(cfs[i]) for i in order)
+        # Sorted by (uid, id), ties in list order: the order a stable sort by (uid, id) gives,
+        # from tuples compared in C rather than a key function called per coflow (components
+        # grow with the world in full mode, and are re-keyed at every change).
+        keyed = sorted(zip([cf.uid for cf in cfs], map(id, cfs), range(len(cfs))))
+        order = [k[2] for k in keyed]
+        key = tuple([k[1] for k in keyed])
         hit = self._level_cache.get(key)
         if hit is None:
             group = tuple(cfs[i] for i in order)
