@@ -107,6 +107,11 @@ _REQ_ADDS_MAX = 1 << 22  # values (32 MiB) of cached link bytes before the reque
 # 16K values: each concatenated array (128 KiB) stays under glibc's mmap threshold; batches of
 # 1 MiB measured 3x slower per value than 128 KiB ones (fresh pages at every flush).
 _BYTES_LOG_MAX = 1 << 14
+# The component-level cache's bounds: components, and coflows over all its keys (each costs
+# ~100 B across key, group and levels: 2^22 of them ~0.4 GB; full mode at 4,096 GPUs keeps
+# 1.6 M, at 16,384 GPUs it would keep ~25 M).
+LEVEL_CACHE_ENTRIES = 65536
+LEVEL_CACHE_MEMBERS = 1 << 22
 
 # Most coflows per phase: flows of an irregular phase whose isolated finish times differ are
 # bucketed (the bucket keeps its latest finish, so a phase alone still ends on time).
@@ -411,6 +416,7 @@ class FlowNetwork:
         self.nominal_capacity_Bps = self.capacity_Bps.copy()
         self._plans: dict[tuple, list] = {}  # (op, groups) -> candidate Plans, routed as used (_RPlan)
         self._level_cache: dict[tuple, tuple[np.ndarray, tuple]] = {}
+        self._level_cache_members = 0  # coflows over the cache's keys
         self._n_coflows = 0
         self._scratch_pos = np.zeros(graph.n_links, dtype=np.int64)
         self._hash_w = np.random.default_rng(12345).random(257) + 0.5
@@ -1275,6 +1281,17 @@ class FlowNetwork:
                     self._phase_done(b.coll, b.phase)
         self._settle()
 
+    def _cache_levels(self, key: tuple, hit: tuple) -> None:
+        """Keep a component's levels; the cache is emptied when it holds LEVEL_CACHE_ENTRIES
+        components or LEVEL_CACHE_MEMBERS coflows in all. (Components grow with the world in full
+        mode: counted by entries alone, at 16,384 GPUs it held gigabytes of keys.)"""
+        cache = self._level_cache
+        if len(cache) >= LEVEL_CACHE_ENTRIES or self._level_cache_members + len(key) > LEVEL_CACHE_MEMBERS:
+            cache.clear()
+            self._level_cache_members = 0
+        cache[key] = hit
+        self._level_cache_members += len(key)
+
     def _component_levels(self, cfs: list[_Coflow]) -> np.ndarray:
         """Max-min levels (B/s per flow) of one connected component of running coflows,
         memoised by the coflows' identities (see _coflow_levels)."""
@@ -1286,9 +1303,7 @@ class FlowNetwork:
         hit = self._level_cache.get(key)
         if hit is None:
             hit = (self._solve_component(group), group)
-            if len(self._level_cache) >= 65536:
-                self._level_cache.clear()
-            self._level_cache[key] = hit
+            self._cache_levels(key, hit)
         level = np.empty(len(cfs))
         level[order] = hit[0]
         return level
@@ -1307,9 +1322,7 @@ class FlowNetwork:
         if hit is None:
             group = tuple(cfs[i] for i in order)
             hit = (self._solve_component(group), group)
-            if len(self._level_cache) >= 65536:
-                self._level_cache.clear()
-            self._level_cache[key] = hit
+            self._cache_levels(key, hit)
         if len(hit) == 2:  # first use as a list: keep the floats beside the array
             hit = self._level_cache[key] = hit + (hit[0].tolist(),)
         lv = hit[2]
