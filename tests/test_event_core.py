@@ -190,3 +190,52 @@ def test_unknown_core_is_refused():
     prog = build_program(sc, profile, resolve_schedule(sc))
     with pytest.raises(ValueError, match="core must be 'lean' or 'simpy'"):
         Engine(prog, make_network(sc, load_topology(sc.cluster.topology), profile), core="fast")
+
+
+def test_conditions_are_freed_without_the_cyclic_collector():
+    """A fired ``a | b`` holds no reference to itself, so reference counting frees it: a run with
+    the cyclic collector off (as simulations run) leaves none of its conditions alive."""
+    import gc
+
+    env = events.Environment()
+
+    def racer():
+        for _ in range(200):
+            yield env.timeout(1.0) | env.event()
+
+    env.process(racer())
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        env.run()
+        alive = sum(1 for o in gc.get_objects() if type(o) is events.AnyOf)
+    finally:
+        if was:
+            gc.enable()
+    assert alive == 0, alive
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_simulate_leaves_the_cyclic_collector_as_it_found_it(enabled):
+    """The collector is paused while a step is simulated (cyclic_gc_paused) and put back as it was,
+    also when the simulation fails."""
+    import gc
+
+    from simulator.engine.core import cyclic_gc_paused
+    from simulator.simulate import simulate
+
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        sc = build_scenario({"model": "llama3-8b", "parallelism": {"tp": 2, "pp": 2},
+                             "batch": {"micro_batch_size": 1, "global_batch_size": 4, "seq_length": 1024},
+                             "cluster": {"gpus": 4, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}})
+        simulate(sc)
+        assert gc.isenabled() is enabled
+        with pytest.raises(RuntimeError, match="inside"):
+            with cyclic_gc_paused():
+                assert not gc.isenabled()
+                raise RuntimeError("inside")
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

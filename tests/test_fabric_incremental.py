@@ -195,6 +195,37 @@ def test_full_mode_step_is_unchanged_by_the_incremental_solver(monkeypatch):
     assert np.sort(r1) == pytest.approx(np.sort(r2), rel=1e-9)
 
 
+def test_level_cache_bound_keeps_results_and_holds(monkeypatch):
+    """The component-level cache is emptied when its keys would hold more coflows than its bound:
+    the run is the same (the cache only saves solves), and the count never passes the bound."""
+    import simulator.network.fabric as fabric
+
+    graph = build_graph(load_topology("dgx-h100-fattree"), 256)
+    groups = np.arange(256).reshape(32, 8)
+    reqs = [_req("all_reduce", groups.T[i], 1 << 26) for i in range(8)]
+    reqs += [_req("all_reduce", groups[i], 1 << 26) for i in range(32)]
+    starts = np.linspace(0, 1e-3, len(reqs))
+    free = FlowNetwork(graph, fast_path=False)
+    t_free, b_free = _run(free, reqs, starts)
+    biggest = max((len(k) for k in free._level_cache), default=0)
+    assert free._level_cache_members > 3 * biggest  # the unbounded run kept several components
+    monkeypatch.setattr(fabric, "LEVEL_CACHE_MEMBERS", biggest + 1)
+    seen = []
+    cache_levels = FlowNetwork._cache_levels
+
+    def watched(self, key, hit):
+        cache_levels(self, key, hit)
+        seen.append(self._level_cache_members)
+
+    monkeypatch.setattr(FlowNetwork, "_cache_levels", watched)
+    bounded = FlowNetwork(graph, fast_path=False)
+    t_b, b_b = _run(bounded, reqs, starts)
+    assert seen and max(seen) <= biggest + 1
+    assert bounded.stats.solves >= free.stats.solves
+    assert (t_b == t_free).all()
+    assert b_b == pytest.approx(b_free, rel=1e-12, abs=1e-6)
+
+
 # --- cost: work per event does not grow with what runs elsewhere --------------------------------
 
 
