@@ -8,8 +8,9 @@ from pathlib import Path
 
 from simulator.contention import measured_excess_scale
 from simulator.profile import Profile, load_profile
-from simulator.engine.core import Engine, Mode, Timeline, cyclic_gc_paused
+from simulator.engine.core import Engine, Mode, Timeline
 from simulator.errors import UserError
+from simulator.gcpause import cyclic_gc_paused
 from simulator.network.alpha_beta import TierNetwork
 from simulator.report.metrics import Report, build_report
 from simulator.scenario import Scenario

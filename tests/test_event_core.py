@@ -221,7 +221,7 @@ def test_simulate_leaves_the_cyclic_collector_as_it_found_it(enabled):
     also when the simulation fails."""
     import gc
 
-    from simulator.engine.core import cyclic_gc_paused
+    from simulator.gcpause import cyclic_gc_paused
     from simulator.simulate import simulate
 
     was = gc.isenabled()

@@ -23,10 +23,8 @@ a stall is reported (which ranks wait on what), never returned as a result.
 
 from __future__ import annotations
 
-import gc
 import time
 from array import array
-from contextlib import contextmanager
 from collections import defaultdict, deque
 from operator import itemgetter
 from dataclasses import dataclass, field
@@ -39,6 +37,7 @@ import simpy
 from simulator.contention import P2P_CTAS, collective_ctas, compute_slowdown, scaled_slowdown
 from simulator.engine import events as lean_events
 from simulator.errors import SimulationStalled
+from simulator.gcpause import cyclic_gc_paused
 from simulator.network.base import CollectiveRequest, Network
 from simulator.vocabulary import GROUP_DIMS, REPORT_DIMS, RECV_STREAM_OF, CollectiveOp, Dim, Stream, bus_factor
 from simulator.workload.plan import Collective, Complete, Compute, Plan, Recv, Wait, build_plan
@@ -177,26 +176,6 @@ class _Rows:
             else:
                 out[name] = np.asarray(values)[codes]
         return out
-
-
-@contextmanager
-def cyclic_gc_paused():
-    """Python's cyclic garbage collector off for the block, back to what it was after.
-
-    A simulation allocates millions of small objects that stay alive (plan instructions,
-    timeline rows, their frames), so the collector's generation-2 passes re-scan an ever larger
-    heap while finding next to nothing: the run's garbage is freed by reference counting. Measured
-    on Megatron SC'21 529.6B (fast path): 9.55 s with it on, 6.79 s off, the wait frame 1.10 ->
-    0.19 s and plan building 0.77 -> 0.25 s; peak RSS at 256 GPUs full mode was the same either
-    way. Reference cycles made in the block (the engine and its process generators) are
-    collected once the collector is back on."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
 
 
 # The timeline's string columns: pandas' string dtype, as from_records on tuples gave them.

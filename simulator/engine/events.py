@@ -218,6 +218,8 @@ class Environment:
             heappush(self._urgent, (self.now + delay, next(self._eid), event))
 
     def _fire(self, item) -> None:
+        """Process one entry (URGENT ones; ``run`` spells this out inline for the NORMAL entries,
+        its hot path, where a call per entry would cost ~10% of the loop)."""
         if item.__class__ is Process:
             item._step(None)
             return

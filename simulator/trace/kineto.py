@@ -15,8 +15,6 @@ The file is streamed (jsonstream) and kept as compact arrays, never as a list of
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import re
 import warnings
@@ -29,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.errors import UserError
+from simulator.gcpause import cyclic_gc_paused
 from simulator.trace import kernel_classes as KC
 from simulator.trace import kineto_fields as K
 from simulator.trace.jsonstream import stream_trace
@@ -662,26 +661,9 @@ def _merge(primary: _Coll | None, fallback: _Coll | None) -> _Coll | None:
 # import
 # ---------------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _gc_paused():
-    """Pause the cyclic garbage collector while a trace is parsed: the parse allocates millions of
-    dicts and lists (orjson/json objects, column arrays) that hold no reference cycles, so every
-    collection it triggers scans them for nothing. Measured on the HTA A100 rank trace (25.8 MB of
-    JSON, 108k events): import 1.1-1.4 s CPU with the collector on, 0.6-0.7 s paused. Reference
-    counting still frees each event as soon as it is dropped; the collector's previous state is
-    restored, so a caller that had it off keeps it off."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
-
-
 def import_kineto(path: str | Path, rank: int | None = None) -> KinetoTrace:
     """Read one Kineto trace (.json or .json.gz). Raises UserError on input that is not one."""
-    with _gc_paused():
+    with cyclic_gc_paused():
         return _import_kineto(Path(path), rank)
 
 
