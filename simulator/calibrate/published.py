@@ -60,10 +60,20 @@ class PublishedRow:
     reason: str = ""  # why not stated (shown; the row is left out of the stated-setup figures)
     note: str = ""  # how the row was simulated where it departs from the source's hardware/software
     features: tuple[str, ...] = ()  # what the run used (torchtitan: fsdp-only, tp, cp, pp, float8, compile, ac-...)
+    # Peak memory per GPU where the source publishes it (torchtitan: the maximum over GPUs of what
+    # its memory monitor logged), and the memory model's peak for the same run.
+    published_memory_gib: float | None = None
+    predicted_memory_gib: float | None = None
 
     @property
     def error(self) -> float:
         return (self.predicted_step_time_s - self.published_step_time_s) / self.published_step_time_s
+
+    @property
+    def memory_error(self) -> float:
+        if self.published_memory_gib is None or self.predicted_memory_gib is None:
+            return math.nan
+        return (self.predicted_memory_gib - self.published_memory_gib) / self.published_memory_gib
 
 
 @dataclass
@@ -108,6 +118,22 @@ class PublishedValidation:
         return out
 
     @property
+    def memory_rows(self) -> list[PublishedRow]:
+        """Rows with a published and a predicted peak memory (every such row: memory does not
+        depend on the unstated settings the step-time figures leave out, e.g. the fabric)."""
+        return [r for r in self.rows if not math.isnan(r.memory_error)]
+
+    @property
+    def memory_mape(self) -> float:
+        rows = self.memory_rows
+        return sum(abs(r.memory_error) for r in rows) / len(rows) if rows else math.nan
+
+    @property
+    def memory_mean_signed_error(self) -> float:
+        rows = self.memory_rows
+        return sum(r.memory_error for r in rows) / len(rows) if rows else math.nan
+
+    @property
     def mape_all(self) -> float:
         errs = [abs(r.error) for r in self.rows if not math.isnan(r.error)]
         return sum(errs) / len(errs) if errs else math.nan
@@ -122,12 +148,17 @@ class PublishedValidation:
             "mean_signed_error": num(self.mean_signed_error),
             "stated_rows": len(self.stated_rows),
             "mape_all_rows": num(self.mape_all),
+            "memory_rows": len(self.memory_rows),
+            "memory_mape": num(self.memory_mape),
+            "memory_mean_signed_error": num(self.memory_mean_signed_error),
             "notes": self.notes,
             "rows": [dict(label=r.label, gpus=r.gpus, published_step_time_s=r.published_step_time_s,
                           predicted_step_time_s=num(r.predicted_step_time_s), step_time_error=num(r.error),
                           published_tflops_per_gpu=r.published_tflops_per_gpu,
                           predicted_tflops_per_gpu=r.predicted_tflops_per_gpu, stated=r.stated, reason=r.reason,
-                          note=r.note, features=list(r.features)) for r in self.rows],
+                          note=r.note, features=list(r.features), published_memory_gib=r.published_memory_gib,
+                          predicted_memory_gib=r.predicted_memory_gib, memory_error=num(r.memory_error))
+                     for r in self.rows],
             "feature_groups": {f: {k: num(x) for k, x in st.items()} for f, st in self.feature_groups().items()},
         }
 
@@ -367,9 +398,11 @@ def _torchtitan_rows(table: list[dict[str, str]], run, stated_only: bool = False
             rows.append(PublishedRow(label, gpus, tokens_per_gpu / tps, math.nan, stated=False,
                                      reason=f"not simulable: {exc}", note="; ".join(notes), features=feats))
             continue
+        mem_cell = row.get("peak_memory_gib", "").strip()
         rows.append(PublishedRow(
             label=label, gpus=gpus, published_step_time_s=tokens_per_gpu / tps, predicted_step_time_s=predicted,
             stated=not missing, reason="; ".join(missing), note="; ".join(notes), features=feats,
+            published_memory_gib=float(mem_cell) if mem_cell else None, predicted_memory_gib=rep.peak_memory_gib,
         ))
     return rows
 
@@ -487,6 +520,9 @@ def print_published(v: PublishedValidation, max_rows: int | None = None) -> None
     tflops = any(r.published_tflops_per_gpu is not None for r in v.rows)
     if tflops:
         cols += ["published TFLOP/s per GPU", "predicted TFLOP/s per GPU"]
+    memory = bool(v.memory_rows)
+    if memory:
+        cols += ["published GiB", "predicted GiB", "memory error"]
     setup = any(not r.stated or r.note for r in v.rows)
     if setup:
         cols += ["setup"]
@@ -498,6 +534,10 @@ def print_published(v: PublishedValidation, max_rows: int | None = None) -> None
                  f"{r.predicted_step_time_s:.3f}", f"{r.error:+.1%}"]
         if tflops:
             cells += [f"{r.published_tflops_per_gpu:.0f}", f"{r.predicted_tflops_per_gpu:.0f}"]
+        if memory:
+            m_ok = not math.isnan(r.memory_error)
+            cells += [f"{r.published_memory_gib:.1f}" if r.published_memory_gib is not None else "-",
+                      f"{r.predicted_memory_gib:.1f}" if m_ok else "-", f"{r.memory_error:+.1%}" if m_ok else "-"]
         if setup:
             cells.append(("not stated: " + r.reason if not r.stated else "") + (("; " if not r.stated else "") + r.note if r.note else ""))
         t.add_row(*cells)
@@ -523,3 +563,6 @@ def print_published(v: PublishedValidation, max_rows: int | None = None) -> None
         con.print(f"note: {note}")
     con.print(f"{v.name}: MAPE {v.mape:.1%}, mean signed error {v.mean_signed_error:+.1%} over {len(v.stated_rows)} stated rows "
               f"(all {len(v.rows)} rows: MAPE {v.mape_all:.1%})")
+    if memory:
+        con.print(f"{v.name}: peak memory MAPE {v.memory_mape:.1%}, mean signed error {v.memory_mean_signed_error:+.1%} "
+                  f"over the {len(v.memory_rows)} rows that publish it (predicted: the memory model's peak per GPU)")
