@@ -76,6 +76,13 @@ class PublishedRow:
         return (self.predicted_memory_gib - self.published_memory_gib) / self.published_memory_gib
 
 
+def _mape_and_signed(errors: list[float]) -> tuple[float, float]:
+    """(mean |error|, mean error) of relative errors; NaN where there are none."""
+    if not errors:
+        return math.nan, math.nan
+    return sum(abs(e) for e in errors) / len(errors), sum(errors) / len(errors)
+
+
 @dataclass
 class PublishedValidation:
     name: str
@@ -89,13 +96,11 @@ class PublishedValidation:
     @property
     def mape(self) -> float:
         """Mean |error| over the rows whose setup the source states."""
-        rows = self.stated_rows
-        return sum(abs(r.error) for r in rows) / len(rows) if rows else math.nan
+        return _mape_and_signed([r.error for r in self.stated_rows])[0]
 
     @property
     def mean_signed_error(self) -> float:
-        rows = self.stated_rows
-        return sum(r.error for r in rows) / len(rows) if rows else math.nan
+        return _mape_and_signed([r.error for r in self.stated_rows])[1]
 
     def feature_groups(self) -> dict[str, dict[str, float]]:
         """Per feature (a row may count in several): rows, stated rows, and MAPE / mean signed
@@ -105,14 +110,8 @@ class PublishedValidation:
         for f in feats:
             rows = [r for r in self.rows if f in r.features and not math.isnan(r.error)]
             st = [r for r in rows if r.stated]
-
-            def stats(rs):
-                if not rs:
-                    return math.nan, math.nan
-                return sum(abs(r.error) for r in rs) / len(rs), sum(r.error for r in rs) / len(rs)
-
-            m_all, s_all = stats(rows)
-            m_st, s_st = stats(st)
+            m_all, s_all = _mape_and_signed([r.error for r in rows])
+            m_st, s_st = _mape_and_signed([r.error for r in st])
             out[f] = {"rows": len(rows), "stated_rows": len(st), "mape_all": m_all, "mean_signed_all": s_all,
                       "mape_stated": m_st, "mean_signed_stated": s_st}
         return out
@@ -125,13 +124,11 @@ class PublishedValidation:
 
     @property
     def memory_mape(self) -> float:
-        rows = self.memory_rows
-        return sum(abs(r.memory_error) for r in rows) / len(rows) if rows else math.nan
+        return _mape_and_signed([r.memory_error for r in self.memory_rows])[0]
 
     @property
     def memory_mean_signed_error(self) -> float:
-        rows = self.memory_rows
-        return sum(r.memory_error for r in rows) / len(rows) if rows else math.nan
+        return _mape_and_signed([r.memory_error for r in self.memory_rows])[1]
 
     @property
     def mape_all(self) -> float:
