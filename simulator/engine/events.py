@@ -218,8 +218,8 @@ class Environment:
             heappush(self._urgent, (self.now + delay, next(self._eid), event))
 
     def _fire(self, item) -> None:
-        """Process one entry (URGENT ones; ``run`` spells this out inline for the NORMAL entries,
-        its hot path, where it saves a method call per entry)."""
+        """Process one entry: resume its process, or run its callbacks. (Spelled out inline in
+        ``run`` it measured no faster: bench_event_core, same load.)"""
         if item.__class__ is Process:
             item._step(None)
             return
@@ -232,12 +232,12 @@ class Environment:
 
     def run(self) -> None:
         times, at, urgent = self._times, self._at, self._urgent
-        process = Process
+        fire = self._fire
         while True:
             if urgent and (not times or urgent[0][0] <= times[0]):
                 t, _, item = heappop(urgent)
                 self.now = t
-                self._fire(item)
+                fire(item)
                 continue
             if not times:
                 return
@@ -247,18 +247,9 @@ class Environment:
             i = 0
             # Entries scheduled at t while its entries run join the end of the same list.
             while i < len(entries):
-                item = entries[i]
                 i += 1
-                if item.__class__ is process:
-                    item._step(None)
-                else:
-                    callbacks = item.callbacks
-                    item.callbacks = None
-                    for cb in callbacks:
-                        cb(item)
-                    if not item._ok:  # pragma: no cover - nothing in the engine fails an event
-                        raise item._value
+                fire(entries[i - 1])
                 while urgent and urgent[0][0] <= t:  # an URGENT entry at t comes first
-                    self._fire(heappop(urgent)[2])
+                    fire(heappop(urgent)[2])
             del at[t]
             heappop(times)
