@@ -172,6 +172,24 @@ _CALL_FAILED = pytest.StashKey[bool]()
 
 
 @pytest.fixture(autouse=True)
+def _one_browser_at_a_time(request) -> Iterator[None]:
+    """Tests marked ``browser`` run Chromium. The suite runs in two worker processes (pytest-xdist,
+    pyproject's addopts), and two headless Chromiums at once on a 2-core machine hung past the
+    page's 90 s timeout; a lock file in the temporary folder runs them one at a time."""
+    if request.node.get_closest_marker("browser") is None:
+        yield
+        return
+    import fcntl
+
+    with open(Path(tempfile.gettempdir()) / "clustersim-tests-browser.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
 def _no_reads_outside_repository(request) -> Iterator[None]:
     # Reads before the test (a module fixture that swallowed the error) are reported with it too.
     yield

@@ -84,6 +84,7 @@ def test_compare_bad_inputs(tmp_path, scenarios):
     assert isinstance(res.exception, UserError) and "not valid JSON" in str(res.exception)
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(browser.find_chromium() is None, reason="chromium is not installed (apt-get install chromium)")
 def test_compare_renders_in_chromium(compared, tmp_path):
     out, _ = compared

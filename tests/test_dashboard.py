@@ -21,8 +21,12 @@ SMALL = {"model": "llama3-8b", "cluster.gpus": 64, "parallelism.tp": 2, "paralle
 PAYLOAD = "<img src=x onerror=alert(1)>"
 PAYLOAD_ESCAPED = "&lt;img src=x onerror=alert(1)&gt;"
 
-needs_chromium = pytest.mark.skipif(browser.find_chromium() is None,
-                                    reason="chromium is not installed (apt-get install chromium; .ci/run does)")
+_no_chromium = pytest.mark.skipif(browser.find_chromium() is None,
+                                  reason="chromium is not installed (apt-get install chromium; .ci/run does)")
+
+
+def needs_chromium(test):
+    return pytest.mark.browser(_no_chromium(test))
 
 
 @pytest.fixture(scope="module")

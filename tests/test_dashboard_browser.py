@@ -19,8 +19,8 @@ from simulator.report.findings import attach
 from simulator.scenario import build_scenario
 from simulator.simulate import simulate
 
-pytestmark = pytest.mark.skipif(browser.find_chromium() is None,
-                                reason="chromium is not installed (apt-get install chromium)")
+pytestmark = [pytest.mark.skipif(browser.find_chromium() is None, reason="chromium is not installed (apt-get install chromium)"),
+              pytest.mark.browser]
 
 # MoE with DualPipe and every dimension > 1: all six causes of waiting occur.
 MOE = {"name": "moe-dualpipe", "model": "mixtral-8x7b",

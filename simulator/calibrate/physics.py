@@ -154,7 +154,9 @@ def check_compute(cls: str, fit, samples: pd.DataFrame, peak_tflops: float, hbm_
     bad = np.flatnonzero(over)
     if not len(bad):
         return
-    k = int(bad[np.argmax(rate[bad])])
+    # the worst size; among rates equal up to rounding the smallest size, so the line does not
+    # depend on the last bit of a fit that is flat across sizes
+    k = int(bad[rate[bad] >= rate[bad].max() * (1 - 1e-9)][0])
     size = fit.sizes[k]
     col = "flops" if fit.basis == "flops" else "bytes"
     sub = samples

@@ -605,6 +605,9 @@ class Chunking:
     steps_per_loop: int  # of those, the ones one loop takes (what NCCL's latency term covers)
 
 
+# memoised: a pure function of its arguments, called per (algorithm, protocol) at every choice, and
+# a fit re-chooses every log row with new constants (the arguments here do not depend on them)
+@lru_cache(maxsize=1 << 16)
 def chunking(algo: str, proto: str, op: str, bytes_per_channel: float, n: int, n_nodes: int, ppn: int) -> Chunking:
     """calcCollChunking for one channel's bytes (NCCL 2.19+ chunks each channel's piece on its
     own, §4.3), NCCL-MODEL.md §4.4:
@@ -710,10 +713,15 @@ def pipeline_fill_us(g: Graph, algo: str, proto: str, op: str, size: float, n: i
 
 def _launch_shape(g: Graph, algo: str, proto: str, op: str, size: float, n: int, gen: int) -> tuple[int, int]:
     """§3.7: channels (CTAs) and threads per CTA NCCL launches for this size."""
+    return _launch_shape_of(g.runtime_ch, algo, proto, op, size, n, gen)
+
+
+@lru_cache(maxsize=1 << 16)  # pure, and of the graph only its runtime channels (see chunking)
+def _launch_shape_of(runtime_ch: int, algo: str, proto: str, op: str, size: float, n: int, gen: int) -> tuple[int, int]:
     if algo.startswith("nvls"):
         return NVLS_CHANNELS[gen], 640
     nt = 640 if algo in ("tree", "pat") else MAX_THREADS[proto]
-    nc = max(1, g.runtime_ch)
+    nc = max(1, runtime_ch)
     thr = THREAD_THRESHOLD[proto] * (n if (algo == "ring" and proto == "LL") else 1)
     if algo in ("ring", "tree"):
         while nc > 1 and size < nc * nt * thr:
@@ -802,7 +810,7 @@ class NcclModel:
                     continue
                 g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
                 t, lat, bw = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, e[0], e[1], g.runtime_ch)
-                rank = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, o[0], o[1], g.runtime_ch)[0]
+                rank = t if o is e else algo_time_us(self.system, top, size, n, n_nodes, algo, proto, o[0], o[1], g.runtime_ch)[0]
                 nc, nt = _launch_shape(g, algo, proto, top, size, n, self.system.gen)
                 if tn.cta_bound_intra and n_nodes == 1 and algo in ("ring", "tree") and nc < g.runtime_ch:
                     # Inside one node the SMs copy over NVLink, each CTA its channel's share: with
