@@ -15,7 +15,7 @@ import simpy
 
 import simulator.network.fabric as F
 from simulator.network.base import CollectiveRequest
-from simulator.network.fabric import FlowNetwork, _bit_components, _components
+from simulator.network.fabric import FlowNetwork
 from simulator.topology import load_topology
 from simulator.topology.graph import build_graph
 from simulator.topology.spec import TopologySpec
@@ -113,7 +113,6 @@ def test_shortcuts_change_no_number(seed, monkeypatch):
     t_new, b_new = _run(FlowNetwork(graph), reqs, starts)
     monkeypatch.setattr(F, "_ADDS_MAX_LINKS", -1)  # link bytes computed when a collective ends
     monkeypatch.setattr(F, "_BYTES_LOG_MAX", 1)  # and added at once
-    monkeypatch.setattr(F, "_SPLIT_BITSET_MAX", 0)  # every split by sorting links
     monkeypatch.setattr(F, "_SCAN_VIRTUALS_MAX", 0)  # virtual collectives found through the owner array
     t_ref, b_ref = _run(FlowNetwork(graph), reqs, starts)
     np.testing.assert_array_equal(t_new, t_ref)
@@ -135,24 +134,6 @@ def test_cached_link_bytes_on_a_dgx_fabric(monkeypatch):
     np.testing.assert_array_equal(t_new, t_ref)
     np.testing.assert_array_equal(b_new, b_ref)
     assert b_new.sum() > 0
-
-
-@pytest.mark.parametrize("seed", range(30))
-def test_bitset_components_equal_the_sorted_link_components(seed):
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 12))
-    n_links = int(rng.integers(1, 40))
-    members = [np.unique(rng.integers(0, n_links, int(rng.integers(1, 6)))) for _ in range(n)]
-    # the numpy path's edges: consecutive owners of each shared link
-    ids = np.concatenate(members)
-    owner = np.repeat(np.arange(n), [m.size for m in members])
-    order = np.argsort(ids, kind="stable")
-    ids_s, own_s = ids[order], owner[order]
-    same = ids_s[1:] == ids_s[:-1]
-    k_ref, label_ref = _components(n, own_s[:-1][same], own_s[1:][same])
-    k, label = _bit_components([F._bitset(m) for m in members])
-    assert k == k_ref
-    assert label == label_ref.tolist()  # the same numbering: split keeps the same part's id
 
 
 def test_a_run_does_not_depend_on_where_objects_sit_in_memory():

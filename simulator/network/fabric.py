@@ -94,6 +94,7 @@ class _Coflow:
     fin_s: float  # isolated finish time per byte of size
     ceil_Bps: float  # per-flow bandwidth it averages alone: it never runs faster
     link_bits: int | None = None  # link_ids as a Python int bitset, for overlap tests
+    link_demand: np.ndarray | None = None  # link_flows x ceil_Bps: what it puts on each link at most (B/s)
     # creation number in its fabric: components are solved with their coflows in this order, so a
     # run's rounding does not depend on where Python put the objects in memory (it did: id order)
     uid: int = -1
@@ -112,6 +113,12 @@ _BYTES_LOG_MAX = 1 << 14
 # 1.6 M, at 16,384 GPUs it would keep ~25 M).
 LEVEL_CACHE_ENTRIES = 65536
 LEVEL_CACHE_MEMBERS = 1 << 22
+
+# A link couples the coflows on it only where their demand at their ceilings exceeds its capacity
+# by more than this (relative): below it, every coflow on it can run at its ceiling whatever the
+# others do, so max-min never meets the link (see FlowNetwork._join). The margin absorbs the
+# rounding of the running sums; a link loaded that little past capacity slows nobody measurably.
+BIND_REL = 1e-9
 
 # Most coflows per phase: flows of an irregular phase whose isolated finish times differ are
 # bucketed (the bucket keeps its latest finish, so a phase alone still ends on time).
@@ -180,45 +187,9 @@ def _labels(parent: list[int]) -> tuple[int, list[int]]:
     return len(ids), label
 
 
-def _components(n: int, a: np.ndarray, b: np.ndarray) -> tuple[int, np.ndarray]:
-    """Connected components of n nodes joined by edges (a[i], b[i]): (count, label per node),
-    labels 0..count-1 in order of each component's first node. Union-find over the distinct
-    edges; n is a component's coflows (tens), so this stays far below scipy's call overhead."""
-    parent = list(range(n))
-    edges = np.unique(np.minimum(a, b) * n + np.maximum(a, b)) if a.size else a
-    for k in edges.tolist():
-        _join_roots(parent, k // n, k % n)
-    count, label = _labels(parent)
-    return count, np.asarray(label, dtype=np.int64)
-
-
 # Up to this many virtual collectives running, a contended start finds the ones on its links by
 # testing each one's link bitset; beyond, from a link -> owner array (see _virtual_owners).
 _SCAN_VIRTUALS_MAX = 64
-
-# Components of at most this many coflows are split by pairwise tests of their link bitsets
-# (a few ANDs); larger ones by sorting their links (numpy, linear in the links).
-_SPLIT_BITSET_MAX = 16
-
-
-def _cf_bits(cf: "_Coflow") -> int:
-    bits = cf.link_bits
-    if bits is None:
-        bits = cf.link_bits = _bitset(cf.link_ids)
-    return bits
-
-
-def _bit_components(bits: list[int]) -> tuple[int, list[int]]:
-    """``_components`` of nodes joined where their bitsets share a bit: (count, label per node),
-    labels 0..count-1 in order of each component's first node."""
-    n = len(bits)
-    parent = list(range(n))
-    for i in range(n):
-        for j in range(i + 1, n):
-            if bits[i] & bits[j]:
-                _join_roots(parent, i, j)
-    return _labels(parent)
-
 
 def _incidence(flow: np.ndarray, link: np.ndarray, n_flows: int, n_links: int) -> sp.csc_matrix:
     """links x flows, 1 where the flow crosses the link (``Routes.incidence``, built straight
@@ -771,7 +742,25 @@ class FlowNetwork:
         # incremental solver: running coflows, their components (link -> component id), the
         # components to re-solve at the end of this event, and a heap of completion times
         self._running: dict[_CoBatch, None] = {}
+        # link -> component id where the link binds (see _join), else -1
         self._link_comp = np.full(n, -1, dtype=np.int64)
+        # per link: what its running coflows would put on it at their ceilings (B/s), the load
+        # past which it binds, and how many running coflows cross it
+        # (1-D arrays: fancy indexing on them measured half the cost of rows of one 2-D array)
+        self._demand = np.zeros(n)
+        self._bind_at = self.capacity_Bps * (1.0 + BIND_REL)
+        self._link_n = np.zeros(n, dtype=np.int64)
+        # XOR of the seqs of the running coflows on each link: with two there, one's seq gives the other's
+        self._link_xor = np.zeros(n, dtype=np.int64)
+        self._link_mark = np.zeros(n, dtype=bool)  # scratch for _on_links
+        # (link, coflow seq) of every running coflow's links, appended at each join and compacted
+        # when half of it is stale: a link that starts to bind finds its coflows here (_on_links).
+        # Per-link dicts cost reduced mode, where a coflow crosses ~150 links, 14 % of its run.
+        self._inc_link = np.empty(1024, dtype=np.int64)
+        self._inc_seq = np.empty(1024, dtype=np.int64)
+        self._inc_n = 0
+        self._inc_live = 0
+        self._by_seq: dict[int, _CoBatch] = {}
         self._comps: dict[int, _Comp] = {}
         self._cid = 0
         self._seq = 0
@@ -1112,15 +1101,40 @@ class FlowNetwork:
         now = self._env.now
         self._seq += 1
         b.seq = self._seq
-        b.cu_per = 1.0 / (b.coll.size * b.cf.flow_coef)
+        cf = b.cf
+        b.cu_per = 1.0 / (b.coll.size * cf.flow_coef)
         b.t_set = now
         self._running[b] = None
-        ids = b.cf.link_ids
+        ids = cf.link_ids
+        dem = cf.link_demand
+        if dem is None:
+            dem = cf.link_demand = cf.link_flows * cf.ceil_Bps
+        # Coflows are coupled only through links that bind: where the running coflows' demand
+        # at their ceilings exceeds the capacity. On any other link every coflow can run at its
+        # ceiling whatever the others do, so the link never limits max-min and the solution is
+        # that of the problem without it (exact). Components are therefore connected through
+        # binding links only: in full mode most links a DP ring shares with a PP send have room
+        # for both, and components over every shared link grew with the world (4.5x larger at
+        # 1,024 GPUs, members weighted; 28 % of the run at 8,192 GPUs went to re-solving them).
+        bind_at = self._bind_at[ids]
+        load = self._demand[ids]
+        was = load > bind_at
+        load += dem
+        self._demand[ids] = load
+        binds = load > bind_at
+        self._link_n[ids] += 1
+        self._link_xor[ids] ^= b.seq
         lc = self._link_comp
-        # the components on its links, in id order (a set of a few hundred ints is cheaper
-        # than np.unique's sort on a coflow's links)
-        hit = set(lc[ids].tolist())
+        # the components on its binding links: one per link that bound already (all its coflows
+        # are in one component), every coflow's on a link this join makes bind
+        # (np.count_nonzero: a C call; ndarray.any() costs a ufunc reduction, 5 us a call here)
+        hit = set(lc[ids[was]].tolist()) if np.count_nonzero(was) else set()
+        fresh = binds & ~was
+        if np.count_nonzero(fresh):
+            for m in self._on_links(ids[fresh], b.seq):
+                hit.add(m.comp.cid)
         hit.discard(-1)
+        self._register(b)
         if not hit:
             self._cid += 1
             comp = _Comp(self._cid, {})
@@ -1131,8 +1145,10 @@ class FlowNetwork:
             for other in comps:
                 if other is comp:
                     continue
-                # the merged component keeps the joining order of both
-                lc[np.concatenate([m.cf.link_ids for m in other.members])] = comp.cid
+                # the merged component keeps the joining order of both; the other's binding
+                # links point at it now
+                o_ids = np.concatenate([m.cf.link_ids for m in other.members])
+                lc[o_ids[lc[o_ids] == other.cid]] = comp.cid
                 comp.members.update(other.members)
                 for m in other.members:
                     m.comp = comp
@@ -1140,62 +1156,110 @@ class FlowNetwork:
                 self._changed.pop(other, None)
             if len(comps) > 1:
                 comp.members = dict(sorted(comp.members.items(), key=lambda kv: kv[0].seq))
-        lc[ids] = comp.cid
+        if np.count_nonzero(binds):
+            lc[ids[binds]] = comp.cid
         comp.members[b] = None
         b.comp = comp
         self._changed[comp] = None
 
+    def _register(self, b: _CoBatch) -> None:
+        """Add a joining coflow's links to the (link, seq) table."""
+        ids = b.cf.link_ids
+        k = ids.size
+        self._by_seq[b.seq] = b
+        if self._inc_n + k > self._inc_link.size:
+            live = [m for m in self._running if m is not b]
+            need = max(1024, 2 * (self._inc_live + k))
+            if need > self._inc_link.size:
+                self._inc_link = np.empty(need, dtype=np.int64)
+                self._inc_seq = np.empty(need, dtype=np.int64)
+            n = 0
+            if live:
+                links = np.concatenate([m.cf.link_ids for m in live])
+                n = links.size
+                self._inc_link[:n] = links
+                self._inc_seq[:n] = np.repeat([m.seq for m in live], [m.cf.link_ids.size for m in live])
+            self._inc_n = n
+        n = self._inc_n
+        self._inc_link[n:n + k] = ids
+        self._inc_seq[n:n + k] = b.seq
+        self._inc_n = n + k
+        self._inc_live += k
+
+    def _on_links(self, links: np.ndarray, seq: int) -> list[_CoBatch]:
+        """The running coflows other than the joining one (seq, not yet registered) that cross
+        any of these links, which it has joined."""
+        by_seq = self._by_seq
+        two = self._link_n[links] == 2
+        # a link it shares with one other coflow names that one: its XOR less the joiner's seq
+        out = dict.fromkeys((self._link_xor[links[two]] ^ seq).tolist())
+        more = links[~two]
+        if more.size:
+            n = self._inc_n
+            mark = self._link_mark
+            mark[more] = True
+            hit = mark[self._inc_link[:n]]
+            mark[more] = False
+            out.update(dict.fromkeys(np.unique(self._inc_seq[:n][hit]).tolist()))
+        return [by_seq[q] for q in out if q in by_seq]
+
     def _leave(self, gone: list[_CoBatch]) -> None:
         """Take finished coflows out of their components; split what is left where it falls apart."""
         by_comp: dict[_Comp, list[_CoBatch]] = {}
+        demand, count, xor = self._demand, self._link_n, self._link_xor
         for b in gone:
             by_comp.setdefault(b.comp, []).append(b)
             b.comp = None
             b.done = True
             del self._running[b]
+            del self._by_seq[b.seq]
+            ids = b.cf.link_ids
+            self._inc_live -= ids.size
+            xor[ids] ^= b.seq
+            n = count[ids] - 1
+            count[ids] = n
+            load = demand[ids] - b.cf.link_demand
+            load[n == 0] = 0.0  # no drift left from the running sums
+            demand[ids] = load
         lc = self._link_comp
         for comp, left in by_comp.items():
             for b in left:
                 del comp.members[b]
-            rest = list(comp.members)
-            if len(rest) <= 1:
-                for b in left:
-                    lc[b.cf.link_ids] = -1
-                if rest:
-                    lc[rest[0].cf.link_ids] = comp.cid
-                    self._changed[comp] = None
-                else:
-                    del self._comps[comp.cid]
-                    self._changed.pop(comp, None)
-                continue
-            self._split(comp, rest, left)
-
-    def _split(self, comp: _Comp, rest: list[_CoBatch], left: list[_CoBatch]) -> None:
-        lc = self._link_comp
-        if len(rest) <= _SPLIT_BITSET_MAX:
-            n_sub, labels = _bit_components([_cf_bits(m.cf) for m in rest])
             for b in left:
-                lc[b.cf.link_ids] = -1
-            self._changed[comp] = None
-            if n_sub == 1:
-                for m in rest:
-                    lc[m.cf.link_ids] = comp.cid
-                return
-            ids = owner = label = None
-        else:
-            sizes = np.fromiter((m.cf.link_ids.size for m in rest), dtype=np.int64, count=len(rest))
-            ids = np.concatenate([m.cf.link_ids for m in rest])
-            owner = np.repeat(np.arange(len(rest)), sizes)
-            order = np.argsort(ids, kind="stable")
-            ids_s, own_s = ids[order], owner[order]
-            same = ids_s[1:] == ids_s[:-1]
-            n_sub, label = _components(len(rest), own_s[:-1][same], own_s[1:][same])
-            lc[np.concatenate([b.cf.link_ids for b in left])] = -1
-            self._changed[comp] = None
-            if n_sub == 1:
-                lc[ids] = comp.cid
-                return
-            labels = label.tolist()
+                lc[b.cf.link_ids] = -1  # links still binding are pointed at again below
+            rest = list(comp.members)
+            if not rest:
+                del self._comps[comp.cid]
+                self._changed.pop(comp, None)
+                continue
+            self._split(comp, rest)
+
+    def _split(self, comp: _Comp, rest: list[_CoBatch]) -> None:
+        """Re-point the binding links of ``rest`` (what is left of ``comp``) and split it into the
+        parts its binding links still connect."""
+        lc = self._link_comp
+        self._changed[comp] = None
+        if len(rest) == 1:
+            ids = rest[0].cf.link_ids
+            lc[ids] = np.where(self._demand[ids] > self._bind_at[ids], comp.cid, -1)
+            return
+        sizes = np.fromiter((m.cf.link_ids.size for m in rest), dtype=np.int64, count=len(rest))
+        ids = np.concatenate([m.cf.link_ids for m in rest])
+        owner = np.repeat(np.arange(len(rest)), sizes)
+        binds = self._demand[ids] > self._bind_at[ids]
+        lc[ids[~binds]] = -1
+        b_ids, b_own = ids[binds], owner[binds]
+        # union-find over the binding links (few: most links have room for all their coflows)
+        parent = list(range(len(rest)))
+        first: dict[int, int] = {}
+        for l, i in zip(b_ids.tolist(), b_own.tolist()):
+            j = first.setdefault(l, i)
+            if j != i:
+                _join_roots(parent, i, j)
+        n_sub, labels = _labels(parent)
+        if n_sub == 1:
+            lc[b_ids] = comp.cid
+            return
         # the largest part keeps the component's id; the others become new components
         counts = [0] * n_sub
         for k in labels:
@@ -1217,11 +1281,7 @@ class FlowNetwork:
         cid_of = np.full(n_sub, comp.cid, dtype=np.int64)
         for k, part in parts.items():
             cid_of[k] = part.cid
-        if ids is None:
-            for m, k in zip(rest, labels):
-                lc[m.cf.link_ids] = cid_of[k]
-        else:
-            lc[ids] = cid_of[label[owner]]
+        lc[b_ids] = cid_of[np.asarray(labels, dtype=np.int64)[b_own]]
 
     def _settle_incremental(self) -> None:
         now = self._env.now
