@@ -53,9 +53,17 @@ def test_sigkilled_capture_leaves_no_rank_no_bundle_and_no_debris(tmp_path):
         # mp.spawn also starts a resource tracker; ranks are the ones importing torch.
         time.sleep(0.2)
     assert launcher.poll() is None, "the capture ended before it could be killed"
-    time.sleep(3)  # let the ranks reach their collectives
+    # Kill once both ranks run their own code: each opens its stderr log in the temporary folder
+    # right after asking the kernel for SIGTERM on its launcher's death. (A fixed 3 s was not
+    # enough with the suite's other worker busy: the ranks were still importing torch, and took
+    # over 30 s to get there and notice.)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(tmp_path.glob(".bundle.capture-*/rank*.stderr.log"))) < 2:
+        time.sleep(0.2)
+    assert len(list(tmp_path.glob(".bundle.capture-*/rank*.stderr.log"))) == 2, "the ranks never started"
+    time.sleep(1)  # into their collectives
     ranks |= _children(launcher.pid)
-    assert list(tmp_path.glob(".bundle.capture-*")), "no temporary folder while capturing"
+    assert launcher.poll() is None, "the capture ended before it could be killed"
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
     deadline = time.monotonic() + 30
