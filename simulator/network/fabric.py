@@ -1116,6 +1116,20 @@ class FlowNetwork:
         # binding links only: in full mode most links a DP ring shares with a PP send have room
         # for both, and components over every shared link grew with the world (4.5x larger at
         # 1,024 GPUs, members weighted; 28 % of the run at 8,192 GPUs went to re-solving them).
+        if not np.count_nonzero(self._link_n[ids]):
+            # Alone on every link (half the joins in reduced mode): nothing to merge, and it binds
+            # no link, its ceiling being its isolated rate on these links. A link without running
+            # coflows holds demand 0.0 and XOR 0 exactly (see _leave), so these are the sums.
+            self._demand[ids] = dem
+            self._link_n[ids] = 1
+            self._link_xor[ids] = b.seq
+            self._register(b)
+            self._cid += 1
+            comp = _Comp(self._cid, {b: None})
+            self._comps[comp.cid] = comp
+            b.comp = comp
+            self._changed[comp] = None
+            return
         bind_at = self._bind_at[ids]
         load = self._demand[ids]
         was = load > bind_at
@@ -1215,9 +1229,13 @@ class FlowNetwork:
             del self._by_seq[b.seq]
             ids = b.cf.link_ids
             self._inc_live -= ids.size
-            xor[ids] ^= b.seq
             n = count[ids] - 1
             count[ids] = n
+            if not np.count_nonzero(n):  # it was alone on every link: they hold nothing now
+                demand[ids] = 0.0
+                xor[ids] = 0
+                continue
+            xor[ids] ^= b.seq
             load = demand[ids] - b.cf.link_demand
             load[n == 0] = 0.0  # no drift left from the running sums
             demand[ids] = load
@@ -1225,8 +1243,10 @@ class FlowNetwork:
         for comp, left in by_comp.items():
             for b in left:
                 del comp.members[b]
-            for b in left:
-                lc[b.cf.link_ids] = -1  # links still binding are pointed at again below
+            if len(left) > 1 or comp.members:
+                # (a component of one coflow has no binding link: a link binds only with two on it)
+                for b in left:
+                    lc[b.cf.link_ids] = -1  # links still binding are pointed at again below
             rest = list(comp.members)
             if not rest:
                 del self._comps[comp.cid]
