@@ -711,13 +711,10 @@ def pipeline_fill_us(g: Graph, algo: str, proto: str, op: str, size: float, n: i
     return sum(hops) - max(hops), unit, float(len(hops) - 1)
 
 
-def _launch_shape(g: Graph, algo: str, proto: str, op: str, size: float, n: int, gen: int) -> tuple[int, int]:
-    """§3.7: channels (CTAs) and threads per CTA NCCL launches for this size."""
-    return _launch_shape_of(g.runtime_ch, algo, proto, op, size, n, gen)
-
-
 @lru_cache(maxsize=1 << 16)  # pure, and of the graph only its runtime channels (see chunking)
-def _launch_shape_of(runtime_ch: int, algo: str, proto: str, op: str, size: float, n: int, gen: int) -> tuple[int, int]:
+def _launch_shape(runtime_ch: int, algo: str, proto: str, op: str, size: float, n: int, gen: int) -> tuple[int, int]:
+    """§3.7: channels (CTAs) and threads per CTA NCCL launches for this size, with the graph's
+    runtime channels."""
     if algo.startswith("nvls"):
         return NVLS_CHANNELS[gen], 640
     nt = 640 if algo in ("tree", "pat") else MAX_THREADS[proto]
@@ -811,7 +808,7 @@ class NcclModel:
                 g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
                 t, lat, bw = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, e[0], e[1], g.runtime_ch)
                 rank = t if o is e else algo_time_us(self.system, top, size, n, n_nodes, algo, proto, o[0], o[1], g.runtime_ch)[0]
-                nc, nt = _launch_shape(g, algo, proto, top, size, n, self.system.gen)
+                nc, nt = _launch_shape(g.runtime_ch, algo, proto, top, size, n, self.system.gen)
                 if tn.cta_bound_intra and n_nodes == 1 and algo in ("ring", "tree") and nc < g.runtime_ch:
                     # Inside one node the SMs copy over NVLink, each CTA its channel's share: with
                     # nc of the runtime channels launched (§3.7) the bandwidth is nc/runtime of
