@@ -118,6 +118,12 @@ class ParallelConfig(BaseModel):
     dp: int | None = Field(None, ge=1, le=MAX_GPUS, description="Data-parallel size; derived as gpus / (tp*cp*pp) when omitted.")
     zero: int = Field(1, ge=0, le=3, description="ZeRO stage: 0 DDP, 1 sharded optimizer, 2 + gradients, 3 + parameters (FSDP).")
     sequence_parallel: bool = Field(True, description="Megatron sequence parallelism: all-gather / reduce-scatter instead of all-reduce.")
+    async_tp: bool = Field(
+        False,
+        description="Async (micro-pipelined) TP, torchtitan's enable_async_tensor_parallel (torch symmetric memory, "
+        "needs sequence_parallel): each all-gather -> GEMM and GEMM -> reduce-scatter runs as tp chunks whose P2P "
+        "copies on the copy engines overlap the other chunks' GEMMs.",
+    )
     mesh_order: str = Field("tp-cp-ep-dp-pp", description="Placement order of the mesh on GPU ids, innermost first.")
     pp_layer_split: list[int] | None = Field(
         None, description="Layers per pipeline position (pp*vpp entries); default spreads them, first/last fewer."
@@ -422,6 +428,11 @@ class Scenario(BaseModel):
             raise UserError(f"ring attention splits each rank's {b.seq_length // p.cp} tokens in two chunks: use an even seq_length/cp")
         if b.seq_length % p.cp:
             raise UserError(f"cp={p.cp} does not divide seq_length={b.seq_length}: use a seq_length multiple of {p.cp}")
+        if p.async_tp and p.tp > 1 and not p.sequence_parallel:
+            raise UserError(
+                "async_tp pipelines the sequence-parallel all-gathers and reduce-scatters, but sequence_parallel is off: "
+                "set parallelism.sequence_parallel true (--sequence-parallel) or async_tp false"
+            )
         if p.sequence_parallel and p.tp > 1 and (b.seq_length // p.cp) % p.tp:
             raise UserError(
                 f"sequence_parallel needs tp={p.tp} to divide seq_length/cp={b.seq_length // p.cp}: change seq_length or use --no-sequence-parallel"

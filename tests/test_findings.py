@@ -87,3 +87,20 @@ def test_tp_group_crossing_nodes_is_named():
     # within a node there is no such finding
     rep8 = attach(simulate(build_scenario(dict(BASE, parallelism={"tp": 8, "pp": 1, "zero": 1}))), budget_s=0).report
     assert "slow-link" not in _kinds(rep8)
+
+
+def test_exposed_tp_inside_a_node_suggests_async_tp_and_simulates_it():
+    sc = build_scenario(dict(BASE, parallelism={"tp": 8, "pp": 1, "zero": 1}))
+    res = simulate(sc)
+    rep = attach(res, budget_s=30).report
+    f = _kinds(rep)["tp"]
+    assert f["value"] == pytest.approx(res.report.exposed_comm_s["tp"] / res.report.step_time_s)
+    (s,) = f["suggestions"]
+    assert s["overrides"] == {"parallelism.async_tp": True} and s["simulated"]
+    assert s["predicted_step_s"] < rep.step_time_s
+    assert "Async TP" in f["message"] and NUMBER.search(f["message"])
+    # asked for already, or with nothing exposed: no such finding
+    on = attach(simulate(build_scenario(dict(BASE, parallelism={"tp": 8, "pp": 1, "zero": 1, "async_tp": True}))), budget_s=0)
+    assert "tp" not in _kinds(on.report)
+    tp1 = dict(BASE, parallelism={"tp": 1, "pp": 1, "zero": 1}, batch=dict(BASE["batch"], global_batch_size=64))
+    assert "tp" not in _kinds(attach(simulate(build_scenario(tp1)), budget_s=0).report)

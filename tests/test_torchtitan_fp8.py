@@ -98,3 +98,45 @@ def test_fsdp_float8_all_gather_bytes():
     assert ag == sorted({round(prog.unit_gather_bytes[L]) for L in (-1, 0, 32)})
     # bf16 all-gather (no FP8 gather): the generic parameter bytes.
     assert simulate(_sc(fp8={"recipe": "tensorwise"})).program.unit_gather_bytes == {}
+
+
+def _tp_ops(recipe="tensorwise", recompute="selective-op", framework="torchtitan", tp=8):
+    sc = _sc(fp8={"recipe": recipe}, recompute=recompute, framework=framework,
+             parallelism={"tp": tp, "dp": 1, "zero": 1, "sequence_parallel": True})
+    lo = build_layer_ops(sc)["dense"]
+    i_ops, _ = lo.backward()
+    return {o.name: o for o in lo.forward}, {o.name: o for o in i_ops}
+
+
+def test_float8_tensor_parallel_gathers_fp8_and_casts_the_shard():
+    # torchao float8_tensor_parallel.py: PrepareFloat8ModuleInput casts the block input on its
+    # sequence shard, then all-gathers e4m3 (1 B); Float8RowwiseParallel's output gradient is cast
+    # to e5m2 before its backward all-gather (1 B); reduce-scatters stay bf16 (2 B).
+    tp = 8
+    fwd, bwd = _tp_ops(tp=tp)
+    for gather, scatter in (("attn_in", "attn_out"), ("mlp_in", "mlp_out")):
+        assert fwd[gather].comm.size_bytes == T * H
+        assert bwd[gather + ".bwd"].comm.op == "reduce_scatter" and bwd[gather + ".bwd"].comm.size_bytes == 2 * T * H
+        assert fwd[scatter].comm.size_bytes == 2 * T * H
+        assert bwd[scatter + ".bwd"].comm.op == "all_gather" and bwd[scatter + ".bwd"].comm.size_bytes == T * H
+    names = list(fwd)
+    assert names.index("qkv_proj.fp8_cast") < names.index("attn_in") < names.index("qkv_proj")  # cast, then gather
+    # the block-input casts see T / tp tokens; the row-parallel inputs are local and whole
+    k = SHAPES["qkv_proj"][0]
+    full, _ = _tp_ops(framework="generic", tp=tp)
+    assert full["qkv_proj.fp8_cast"].bytes - fwd["qkv_proj.fp8_cast"].bytes == pytest.approx(5 * (T - T // tp) * k)
+    assert full["attn_out_proj.fp8_cast"].bytes == fwd["attn_out_proj.fp8_cast"].bytes
+    # rowwise float8 keeps regular (bf16) TP in torchtitan
+    base, _ = _tp_ops(recipe="rowwise", tp=tp)
+    assert base["attn_in"].comm.size_bytes == 2 * T * H and base["attn_in"].comm.bwd_size_bytes is None
+
+
+@pytest.mark.parametrize("framework,recompute,regather", [
+    ("torchtitan", "full", False), ("torchtitan", "none", False), ("torchtitan", "selective-op", True),
+    ("generic", "full", True), ("megatron-2021", "none", True),
+])
+def test_the_sp_input_is_gathered_again_only_where_nothing_kept_it(framework, recompute, regather):
+    sc = _sc(dtype="bf16", recompute=recompute, framework=framework,
+             parallelism={"tp": 8, "dp": 1, "zero": 1, "sequence_parallel": True})
+    i_ops, _ = build_layer_ops(sc)["dense"].backward()
+    assert any(o.name.endswith(".input_regather") for o in i_ops) == regather

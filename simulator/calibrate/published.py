@@ -321,8 +321,9 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
         notes.append("H100 96GB HBM2e 500 W run on the H100 SXM 80GB profile (no sourced spec; optimistic)")
     if compile_cell != "yes":
         notes.append("eager kernels (torchtitan default compile off where not stated): RMSNorm, SwiGLU, RoPE unfused")
-    if row["async_tp"].strip() == "yes":
-        notes.append("async TP overlap not modelled (TP collectives block)")
+    async_tp = row["async_tp"].strip() == "yes"
+    if async_tp:
+        notes.append("async TP: micro-pipelined all-gather/reduce-scatter GEMMs (torch symmetric memory)")
     if cp > 1:
         notes.append("CP: K/V all-gathered (torchtitan's default rotate method)")
     model_ranks = tp * pp * cp
@@ -331,7 +332,7 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
         "name": row["table"],
         "model": model,
         "parallelism": {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": 3, "sequence_parallel": tp > 1,
-                        "cp_attention": "allgather", "overlap_grad_reduce": True},
+                        "async_tp": async_tp and tp > 1, "cp_attention": "allgather", "overlap_grad_reduce": True},
         # FSDP: every DP rank takes local_batch sequences; a pipeline splits them into
         # microbatches of one sequence (torchtitan's default n_microbatches = pp stages).
         "batch": {"micro_batch_size": 1 if pp > 1 else local, "global_batch_size": local * dp, "seq_length": seq},

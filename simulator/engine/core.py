@@ -544,7 +544,7 @@ class Engine:
             # An instruction may chain collectives; they run back to back on this stream. Its
             # NCCL kernel holds SMs from launch (waiting for peers included) to completion.
             for i, (dim, op, size_bytes) in enumerate(ins.steps):
-                ctas = collective_ctas(op)
+                ctas = ins.sms if i == 0 else collective_ctas(op)
                 if not (counted and i == 0):
                     self._take_sms(rank, ctas)
                 yield self._collective(rank, dim, op, size_bytes)
@@ -688,7 +688,7 @@ class Engine:
             elif t is Collective:
                 if ins.handle >= 0:
                     ev = handles[ins.handle] = env.event()
-                    self._issue(rank, ins.stream, (ins, ev, code), collective_ctas(ins.steps[0][1]))
+                    self._issue(rank, ins.stream, (ins, ev, code), ins.sms)
                     continue
                 dim, op, size_bytes = ins.steps[0]
                 t0 = env.now
@@ -701,7 +701,7 @@ class Engine:
                     row_code(code); row_rank(rank); row_t0(t0); row_t1(env.now)
                 else:
                     ev = env.event()
-                    self._issue(rank, ins.stream, (ins, ev, code), collective_ctas(ins.steps[0][1]))
+                    self._issue(rank, ins.stream, (ins, ev, code), ins.sms)
                     yield ev
                 now = env.now
                 exposed[base_dim_of[dim]] += now - t0

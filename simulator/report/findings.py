@@ -9,7 +9,8 @@ concrete changes (scenario overrides) with their predicted effect:
 - stage imbalance: the ``pp_layer_split`` that minimises the slowest stage, from the program's
   per-layer compute times;
 - TP, CP or EP groups that cross the node's NVLink domain onto NICs;
-- exposed DP communication: bucket size, overlap, FSDP prefetch.
+- exposed DP communication: bucket size, overlap, FSDP prefetch;
+- exposed TP communication inside a node: async (micro-pipelined) TP.
 
 Time predictions come from re-simulating the suggestion with the library's ``simulate`` when that
 is cheap (the original simulation's wall time times the number of suggestions fits
@@ -36,6 +37,7 @@ BUBBLE_SHARE = 0.10  # pipeline bubble (imbalance excluded)
 IMBALANCE_SHARE = 0.03  # slowest stage's compute over the mean, beyond which a re-split is proposed
 NO_GAIN_SHARE = 0.002  # a simulated step shorter by less than this is no gain: the suggestion is not advised
 DP_SHARE = 0.03  # exposed dp communication
+TP_SHARE = 0.03  # exposed tp communication inside the NVLink domain (async TP)
 SLOW_LINK_SHARE = 0.01  # exposed comm of a dimension whose groups cross nodes
 RESIM_BUDGET_S = 20.0  # wall time the re-simulations of one report may take in all
 
@@ -352,6 +354,41 @@ def slow_link_findings(result: "SimulationResult") -> list[Finding]:
     return out
 
 
+def tp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
+    """Exposed TP communication the GEMMs could hide: async TP overlaps each sequence-parallel
+    all-gather / reduce-scatter with chunks of its GEMM (TP groups across nodes are
+    slow_link_findings' case: the fix there is the placement)."""
+    rep = result.report
+    p = result.scenario.parallelism
+    exposed = rep.exposed_comm_s.get("tp", 0.0)
+    if p.tp < 2 or p.async_tp or exposed < TP_SHARE * rep.step_time_s:
+        return None
+    node = result.topology.node
+    g = result.program.mesh.groups("tp")[0]
+    if len(set((np.asarray(g) // node.gpus_per_node).tolist())) > 1:
+        return None
+    over: dict[str, Any] = {"parallelism.async_tp": True}
+    label = "async_tp=true"
+    if not p.sequence_parallel:
+        over["parallelism.sequence_parallel"] = True
+        label = "sequence_parallel=true, async_tp=true"
+    if not budget.valid(over):
+        return None
+    rep2 = budget.simulate(over)
+    s = _fill(Suggestion(label, over), rep2)
+    exposed2 = getattr(rep2, "exposed_comm_s", None)
+    if exposed2 is not None:
+        s.note = f"exposed tp {exposed2.get('tp', 0.0):.3f} s"
+    head = (f"exposed TP communication: {exposed:.3f} s ({exposed / rep.step_time_s:.1%} of the step) inside the NVLink "
+            f"domain, the compute stream waiting on tp={p.tp} collectives. ")
+    if s.simulated and s.predicted_step_s is not None and s.predicted_step_s > rep.step_time_s * (1 - NO_GAIN_SHARE):
+        msg = head + f"Async TP does not shorten the step: {_sim_text(s, rep.step_time_s)}."
+    else:
+        msg = (head + "Async TP (torchtitan enable_async_tensor_parallel with torch.compile) overlaps each "
+               f"all-gather / reduce-scatter with chunks of its GEMM: {_sim_text(s, rep.step_time_s)}.")
+    return Finding("tp", msg, exposed / rep.step_time_s, [s])
+
+
 def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     rep = result.report
     sc = result.scenario
@@ -396,7 +433,7 @@ def find(result: "SimulationResult", budget_s: float = RESIM_BUDGET_S) -> list[F
         return []
     budget = _Budget(result, budget_s)
     out: list[Finding] = []
-    for check in (memory_finding, imbalance_finding, bubble_finding, dp_finding):
+    for check in (memory_finding, imbalance_finding, bubble_finding, tp_finding, dp_finding):
         f = check(result, budget)
         if f is not None:
             out.append(f)

@@ -31,14 +31,21 @@ class Comm:
     """A collective on the compute path (tp, cp or ep).
 
     Blocking by default. An ``overlap`` collective runs while the next compute segment does;
-    the compute stream waits for it before it issues its next collective or ends the action
-    (ring attention's K/V passing, overlapped MoE dispatch).
+    the compute stream waits for it before it issues its next collective, at a ``JOIN`` or at
+    the end of the action (ring attention's K/V passing, overlapped MoE dispatch, async TP).
+    ``copy_engine``: moved by the GPU's copy engines (P2P copies through symmetric memory, as
+    torch's micro-pipelined TP does), so it holds no SMs the compute it overlaps could use.
     """
 
     dim: str
     op: str
     size_bytes: float
     overlap: bool = False
+    copy_engine: bool = False
+    # Bytes of its conjugate in backward where they differ (torchao Float8 TP: the forward
+    # all-gather moves FP8 activations, its backward reduce-scatter bf16 gradients).
+    bwd_size_bytes: float | None = None
+
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,10 @@ class LayerOps:
             if op.comm is not None:
                 conj = CONJUGATE.get(op.comm.op)
                 if conj is not None:
-                    i_ops.append(replace(op, name=op.name + ".bwd", phase="I", comm=replace(op.comm, op=conj)))
+                    c = op.comm
+                    size = c.size_bytes if c.bwd_size_bytes is None else c.bwd_size_bytes
+                    i_ops.append(replace(op, name=op.name + ".bwd", phase="I",
+                                         comm=replace(c, op=conj, size_bytes=size, bwd_size_bytes=None)))
                 continue
             if op.op_class == "gemm":
                 k = op.kernel
@@ -415,9 +425,12 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     if sc.framework == "torchtitan" and not sc.torch_compile:
         attn = torchtitan_eager_extras(attn, Tn, h, dt)
         mlp = torchtitan_eager_extras(mlp, Tn, h, dt)
+    if sp and fp8 and recipe == "tensorwise" and sc.framework == "torchtitan":
+        act_f = fp8_cast_bytes_per_elem(recipe, nmb, sc)[0]
+        attn, mlp = float8_tensorwise_tp(attn, T, Tn, h, act_f), float8_tensorwise_tp(mlp, T, Tn, h, act_f)
     layers: dict[str, LayerOps] = {}
-    dense = LayerOps("dense", attn + mlp, sp_regather=sp, tp_norm_grad_bytes=2 * norm_params * 4.0 if sp else 0.0,
-                     grad_accum_bytes_per_param=acc_bpp)
+    dense = LayerOps("dense", attn + mlp, sp_regather=sp and sp_regathers_input(sc),
+                     tp_norm_grad_bytes=2 * norm_params * 4.0 if sp else 0.0, grad_accum_bytes_per_param=acc_bpp)
     dense.params = sum(o.params for o in dense.forward)
     layers["dense"] = dense
 
@@ -731,6 +744,54 @@ def total_parameters(sc: Scenario) -> float:
     per_layer = [kinds["moe" if m.is_moe and L >= m.num_dense_layers else "dense"].params for L in range(m.num_layers)]
     # With pp=1 a tied LM head shares the embedding's matrix, so the head counts its norm only.
     return kinds["embedding"].params + sum(per_layer) + kinds["head"].params
+
+
+def sp_regathers_input(sc: Scenario) -> bool:
+    """Whether a column-parallel GEMM's weight gradient gathers its sequence-parallel input again
+    in backward. Megatron keeps only its 1/tp slice and re-gathers it
+    (LinearWithGradAccumulationAndAsyncCommunication.backward). torchtitan's DTensor TP feeds the
+    gathered tensor to F.linear, whose autograd saves it: nothing to gather again, unless
+    activation checkpointing dropped it. Full AC reruns the forward's gather with the layer (in
+    the recomputed ops already); torchtitan's per-op SAC saves mm, SDPA and reduce-scatter
+    outputs, not the all-gather's (0.1.0 parallelize.py _save_list), so it is gathered again."""
+    if sc.framework != "torchtitan":
+        return True
+    return sc.recompute == "selective-op"
+
+
+def float8_tensorwise_tp(ops: list[Op], T: int, Tn: int, h: int, act_f: float) -> list[Op]:
+    """torchao Float8 tensor parallelism, as torchtitan applies it with tensorwise float8
+    (0.1.0 models/llama3/infra/parallelize.py apply_tp, enable_float8_tensorwise_tp; torchao
+    0.12 float8/float8_tensor_parallel.py):
+    - PrepareFloat8ModuleInput casts the attention / feed-forward input to e4m3 on its sequence
+      shard (Tn tokens), then redistributes it: the sequence-parallel all-gather moves 1 byte an
+      element, and the one cast serves every column-parallel linear of the block (fused here);
+    - Float8RowwiseParallel reduce-scatters the bf16 output, and NoopFwToFloat8BwDynamic casts
+      its gradient to e5m2 before the redistribute's backward: the backward all-gather of
+      gradients moves 1 byte an element, the backward reduce-scatter of input gradients bf16.
+    The cast moves before the gather (on the shard, ``act_f`` bytes an element less for the T - Tn
+    tokens it no longer sees); everything else is the ops as built."""
+    out: list[Op] = []
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        c = op.comm
+        if c is not None and c.dim == "tp" and c.op == "all_gather" and i + 2 < len(ops) \
+                and ops[i + 1].name.endswith(".fp8_cast") and ops[i + 2].op_class == "gemm":
+            cast, g = ops[i + 1], ops[i + 2]
+            k = g.kernel.k if g.kernel is not None else h
+            out.append(replace(cast, bytes=cast.bytes - (T - Tn) * k * act_f))
+            out.append(replace(op, comm=replace(c, size_bytes=float(T * h), bwd_size_bytes=c.size_bytes)))
+            out.append(g)
+            i += 3
+            continue
+        if c is not None and c.dim == "tp" and c.op == "reduce_scatter":
+            out.append(replace(op, comm=replace(c, bwd_size_bytes=float(T * h))))
+            i += 1
+            continue
+        out.append(op)
+        i += 1
+    return out
 
 
 def fp8_cast_bytes_per_elem(recipe: str, num_microbatches: int, sc: Scenario) -> tuple[float, float, float, float]:

@@ -36,6 +36,11 @@ from simulator.vocabulary import CollectiveOp, Dim, Stream
 
 Step = tuple[Dim, CollectiveOp, float]  # (group dimension, op, nccl-tests size in bytes)
 
+# Not a collective: a Comm with this op closes a segment where the compute stream waits for the
+# overlapped collectives in flight (async TP: the last GEMM chunk needs the last shard, the
+# reduction every partial).
+JOIN = "join"
+
 
 @dataclass(slots=True)
 class Recv:
@@ -77,6 +82,14 @@ class Collective:
     layer: int = -1
     row_bytes: float = 0.0
     action: Action | None = None  # the action a blocking collective belongs to
+    # SMs its kernel holds while it runs: -1 = NCCL's for its first op (collective_ctas); 0 for
+    # copies on the copy engines (async TP's P2P copies through symmetric memory)
+    ctas: int = -1
+
+    @property
+    def sms(self) -> int:
+        """SMs the first step's kernel holds while in flight."""
+        return self.ctas if self.ctas >= 0 else collective_ctas(self.steps[0][1])
 
     @property
     def blocking(self) -> bool:
@@ -322,7 +335,7 @@ def linear_replay(instrs, coll_time, sm_count: int | None = None, contention_sca
             begin = max(now, stream_free.get(ins.stream, 0.0))
             end = begin + dur
             if sm_count and ins.handle >= 0:
-                running.append((begin, end, collective_ctas(ins.steps[0][1])))
+                running.append((begin, end, ins.sms))
             stream_free[ins.stream] = end
             if ins.handle < 0:
                 b = ins.steps[0][0].base
@@ -366,10 +379,13 @@ def _template(seg) -> list[tuple]:
         for j in range(len(seg.compute_s)):
             comm = seg.comm[j]
             c_info = None
-            if comm is not None:
+            if comm is not None and comm.op == JOIN:
+                c_info = JOIN
+            elif comm is not None:
                 dim = Dim(comm.dim)
                 c_info = (dim.value, Stream(dim), ((dim, CollectiveOp(comm.op), comm.size_bytes),), f"{comm.op} {seg.label[j]}",
-                          comm.overlap, comm.size_bytes, Wait(-1, dim.base, f"overlapped {dim} communication"))
+                          comm.overlap, comm.size_bytes, Wait(-1, dim.base, f"overlapped {dim} communication"),
+                          0 if comm.copy_engine else -1)
             tpl.append((float(seg.compute_s[j]), seg.label[j], int(seg.layer[j]), c_info))
         seg._plan_template = tpl
     return tpl
@@ -379,7 +395,7 @@ def emit_action(out: list, seg, a: Action, blocking: bool, new_handle, idx: int 
     """The instructions of one action: its segments' compute and collectives.
 
     A blocking collective stops the compute stream; an ``overlap`` one runs beside the next
-    segment and is joined before the next collective or at the action's end; in an overlapped
+    segment and is joined before the next collective, at a JOIN or at the action's end; in an overlapped
     F&B pair (``blocking=False``) every collective is joined at the end of its half. ``on_layer``
     runs where a new layer starts (FSDP gathers), ``on_grads`` after each segment's compute
     (gradient buckets)."""
@@ -405,12 +421,14 @@ def emit_action(out: list, seg, a: Action, blocking: bool, new_handle, idx: int 
             for w, h in pending:
                 append(Wait(h, w.dim, w.reason))
             pending.clear()
-        row_kind, stream, step, name, overlap, size, w = c_info
+        if c_info is JOIN:
+            continue
+        row_kind, stream, step, name, overlap, size, w, ctas = c_info
         if blocking and not overlap:
-            append(Collective(stream, step, -1, row_kind, name, mb, stage, lj, size, a))
+            append(Collective(stream, step, -1, row_kind, name, mb, stage, lj, size, a, ctas))
             continue
         h = new_handle()
-        append(Collective(stream, step, h, row_kind, name, mb, stage, lj, size))
+        append(Collective(stream, step, h, row_kind, name, mb, stage, lj, size, None, ctas))
         (pending if blocking else deferred).append((w, h))
     for w, h in pending:
         append(Wait(h, w.dim, w.reason))

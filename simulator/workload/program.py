@@ -23,7 +23,7 @@ from simulator.workload.ops import (Comm, LayerOps, Op, build_layer_ops, fp8_rec
                                    moe_load_factor, op_durations_s, optimizer_time_s)
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
-    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, grad_reduce_bytes, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
+    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, grad_reduce_bytes, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
 )
 
 
@@ -167,6 +167,8 @@ def host_issue_s(profile: Profile, op: Op) -> float:
     """Host time to issue ``op``'s kernels (or its collective's launch) in eager PyTorch: forward
     ops on the Python thread, backward (I/W) ops on the autograd thread."""
     c = profile.compute
+    if op.comm is not None and op.comm.op == JOIN:
+        return 0.0  # a stream wait, no call
     if op.comm is not None and op.comm.op != "identity_ar" and c.host_collective_us > 0:
         return c.host_collective_us * 1e-6
     per_us = c.host_launch_forward_us if op.phase == "F" else c.host_launch_backward_us
@@ -243,6 +245,86 @@ def _gemm_part(op: Op, frac: float, tag: str) -> Op:
                    bytes=op.bytes * frac, params=op.params * frac, kernel=kern)
 
 
+def _gemm_rows(op: Op, rows: int, tag: str) -> Op:
+    """The GEMM on ``rows`` of its M rows (tokens) as its own GEMM: same weight, fewer tokens."""
+    k = op.kernel
+    m = k.m if k is not None and k.kind == "gemm" and k.m > 0 else 0
+    frac = rows / m if m else rows
+    kern = None
+    if m:
+        # element size from the kernel's own byte count (A m x k, B k x n, C m x n)
+        dt = k.bytes / max(1, k.batch * (m * k.k + k.k * k.n + m * k.n))
+        kern = replace(k, m=rows, flops=k.flops * frac, bytes=dt * k.batch * (rows * k.k + k.k * k.n + rows * k.n))
+    return replace(op, name=f"{op.name}.{tag}", exec_flops=op.exec_flops * frac, model_flops=op.model_flops * frac,
+                   bytes=op.bytes * frac, params=op.params * frac, kernel=kern if m else op.kernel)
+
+
+def micro_pipeline_tp(ops: list[Op], tp: int) -> list[Op]:
+    """Async TP (``parallelism.async_tp``): every blocking sequence-parallel all-gather whose
+    output a GEMM consumes, and every GEMM whose output is reduce-scattered, as torch's
+    micro-pipelined TP runs them (torch ``distributed/_symmetric_memory``:
+    ``_pipelined_all_gather_and_consume`` for ``fused_all_gather_matmul``,
+    ``_pipelined_produce_and_all2all`` for ``fused_matmul_reduce_scatter``; torchtitan turns it on
+    with torch.compile's ``_micro_pipeline_tp`` pass). The GEMM is cut into tp chunks of M / tp
+    rows (tokens), each shard or partial moved by a P2P copy on the copy engines (no SMs):
+
+    - all-gather -> GEMM: the local shard is copied into the symmetric buffer (read + write of
+      S / tp bytes), then the local chunk's GEMM runs while the first remote shard is copied,
+      and so on; the last chunk's GEMM waits for the last shard. As ops: the copy, the gather
+      overlapped with tp - 1 chunks' GEMM, a JOIN, the last chunk. Elementwise ops between the
+      gather and the GEMM (a Float8 cast: torchao casts the shard before the gather) go first.
+    - GEMM -> reduce-scatter: the first chunk (a partial for a peer) runs alone, then the
+      transfers overlap the other tp - 1 chunks; after a JOIN the tp partials of this rank's
+      slice are summed (``reduce_fn``: reads S, writes S / tp). Ops between the GEMM and the
+      reduce-scatter run after it.
+
+    The transfers are priced as the collective they replace (the same (tp - 1) / tp of S into
+    every rank over NVLink); the overlapped chunks run as one GEMM of (tp - 1) M / tp rows
+    (torch issues them on two streams so chunk GEMMs overlap each other, which its comments say
+    removes most of the quantization loss). Nothing else changes."""
+    out: list[Op] = []
+    i, n = 0, len(ops)
+    while i < n:
+        op = ops[i]
+        c = op.comm
+        if c is not None and c.dim == "tp" and not c.overlap and c.op == "all_gather":
+            j = i + 1
+            while j < n and ops[j].comm is None and ops[j].op_class != "gemm":
+                j += 1
+            g = ops[j] if j < n else None
+            if g is not None and g.comm is None and g.op_class == "gemm" and g.kernel is not None and g.kernel.m >= tp:
+                m = g.kernel.m
+                last = m // tp
+                out += ops[i + 1 : j]
+                out.append(Op(f"{op.name}.shard_copy", "elementwise", op.phase, bytes=2.0 * c.size_bytes / tp))
+                out.append(replace(op, comm=replace(c, overlap=True, copy_engine=True)))
+                out.append(_gemm_rows(g, m - last, "chunks"))
+                out.append(Op(f"{op.name}.join", "other", op.phase, comm=Comm(c.dim, JOIN, 0.0)))
+                out.append(_gemm_rows(g, last, "last_chunk"))
+                i = j + 1
+                continue
+        if c is None and op.op_class == "gemm" and op.kernel is not None and op.kernel.m >= tp:
+            j = i + 1
+            while j < n and ops[j].comm is None and ops[j].op_class != "gemm":
+                j += 1
+            rs = ops[j].comm if j < n else None
+            if rs is not None and rs.dim == "tp" and not rs.overlap and rs.op == "reduce_scatter":
+                m = op.kernel.m
+                first = m // tp
+                out.append(_gemm_rows(op, first, "first_chunk"))
+                out.append(replace(ops[j], comm=replace(rs, overlap=True, copy_engine=True)))
+                out.append(_gemm_rows(op, m - first, "chunks"))
+                out.append(Op(f"{ops[j].name}.join", "other", op.phase, comm=Comm(rs.dim, JOIN, 0.0)))
+                out.append(Op(f"{ops[j].name}.partials_sum", "elementwise", op.phase,
+                              bytes=rs.size_bytes + rs.size_bytes / tp))
+                out += ops[i + 1 : j]
+                i = j + 1
+                continue
+        out.append(op)
+        i += 1
+    return out
+
+
 def layer_recompute_ops(sc: Scenario, lo: LayerOps, layer: int = 0) -> list[Op]:
     """Forward ops activation checkpointing reruns in a layer's backward."""
     if sc.recompute == "full" or (sc.recompute == "selective-layer" and layer % 2 == 0):
@@ -317,17 +399,30 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
             rec_cache[key] = layer_recompute_ops(sc, layer_kinds[kind], layer)
         return rec_cache[key]
 
+    # Async TP rewrites the op sequences the compute stream runs (forward, recomputation,
+    # input gradients); the layer kinds keep the model's ops (FLOPs, parameters, FSDP units).
+    async_tp = p.async_tp and p.tp > 1 and p.sequence_parallel
+    piped: dict[int, tuple[list[Op], list[Op]]] = {}
+
+    def run_ops(ops: list[Op]) -> list[Op]:
+        if not async_tp:
+            return ops
+        hit = piped.get(id(ops))
+        if hit is None or hit[0] is not ops:
+            hit = piped[id(ops)] = (ops, micro_pipeline_tp(ops, p.tp))
+        return hit[1]
+
     # Every op's duration in one vectorised call (DESIGN rule 2).
     all_ops: list[Op] = []
     for kind, lo in layer_kinds.items():
-        all_ops += lo.forward + bwd[kind][0] + bwd[kind][1]
+        all_ops += run_ops(lo.forward) + run_ops(bwd[kind][0]) + bwd[kind][1]
     seen = {id(o) for o in all_ops}
     for kind in layer_kinds:
         if kind in ("embedding", "head"):
             continue
         for parity in (0, 1):
             # Recomputed parts of a forward op (torchtitan's SAC splits fused projections).
-            all_ops += [o for o in recompute_ops(kind, parity) if id(o) not in seen]
+            all_ops += [o for o in run_ops(recompute_ops(kind, parity)) if id(o) not in seen]
     kernels = [o for o in all_ops if o.comm is None]
     # FP8 GEMMs run on the FP8 tensor cores (op_durations_s); fp8_speedup also refuses a GPU
     # that has none, with one line.
@@ -352,11 +447,11 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         chain += [(kind_of(L), L) for L in layers]
         if pos == P - 1:
             chain.append(("head", m.num_layers))
-        f_ops = [(o, L) for k, L in chain for o in layer_kinds[k].forward]
+        f_ops = [(o, L) for k, L in chain for o in run_ops(layer_kinds[k].forward)]
         i_ops, w_ops, b_ops = [], [], []
         for k, L in reversed(chain):
-            rec = [(o, L) for o in recompute_ops(k, L)] if k not in ("embedding", "head") else []
-            li = [(o, L) for o in bwd[k][0]]
+            rec = [(o, L) for o in run_ops(recompute_ops(k, L))] if k not in ("embedding", "head") else []
+            li = [(o, L) for o in run_ops(bwd[k][0])]
             lw = [(o, L) for o in bwd[k][1]]
             i_ops += rec + li
             w_ops += lw
