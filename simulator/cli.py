@@ -184,6 +184,7 @@ def simulate(
     zero: Optional[int] = typer.Option(None, "--zero", help=f"ZeRO stage: 0 replicated (DDP), 1 + optimizer sharded, 2 + gradients, 3 + parameters (FSDP); {DEFAULT_ZERO_HELP}.", rich_help_panel="Parallelism"),
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism with tp > 1 (default on).", rich_help_panel="Parallelism"),
     async_tp: Optional[bool] = typer.Option(None, "--async-tp/--no-async-tp", help="Async (micro-pipelined) TP, torchtitan's enable_async_tensor_parallel: sequence-parallel gathers and reduce-scatters overlap chunks of their GEMMs (default off).", rich_help_panel="Parallelism"),
+    tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="Megatron's TP communication overlap (Transformer Engine userbuffers): sequence-parallel gathers and reduce-scatters overlap the TP GEMMs (default off).", rich_help_panel="Parallelism"),
     # --- batch
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Sequences per microbatch per data-parallel rank (default 1).", rich_help_panel="Batch"),
     global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size", help="Sequences per optimizer step, all data-parallel ranks together (tokens = this x seq-length). Default: the scenario's; built-in 2048.", rich_help_panel="Batch"),
@@ -238,6 +239,7 @@ def simulate(
         "parallelism.tp": tp, "parallelism.pp": pp, "parallelism.vpp": vpp, "parallelism.cp": cp,
         "parallelism.ep": ep, "parallelism.dp": dp, "parallelism.zero": zero,
         "parallelism.sequence_parallel": sequence_parallel, "parallelism.async_tp": async_tp,
+        "parallelism.tp_comm_overlap": tp_comm_overlap,
         "batch.micro_batch_size": micro_batch_size,
         "batch.global_batch_size": global_batch_size, "batch.seq_length": seq_length,
         "recompute": recompute.value if recompute else None, "schedule": schedule,

@@ -124,6 +124,12 @@ class ParallelConfig(BaseModel):
         "needs sequence_parallel): each all-gather -> GEMM and GEMM -> reduce-scatter runs as tp chunks whose P2P "
         "copies on the copy engines overlap the other chunks' GEMMs.",
     )
+    tp_comm_overlap: bool = Field(
+        False,
+        description="Megatron --tp-comm-overlap (Transformer Engine userbuffers, needs sequence_parallel): ring-exchange "
+        "all-gathers in tp splits on the copy engines, pipelined reduce-scatters in 4 splits on 16 SMs, bulk overlap of "
+        "the backward reduce-scatter with the weight-gradient GEMMs (TE's defaults).",
+    )
     mesh_order: str = Field("tp-cp-ep-dp-pp", description="Placement order of the mesh on GPU ids, innermost first.")
     pp_layer_split: list[int] | None = Field(
         None, description="Layers per pipeline position (pp*vpp entries); default spreads them, first/last fewer."
@@ -428,10 +434,16 @@ class Scenario(BaseModel):
             raise UserError(f"ring attention splits each rank's {b.seq_length // p.cp} tokens in two chunks: use an even seq_length/cp")
         if b.seq_length % p.cp:
             raise UserError(f"cp={p.cp} does not divide seq_length={b.seq_length}: use a seq_length multiple of {p.cp}")
-        if p.async_tp and p.tp > 1 and not p.sequence_parallel:
+        for name in ("async_tp", "tp_comm_overlap"):
+            if getattr(p, name) and p.tp > 1 and not p.sequence_parallel:
+                raise UserError(
+                    f"{name} overlaps the sequence-parallel all-gathers and reduce-scatters, but sequence_parallel is off: "
+                    f"set parallelism.sequence_parallel true (--sequence-parallel) or {name} false"
+                )
+        if p.async_tp and p.tp_comm_overlap:
             raise UserError(
-                "async_tp pipelines the sequence-parallel all-gathers and reduce-scatters, but sequence_parallel is off: "
-                "set parallelism.sequence_parallel true (--sequence-parallel) or async_tp false"
+                "async_tp (torch's micro-pipelined TP) and tp_comm_overlap (Transformer Engine userbuffers) are two ways "
+                "to overlap the same collectives: set one of them false"
             )
         if p.sequence_parallel and p.tp > 1 and (b.seq_length // p.cp) % p.tp:
             raise UserError(

@@ -42,6 +42,7 @@ AGREEMENT_SCENARIOS: list[dict] = [
     scenario("tp2-sp", parallelism={"tp": 2, "zero": 1}),
     scenario("tp8-sp", parallelism={"tp": 8, "zero": 1}),
     scenario("tp8-sp-async", parallelism={"tp": 8, "zero": 1, "async_tp": True}),
+    scenario("tp8-sp-te-overlap", parallelism={"tp": 8, "zero": 1, "tp_comm_overlap": True}),
     scenario("tp4-nosp", parallelism={"tp": 4, "zero": 1, "sequence_parallel": False}),
     scenario("cp2-allgather", seq=4096, parallelism={"cp": 2, "zero": 1}),
     scenario("cp4-ring", seq=8192, parallelism={"cp": 4, "zero": 1, "cp_attention": "ring"}),

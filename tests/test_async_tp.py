@@ -41,7 +41,7 @@ def test_the_pipelined_pair_keeps_the_gemm_flops_and_moves_every_transfer_off_th
     assert gathers and scatters
     comms = [o.comm for o in piped if o.comm is not None and o.comm.op != JOIN]
     assert len(comms) == len(gathers) + len(scatters)
-    assert all(c.overlap and c.copy_engine for c in comms)
+    assert all(c.overlap and c.ctas == 0 for c in comms)
     names = [o.name for o in piped]
     for g in gathers:
         # the last chunk waits for the last shard: a join right before it
@@ -92,7 +92,7 @@ def test_async_tp_without_tensor_parallelism_changes_nothing():
 
 
 def test_async_tp_needs_sequence_parallelism():
-    with pytest.raises(UserError, match=r"async_tp pipelines the sequence-parallel .* set parallelism.sequence_parallel true"):
+    with pytest.raises(UserError, match=r"async_tp overlaps the sequence-parallel .* set parallelism.sequence_parallel true"):
         build_scenario(scenario(async_tp=True, sequence_parallel=False)).check()
 
 
@@ -101,3 +101,34 @@ def test_reduced_and_full_modes_agree_with_async_tp():
     reduced, full = simulate(sc, "reduced").report, simulate(sc, "full").report
     assert full.step_time_s == pytest.approx(reduced.step_time_s, rel=1e-3)
     assert full.exposed_comm_s["tp"] == pytest.approx(reduced.exposed_comm_s["tp"], rel=1e-3, abs=1e-6)
+
+
+def test_te_userbuffers_overlap_as_megatron_configures_it():
+    # TE 1.11 initialize_ub defaults: ring exchange (tp splits, copy engine, 1 SM) before the
+    # column-parallel GEMMs; pipelined reduce-scatter in 4 splits on 16 SMs after the row-parallel
+    # ones; in backward the input-gradient reduce-scatter runs whole beside the weight gradients.
+    sc = build_scenario(scenario(tp_comm_overlap=True))
+    lo = build_layer_ops(sc)["dense"]
+    fwd = {o.name: o for o in micro_pipeline_tp(lo.forward, 8, "te")}
+    assert fwd["attn_in"].comm.ctas == 1 and "attn_in.shard_copy" not in fwd  # the norm writes into the buffer
+    assert fwd["attn_out"].comm.ctas == 16 and "attn_out.partials_sum" not in fwd
+    qkv = next(o for o in lo.forward if o.name == "qkv_proj")
+    out = next(o for o in lo.forward if o.name == "attn_out_proj")
+    assert fwd["attn_out_proj.first_chunk"].kernel.m == out.kernel.m // 4
+    assert fwd["qkv_proj.last_chunk"].kernel.m == qkv.kernel.m // 8
+    i_ops, _ = lo.backward()
+    bwd = micro_pipeline_tp(i_ops, 8, "te")
+    rs = next(o for o in bwd if o.name == "attn_in.bwd")
+    assert rs.comm.overlap and rs.comm.ctas == 16
+    k = [o.name for o in bwd].index("attn_in.bwd")
+    assert bwd[k - 1].name.startswith("qkv_proj.") and "chunk" not in bwd[k - 1].name  # the dgrad GEMM ran whole
+    assert "attn_out.bwd.shard_copy" in [o.name for o in bwd]  # the gradient is copied into the buffer
+    vanilla = simulate(build_scenario(scenario())).report
+    te = simulate(build_scenario(scenario(tp_comm_overlap=True))).report
+    assert te.exposed_comm_s["tp"] < vanilla.exposed_comm_s["tp"] and te.step_time_s < vanilla.step_time_s
+    assert te.step_time_s > vanilla.step_time_s - vanilla.exposed_comm_s["tp"]
+
+
+def test_one_tp_overlap_at_a_time():
+    with pytest.raises(UserError, match=r"async_tp .* and tp_comm_overlap .* set one of them false"):
+        build_scenario(scenario(async_tp=True, tp_comm_overlap=True)).check()

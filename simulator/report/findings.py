@@ -10,7 +10,7 @@ concrete changes (scenario overrides) with their predicted effect:
   per-layer compute times;
 - TP, CP or EP groups that cross the node's NVLink domain onto NICs;
 - exposed DP communication: bucket size, overlap, FSDP prefetch;
-- exposed TP communication inside a node: async (micro-pipelined) TP.
+- exposed TP communication inside a node: async TP (torch) or Megatron's TP comm overlap (TE).
 
 Time predictions come from re-simulating the suggestion with the library's ``simulate`` when that
 is cheap (the original simulation's wall time times the number of suggestions fits
@@ -355,23 +355,28 @@ def slow_link_findings(result: "SimulationResult") -> list[Finding]:
 
 
 def tp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
-    """Exposed TP communication the GEMMs could hide: async TP overlaps each sequence-parallel
-    all-gather / reduce-scatter with chunks of its GEMM (TP groups across nodes are
-    slow_link_findings' case: the fix there is the placement)."""
+    """Exposed TP communication the GEMMs could hide: async TP (or, under Megatron, TE's TP comm
+    overlap) overlaps each sequence-parallel all-gather / reduce-scatter with chunks of its GEMM
+    (TP groups across nodes are slow_link_findings' case: the fix there is the placement)."""
     rep = result.report
     p = result.scenario.parallelism
     exposed = rep.exposed_comm_s.get("tp", 0.0)
-    if p.tp < 2 or p.async_tp or exposed < TP_SHARE * rep.step_time_s:
+    if p.tp < 2 or p.async_tp or p.tp_comm_overlap or exposed < TP_SHARE * rep.step_time_s:
         return None
     node = result.topology.node
     g = result.program.mesh.groups("tp")[0]
     if len(set((np.asarray(g) // node.gpus_per_node).tolist())) > 1:
         return None
-    over: dict[str, Any] = {"parallelism.async_tp": True}
-    label = "async_tp=true"
+    # Megatron overlaps through Transformer Engine's userbuffers, everything else through torch.
+    megatron = result.scenario.framework.startswith("megatron")
+    field_name = "tp_comm_overlap" if megatron else "async_tp"
+    how = ("Megatron's --tp-comm-overlap (Transformer Engine userbuffers)" if megatron else
+           "Async TP (torchtitan enable_async_tensor_parallel with torch.compile)")
+    over: dict[str, Any] = {f"parallelism.{field_name}": True}
+    label = f"{field_name}=true"
     if not p.sequence_parallel:
         over["parallelism.sequence_parallel"] = True
-        label = "sequence_parallel=true, async_tp=true"
+        label = f"sequence_parallel=true, {field_name}=true"
     if not budget.valid(over):
         return None
     rep2 = budget.simulate(over)
@@ -382,10 +387,10 @@ def tp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     head = (f"exposed TP communication: {exposed:.3f} s ({exposed / rep.step_time_s:.1%} of the step) inside the NVLink "
             f"domain, the compute stream waiting on tp={p.tp} collectives. ")
     if s.simulated and s.predicted_step_s is not None and s.predicted_step_s > rep.step_time_s * (1 - NO_GAIN_SHARE):
-        msg = head + f"Async TP does not shorten the step: {_sim_text(s, rep.step_time_s)}."
+        msg = head + f"{how} does not shorten the step: {_sim_text(s, rep.step_time_s)}."
     else:
-        msg = (head + "Async TP (torchtitan enable_async_tensor_parallel with torch.compile) overlaps each "
-               f"all-gather / reduce-scatter with chunks of its GEMM: {_sim_text(s, rep.step_time_s)}.")
+        msg = (head + f"{how} overlaps each all-gather / reduce-scatter with chunks of its GEMM: "
+               f"{_sim_text(s, rep.step_time_s)}.")
     return Finding("tp", msg, exposed / rep.step_time_s, [s])
 
 

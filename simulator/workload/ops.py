@@ -33,15 +33,16 @@ class Comm:
     Blocking by default. An ``overlap`` collective runs while the next compute segment does;
     the compute stream waits for it before it issues its next collective, at a ``JOIN`` or at
     the end of the action (ring attention's K/V passing, overlapped MoE dispatch, async TP).
-    ``copy_engine``: moved by the GPU's copy engines (P2P copies through symmetric memory, as
-    torch's micro-pipelined TP does), so it holds no SMs the compute it overlaps could use.
+    ``ctas``: SMs its kernels hold while in flight where they are not NCCL's (None): 0 for P2P
+    copies on the copy engines (torch's micro-pipelined TP, TE's ring exchange), 16 for TE
+    userbuffers' pipelined and bulk overlaps.
     """
 
     dim: str
     op: str
     size_bytes: float
     overlap: bool = False
-    copy_engine: bool = False
+    ctas: int | None = None
     # Bytes of its conjugate in backward where they differ (torchao Float8 TP: the forward
     # all-gather moves FP8 activations, its backward reduce-scatter bf16 gradients).
     bwd_size_bytes: float | None = None

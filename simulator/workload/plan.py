@@ -385,7 +385,7 @@ def _template(seg) -> list[tuple]:
                 dim = Dim(comm.dim)
                 c_info = (dim.value, Stream(dim), ((dim, CollectiveOp(comm.op), comm.size_bytes),), f"{comm.op} {seg.label[j]}",
                           comm.overlap, comm.size_bytes, Wait(-1, dim.base, f"overlapped {dim} communication"),
-                          0 if comm.copy_engine else -1)
+                          -1 if comm.ctas is None else comm.ctas)
             tpl.append((float(seg.compute_s[j]), seg.label[j], int(seg.layer[j]), c_info))
         seg._plan_template = tpl
     return tpl

@@ -259,14 +259,26 @@ def _gemm_rows(op: Op, rows: int, tag: str) -> Op:
                    bytes=op.bytes * frac, params=op.params * frac, kernel=kern if m else op.kernel)
 
 
-def micro_pipeline_tp(ops: list[Op], tp: int) -> list[Op]:
-    """Async TP (``parallelism.async_tp``): every blocking sequence-parallel all-gather whose
-    output a GEMM consumes, and every GEMM whose output is reduce-scattered, as torch's
-    micro-pipelined TP runs them (torch ``distributed/_symmetric_memory``:
-    ``_pipelined_all_gather_and_consume`` for ``fused_all_gather_matmul``,
-    ``_pipelined_produce_and_all2all`` for ``fused_matmul_reduce_scatter``; torchtitan turns it on
-    with torch.compile's ``_micro_pipeline_tp`` pass). The GEMM is cut into tp chunks of M / tp
-    rows (tokens), each shard or partial moved by a P2P copy on the copy engines (no SMs):
+# Transformer Engine userbuffers (Megatron --tp-comm-overlap), TE 1.11
+# pytorch/module/base.py initialize_ub defaults: ring exchange for the all-gather -> GEMM pairs
+# (qkv/fc1 fprop, proj/fc2 dgrad: tp splits, copy-engine P2P, num_sm 1), pipelined reduce-scatter
+# for proj/fc2 fprop (num_splits 4, num_sm 16), bulk overlap for qkv/fc1 dgrad (the input-gradient
+# reduce-scatter runs beside the weight-gradient GEMM, the input re-gather beside the dgrad GEMM;
+# num_sm 16).
+TE_RING_EXCHANGE_SMS = 1
+TE_PIPELINE_SPLITS = 4
+TE_UB_SMS = 16
+
+
+def micro_pipeline_tp(ops: list[Op], tp: int, style: str = "torch") -> list[Op]:
+    """TP communication overlapped with the TP GEMMs, as the frameworks run it. ``style``:
+
+    ``torch`` (``parallelism.async_tp``): torch's micro-pipelined TP (torch
+    ``distributed/_symmetric_memory``: ``_pipelined_all_gather_and_consume`` for
+    ``fused_all_gather_matmul``, ``_pipelined_produce_and_all2all`` for
+    ``fused_matmul_reduce_scatter``; torchtitan turns it on with torch.compile's
+    ``_micro_pipeline_tp`` pass). The GEMM is cut into tp chunks of M / tp rows (tokens), each
+    shard or partial moved by a P2P copy on the copy engines (no SMs):
 
     - all-gather -> GEMM: the local shard is copied into the symmetric buffer (read + write of
       S / tp bytes), then the local chunk's GEMM runs while the first remote shard is copied,
@@ -278,15 +290,30 @@ def micro_pipeline_tp(ops: list[Op], tp: int) -> list[Op]:
       slice are summed (``reduce_fn``: reads S, writes S / tp). Ops between the GEMM and the
       reduce-scatter run after it.
 
+    ``te`` (``parallelism.tp_comm_overlap``): Transformer Engine's userbuffers with its defaults
+    (see TE_*): all-gather -> GEMM as above (ring exchange in tp splits on the copy engines, one
+    SM; the forward's LayerNorm writes its output into the userbuffer, so no shard copy there);
+    a forward GEMM -> reduce-scatter in 4 splits, the reduce-scatter on 16 SMs reducing as it
+    goes (no partial sum); an input-gradient GEMM -> reduce-scatter in bulk: the whole GEMM,
+    then the reduce-scatter beside what follows (the weight-gradient GEMMs); the weight
+    gradient's input re-gather likewise on 16 SMs.
+
     The transfers are priced as the collective they replace (the same (tp - 1) / tp of S into
-    every rank over NVLink); the overlapped chunks run as one GEMM of (tp - 1) M / tp rows
-    (torch issues them on two streams so chunk GEMMs overlap each other, which its comments say
-    removes most of the quantization loss). Nothing else changes."""
+    every rank over NVLink); the overlapped chunks run as one GEMM of their rows (torch issues
+    them on two streams so chunk GEMMs overlap each other, which its comments say removes most
+    of the quantization loss). Nothing else changes."""
+    te = style == "te"
+    ag_sms = TE_RING_EXCHANGE_SMS if te else 0
+    rs_splits = TE_PIPELINE_SPLITS if te else tp
     out: list[Op] = []
     i, n = 0, len(ops)
     while i < n:
         op = ops[i]
         c = op.comm
+        if te and c is not None and c.dim == "tp" and c.overlap and c.op == "all_gather" and op.phase != "F":
+            out.append(replace(op, comm=replace(c, ctas=TE_UB_SMS)))  # bulk: the weight gradient's re-gather
+            i += 1
+            continue
         if c is not None and c.dim == "tp" and not c.overlap and c.op == "all_gather":
             j = i + 1
             while j < n and ops[j].comm is None and ops[j].op_class != "gemm":
@@ -296,8 +323,9 @@ def micro_pipeline_tp(ops: list[Op], tp: int) -> list[Op]:
                 m = g.kernel.m
                 last = m // tp
                 out += ops[i + 1 : j]
-                out.append(Op(f"{op.name}.shard_copy", "elementwise", op.phase, bytes=2.0 * c.size_bytes / tp))
-                out.append(replace(op, comm=replace(c, overlap=True, copy_engine=True)))
+                if not (te and op.phase == "F"):
+                    out.append(Op(f"{op.name}.shard_copy", "elementwise", op.phase, bytes=2.0 * c.size_bytes / tp))
+                out.append(replace(op, comm=replace(c, overlap=True, ctas=ag_sms)))
                 out.append(_gemm_rows(g, m - last, "chunks"))
                 out.append(Op(f"{op.name}.join", "other", op.phase, comm=Comm(c.dim, JOIN, 0.0)))
                 out.append(_gemm_rows(g, last, "last_chunk"))
@@ -309,14 +337,21 @@ def micro_pipeline_tp(ops: list[Op], tp: int) -> list[Op]:
                 j += 1
             rs = ops[j].comm if j < n else None
             if rs is not None and rs.dim == "tp" and not rs.overlap and rs.op == "reduce_scatter":
+                if te and op.phase != "F":
+                    # bulk: the input gradient is reduce-scattered beside the weight-gradient GEMMs
+                    out += ops[i:j]
+                    out.append(replace(ops[j], comm=replace(rs, overlap=True, ctas=TE_UB_SMS)))
+                    i = j + 1
+                    continue
                 m = op.kernel.m
-                first = m // tp
+                first = m // rs_splits
                 out.append(_gemm_rows(op, first, "first_chunk"))
-                out.append(replace(ops[j], comm=replace(rs, overlap=True, copy_engine=True)))
+                out.append(replace(ops[j], comm=replace(rs, overlap=True, ctas=TE_UB_SMS if te else 0)))
                 out.append(_gemm_rows(op, m - first, "chunks"))
                 out.append(Op(f"{ops[j].name}.join", "other", op.phase, comm=Comm(rs.dim, JOIN, 0.0)))
-                out.append(Op(f"{ops[j].name}.partials_sum", "elementwise", op.phase,
-                              bytes=rs.size_bytes + rs.size_bytes / tp))
+                if not te:
+                    out.append(Op(f"{ops[j].name}.partials_sum", "elementwise", op.phase,
+                                  bytes=rs.size_bytes + rs.size_bytes / tp))
                 out += ops[i + 1 : j]
                 i = j + 1
                 continue
@@ -399,17 +434,20 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
             rec_cache[key] = layer_recompute_ops(sc, layer_kinds[kind], layer)
         return rec_cache[key]
 
-    # Async TP rewrites the op sequences the compute stream runs (forward, recomputation,
-    # input gradients); the layer kinds keep the model's ops (FLOPs, parameters, FSDP units).
-    async_tp = p.async_tp and p.tp > 1 and p.sequence_parallel
+    # TP overlap (async TP, TE userbuffers) rewrites the op sequences the compute stream runs
+    # (forward, recomputation, input gradients); the layer kinds keep the model's ops (FLOPs,
+    # parameters, FSDP units).
+    overlap_style = None
+    if p.tp > 1 and p.sequence_parallel:
+        overlap_style = "torch" if p.async_tp else ("te" if p.tp_comm_overlap else None)
     piped: dict[int, tuple[list[Op], list[Op]]] = {}
 
     def run_ops(ops: list[Op]) -> list[Op]:
-        if not async_tp:
+        if overlap_style is None:
             return ops
         hit = piped.get(id(ops))
         if hit is None or hit[0] is not ops:
-            hit = piped[id(ops)] = (ops, micro_pipeline_tp(ops, p.tp))
+            hit = piped[id(ops)] = (ops, micro_pipeline_tp(ops, p.tp, overlap_style))
         return hit[1]
 
     # Every op's duration in one vectorised call (DESIGN rule 2).
