@@ -19,7 +19,7 @@ from simulator.scenario import build_scenario
 from simulator.simulate import simulate
 from simulator.sweep.estimate import Estimator, kendall_tau_b, rank_agreement, spearman
 from simulator.sweep.runner import evaluate_space, run_sweep
-from simulator.sweep.space import load_space, make_spec
+from simulator.sweep.space import expand, load_space, make_spec
 from simulator.sweep.store import ResultStore
 
 DATA = Path(__file__).parent / "data" / "sweep"
@@ -90,6 +90,20 @@ def test_space_file_expands_axes_in_order():
     assert spec.size == 2 * 2 * 2 * 2 * 2
     assert list(spec.axes)[:2] == ["parallelism.tp", "parallelism.pp"]
     assert spec.base["network"] == "alpha-beta"
+
+
+def test_tp_overlap_axes_reach_their_fields_and_the_estimate_ranks_them():
+    from simulator.scenario import default_scenario_dict
+
+    spec = make_spec(default_scenario_dict(), {"tp": [8], "async_tp": [False, True], "tp_comm_overlap": [False, True]},
+                     name="overlap")
+    assert set(spec.axes) == {"parallelism.tp", "parallelism.async_tp", "parallelism.tp_comm_overlap"}
+    est = Estimator()
+    points = {(p["parallelism.async_tp"], p["parallelism.tp_comm_overlap"]): p for p in expand(spec)}
+    with pytest.raises(UserError, match="set one of them false"):  # the runner prunes it
+        build_scenario(spec.base, points[(True, True)])
+    step = {k: est.estimate(build_scenario(spec.base, points[k])).step_time_s for k in [(False, False), (True, False), (False, True)]}
+    assert step[(True, False)] < step[(False, False)] and step[(False, True)] < step[(False, False)]
 
 
 # ------------------------------------------------------------------------------ pruning

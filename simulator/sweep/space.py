@@ -43,6 +43,8 @@ AXES: dict[str, str] = {
     "dp": "parallelism.dp",
     "zero": "parallelism.zero",
     "sequence_parallel": "parallelism.sequence_parallel",
+    "async_tp": "parallelism.async_tp",
+    "tp_comm_overlap": "parallelism.tp_comm_overlap",
     "mesh_order": "parallelism.mesh_order",
     "micro_batch_size": "batch.micro_batch_size",
     "mbs": "batch.micro_batch_size",
