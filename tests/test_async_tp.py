@@ -85,10 +85,12 @@ def test_async_tp_hides_tp_communication_but_never_beats_having_none():
         overlapped.step_time_s, vanilla.step_time_s, vanilla.exposed_comm_s["tp"])
 
 
-def test_async_tp_without_tensor_parallelism_changes_nothing():
+def test_async_tp_without_tensor_parallelism_changes_nothing_and_says_so():
     a = simulate(build_scenario(scenario(tp=1))).report
     b = simulate(build_scenario(scenario(tp=1, async_tp=True))).report
     assert b.step_time_s == a.step_time_s
+    assert any("async_tp has nothing to overlap at tp=1" in n for n in b.notes)
+    assert not any("nothing to overlap" in n for n in a.notes)
 
 
 def test_async_tp_needs_sequence_parallelism():

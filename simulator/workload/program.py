@@ -530,6 +530,9 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         unit_gather_bytes[-1] = layer_kinds["embedding"].params * sc.dtype_bytes
         unit_gather_bytes[m.num_layers] = layer_kinds["head"].params * sc.dtype_bytes
     notes: list[str] = []
+    for name in ("async_tp", "tp_comm_overlap"):
+        if getattr(p, name) and p.tp == 1:
+            notes.append(f"{name} has nothing to overlap at tp=1: no tensor-parallel collectives")
     dropped = moe_dropped_fraction(sc)
     if dropped > 0:
         notes.append(f"MoE capacity factor {sc.moe.capacity_factor} drops {dropped:.1%} of routed tokens")
