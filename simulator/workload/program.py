@@ -245,18 +245,23 @@ def _gemm_part(op: Op, frac: float, tag: str) -> Op:
                    bytes=op.bytes * frac, params=op.params * frac, kernel=kern)
 
 
-def _gemm_rows(op: Op, rows: int, tag: str) -> Op:
-    """The GEMM on ``rows`` of its M rows (tokens) as its own GEMM: same weight, fewer tokens."""
+def _splittable(op: Op, tp: int) -> bool:
+    """A GEMM timed by shape whose M rows (tokens) split into tp chunks."""
     k = op.kernel
-    m = k.m if k is not None and k.kind == "gemm" and k.m > 0 else 0
-    frac = rows / m if m else rows
-    kern = None
-    if m:
-        # element size from the kernel's own byte count (A m x k, B k x n, C m x n)
-        dt = k.bytes / max(1, k.batch * (m * k.k + k.k * k.n + m * k.n))
-        kern = replace(k, m=rows, flops=k.flops * frac, bytes=dt * k.batch * (rows * k.k + k.k * k.n + rows * k.n))
+    return op.comm is None and op.op_class == "gemm" and k is not None and k.kind == "gemm" and k.m >= tp
+
+
+def _gemm_rows(op: Op, rows: int, tag: str) -> Op:
+    """The GEMM on ``rows`` of its M rows (tokens) as its own GEMM: same weight, fewer tokens
+    (``op`` is ``_splittable``)."""
+    k = op.kernel
+    m = k.m
+    frac = rows / m
+    # element size from the kernel's own byte count (A m x k, B k x n, C m x n)
+    dt = k.bytes / max(1, k.batch * (m * k.k + k.k * k.n + m * k.n))
+    kern = replace(k, m=rows, flops=k.flops * frac, bytes=dt * k.batch * (rows * k.k + k.k * k.n + rows * k.n))
     return replace(op, name=f"{op.name}.{tag}", exec_flops=op.exec_flops * frac, model_flops=op.model_flops * frac,
-                   bytes=op.bytes * frac, params=op.params * frac, kernel=kern if m else op.kernel)
+                   bytes=op.bytes * frac, params=op.params * frac, kernel=kern)
 
 
 # Transformer Engine userbuffers (Megatron --tp-comm-overlap), TE 1.11
@@ -319,7 +324,7 @@ def micro_pipeline_tp(ops: list[Op], tp: int, style: str = "torch") -> list[Op]:
             while j < n and ops[j].comm is None and ops[j].op_class != "gemm":
                 j += 1
             g = ops[j] if j < n else None
-            if g is not None and g.comm is None and g.op_class == "gemm" and g.kernel is not None and g.kernel.m >= tp:
+            if g is not None and _splittable(g, tp):
                 m = g.kernel.m
                 last = m // tp
                 out += ops[i + 1 : j]
@@ -331,7 +336,7 @@ def micro_pipeline_tp(ops: list[Op], tp: int, style: str = "torch") -> list[Op]:
                 out.append(_gemm_rows(g, last, "last_chunk"))
                 i = j + 1
                 continue
-        if c is None and op.op_class == "gemm" and op.kernel is not None and op.kernel.m >= tp:
+        if _splittable(op, tp):
             j = i + 1
             while j < n and ops[j].comm is None and ops[j].op_class != "gemm":
                 j += 1
