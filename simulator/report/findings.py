@@ -330,6 +330,12 @@ def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | 
     return Finding("imbalance", msg, excess, [s])
 
 
+def _nodes_spanned(result: "SimulationResult", dim: str) -> int:
+    """Nodes one group of ``dim`` spans (groups of a dimension are alike)."""
+    g = result.program.mesh.groups(dim)[0]
+    return len(set((np.asarray(g) // result.topology.node.gpus_per_node).tolist()))
+
+
 def slow_link_findings(result: "SimulationResult") -> list[Finding]:
     rep = result.report
     mesh = result.program.mesh
@@ -340,8 +346,7 @@ def slow_link_findings(result: "SimulationResult") -> list[Finding]:
         exposed = rep.exposed_comm_s.get(dim, 0.0)
         if size < 2 or exposed < SLOW_LINK_SHARE * rep.step_time_s:
             continue
-        g = mesh.groups(dim)[0]
-        nodes = len(set((np.asarray(g) // node.gpus_per_node).tolist()))
+        nodes = _nodes_spanned(result, dim)
         if nodes < 2:
             continue
         msg = (f"slow links: each {dim.upper()} group of {size} GPUs spans {nodes} nodes, so its collectives cross "
@@ -363,9 +368,7 @@ def tp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     exposed = rep.exposed_comm_s.get("tp", 0.0)
     if p.tp < 2 or p.async_tp or p.tp_comm_overlap or exposed < TP_SHARE * rep.step_time_s:
         return None
-    node = result.topology.node
-    g = result.program.mesh.groups("tp")[0]
-    if len(set((np.asarray(g) // node.gpus_per_node).tolist())) > 1:
+    if _nodes_spanned(result, "tp") > 1:
         return None
     # Megatron overlaps through Transformer Engine's userbuffers, everything else through torch.
     megatron = result.scenario.framework.startswith("megatron")

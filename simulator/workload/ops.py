@@ -48,7 +48,6 @@ class Comm:
     bwd_size_bytes: float | None = None
 
 
-
 @dataclass(frozen=True)
 class Op:
     name: str

@@ -275,6 +275,15 @@ TE_PIPELINE_SPLITS = 4
 TE_UB_SMS = 16
 
 
+def _next_gemm_or_comm(ops: list[Op], i: int) -> int:
+    """Index of the first op after ``i`` that is a GEMM or a collective (len(ops) if none): what
+    lies between is elementwise work on the same tensor (a Float8 cast)."""
+    j = i + 1
+    while j < len(ops) and ops[j].comm is None and ops[j].op_class != "gemm":
+        j += 1
+    return j
+
+
 def micro_pipeline_tp(ops: list[Op], tp: int, style: str = "torch") -> list[Op]:
     """TP communication overlapped with the TP GEMMs, as the frameworks run it. ``style``:
 
@@ -320,9 +329,7 @@ def micro_pipeline_tp(ops: list[Op], tp: int, style: str = "torch") -> list[Op]:
             i += 1
             continue
         if c is not None and c.dim == "tp" and not c.overlap and c.op == "all_gather":
-            j = i + 1
-            while j < n and ops[j].comm is None and ops[j].op_class != "gemm":
-                j += 1
+            j = _next_gemm_or_comm(ops, i)
             g = ops[j] if j < n else None
             if g is not None and _splittable(g, tp):
                 m = g.kernel.m
@@ -337,9 +344,7 @@ def micro_pipeline_tp(ops: list[Op], tp: int, style: str = "torch") -> list[Op]:
                 i = j + 1
                 continue
         if _splittable(op, tp):
-            j = i + 1
-            while j < n and ops[j].comm is None and ops[j].op_class != "gemm":
-                j += 1
+            j = _next_gemm_or_comm(ops, i)
             rs = ops[j].comm if j < n else None
             if rs is not None and rs.dim == "tp" and not rs.overlap and rs.op == "reduce_scatter":
                 if te and op.phase != "F":
