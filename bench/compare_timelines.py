@@ -71,6 +71,18 @@ def run(d: dict, mode: str, ff: bool) -> dict:
     }
 
 
+def _plain_strings(df: pd.DataFrame) -> pd.DataFrame:
+    """String columns as pandas' string dtype: the timeline keeps them as categoricals since
+    round 9 (a storage choice, not a result), so a run saved before compares value for value."""
+    cat = [c for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)]
+    if not cat:
+        return df
+    out = df.copy()
+    for c in cat:
+        out[c] = out[c].astype(pd.Series(["x"]).dtype)
+    return out
+
+
 def compare(name: str, base: dict, new: dict) -> list[str]:
     bad = []
     for k, v in base.items():
@@ -79,7 +91,7 @@ def compare(name: str, base: dict, new: dict) -> list[str]:
         w = new[k]
         if isinstance(v, pd.DataFrame) or isinstance(w, pd.DataFrame):
             try:
-                pd.testing.assert_frame_equal(v, w, check_exact=True)
+                pd.testing.assert_frame_equal(_plain_strings(v), _plain_strings(w), check_exact=True)
             except AssertionError as e:
                 bad.append(f"{name}: {k} differs: {str(e).splitlines()[0:3]}")
         elif v != w:

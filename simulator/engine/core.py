@@ -171,6 +171,11 @@ class _Rows:
             dt = dtypes.get(name)
             if isinstance(dt, np.dtype):
                 out[name] = np.array(values, dtype=dt)[codes]
+            elif dt == "category":
+                # a code per row into the distinct values (a few hundred): 1-2 bytes a row
+                # instead of an Arrow string's offset and characters (~10-26 bytes)
+                value_codes, uniques = pd.factorize(pd.array(values, dtype=_STR))
+                out[name] = pd.Categorical.from_codes(value_codes[codes], categories=uniques)
             elif dt is not None:
                 out[name] = pd.array(values, dtype=dt).take(codes)
             else:
@@ -178,7 +183,7 @@ class _Rows:
         return out
 
 
-# The timeline's string columns: pandas' string dtype, as from_records on tuples gave them.
+# pandas' string dtype (the categories of the timeline's string columns).
 _STR = pd.Series(["x"]).dtype
 
 
@@ -436,7 +441,7 @@ class Engine:
         """TIMELINE_COLUMNS from the rows' columns."""
         shared = ["stream", "kind", "name", "microbatch", "stage", "layer", "bytes"]
         i64, f64 = np.dtype(np.int64), np.dtype(np.float64)
-        c = self.rows.columns(shared, {"stream": _STR, "kind": _STR, "name": _STR, "microbatch": i64, "stage": i64,
+        c = self.rows.columns(shared, {"stream": "category", "kind": "category", "name": "category", "microbatch": i64, "stage": i64,
                                        "layer": i64, "bytes": f64})
         c["start_s"], c["end_s"] = c.pop("t0"), c.pop("t1")
         # copy=False: the columns are this frame's own (made just above); a copy into consolidated
@@ -454,7 +459,7 @@ class Engine:
         used = np.zeros(len(w.shared), dtype=bool)
         used[np.array(w.code)] = True
         described = [(cause, _describe(what) if u else "") for (cause, what), u in zip(w.shared, used.tolist())]
-        c = w.columns(["cause", "what"], {"cause": _STR, "what": _STR}, described)
+        c = w.columns(["cause", "what"], {"cause": "category", "what": "category"}, described)
         return pd.DataFrame({"rank": c["rank"], "start_s": c["t0"], "end_s": c["t1"], "cause": c["cause"],
                              "issued_s": np.array(self._w_issued), "src_rank": np.array(self._w_src),
                              "what": c["what"]}, columns=WAIT_COLUMNS, copy=False)
