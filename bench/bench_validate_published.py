@@ -26,6 +26,10 @@ GROUP_PAIRS = {"megatron-2021": [], "torchtitan-2024": [],
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(PUBLISHED)
+    unknown = [n for n in names if n not in PUBLISHED]
+    if unknown:
+        print(f"error: unknown published set {unknown[0]!r}: use one of {', '.join(PUBLISHED)}", file=sys.stderr)
+        sys.exit(2)
     summary = []
     for name in names:
         t0 = time.perf_counter()
