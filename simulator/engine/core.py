@@ -173,8 +173,9 @@ class _Rows:
                 out[name] = np.array(values, dtype=dt)[codes]
             elif dt == "category":
                 # a code per row into the distinct values (a few hundred): 1-2 bytes a row
-                # instead of an Arrow string's offset and characters (~10-26 bytes)
-                value_codes, uniques = pd.factorize(pd.array(values, dtype=_STR))
+                # instead of an Arrow string's offset and characters (~10-26 bytes). Categories
+                # in string order, so sorting and grouping by the column order rows as before.
+                value_codes, uniques = pd.factorize(pd.array(values, dtype=_STR), sort=True)
                 out[name] = pd.Categorical.from_codes(value_codes[codes], categories=uniques)
             elif dt is not None:
                 out[name] = pd.array(values, dtype=dt).take(codes)
