@@ -232,6 +232,8 @@ def test_aperiodic_short_run_stops_early():
     whole.action_marks = {}
     tl = whole.run()
     assert early.env.now < 0.8 * tl.step_time_s  # stopped before the cool-down
+    # ... and before every rank had left its steady phase (ShortRunMarks.check_passed)
+    assert early.action_marks.waiting, "the early stop waited for every rank"
     why_whole: list[str] = []
     assert extend(tl, short, cut, whole.action_marks, why_whole) is None, why_whole
 

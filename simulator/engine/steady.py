@@ -280,11 +280,72 @@ class ShortRunMarks(dict):
 
     def arrived(self, rank: int) -> None:
         self.waiting.discard(rank)
-        if not self.waiting:
-            why = self.check()
-            if why is not None:
-                self.why = why
-                raise NotPeriodic(why)
+        why = self.check() if not self.waiting else self.check_passed()
+        if why is not None:
+            self.why = why
+            raise NotPeriodic(why)
+
+    def check_passed(self) -> str | None:
+        """The same verdict as ``check``, earlier: while some ranks are still in their steady
+        phase, t_min is already bounded above by what the ranks past theirs give (the same
+        bounds as ``check``'s hi_t, over fewer ranks, so no smaller than the true one). Where a
+        rank has no block starting before that bound that repeats, checking every such block
+        from the first one up (a superset of ``check``'s window), no T* can verify. Only where
+        the bound is no later than the latest mark, so every block before it has its marks.
+        None: undecided (the run goes on; ``check`` decides once every rank has passed)."""
+        short, cut, pp_of = self.short, self.cut, self.pp_of
+
+        def t_of(r: int, i: int) -> float | None:
+            marks_r = self.get(r)
+            if marks_r is None or not 0 <= i < len(short.actions[pp_of[r]]):
+                return None
+            hit = marks_r.get(_key(short.actions[pp_of[r]][i]))
+            return None if hit is None else hit[0]
+
+        ranks = list(pp_of)
+        r0 = ranks[0]
+        c0, a0 = cut.cut_index[pp_of[r0]], cut.period_actions[pp_of[r0]]
+        t_a, t_b = t_of(r0, c0 - a0), t_of(r0, c0 - 2 * a0)
+        if t_a is None or t_b is None or t_a - t_b <= 0 or any(r not in self for r in ranks):
+            return None
+        period = t_a - t_b
+        t_now = max(h[0] for rm in self.values() for h in rm.values())
+        period_tol = max(REL_TOL * EARLY_STEP_BOUND_FACTOR * t_now, 1e-15)
+        # t_min's bounds: above, from the ranks past their steady phase (hi_t); below, check's
+        # lo_t with what a rank still inside it will give bounded below by the latest mark
+        # (its next action has not started, and its last block, if not started, starts later)
+        hi_t = lo_t = math.inf
+        for r in ranks:
+            p = pp_of[r]
+            c, a_len = cut.cut_index[p], cut.period_actions[p]
+            t_last = t_of(r, c - a_len)
+            if r in self.waiting:
+                lo_t = min(lo_t, t_now, math.inf if t_last is None else t_last + period)
+                continue
+            t_next = t_of(r, c) if c < len(short.actions[p]) else t_of(r, c - 1)
+            if t_last is None or t_next is None:
+                return None
+            lo_t = min(lo_t, t_next, t_last + period)
+            hi_t = min(hi_t, t_last + period) if c >= len(short.actions[p]) else min(hi_t, t_next, t_last + period)
+        if not hi_t <= t_now:
+            return None  # blocks starting before the bound may not all have started
+        for r in ranks:
+            p = pp_of[r]
+            c, a_len = cut.cut_index[p], cut.period_actions[p]
+            first_reason = None
+            for ci in range(c, a_len - 1, -a_len):
+                t_prev = t_of(r, ci - a_len)
+                if t_prev is None or t_prev >= hi_t:
+                    continue  # not started, or at/after the bound: cannot hold T*
+                why, _ = _rank_period(self[r], short.actions[p], ci, a_len, cut.q, period, period_tol)
+                if why is None:
+                    break
+                first_reason = first_reason or why
+                if t_prev <= lo_t - period:
+                    return f"rank {r}: {first_reason}"  # the lowest block that can hold T*
+            else:
+                return f"rank {r}: {first_reason or 'no block before t_min in the simulated steady phase'}"
+        return None
 
     def check(self) -> str | None:
         """The reason no T* can verify, or None where one may (``extend`` then decides)."""
