@@ -15,7 +15,7 @@ Sources of the defaults:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -80,7 +80,7 @@ class Failures(BaseModel):
 
     model_config = _STRICT
 
-    nodes: list[int] = Field(default_factory=list, max_length=100_000, description="Nodes that fail during the run (one failure each); node indices.")
+    nodes: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=100_000, description="Nodes that fail during the run (one failure each); node indices.")
     policy: Literal["restart", "spares"] = Field(
         "restart",
         description="restart: the job stops, waits restart_cost_s and resumes from the last checkpoint; "
