@@ -628,6 +628,29 @@ def load_scenario_dict(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# Scenario slots that may name a file, and what the file is called in messages.
+INPUT_FILE_SLOTS = {"model": "model config", "schedule_file": "schedule file", "cluster.gpu": "GPU profile",
+                    "cluster.topology": "topology file"}
+
+
+def scenario_input_files(path: str | Path | None, overrides: dict[str, Any] | None = None) -> dict[str, str]:
+    """The files a scenario run reads, by what they are called: the scenario file and the model
+    config, schedule CSV, profile and topology it or an override names (a name, not a path, is
+    listed too; it matches no output file). For refusing an output path that would replace one."""
+    files: dict[str, str] = {}
+    data: dict[str, Any] = {}
+    if path is not None:
+        files["scenario file"] = str(path)
+        data = load_scenario_dict(path)
+    for dotted, what in INPUT_FILE_SLOTS.items():
+        value = (overrides or {}).get(dotted)
+        if value is None:
+            value = _get_dotted(data, dotted)
+        if isinstance(value, str):
+            files[what] = value
+    return files
+
+
 def _looks_like_path(value: str) -> bool:
     return "/" in value or value.endswith((".json", ".yaml", ".yml", ".csv"))
 

@@ -56,3 +56,82 @@ def test_negative_failed_node_is_refused(tmp_path, tiny, flags):
     p = clustersim(["simulate", tiny, "--no-dashboard", "--report", tmp_path / "r.json", *flags], tmp_path)
     assert_one_line_error(p, r"perturbations\.failures\.nodes\.\d: Input should be greater than or equal to 0")
     assert sorted(f.name for f in tmp_path.iterdir()) == ["tiny.yaml"]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("flag", ["--report", "--perfetto", "--dashboard"])
+def test_simulate_output_over_the_scenario_is_refused(tmp_path, tiny, flag):
+    # Was exit 0, the scenario YAML replaced by the report / trace / dashboard.
+    before = _files(tmp_path)
+    p = clustersim(["simulate", tiny.name, "--no-dashboard", flag, f"./{tiny.name}"], tmp_path)
+    assert_one_line_error(p, rf"^error: {flag} 'tiny\.yaml' would overwrite the scenario file this command reads: "
+                             r"choose another path$")
+    assert _files(tmp_path) == before
+
+
+def test_simulate_output_over_a_file_the_scenario_names_is_refused(tmp_path, tiny):
+    # The schedule CSV is named in the scenario, relative to it; the link reaches it under another name.
+    (tmp_path / "s.csv").write_bytes((DATA / "schedules" / "custom_interleaved_2ranks.csv").read_bytes())
+    data = yaml.safe_load(tiny.read_text())
+    data["schedule_file"] = "s.csv"
+    tiny.write_text(yaml.safe_dump(data))
+    (tmp_path / "link.csv").symlink_to("s.csv")
+    before = _files(tmp_path)
+    p = clustersim(["simulate", tiny, "--no-dashboard", "--report", "link.csv"], tmp_path)
+    assert_one_line_error(p, r"--report 'link\.csv' would overwrite the schedule file this command reads")
+    assert _files(tmp_path) == before
+
+
+def test_simulate_two_outputs_on_one_path_are_refused(tmp_path, tiny):
+    # Was exit 0 with the Perfetto trace silently replaced by the report.
+    p = clustersim(["simulate", tiny, "--no-dashboard", "--perfetto", "out.json", "--report", "./out.json"], tmp_path)
+    assert_one_line_error(p, r"^error: --perfetto and --report both name 'out\.json': give each its own path$")
+    assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["w.yaml", "-o", "w.yaml"], r"--output 'w\.yaml' would overwrite the file A this command reads"),
+    (["tiny.yaml", "w.yaml", "-o", "w.yaml"], r"--output 'w\.yaml' would overwrite the file B this command reads"),
+    (["tiny.yaml", "w.yaml", "-o", "tiny.yaml/x.html"], r"goes through 'tiny\.yaml', which is a file, not a folder"),
+])
+def test_compare_output_checked_before_simulating(tmp_path, tiny, args, pattern):
+    # Was exit 0 with A or B replaced by the dashboard; a bad --output was found only after simulating.
+    (tmp_path / "w.yaml").write_bytes((DATA / "scenarios" / "whatif-small.yaml").read_bytes())
+    before = _files(tmp_path)
+    p = clustersim(["compare", *args], tmp_path)
+    assert_one_line_error(p, pattern)
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("flags, pattern", [
+    (["--dashboard", "space.yaml"], r"--dashboard 'space\.yaml' would overwrite the space file this command reads"),
+    (["--store", "space.yaml", "--no-dashboard"], r"--store 'space\.yaml' would overwrite the space file"),
+    (["--store", "d.html", "--dashboard", "d.html"], r"--store and --dashboard both name 'd\.html'"),
+    (["--store", "d-best.html", "--dashboard", "d.html"], r"--store and the best point's dashboard both name 'd-best\.html'"),
+])
+def test_sweep_outputs_checked_against_inputs_and_each_other(tmp_path, flags, pattern):
+    # Was exit 0 with the space file (or the results store) replaced by a dashboard.
+    (tmp_path / "space.yaml").write_bytes((DATA / "sweep" / "tiny.yaml").read_bytes())
+    before = _files(tmp_path)
+    p = clustersim(["sweep", "space.yaml", "--estimate-only", "--no-progress", *flags], tmp_path)
+    assert_one_line_error(p, pattern)
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("source, out, pattern", [
+    ("bundle", "bundle/manifest.json", r"--out 'bundle/manifest\.json' would overwrite a file of the trace input 'bundle'"),
+    ("k.json", "k.json", r"--out 'k\.json' would overwrite the trace input this command reads"),
+])
+def test_calibrate_force_never_replaces_an_input(tmp_path, source, out, pattern):
+    # Was exit 0 with --force: the bundle's manifest (or the Kineto trace) replaced by the profile.
+    import shutil
+
+    shutil.copytree(REPO / "traces" / "cpu-gloo-train-dp2-tp2", tmp_path / "bundle")
+    (tmp_path / "k.json").write_bytes((DATA / "trace" / "empty.json").read_bytes())
+    before = _files(tmp_path)
+    p = clustersim(["calibrate", source, "--out", out, "--force"], tmp_path)
+    assert_one_line_error(p, pattern)
+    assert _files(tmp_path) == before

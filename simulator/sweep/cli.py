@@ -127,27 +127,33 @@ def sweep_command(
     if batch_size is not None and batch_size < 1:
         raise UserError(f"--batch-size {batch_size} must be at least 1 (scenarios per task)")
     store_path = store or Path("sweeps") / f"{spec.name}.sqlite"
+    dash_path = best_path = None
+    if not no_dashboard:
+        from simulator.report.files import output_path
+
+        dash_path = dashboard or output_path(Path("dashboards"), spec.name, ".html", prefix="sweep-")
+        best_path = dash_path.with_name(dash_path.stem + "-best.html")
+    from simulator.files import check_outputs, write_atomic
+
+    # Before the sweep: a bad path never costs the results, and no input is written over.
+    inputs = [("space file", space), ("--model config", model)]
+    for flag, values in (("--gpu", gpu), ("--topology", topology)):
+        inputs += [(f"{flag} file", value.strip() or None) for value in (values or "").split(",")]
+    check_outputs({"--store": store_path, "--dashboard": dash_path, "the best point's dashboard": best_path}, inputs)
 
     out = run_sweep(spec, store=store_path, executor=executor.value, workers=workers, scheduler=scheduler,
                     exhaustive=exhaustive, estimate_only=estimate_only, batch_size=batch_size,
                     show_progress=not no_progress)
 
-    from simulator.files import write_atomic
-
-    dash_path = None
-    if not no_dashboard:
+    if dash_path is not None:
         from simulator.sweep.dashboard import build_sweep_dashboard_html
 
-        from simulator.report.files import output_path
-
-        dash_path = dashboard or output_path(Path("dashboards"), spec.name, ".html", prefix="sweep-")
         href = None
         if out.best is not None:
             from simulator.report.dashboard import build_dashboard_html
             from simulator.scenario import build_scenario
             from simulator.simulate import simulate
 
-            best_path = dash_path.with_name(dash_path.stem + "-best.html")
             res = simulate(build_scenario(out.best["scenario"]), mode=spec.mode)
             write_atomic(best_path, build_dashboard_html(res, cdn=cdn))
             href = os.path.relpath(best_path, dash_path.parent)
