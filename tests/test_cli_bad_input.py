@@ -135,3 +135,27 @@ def test_calibrate_force_never_replaces_an_input(tmp_path, source, out, pattern)
     p = clustersim(["calibrate", source, "--out", out, "--force"], tmp_path)
     assert_one_line_error(p, pattern)
     assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("item, field, shown", [
+    ("parallelism.tp=true", "parallelism.tp", "true"), ("model.num_layers=yes", "model.num_layers", "true"),
+    ("parallelism.dp=off", "parallelism.dp", "false"), ("perturbations.failures.nodes=[true]", "perturbations.failures.nodes.0", "true"),
+])
+def test_a_boolean_is_not_a_count(tmp_path, tiny, item, field, shown):
+    # Was exit 0: pydantic read true as 1, so tp: true simulated tp=1 (num_layers: yes, one layer) without a word.
+    p = clustersim(["simulate", tiny, "--no-dashboard", "--report", tmp_path / "r.json", "--set", item], tmp_path)
+    assert_one_line_error(p, rf"^error: scenario: {re.escape(field)}: got the boolean {shown} \(YAML reads yes/no/on/off "
+                             r"as booleans\): write a whole number$")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_boolean_count_in_the_scenario_file_is_refused(tmp_path):
+    from simulator.errors import UserError
+    from simulator.scenario import build_scenario
+
+    data = yaml.safe_load(yaml.safe_dump(TINY))
+    data["cluster"]["gpus"] = True
+    with pytest.raises(UserError, match=r"^scenario: cluster\.gpus: got the boolean true .*: write a whole number$"):
+        build_scenario(data)
+    data["cluster"]["gpus"] = 8
+    assert build_scenario(data).cluster.gpus == 8
