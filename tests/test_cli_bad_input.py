@@ -159,3 +159,25 @@ def test_a_boolean_count_in_the_scenario_file_is_refused(tmp_path):
         build_scenario(data)
     data["cluster"]["gpus"] = 8
     assert build_scenario(data).cluster.gpus == 8
+
+
+@pytest.mark.parametrize("args, ran", [
+    (["all_reduce", "-g", "16", "--algorithm", "torus"], "ring"),  # a fat-tree is no torus
+    (["all_reduce", "-g", "8", "--algorithm", "tree"], "ring"),  # one node: no inter-node tree
+    (["all_gather", "-g", "16", "--algorithm", "tree"], "ring"),
+    (["alltoall", "-g", "16", "--algorithm", "ring"], "pairwise"),
+])
+def test_collective_forced_algorithm_that_does_not_apply_is_refused(tmp_path, args, ran):
+    # Was exit 0 with a table of another algorithm than the one forced.
+    p = clustersim(["collective", *args, "-b", "1K", "-e", "4K"], tmp_path)
+    algorithm = args[-1]
+    assert_one_line_error(p, rf"^error: --algorithm {algorithm} does not apply to \w+ on {args[2]} GPUs of dgx-h100-fattree "
+                             rf"\(it would run {ran}\): choose {ran}, or omit --algorithm$")
+
+
+def test_collective_forced_algorithm_that_applies_runs(tmp_path):
+    import json
+
+    p = clustersim(["collective", "all_reduce", "-g", "16", "-b", "1K", "-e", "4K", "--algorithm", "tree", "--json"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert {r["algorithm"] for r in json.loads(p.stdout)["rows"]} == {"tree"}
