@@ -181,3 +181,20 @@ def test_collective_forced_algorithm_that_applies_runs(tmp_path):
     p = clustersim(["collective", "all_reduce", "-g", "16", "-b", "1K", "-e", "4K", "--algorithm", "tree", "--json"], tmp_path)
     assert p.returncode == 0, p.stderr
     assert {r["algorithm"] for r in json.loads(p.stdout)["rows"]} == {"tree"}
+
+
+@pytest.mark.parametrize("command", [["trace", "info", "bundle"], ["calibrate", "bundle", "--out", "p.json"]])
+def test_unknown_collective_is_said_even_when_no_log_needs_it(tmp_path, command):
+    # Was exit 0 (trace info) or a calibration run: --collective was only read for an unlabelled nccl-tests log.
+    import shutil
+
+    shutil.copytree(REPO / "traces" / "cpu-gloo-train-dp2-tp2", tmp_path / "bundle")
+    p = clustersim([*command, "--collective", "allredcue"], tmp_path)
+    assert_one_line_error(p, r"^error: unknown collective 'allredcue': use all_reduce, all_gather, ")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_validate_names_a_missing_bundle_before_asking_for_a_profile(tmp_path):
+    # Was "validate 'nope' needs --profile": adding one only then said the path does not exist.
+    p = clustersim(["validate", "nope"], tmp_path)
+    assert_one_line_error(p, r"^error: bundle 'nope' does not exist: give a trace bundle folder written by 'clustersim capture'$")
