@@ -198,3 +198,16 @@ def test_validate_names_a_missing_bundle_before_asking_for_a_profile(tmp_path):
     # Was "validate 'nope' needs --profile": adding one only then said the path does not exist.
     p = clustersim(["validate", "nope"], tmp_path)
     assert_one_line_error(p, r"^error: bundle 'nope' does not exist: give a trace bundle folder written by 'clustersim capture'$")
+
+
+@pytest.mark.parametrize("flags, pattern", [
+    (["--max-gpus", "-1"], r"^error: --max-gpus -1 must be at least 1: it prunes points by their GPU count$"),
+    (["--min-gpus", "0"], r"^error: --min-gpus 0 must be at least 1"),
+    (["--min-gpus", "100", "--max-gpus", "10"], r"^error: min_gpus=100 is above max_gpus=10: every point would be pruned"),
+])
+def test_sweep_gpu_bounds_from_flags_are_checked_like_the_space_file(tmp_path, flags, pattern):
+    # Was exit 0 with every point pruned ("gpus above max_gpus=-1"); the space file's constraints were already checked.
+    (tmp_path / "space.yaml").write_bytes((DATA / "sweep" / "tiny.yaml").read_bytes())
+    p = clustersim(["sweep", "space.yaml", "--estimate-only", "--no-progress", "--no-dashboard", *flags], tmp_path)
+    assert_one_line_error(p, pattern)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["space.yaml"]

@@ -114,10 +114,16 @@ def sweep_command(
         if not 0 <= memory_headroom < 1:
             raise UserError(f"--memory-headroom {memory_headroom} must be a fraction in [0, 1), e.g. 0.1")
         spec.constraints.memory_headroom = memory_headroom
+    for flag, value in (("--max-gpus", max_gpus), ("--min-gpus", min_gpus)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag} {value} must be at least 1: it prunes points by their GPU count")
     if max_gpus is not None:
         spec.constraints.max_gpus = max_gpus
     if min_gpus is not None:
         spec.constraints.min_gpus = min_gpus
+    lo, hi = spec.constraints.min_gpus, spec.constraints.max_gpus
+    if lo is not None and hi is not None and lo > hi:
+        raise UserError(f"min_gpus={lo} is above max_gpus={hi}: every point would be pruned; lower --min-gpus or raise --max-gpus")
     if executor == Executor.dask and not scheduler:
         raise UserError("--executor dask needs --scheduler tcp://HOST:8786 (the address of a running dask scheduler)")
     if top_k is not None and top_k < 1:
