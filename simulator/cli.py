@@ -19,7 +19,7 @@ import typer
 from simulator.errors import UserError
 from simulator.progress import progress, progress_wanted, with_progress
 from simulator.words import plural
-from simulator.files import check_output_path, write_atomic
+from simulator.files import check_outputs, write_atomic
 
 app = typer.Typer(
     name="clustersim",
@@ -267,9 +267,11 @@ def simulate(
             _stderr(f"note: vpp={sc.parallelism.vpp}: using schedule interleaved-1f1b, as Megatron does; --schedule chooses another")
         # Checked before simulating, so a bad output path never costs the result.
         explicit_dashboard = None if dashboard in (None, _DASHBOARD_DEFAULT) else Path(dashboard)
-        for flag, target in (("--perfetto", perfetto), ("--report", report_json), ("--dashboard", explicit_dashboard)):
-            if target is not None:
-                check_output_path(Path(target), flag)
+        from simulator.scenario import scenario_input_files
+
+        check_outputs({"--perfetto": perfetto, "--report": report_json,
+                       "--dashboard": explicit_dashboard},
+                      scenario_input_files(scenario, overrides).items())
         from simulator.whatif.cli_flags import merge_perturbations, perturbations_from_flags
 
         sc = merge_perturbations(sc, perturbations_from_flags(

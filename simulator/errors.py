@@ -37,6 +37,25 @@ def validation_error_line(exc, hide_loc: tuple[str, ...] = ()) -> str:
     return f"{loc}: {msg}" if loc else msg
 
 
+def _not_a_boolean(value):
+    if isinstance(value, bool):
+        raise ValueError(f"got the boolean {str(value).lower()} (YAML reads yes/no/on/off as booleans): write a whole number")
+    return value
+
+
+def _whole_type():
+    from typing import Annotated
+
+    from pydantic import BeforeValidator
+
+    return Annotated[int, BeforeValidator(_not_a_boolean)]
+
+
+# An int field that refuses YAML's true / false (and yes / no): pydantic would read them as 1 / 0,
+# so `tp: true` simulated tp=1 and `num_layers: yes` one layer without a word.
+Whole = _whole_type()
+
+
 # A scenario, topology, profile, schedule or nccl-tests log is kilobytes; a HuggingFace config or a
 # profile with fitted tables a few megabytes. 64 MiB is far above any real one and keeps a wrong path
 # (a trace, /dev/zero, a disk image) from being read into memory.

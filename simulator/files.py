@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from simulator.errors import UserError
@@ -42,6 +43,40 @@ def check_output_path(path: Path, what: str) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"{what} folder {str(parent)!r} is not writable: choose another path")
     return path
+
+
+def check_outputs(outputs: dict[str, Path | str | None], inputs: Iterable[tuple[str, Path | str | None]] = ()) -> None:
+    """Refuse, before any work is done, outputs that would lose a file: each is checked by
+    ``check_output_path``; two outputs may not name the same file (the second would replace the
+    first), and none may replace a file the command reads: an input file itself (also through a
+    link), or a file inside an input folder (a trace bundle). ``outputs`` maps the flag to its path;
+    ``inputs`` holds (what the input is called, e.g. "scenario file", its path); None is skipped."""
+    seen: dict[str, str] = {}
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        check_output_path(Path(path), flag)
+        key = os.path.realpath(path)
+        if key in seen:
+            raise UserError(f"{seen[key]} and {flag} both name {str(path)!r}: give each its own path")
+        seen[key] = flag
+        if not os.path.isfile(path):
+            continue  # nothing there yet: no input can be lost
+        for what, source in inputs:
+            if source is None or str(source) == "" or not _replaces(Path(path), Path(source)):
+                continue
+            which = f"the {what}" if os.path.isfile(source) else f"a file of the {what} {str(source)!r}"
+            raise UserError(f"{flag} {str(path)!r} would overwrite {which} this command reads: choose another path")
+
+
+def _replaces(out: Path, source: Path) -> bool:
+    """Would writing ``out`` (an existing file) replace ``source`` or a file inside it (a folder)?"""
+    try:
+        if os.path.isdir(source):
+            return Path(os.path.realpath(out)).is_relative_to(os.path.realpath(source))
+        return os.path.isfile(source) and os.path.samefile(out, source)
+    except (OSError, ValueError):
+        return False
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator.profile import Profile, load_profile
-from simulator.errors import UserError, path_exists, read_json, read_yaml, validation_error_line
+from simulator.errors import UserError, Whole, path_exists, read_json, read_yaml, validation_error_line
 from simulator.topology.spec import TopologySpec, first_validation_error, load_topology
 from simulator.whatif.perturbations import Perturbations
 
@@ -42,28 +42,28 @@ class ModelConfig(BaseModel):
     model_config = _STRICT
 
     name: str = Field("custom", description="Preset or model name, shown in reports.")
-    num_layers: int = Field(ge=1, le=MAX_LAYERS, description="Transformer layers.")
-    hidden_size: int = Field(ge=1, le=MAX_WIDTH, description="Model width h.")
-    ffn_hidden_size: int = Field(ge=1, le=4 * MAX_WIDTH, description="Dense MLP inner width (4h for GPT, ~3.5h for Llama).")
-    num_attention_heads: int = Field(ge=1, le=MAX_WIDTH, description="Query heads a.")
-    num_kv_heads: int | None = Field(None, ge=1, le=MAX_WIDTH, description="Key/value heads (GQA); defaults to num_attention_heads.")
-    head_dim: int | None = Field(None, ge=1, le=MAX_WIDTH, description="Per-head width; defaults to hidden_size / num_attention_heads.")
-    vocab_size: int = Field(ge=1, le=MAX_VOCAB, description="Vocabulary size V (padded as the framework pads it).")
+    num_layers: Whole = Field(ge=1, le=MAX_LAYERS, description="Transformer layers.")
+    hidden_size: Whole = Field(ge=1, le=MAX_WIDTH, description="Model width h.")
+    ffn_hidden_size: Whole = Field(ge=1, le=4 * MAX_WIDTH, description="Dense MLP inner width (4h for GPT, ~3.5h for Llama).")
+    num_attention_heads: Whole = Field(ge=1, le=MAX_WIDTH, description="Query heads a.")
+    num_kv_heads: Whole | None = Field(None, ge=1, le=MAX_WIDTH, description="Key/value heads (GQA); defaults to num_attention_heads.")
+    head_dim: Whole | None = Field(None, ge=1, le=MAX_WIDTH, description="Per-head width; defaults to hidden_size / num_attention_heads.")
+    vocab_size: Whole = Field(ge=1, le=MAX_VOCAB, description="Vocabulary size V (padded as the framework pads it).")
     # Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank set means MLA.
-    q_lora_rank: int | None = Field(None, ge=1, description="MLA: rank of the query down-projection (None: full-rank queries).")
-    kv_lora_rank: int | None = Field(None, ge=1, description="MLA: rank of the compressed key/value latent.")
-    qk_rope_head_dim: int = Field(0, ge=0, description="MLA: rotary part of each query/key head, added to head_dim.")
-    v_head_dim: int | None = Field(None, ge=1, description="MLA: value head width; defaults to head_dim.")
+    q_lora_rank: Whole | None = Field(None, ge=1, description="MLA: rank of the query down-projection (None: full-rank queries).")
+    kv_lora_rank: Whole | None = Field(None, ge=1, description="MLA: rank of the compressed key/value latent.")
+    qk_rope_head_dim: Whole = Field(0, ge=0, description="MLA: rotary part of each query/key head, added to head_dim.")
+    v_head_dim: Whole | None = Field(None, ge=1, description="MLA: value head width; defaults to head_dim.")
     mlp: Literal["gelu", "swiglu"] = Field("swiglu", description="MLP kind: GELU (2 matrices) or SwiGLU (3 matrices).")
     tied_embeddings: bool = Field(False, description="Input embedding and LM head share one matrix.")
     learned_position_embeddings: bool = Field(False, description="GPT-style learned positions (adds seq x h parameters).")
-    max_position_embeddings: int = Field(2048, ge=1, le=MAX_SEQ_LENGTH, description="Rows of the learned position table.")
+    max_position_embeddings: Whole = Field(2048, ge=1, le=MAX_SEQ_LENGTH, description="Rows of the learned position table.")
     # Mixture of experts (simulated by the MoE work; carried here so scenarios can name them).
-    num_experts: int = Field(0, ge=0, le=MAX_EXPERTS, description="Routed experts per MoE layer; 0 = dense model.")
-    top_k: int = Field(0, ge=0, le=MAX_EXPERTS, description="Experts each token is routed to.")
-    moe_ffn_hidden_size: int | None = Field(None, ge=1, le=4 * MAX_WIDTH, description="Inner width of one expert; defaults to ffn_hidden_size.")
-    num_shared_experts: int = Field(0, ge=0, le=MAX_EXPERTS, description="Always-active shared experts per MoE layer.")
-    num_dense_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="First layers that use a dense MLP instead of experts.")
+    num_experts: Whole = Field(0, ge=0, le=MAX_EXPERTS, description="Routed experts per MoE layer; 0 = dense model.")
+    top_k: Whole = Field(0, ge=0, le=MAX_EXPERTS, description="Experts each token is routed to.")
+    moe_ffn_hidden_size: Whole | None = Field(None, ge=1, le=4 * MAX_WIDTH, description="Inner width of one expert; defaults to ffn_hidden_size.")
+    num_shared_experts: Whole = Field(0, ge=0, le=MAX_EXPERTS, description="Always-active shared experts per MoE layer.")
+    num_dense_layers: Whole = Field(0, ge=0, le=MAX_LAYERS, description="First layers that use a dense MLP instead of experts.")
     # HuggingFace architecture whose eager kernels `implementation: hf-eager` replays (gpt2, opt).
     hf_model_type: str | None = Field(None, description="HuggingFace model_type (gpt2, opt) for hf-eager kernels; None: generic.")
     attention_dropout: float = Field(0.1, ge=0, lt=1, description="Dropout on attention probabilities (hf-eager; 0 launches no kernel).")
@@ -110,13 +110,13 @@ class ModelConfig(BaseModel):
 class ParallelConfig(BaseModel):
     model_config = _STRICT
 
-    tp: int = Field(1, ge=1, le=MAX_GPUS, description="Tensor-parallel size (Megatron column/row parallel linears).")
-    pp: int = Field(1, ge=1, le=MAX_GPUS, description="Pipeline-parallel ranks.")
-    vpp: int = Field(1, ge=1, le=MAX_LAYERS, description="Model chunks per pipeline rank (interleaved schedules).")
-    cp: int = Field(1, ge=1, le=MAX_GPUS, description="Context-parallel size: the sequence split across ranks.")
-    ep: int = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel size, carved out of dp.")
-    dp: int | None = Field(None, ge=1, le=MAX_GPUS, description="Data-parallel size; derived as gpus / (tp*cp*pp) when omitted.")
-    zero: int = Field(1, ge=0, le=3, description="ZeRO stage: 0 DDP, 1 sharded optimizer, 2 + gradients, 3 + parameters (FSDP).")
+    tp: Whole = Field(1, ge=1, le=MAX_GPUS, description="Tensor-parallel size (Megatron column/row parallel linears).")
+    pp: Whole = Field(1, ge=1, le=MAX_GPUS, description="Pipeline-parallel ranks.")
+    vpp: Whole = Field(1, ge=1, le=MAX_LAYERS, description="Model chunks per pipeline rank (interleaved schedules).")
+    cp: Whole = Field(1, ge=1, le=MAX_GPUS, description="Context-parallel size: the sequence split across ranks.")
+    ep: Whole = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel size, carved out of dp.")
+    dp: Whole | None = Field(None, ge=1, le=MAX_GPUS, description="Data-parallel size; derived as gpus / (tp*cp*pp) when omitted.")
+    zero: Whole = Field(1, ge=0, le=3, description="ZeRO stage: 0 DDP, 1 sharded optimizer, 2 + gradients, 3 + parameters (FSDP).")
     sequence_parallel: bool = Field(True, description="Megatron sequence parallelism: all-gather / reduce-scatter instead of all-reduce.")
     async_tp: bool = Field(
         False,
@@ -140,8 +140,8 @@ class ParallelConfig(BaseModel):
     fsdp_reshard_after_forward: bool = Field(
         True, description="ZeRO-3/FSDP: free gathered parameters after forward and gather again for backward."
     )
-    fsdp_prefetch: int = Field(1, ge=0, le=MAX_LAYERS, description="ZeRO-3/FSDP: parameter all-gathers issued ahead of the unit that needs them.")
-    fsdp_shard_size: int | None = Field(
+    fsdp_prefetch: Whole = Field(1, ge=0, le=MAX_LAYERS, description="ZeRO-3/FSDP: parameter all-gathers issued ahead of the unit that needs them.")
+    fsdp_shard_size: Whole | None = Field(
         None, ge=1, description="HSDP: shard parameters within groups of this many DP ranks and replicate across groups."
     )
     cp_attention: Literal["allgather", "ring"] = Field(
@@ -168,7 +168,7 @@ class ParallelConfig(BaseModel):
         "(Megatron-LM 2021 and megatron-core without the fusion: main_grad.add_(grad); PyTorch AccumulateGrad).",
     )
     overlap_grad_reduce: bool = Field(True, description="Overlap the DP gradient reduction with backward (DDP/Megatron buckets).")
-    grad_bucket_params: int = Field(40_000_000, ge=1, description="Parameters per DP gradient bucket (Megatron default 40M).")
+    grad_bucket_params: Whole = Field(40_000_000, ge=1, description="Parameters per DP gradient bucket (Megatron default 40M).")
 
 
 class MoEConfig(BaseModel):
@@ -180,7 +180,7 @@ class MoEConfig(BaseModel):
         "uniform", description="uniform: every expert gets the same tokens; skewed: a seeded Zipf-like skew over experts."
     )
     skew: float = Field(1.0, ge=0, description="Zipf exponent of expert popularity for skewed routing (0 = uniform).")
-    seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed of the skewed routing draw (determinism).")
+    seed: Whole = Field(0, ge=0, le=2**32 - 1, description="Seed of the skewed routing draw (determinism).")
     capacity_factor: float | None = Field(
         None, gt=0, description="Tokens an expert accepts, as a multiple of its uniform share; overflow is dropped. None: no dropping."
     )
@@ -215,15 +215,15 @@ class FP8Config(BaseModel):
 class BatchConfig(BaseModel):
     model_config = _STRICT
 
-    micro_batch_size: int = Field(1, ge=1, le=MAX_SEQ_LENGTH, description="Sequences per microbatch per data-parallel rank.")
-    global_batch_size: int = Field(ge=1, le=MAX_SEQ_LENGTH, description="Sequences per optimizer step, all data-parallel ranks together.")
-    seq_length: int = Field(ge=1, le=MAX_SEQ_LENGTH, description="Tokens per sequence.")
+    micro_batch_size: Whole = Field(1, ge=1, le=MAX_SEQ_LENGTH, description="Sequences per microbatch per data-parallel rank.")
+    global_batch_size: Whole = Field(ge=1, le=MAX_SEQ_LENGTH, description="Sequences per optimizer step, all data-parallel ranks together.")
+    seq_length: Whole = Field(ge=1, le=MAX_SEQ_LENGTH, description="Tokens per sequence.")
 
 
 class ClusterConfig(BaseModel):
     model_config = _STRICT
 
-    gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs in the job.")
+    gpus: Whole = Field(ge=1, le=MAX_GPUS, description="GPUs in the job.")
     # Named (a shipped name or a file) or written inline as a mapping. A dotted override into a
     # named one (--set cluster.gpu.compute.peak_tflops=500) first turns it into its mapping.
     gpu: str | Profile = Field(
@@ -626,6 +626,29 @@ def load_scenario_dict(path: str | Path) -> dict[str, Any]:
         if isinstance(value, str) and _looks_like_path(value) and not Path(value).is_absolute():
             holder[key] = str(base / value)
     return data
+
+
+# Scenario slots that may name a file, and what the file is called in messages.
+INPUT_FILE_SLOTS = {"model": "model config", "schedule_file": "schedule file", "cluster.gpu": "GPU profile",
+                    "cluster.topology": "topology file"}
+
+
+def scenario_input_files(path: str | Path | None, overrides: dict[str, Any] | None = None) -> dict[str, str]:
+    """The files a scenario run reads, by what they are called: the scenario file and the model
+    config, schedule CSV, profile and topology it or an override names (a name, not a path, is
+    listed too; it matches no output file). For refusing an output path that would replace one."""
+    files: dict[str, str] = {}
+    data: dict[str, Any] = {}
+    if path is not None:
+        files["scenario file"] = str(path)
+        data = load_scenario_dict(path)
+    for dotted, what in INPUT_FILE_SLOTS.items():
+        value = (overrides or {}).get(dotted)
+        if value is None:
+            value = _get_dotted(data, dotted)
+        if isinstance(value, str):
+            files[what] = value
+    return files
 
 
 def _looks_like_path(value: str) -> bool:

@@ -26,12 +26,17 @@ def calibrate_command(
 ) -> None:
     """Fit a profile (compute, communication, overlap, provenance) from captured timings."""
     from simulator.calibrate.fit import calibrate
-    from simulator.files import write_atomic
+    from simulator.files import check_outputs, write_atomic
 
     if out.suffix != ".json":
         raise UserError(f"--out {str(out)!r} must be a .json file, e.g. calibration/my-gpu.json")
     if out.exists() and not force:
         raise UserError(f"--out {str(out)!r} already exists: choose another path or pass --force")
+    # --force replaces an earlier profile (--base may be it), never a trace, log or bundle file read here.
+    check_outputs({"--out": out}, [("scenario file", scenario), *(("trace input", i) for i in inputs)])
+    from simulator.trace.nccl_tests import check_collective_name
+
+    check_collective_name(collective)
     if inputs and all(Path(i).suffix == ".csv" for i in inputs):
         # Per-operator latency tables (NeuSight's or plain): fit the kernel model's constants.
         from simulator.workload.kernel_model import calibrate_from_tables

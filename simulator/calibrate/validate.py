@@ -31,7 +31,7 @@ import typer
 
 from simulator.contention import measured_excess_scale
 from simulator.profile import OP_CLASSES, OpClassModel, Profile, load_profile
-from simulator.errors import UserError
+from simulator.errors import UserError, path_exists
 from simulator.vocabulary import COMM_STREAMS, Stream
 
 # Capture schedule names (simulator.capture.spec.SCHEDULES) -> simulator schedule names.
@@ -314,6 +314,8 @@ def validate_command(
         else:
             print_trace_validation(res)
         return
+    if not path_exists(bundle):
+        raise UserError(f"bundle {str(bundle)!r} does not exist: give a trace bundle folder written by 'clustersim capture'")
     if profile is None:
         raise UserError(f"validate {str(bundle)!r} needs --profile: a shipped profile name or a profile JSON fitted with 'clustersim calibrate'")
     with warnings.catch_warnings():

@@ -264,6 +264,12 @@ def collective_command(
         extra = {"algorithms": {OPS[name]: algorithm}} if algorithm else {}
         rows, net, note = simulate_sweep(name, gpus, topology, profile, parse_size(min_bytes), parse_size(max_bytes), factor,
                                          type_bytes=DATATYPES[datatype], **extra)
+        ran = sorted({r["algorithm"] for r in rows} - {algorithm}) if algorithm else []
+        if ran:
+            # The fabric falls back to its default where a forced algorithm does not apply (torus off a
+            # torus, tree inside one node, any but pairwise for alltoall): a table under the asked name would mislead.
+            raise UserError(f"--algorithm {algorithm} does not apply to {name} on {gpus:,} GPUs of {net.graph.spec.name} "
+                            f"(it would run {', '.join(ran)}): choose {' or '.join(ran)}, or omit --algorithm")
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)

@@ -293,7 +293,7 @@ def compare_command(
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
 ) -> None:
     """Compare two scenarios or two reports: a per-metric table here, both side by side in a dashboard."""
-    from simulator.files import write_atomic
+    from simulator.files import check_outputs, write_atomic
     from simulator.progress import progress
 
     if b is None:
@@ -302,6 +302,8 @@ def compare_command(
         path = output or Path("dashboards") / f"compare-{_slug(a.stem)}-vs-{_slug(b.stem)}.html"
     if path.exists() and path.is_dir():
         raise UserError(f"--output {str(path)!r} is a folder: give a file path ending in .html")
+    # Before simulating: a bad path never costs the result, and A or B is never written over.
+    check_outputs({"--output": path}, [("file A", a), ("file B", b)])
     from simulator.report.findings import attach
 
     with progress("compare") as phase:

@@ -114,10 +114,16 @@ def sweep_command(
         if not 0 <= memory_headroom < 1:
             raise UserError(f"--memory-headroom {memory_headroom} must be a fraction in [0, 1), e.g. 0.1")
         spec.constraints.memory_headroom = memory_headroom
+    for flag, value in (("--max-gpus", max_gpus), ("--min-gpus", min_gpus)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag} {value} must be at least 1: it prunes points by their GPU count")
     if max_gpus is not None:
         spec.constraints.max_gpus = max_gpus
     if min_gpus is not None:
         spec.constraints.min_gpus = min_gpus
+    lo, hi = spec.constraints.min_gpus, spec.constraints.max_gpus
+    if lo is not None and hi is not None and lo > hi:
+        raise UserError(f"min_gpus={lo} is above max_gpus={hi}: every point would be pruned; lower --min-gpus or raise --max-gpus")
     if executor == Executor.dask and not scheduler:
         raise UserError("--executor dask needs --scheduler tcp://HOST:8786 (the address of a running dask scheduler)")
     if top_k is not None and top_k < 1:
@@ -127,27 +133,33 @@ def sweep_command(
     if batch_size is not None and batch_size < 1:
         raise UserError(f"--batch-size {batch_size} must be at least 1 (scenarios per task)")
     store_path = store or Path("sweeps") / f"{spec.name}.sqlite"
+    dash_path = best_path = None
+    if not no_dashboard:
+        from simulator.report.files import output_path
+
+        dash_path = dashboard or output_path(Path("dashboards"), spec.name, ".html", prefix="sweep-")
+        best_path = dash_path.with_name(dash_path.stem + "-best.html")
+    from simulator.files import check_outputs, write_atomic
+
+    # Before the sweep: a bad path never costs the results, and no input is written over.
+    inputs = [("space file", space), ("--model config", model)]
+    for flag, values in (("--gpu", gpu), ("--topology", topology)):
+        inputs += [(f"{flag} file", value.strip() or None) for value in (values or "").split(",")]
+    check_outputs({"--store": store_path, "--dashboard": dash_path, "the best point's dashboard": best_path}, inputs)
 
     out = run_sweep(spec, store=store_path, executor=executor.value, workers=workers, scheduler=scheduler,
                     exhaustive=exhaustive, estimate_only=estimate_only, batch_size=batch_size,
                     show_progress=not no_progress)
 
-    from simulator.files import write_atomic
-
-    dash_path = None
-    if not no_dashboard:
+    if dash_path is not None:
         from simulator.sweep.dashboard import build_sweep_dashboard_html
 
-        from simulator.report.files import output_path
-
-        dash_path = dashboard or output_path(Path("dashboards"), spec.name, ".html", prefix="sweep-")
         href = None
         if out.best is not None:
             from simulator.report.dashboard import build_dashboard_html
             from simulator.scenario import build_scenario
             from simulator.simulate import simulate
 
-            best_path = dash_path.with_name(dash_path.stem + "-best.html")
             res = simulate(build_scenario(out.best["scenario"]), mode=spec.mode)
             write_atomic(best_path, build_dashboard_html(res, cdn=cdn))
             href = os.path.relpath(best_path, dash_path.parent)

@@ -18,7 +18,7 @@ from simulator.textsafe import for_rich
 from simulator.errors import UserError
 from simulator.trace import kineto_fields as K
 from simulator.trace.loader import TraceSet, load_trace
-from simulator.trace.nccl_tests import NcclTestsResult, import_nccl_tests
+from simulator.trace.nccl_tests import NcclTestsResult, check_collective_name, import_nccl_tests
 
 trace_app = typer.Typer(help="Inspect Kineto traces, trace bundles and nccl-tests logs.", no_args_is_help=True)
 
@@ -152,6 +152,7 @@ def info(
 ) -> None:
     """Print what PATH holds: ranks, devices, op classes with total time, collectives, time span."""
     try:
+        check_collective_name(collective)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # they are part of the summary
             if path.is_file() and path.suffix == ".csv":

@@ -80,6 +80,17 @@ def _prog_collective(prog: str) -> str | None:
     return _PROG_COLLECTIVE.get(base.replace("_", "")) or normalise_collective(base)
 
 
+def check_collective_name(collective: str | None) -> str | None:
+    """The collective a --collective flag names (nccl-tests' names work too), or one UserError line;
+    None stays None. CLIs call it up front, so a typo is said even when no log needs it."""
+    if collective is None:
+        return None
+    coll = _prog_collective(collective)
+    if coll is None:
+        raise UserError(f"unknown collective {collective!r}: use all_reduce, all_gather, reduce_scatter, alltoall, broadcast, reduce, sendrecv, gather, scatter or hypercube")
+    return coll
+
+
 def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: int | None = None) -> NcclTestsResult:
     """Parse an nccl-tests log. The collective comes from the log's 'Collective test starting'
     line, else from a *_perf file name, else from the argument."""
@@ -90,11 +101,7 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: i
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise UserError(f"{str(path)!r} cannot be read ({exc.strerror})") from None
-    coll = None
-    if collective is not None:
-        coll = _prog_collective(collective)
-        if coll is None:
-            raise UserError(f"unknown collective {collective!r}: use all_reduce, all_gather, reduce_scatter, alltoall, broadcast, reduce, sendrecv, gather, scatter or hypercube")
+    coll = check_collective_name(collective)
     if coll is None:
         m = _PROG.search(path.name)
         coll = _prog_collective(m.group(0)) if m else None

@@ -15,9 +15,11 @@ Sources of the defaults:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from simulator.errors import Whole
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -35,8 +37,8 @@ class GpuSpeed(BaseModel):
 
     model_config = _STRICT
 
-    rank: int | None = Field(None, ge=0, description="Global rank (= GPU id under the default placement) of the GPU; unitless index.")
-    node: int | None = Field(None, ge=0, description="Node index: every GPU of that node gets the factor; unitless index.")
+    rank: Whole | None = Field(None, ge=0, description="Global rank (= GPU id under the default placement) of the GPU; unitless index.")
+    node: Whole | None = Field(None, ge=0, description="Node index: every GPU of that node gets the factor; unitless index.")
     speed: float = Field(ge=MIN_FACTOR, le=MAX_FACTOR, description="Compute speed as a fraction of nominal (kernels take 1/speed as long); unitless ratio.")
 
     @model_validator(mode="after")
@@ -53,8 +55,8 @@ class GpuSpeedDraw(BaseModel):
 
     distribution: Literal["lognormal", "normal"] = Field("lognormal", description="Distribution of the per-GPU speed factor (mean 1).")
     cv: float = Field(gt=0, le=MAX_CV, description="Coefficient of variation of the speed factor; unitless ratio (0.03 = 3 %).")
-    seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed of the draw; unitless.")
-    levels: int = Field(
+    seed: Whole = Field(0, ge=0, le=2**32 - 1, description="Seed of the draw; unitless.")
+    levels: Whole = Field(
         8, ge=1, le=1024,
         description="Speeds are rounded to this many quantile levels so GPUs of equal speed stay grouped (fewer simulated ranks); count.",
     )
@@ -80,7 +82,7 @@ class Failures(BaseModel):
 
     model_config = _STRICT
 
-    nodes: list[int] = Field(default_factory=list, max_length=100_000, description="Nodes that fail during the run (one failure each); node indices.")
+    nodes: list[Annotated[Whole, Field(ge=0)]] = Field(default_factory=list, max_length=100_000, description="Nodes that fail during the run (one failure each); node indices.")
     policy: Literal["restart", "spares"] = Field(
         "restart",
         description="restart: the job stops, waits restart_cost_s and resumes from the last checkpoint; "
@@ -101,8 +103,8 @@ class Jitter(BaseModel):
     cv: float = Field(gt=0, le=MAX_CV, description="Coefficient of variation of each duration's multiplier; unitless ratio (0.05 = 5 %).")
     distribution: Literal["lognormal", "normal"] = Field("lognormal", description="Distribution of the multiplier (mean 1; normal is truncated at 0.05).")
     target: Literal["kernel", "collective", "both"] = Field("kernel", description="What the noise applies to: compute segments, collectives, or both.")
-    seed: int = Field(0, ge=0, le=2**32 - 1, description="First seed; seed i of a distribution is seed + i; unitless.")
-    seeds: int = Field(1, ge=1, le=MAX_SEEDS, description="Steps simulated, one per seed, for the step-time distribution; count.")
+    seed: Whole = Field(0, ge=0, le=2**32 - 1, description="First seed; seed i of a distribution is seed + i; unitless.")
+    seeds: Whole = Field(1, ge=1, le=MAX_SEEDS, description="Steps simulated, one per seed, for the step-time distribution; count.")
     granularity: Literal["group", "stage"] = Field(
         "group",
         description="group: one simulated rank per TP x CP group, every data-parallel replica with its own noise; "

@@ -1,0 +1,213 @@
+"""Bad input found by a CLI fuzzing pass (fuzz9): each case ends with one ``error:`` line, exit 2,
+no traceback and no file written. CLI cases run `python -m simulator.cli` in a subprocess from a
+temporary folder, so the exit status, stderr and the files left behind are those of `clustersim`."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data"
+
+# 4 layers, 8 GPUs, the alpha-beta network: simulates in well under a second.
+TINY = {
+    "name": "tiny",
+    "model": {"name": "tiny", "num_layers": 4, "hidden_size": 512, "ffn_hidden_size": 1376,
+              "num_attention_heads": 8, "vocab_size": 32000},
+    "parallelism": {"tp": 2, "pp": 2, "zero": 1, "sequence_parallel": True},
+    "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 512},
+    "schedule": "1f1b",
+    "network": "alpha-beta",
+    "cluster": {"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"},
+}
+
+
+def clustersim(args: list, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="160")
+    return subprocess.run([sys.executable, "-m", "simulator.cli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess, pattern: str) -> None:
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+    assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+@pytest.fixture
+def tiny(tmp_path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    return path
+
+
+@pytest.mark.parametrize("flags", [["--fail-node", "-1"], ["--fail-node", "0", "--fail-node", "-3"]])
+def test_negative_failed_node_is_refused(tmp_path, tiny, flags):
+    # Was exit 0 with "failed node(s) -1" and a goodput for a node that does not exist.
+    p = clustersim(["simulate", tiny, "--no-dashboard", "--report", tmp_path / "r.json", *flags], tmp_path)
+    assert_one_line_error(p, r"perturbations\.failures\.nodes\.\d: Input should be greater than or equal to 0")
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["tiny.yaml"]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("flag", ["--report", "--perfetto", "--dashboard"])
+def test_simulate_output_over_the_scenario_is_refused(tmp_path, tiny, flag):
+    # Was exit 0, the scenario YAML replaced by the report / trace / dashboard.
+    before = _files(tmp_path)
+    p = clustersim(["simulate", tiny.name, "--no-dashboard", flag, f"./{tiny.name}"], tmp_path)
+    assert_one_line_error(p, rf"^error: {flag} 'tiny\.yaml' would overwrite the scenario file this command reads: "
+                             r"choose another path$")
+    assert _files(tmp_path) == before
+
+
+def test_simulate_output_over_a_file_the_scenario_names_is_refused(tmp_path, tiny):
+    # The schedule CSV is named in the scenario, relative to it; the link reaches it under another name.
+    (tmp_path / "s.csv").write_bytes((DATA / "schedules" / "custom_interleaved_2ranks.csv").read_bytes())
+    data = yaml.safe_load(tiny.read_text())
+    data["schedule_file"] = "s.csv"
+    tiny.write_text(yaml.safe_dump(data))
+    (tmp_path / "link.csv").symlink_to("s.csv")
+    before = _files(tmp_path)
+    p = clustersim(["simulate", tiny, "--no-dashboard", "--report", "link.csv"], tmp_path)
+    assert_one_line_error(p, r"--report 'link\.csv' would overwrite the schedule file this command reads")
+    assert _files(tmp_path) == before
+
+
+def test_simulate_two_outputs_on_one_path_are_refused(tmp_path, tiny):
+    # Was exit 0 with the Perfetto trace silently replaced by the report.
+    p = clustersim(["simulate", tiny, "--no-dashboard", "--perfetto", "out.json", "--report", "./out.json"], tmp_path)
+    assert_one_line_error(p, r"^error: --perfetto and --report both name 'out\.json': give each its own path$")
+    assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["w.yaml", "-o", "w.yaml"], r"--output 'w\.yaml' would overwrite the file A this command reads"),
+    (["tiny.yaml", "w.yaml", "-o", "w.yaml"], r"--output 'w\.yaml' would overwrite the file B this command reads"),
+    (["tiny.yaml", "w.yaml", "-o", "tiny.yaml/x.html"], r"goes through 'tiny\.yaml', which is a file, not a folder"),
+])
+def test_compare_output_checked_before_simulating(tmp_path, tiny, args, pattern):
+    # Was exit 0 with A or B replaced by the dashboard; a bad --output was found only after simulating.
+    (tmp_path / "w.yaml").write_bytes((DATA / "scenarios" / "whatif-small.yaml").read_bytes())
+    before = _files(tmp_path)
+    p = clustersim(["compare", *args], tmp_path)
+    assert_one_line_error(p, pattern)
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("flags, pattern", [
+    (["--dashboard", "space.yaml"], r"--dashboard 'space\.yaml' would overwrite the space file this command reads"),
+    (["--store", "space.yaml", "--no-dashboard"], r"--store 'space\.yaml' would overwrite the space file"),
+    (["--store", "d.html", "--dashboard", "d.html"], r"--store and --dashboard both name 'd\.html'"),
+    (["--store", "d-best.html", "--dashboard", "d.html"], r"--store and the best point's dashboard both name 'd-best\.html'"),
+])
+def test_sweep_outputs_checked_against_inputs_and_each_other(tmp_path, flags, pattern):
+    # Was exit 0 with the space file (or the results store) replaced by a dashboard.
+    (tmp_path / "space.yaml").write_bytes((DATA / "sweep" / "tiny.yaml").read_bytes())
+    before = _files(tmp_path)
+    p = clustersim(["sweep", "space.yaml", "--estimate-only", "--no-progress", *flags], tmp_path)
+    assert_one_line_error(p, pattern)
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("source, out, pattern", [
+    ("bundle", "bundle/manifest.json", r"--out 'bundle/manifest\.json' would overwrite a file of the trace input 'bundle'"),
+    ("k.json", "k.json", r"--out 'k\.json' would overwrite the trace input this command reads"),
+])
+def test_calibrate_force_never_replaces_an_input(tmp_path, source, out, pattern):
+    # Was exit 0 with --force: the bundle's manifest (or the Kineto trace) replaced by the profile.
+    import shutil
+
+    shutil.copytree(REPO / "traces" / "cpu-gloo-train-dp2-tp2", tmp_path / "bundle")
+    (tmp_path / "k.json").write_bytes((DATA / "trace" / "empty.json").read_bytes())
+    before = _files(tmp_path)
+    p = clustersim(["calibrate", source, "--out", out, "--force"], tmp_path)
+    assert_one_line_error(p, pattern)
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("item, field, shown", [
+    ("parallelism.tp=true", "parallelism.tp", "true"), ("model.num_layers=yes", "model.num_layers", "true"),
+    ("parallelism.dp=off", "parallelism.dp", "false"), ("perturbations.failures.nodes=[true]", "perturbations.failures.nodes.0", "true"),
+])
+def test_a_boolean_is_not_a_count(tmp_path, tiny, item, field, shown):
+    # Was exit 0: pydantic read true as 1, so tp: true simulated tp=1 (num_layers: yes, one layer) without a word.
+    p = clustersim(["simulate", tiny, "--no-dashboard", "--report", tmp_path / "r.json", "--set", item], tmp_path)
+    assert_one_line_error(p, rf"^error: scenario: {re.escape(field)}: got the boolean {shown} \(YAML reads yes/no/on/off "
+                             r"as booleans\): write a whole number$")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_boolean_count_in_the_scenario_file_is_refused(tmp_path):
+    from simulator.errors import UserError
+    from simulator.scenario import build_scenario
+
+    data = yaml.safe_load(yaml.safe_dump(TINY))
+    data["cluster"]["gpus"] = True
+    with pytest.raises(UserError, match=r"^scenario: cluster\.gpus: got the boolean true .*: write a whole number$"):
+        build_scenario(data)
+    data["cluster"]["gpus"] = 8
+    assert build_scenario(data).cluster.gpus == 8
+
+
+@pytest.mark.parametrize("args, ran", [
+    (["all_reduce", "-g", "16", "--algorithm", "torus"], "ring"),  # a fat-tree is no torus
+    (["all_reduce", "-g", "8", "--algorithm", "tree"], "ring"),  # one node: no inter-node tree
+    (["all_gather", "-g", "16", "--algorithm", "tree"], "ring"),
+    (["alltoall", "-g", "16", "--algorithm", "ring"], "pairwise"),
+])
+def test_collective_forced_algorithm_that_does_not_apply_is_refused(tmp_path, args, ran):
+    # Was exit 0 with a table of another algorithm than the one forced.
+    p = clustersim(["collective", *args, "-b", "1K", "-e", "4K"], tmp_path)
+    algorithm = args[-1]
+    assert_one_line_error(p, rf"^error: --algorithm {algorithm} does not apply to \w+ on {args[2]} GPUs of dgx-h100-fattree "
+                             rf"\(it would run {ran}\): choose {ran}, or omit --algorithm$")
+
+
+def test_collective_forced_algorithm_that_applies_runs(tmp_path):
+    import json
+
+    p = clustersim(["collective", "all_reduce", "-g", "16", "-b", "1K", "-e", "4K", "--algorithm", "tree", "--json"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert {r["algorithm"] for r in json.loads(p.stdout)["rows"]} == {"tree"}
+
+
+@pytest.mark.parametrize("command", [["trace", "info", "bundle"], ["calibrate", "bundle", "--out", "p.json"]])
+def test_unknown_collective_is_said_even_when_no_log_needs_it(tmp_path, command):
+    # Was exit 0 (trace info) or a calibration run: --collective was only read for an unlabelled nccl-tests log.
+    import shutil
+
+    shutil.copytree(REPO / "traces" / "cpu-gloo-train-dp2-tp2", tmp_path / "bundle")
+    p = clustersim([*command, "--collective", "allredcue"], tmp_path)
+    assert_one_line_error(p, r"^error: unknown collective 'allredcue': use all_reduce, all_gather, ")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_validate_names_a_missing_bundle_before_asking_for_a_profile(tmp_path):
+    # Was "validate 'nope' needs --profile": adding one only then said the path does not exist.
+    p = clustersim(["validate", "nope"], tmp_path)
+    assert_one_line_error(p, r"^error: bundle 'nope' does not exist: give a trace bundle folder written by 'clustersim capture'$")
+
+
+@pytest.mark.parametrize("flags, pattern", [
+    (["--max-gpus", "-1"], r"^error: --max-gpus -1 must be at least 1: it prunes points by their GPU count$"),
+    (["--min-gpus", "0"], r"^error: --min-gpus 0 must be at least 1"),
+    (["--min-gpus", "100", "--max-gpus", "10"], r"^error: min_gpus=100 is above max_gpus=10: every point would be pruned"),
+])
+def test_sweep_gpu_bounds_from_flags_are_checked_like_the_space_file(tmp_path, flags, pattern):
+    # Was exit 0 with every point pruned ("gpus above max_gpus=-1"); the space file's constraints were already checked.
+    (tmp_path / "space.yaml").write_bytes((DATA / "sweep" / "tiny.yaml").read_bytes())
+    p = clustersim(["sweep", "space.yaml", "--estimate-only", "--no-progress", "--no-dashboard", *flags], tmp_path)
+    assert_one_line_error(p, pattern)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["space.yaml"]
