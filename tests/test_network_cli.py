@@ -56,3 +56,17 @@ def test_bad_op_exits_2_with_one_line():
     res = CliRunner().invoke(collective_app, ["allreduc", "--gpus", "8"])
     assert res.exit_code == 2
     assert "unknown collective 'allreduc'" in res.output and res.output.strip().count("\n") == 0
+
+
+def test_every_node_kind_default_profile_is_shipped_and_today_s_systems_have_one():
+    """`collective` without --gpu assumes the profile of the topology's GPU: every mapping names a
+    shipped profile, and the H200 / B200 / GB200 systems get theirs (they had ideal links)."""
+    from simulator.network.cli import NODE_KIND_PROFILES, default_profile_for
+    from simulator.profile import load_profile
+
+    for kind, name in NODE_KIND_PROFILES.items():
+        assert load_profile(name) is not None, kind
+    assert default_profile_for("gb200-nvl72") == "gb200"
+    assert default_profile_for("dgx-b200") == "b200"
+    assert default_profile_for("dgx-h200") == "h200-sxm-141gb"
+    assert default_profile_for("torus-3d") is None
