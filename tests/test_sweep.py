@@ -68,6 +68,12 @@ BAD_SPACES = [
     ("base: nowhere.yaml\nspace: {tp: [1]}\n", r"nowhere.yaml' does not exist"),
     ("base: a.yaml\nscenario: {}\nspace: {tp: [1]}\n", r"either 'base'.*or 'scenario'"),
     ("space: {tp: [1], parallelism.tp: [2]}\n", r"axis 'parallelism.tp' is given twice"),
+    # a typo on a named axis is refused, not pruned (it would silently drop those points)
+    ("space: {schedule: [1f1b, 1fb1]}\n", r"axis 'schedule' value '1fb1' is unknown: use one of gpipe, 1f1b"),
+    ("space: {recompute: [none, partial]}\n", r"axis 'recompute' value 'partial' is unknown"),
+    ("space: {network: [flw]}\n", r"axis 'network' value 'flw' is unknown: use one of flow, alpha-beta"),
+    ("space: {gpu: [h100-sxm-80gb, h1000]}\n", r"axis 'gpu' value 'h1000': unknown GPU profile"),
+    ("space: {topology: [nowhere-fabric]}\n", r"axis 'topology' value 'nowhere-fabric'"),
 ]
 
 
@@ -252,15 +258,19 @@ def test_cli_json_table_and_escaped_dashboard(tmp_path, reference):
     src.backup(dst)
     src.close(), dst.close()
     dash = tmp_path / "d" / "sweep.html"
-    # A hostile schedule name reaches the prune reasons; the dashboard must show it inert.
-    args = [str(TINY), "--schedule", "1f1b,<img src=x onerror=alert(1)>", "--top-k", "3", "--store", str(store),
+    # A hostile mesh order (a free-form axis, checked per point) reaches the prune reasons; the
+    # dashboard must show it inert. (Unknown names on named axes are refused up front instead.)
+    space = tmp_path / "hostile.yaml"
+    space.write_text(TINY.read_text().replace(
+        "space:\n", 'space:\n  mesh_order: [tp-cp-ep-dp-pp, "<img src=x onerror=alert(1)>"]\n'))
+    args = [str(space), "--schedule", "1f1b", "--top-k", "3", "--store", str(store),
             "--dashboard", str(dash), "--cdn", "--no-progress"]
     res = CliRunner().invoke(sweep_app, args + ["--json"])
     assert res.exit_code == 0, res.output
     obj = json.loads(res.stdout)
     assert obj["simulated"] == 3 and obj["newly_simulated"] == 0
     assert len(obj["top"]) == 3 and obj["top"][0]["rank"] == 1
-    assert any("unknown pipeline schedule" in r for r in obj["pruned"])
+    assert any("<img src=x" in r for r in obj["pruned"])
     assert obj["agreement"]["n"] == 3
     html_text = dash.read_text()
     assert "<img src=x" not in html_text and "&lt;img src=x" in html_text

@@ -136,6 +136,38 @@ def _values(name: str, raw: Any, where: str) -> list[Any]:
     return vals
 
 
+def _check_names(name: str, dotted: str, vals: list[Any], where: str) -> None:
+    """Axes whose values are names (schedule, recompute, network, dtype, GPU profile, topology):
+    an unknown one is a typo, refused here rather than pruned as a layout (every point with it
+    would be, silently thinning the sweep)."""
+    from typing import get_args
+
+    from simulator.scenario import Scenario
+
+    if dotted == "schedule":
+        from simulator.schedules.registry import SCHEDULES
+
+        choices = tuple(SCHEDULES)
+    elif dotted in ("recompute", "network", "dtype"):
+        choices = get_args(Scenario.model_fields[dotted].annotation)
+    elif dotted in ("cluster.gpu", "cluster.topology"):
+        from simulator.profile import load_profile
+        from simulator.topology.spec import load_topology
+
+        load = load_profile if dotted == "cluster.gpu" else load_topology
+        for v in vals:
+            try:
+                load(str(v))
+            except UserError as e:
+                raise UserError(f"{where}: axis {name!r} value {v!r}: {e}") from None
+        return
+    else:
+        return
+    for v in vals:
+        if v not in choices:
+            raise UserError(f"{where}: axis {name!r} value {v!r} is unknown: use one of {', '.join(map(str, choices))}")
+
+
 def _check_constraints(raw: Any, where: str) -> Constraints:
     if raw is None:
         return Constraints()
@@ -182,6 +214,7 @@ def make_spec(
         if dotted in out:
             raise UserError(f"{where}: axis {k!r} is given twice (as {SHORT.get(dotted, dotted)!r}): keep one")
         out[dotted] = _values(str(k), v, where)
+        _check_names(str(k), dotted, out[dotted], where)
     points = math.prod(len(v) for v in out.values()) if out else 1
     if points > MAX_SPACE_POINTS:
         sizes = " x ".join(f"{SHORT.get(k, k)} {len(v):,}" for k, v in out.items())
