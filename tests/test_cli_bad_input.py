@@ -211,3 +211,14 @@ def test_sweep_gpu_bounds_from_flags_are_checked_like_the_space_file(tmp_path, f
     p = clustersim(["sweep", "space.yaml", "--estimate-only", "--no-progress", "--no-dashboard", *flags], tmp_path)
     assert_one_line_error(p, pattern)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["space.yaml"]
+
+
+def test_a_profile_or_topology_path_of_the_wrong_kind_is_named_as_such(tmp_path, tiny):
+    """A file or folder given where a profile JSON / topology YAML is expected is said to be one
+    (it was reported as an unknown shipped name)."""
+    (tmp_path / "fabric").mkdir()
+    p = clustersim(["simulate", tiny, "--gpu", tiny, "--no-dashboard"], tmp_path)
+    assert_one_line_error(p, r"GPU profile '.*tiny.yaml' is a file but not a profile JSON \(\.json\)")
+    p = clustersim(["simulate", tiny, "--topology", "fabric", "--no-dashboard"], tmp_path)
+    assert_one_line_error(p, r"topology 'fabric' is a folder, not a topology YAML")
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["fabric", "tiny.yaml"]

@@ -348,7 +348,11 @@ def load_profile(name_or_path: "str | Path | Profile") -> Profile:
         return name_or_path
     path = Path(name_or_path)
     if path.suffix != ".json":
+        given = path
         path = CALIBRATION_DIR / f"{name_or_path}.json"
+        if not path_exists(path) and path_exists(given):
+            raise UserError(f"GPU profile {str(given)!r} is a {'folder' if given.is_dir() else 'file'} but not a profile JSON "
+                            f"(.json): give the path of a profile .json, or a shipped name ({', '.join(available_profiles())})")
         if not path_exists(path):
             raise UserError(
                 f"unknown GPU profile {str(name_or_path)!r}: use one of {', '.join(available_profiles())} or a path to a profile JSON"

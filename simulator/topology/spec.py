@@ -169,7 +169,12 @@ def load_topology(name_or_path: "str | Path | TopologySpec") -> TopologySpec:
         return name_or_path
     path = Path(name_or_path)
     if not path.suffix:
+        given = path
         path = TOPOLOGY_DIR / f"{name_or_path}.yaml"
+        if not path_exists(path) and path_exists(given):
+            raise UserError(f"topology {str(given)!r} is a {'folder' if given.is_dir() else 'file without an extension'}, "
+                            f"not a topology YAML: give the path of a .yaml file, or a shipped name "
+                            f"({', '.join(available_topologies())})")
         if not path_exists(path):
             raise UserError(
                 f"unknown topology {str(name_or_path)!r}: use one of "
