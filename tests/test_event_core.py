@@ -239,3 +239,67 @@ def test_simulate_leaves_the_cyclic_collector_as_it_found_it(enabled):
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def _interruptible_order(lean: bool):
+    """Who ran when, in what order: segments that wait on the first of their end and a change
+    (SimPy: ``timeout | change``; the lean core: ``Interruptible``), changed at their end's very
+    instant, before it, after it, twice in one instant, and never; other processes share every
+    instant."""
+    env = events.Environment() if lean else simpy.Environment()
+    log = []
+    current: dict[str, object] = {}
+
+    def segment(name, work):
+        t0 = env.now
+        if lean:
+            seg = current[name] = events.Interruptible(env, work)
+            yield seg.wake
+            finished = seg.finished
+        else:
+            change = current[name] = env.event()
+            finish = env.timeout(work)
+            fired = yield finish | change
+            finished = finish in fired
+        current[name] = None
+        log.append((env.now, name, "finished" if finished else "changed", env.now - t0))
+
+    def change(name):
+        ev = current.get(name)
+        if ev is None:
+            log.append((env.now, name, "nothing to change"))
+        elif lean:
+            current[name] = None
+            ev.interrupt()
+        else:
+            current[name] = None
+            if not ev.triggered:
+                ev.succeed()
+
+    def changer(name, at):
+        yield env.timeout(at)
+        log.append((env.now, "changer", name))
+        change(name)
+        change(name)  # a second change in the same instant finds none pending
+
+    def bystander(name, at):
+        yield env.timeout(at)
+        log.append((env.now, name, "ran"))
+
+    for name, work, at in (("a", 3.0, 1.0), ("b", 2.0, 2.0), ("c", 2.0, 5.0), ("d", 4.0, None)):
+        env.process(segment(name, work))
+        if at is not None:
+            env.process(changer(name, at))
+    for t in (1.0, 2.0, 3.0, 4.0):
+        env.process(bystander(f"x{t:g}", t))
+    env.run()
+    return log
+
+
+def test_interruptible_delay_keeps_simpy_s_order():
+    lean, ref = _interruptible_order(True), _interruptible_order(False)
+    assert lean == ref
+    assert (1.0, "a", "changed", 1.0) in ref  # changed before its end
+    # changed at its end's very instant, after the end was processed: it finished
+    assert (2.0, "changer", "b") in ref and (2.0, "b", "finished", 2.0) in ref
+    assert (5.0, "c", "nothing to change") in ref and (4.0, "d", "finished", 4.0) in ref

@@ -403,7 +403,9 @@ class Engine:
         ev = self._sm_change[rank]
         if ev is not None:
             self._sm_change[rank] = None
-            if not ev.triggered:
+            if ev.__class__ is lean_events.Interruptible:
+                ev.interrupt()
+            elif not ev.triggered:
                 ev.succeed()
 
     def _slowdown(self, rank: int) -> float:
@@ -423,13 +425,20 @@ class Engine:
                 yield self._delay(left)
                 break
             t0 = env.now
-            change = self._sm_change[rank] = env.event()
-            finish = env.timeout(left * f)
-            fired = yield finish | change
+            if self.core == "lean":
+                # the same entries, in the same order, as the timeout | change below
+                seg = self._sm_change[rank] = lean_events.Interruptible(env, left * f)
+                yield seg.wake
+                finished = seg.finished
+            else:
+                change = self._sm_change[rank] = env.event()
+                finish = env.timeout(left * f)
+                fired = yield finish | change
+                finished = finish in fired
             self.n_events += 1
             # The segment ends when its work is done (a change at that very instant included);
             # deciding by the timeout, not by elapsed time, survives clocks too coarse to advance.
-            left = 0.0 if finish in fired else max(0.0, left - (env.now - t0) / f)
+            left = 0.0 if finished else max(0.0, left - (env.now - t0) / f)
         self._sm_change[rank] = None
         wall = env.now - t_start
         self.contention[rank] += wall - work_s
