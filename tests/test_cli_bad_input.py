@@ -4,43 +4,15 @@ temporary folder, so the exit status, stderr and the files left behind are those
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from cli_helpers import REPO, TINY_SCENARIO as TINY, assert_one_line_error, clustersim
+
 DATA = REPO / "tests" / "data"
-
-# 4 layers, 8 GPUs, the alpha-beta network: simulates in well under a second.
-TINY = {
-    "name": "tiny",
-    "model": {"name": "tiny", "num_layers": 4, "hidden_size": 512, "ffn_hidden_size": 1376,
-              "num_attention_heads": 8, "vocab_size": 32000},
-    "parallelism": {"tp": 2, "pp": 2, "zero": 1, "sequence_parallel": True},
-    "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 512},
-    "schedule": "1f1b",
-    "network": "alpha-beta",
-    "cluster": {"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"},
-}
-
-
-def clustersim(args: list, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="160")
-    return subprocess.run([sys.executable, "-m", "simulator.cli", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def assert_one_line_error(p: subprocess.CompletedProcess, pattern: str) -> None:
-    assert p.returncode == 2, (p.returncode, p.stderr)
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
-    assert re.search(pattern, lines[0]), lines[0]
-    assert "Traceback" not in p.stderr and p.stdout == ""
 
 
 @pytest.fixture

@@ -27,20 +27,13 @@ from typer.testing import CliRunner
 from simulator.cli import app
 from simulator.errors import UserError
 
+from cli_helpers import TINY_SCENARIO
+
 DATA = Path(__file__).parent / "data"
 REF = DATA / "reference"
 
-# A scenario that simulates in well under a second: 4 layers, 8 GPUs, the alpha-beta network.
-TINY = {
-    "name": "fuzz",
-    "model": {"name": "tiny", "num_layers": 4, "hidden_size": 512, "ffn_hidden_size": 1376,
-              "num_attention_heads": 8, "vocab_size": 32000},
-    "parallelism": {"tp": 2, "pp": 2, "zero": 1, "sequence_parallel": True},
-    "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 512},
-    "schedule": "1f1b",
-    "network": "alpha-beta",
-    "cluster": {"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"},
-}
+# A scenario that simulates in well under a second (its own copy: cases mutate theirs).
+TINY = copy.deepcopy({**TINY_SCENARIO, "name": "fuzz"})
 
 CASE_LIMIT_S = 60
 # CI runs a bounded number of cases per target; CLUSTERSIM_FUZZ_EXAMPLES raises it for a longer hunt,

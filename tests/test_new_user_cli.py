@@ -6,9 +6,6 @@ stderr and the files left behind are those of `clustersim` itself.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,25 +14,10 @@ from simulator.calibrate.published import PUBLISHED, published_set_name
 from simulator.errors import UserError
 from simulator.scenario import load_scenario, model_from_hf_config
 
-REPO = Path(__file__).resolve().parents[1]
+from cli_helpers import REPO, assert_one_line_error, clustersim
+
 DATA = REPO / "tests" / "data"
 NCCL_LOG = DATA / "reference" / "nccl-tests" / "p4de-2nodes-16gpu_all_reduce_perf.txt"
-
-
-def clustersim(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="160")
-    return subprocess.run([sys.executable, "-m", "simulator.cli", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def assert_one_line_error(p: subprocess.CompletedProcess, pattern: str) -> None:
-    import re
-
-    assert p.returncode == 2, (p.returncode, p.stderr)
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
-    assert re.search(pattern, lines[0]), lines[0]
-    assert "Traceback" not in p.stderr and p.stdout == ""
 
 
 def test_trace_info_on_an_nccl_tests_log_prints_sizes_not_a_traceback(tmp_path):

@@ -285,6 +285,26 @@ class ShortRunMarks(dict):
             self.why = why
             raise NotPeriodic(why)
 
+    def _t(self, r: int, i: int) -> float | None:
+        """When rank ``r`` started its action ``i`` in this run (None: not yet, or no such action)."""
+        actions = self.short.actions[self.pp_of[r]]
+        marks_r = self.get(r)
+        if marks_r is None or not 0 <= i < len(actions):
+            return None
+        hit = marks_r.get(_key(actions[i]))
+        return None if hit is None else hit[0]
+
+    def _period(self) -> tuple[float, float, float] | None:
+        """(the first rank's period before its cut, as extend takes it; the period tolerance;
+        the latest mark), or None while that period is not known."""
+        r0 = next(iter(self.pp_of))  # the engine's order, as the timeline's
+        c0, a0 = self.cut.cut_index[self.pp_of[r0]], self.cut.period_actions[self.pp_of[r0]]
+        t_a, t_b = self._t(r0, c0 - a0), self._t(r0, c0 - 2 * a0)
+        if t_a is None or t_b is None or t_a - t_b <= 0:
+            return None
+        t_now = max(h[0] for rm in self.values() for h in rm.values())
+        return t_a - t_b, max(REL_TOL * EARLY_STEP_BOUND_FACTOR * t_now, 1e-15), t_now
+
     def check_passed(self) -> str | None:
         """The same verdict as ``check``, earlier: while some ranks are still in their steady
         phase, t_min is already bounded above by what the ranks past theirs give (the same
@@ -293,24 +313,12 @@ class ShortRunMarks(dict):
         from the first one up (a superset of ``check``'s window), no T* can verify. Only where
         the bound is no later than the latest mark, so every block before it has its marks.
         None: undecided (the run goes on; ``check`` decides once every rank has passed)."""
-        short, cut, pp_of = self.short, self.cut, self.pp_of
-
-        def t_of(r: int, i: int) -> float | None:
-            marks_r = self.get(r)
-            if marks_r is None or not 0 <= i < len(short.actions[pp_of[r]]):
-                return None
-            hit = marks_r.get(_key(short.actions[pp_of[r]][i]))
-            return None if hit is None else hit[0]
-
+        short, cut, pp_of, t_of = self.short, self.cut, self.pp_of, self._t
         ranks = list(pp_of)
-        r0 = ranks[0]
-        c0, a0 = cut.cut_index[pp_of[r0]], cut.period_actions[pp_of[r0]]
-        t_a, t_b = t_of(r0, c0 - a0), t_of(r0, c0 - 2 * a0)
-        if t_a is None or t_b is None or t_a - t_b <= 0 or any(r not in self for r in ranks):
+        got = self._period()
+        if got is None or any(r not in self for r in ranks):
             return None
-        period = t_a - t_b
-        t_now = max(h[0] for rm in self.values() for h in rm.values())
-        period_tol = max(REL_TOL * EARLY_STEP_BOUND_FACTOR * t_now, 1e-15)
+        period, period_tol, t_now = got
         # t_min's bounds: above, from the ranks past their steady phase (hi_t); below, check's
         # lo_t with what a rank still inside it will give bounded below by the latest mark
         # (its next action has not started, and its last block, if not started, starts later)
@@ -349,21 +357,12 @@ class ShortRunMarks(dict):
 
     def check(self) -> str | None:
         """The reason no T* can verify, or None where one may (``extend`` then decides)."""
-        short, cut, pp_of = self.short, self.cut, self.pp_of
-
-        def t_of(r: int, i: int) -> float | None:
-            hit = self[r].get(_key(short.actions[pp_of[r]][i])) if 0 <= i < len(short.actions[pp_of[r]]) else None
-            return None if hit is None else hit[0]
-
-        ranks = list(pp_of)  # the engine's order, as the timeline's (extend takes its first rank's period)
-        r0 = ranks[0]
-        c0, a0 = cut.cut_index[pp_of[r0]], cut.period_actions[pp_of[r0]]
-        t_a, t_b = t_of(r0, c0 - a0), t_of(r0, c0 - 2 * a0)
-        if t_a is None or t_b is None or t_a - t_b <= 0:
+        short, cut, pp_of, t_of = self.short, self.cut, self.pp_of, self._t
+        ranks = list(pp_of)
+        got = self._period()
+        if got is None:
             return None
-        period = t_a - t_b
-        t_now = max(h[0] for rm in self.values() for h in rm.values())
-        period_tol = max(REL_TOL * EARLY_STEP_BOUND_FACTOR * t_now, 1e-15)
+        period, period_tol, _ = got
         # t_min (see extend) is known up to the end times of ranks with no action after their
         # steady phase: bounds, from their last action's start (below) and their last block's
         # start plus a period (above).
