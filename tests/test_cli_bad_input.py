@@ -194,3 +194,16 @@ def test_a_profile_or_topology_path_of_the_wrong_kind_is_named_as_such(tmp_path,
     p = clustersim(["simulate", tiny, "--topology", "fabric", "--no-dashboard"], tmp_path)
     assert_one_line_error(p, r"topology 'fabric' is a folder, not a topology YAML")
     assert sorted(x.name for x in tmp_path.iterdir()) == ["fabric", "tiny.yaml"]
+
+
+def test_compare_output_never_replaces_a_file_a_scenario_names(tmp_path, tiny):
+    """`compare -o` over the topology file that B's scenario reads: refused before simulating
+    (it was checked against A and B themselves only)."""
+    topo = REPO / "simulator" / "data" / "topologies" / "dgx-h100-fattree.yaml"
+    (tmp_path / "topo.yaml").write_bytes(topo.read_bytes())
+    b = {**TINY, "name": "b", "cluster": {**TINY["cluster"], "topology": "topo.yaml"}}
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(b))
+    before = _files(tmp_path)
+    p = clustersim(["compare", tiny, "b.yaml", "-o", "topo.yaml"], tmp_path)
+    assert_one_line_error(p, r"--output 'topo\.yaml' would overwrite the topology file of B this command reads")
+    assert _files(tmp_path) == before

@@ -303,7 +303,14 @@ def compare_command(
     if path.exists() and path.is_dir():
         raise UserError(f"--output {str(path)!r} is a folder: give a file path ending in .html")
     # Before simulating: a bad path never costs the result, and A or B is never written over.
-    check_outputs({"--output": path}, [("file A", a), ("file B", b)])
+    inputs = [("file A", a), ("file B", b)]
+    from simulator.scenario import scenario_input_files
+
+    for label, side in (("A", a), ("B", b)):
+        # a scenario also reads the files it names (model config, schedule CSV, profile, topology)
+        if side is not None and side.suffix in (".yaml", ".yml") and side.is_file():
+            inputs += [(f"{what} of {label}", f) for what, f in scenario_input_files(side).items() if what != "scenario file"]
+    check_outputs({"--output": path}, inputs)
     from simulator.report.findings import attach
 
     with progress("compare") as phase:
