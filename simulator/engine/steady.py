@@ -305,6 +305,29 @@ class ShortRunMarks(dict):
         t_now = max(h[0] for rm in self.values() for h in rm.values())
         return t_a - t_b, max(REL_TOL * EARLY_STEP_BOUND_FACTOR * t_now, 1e-15), t_now
 
+    def _t_min_bounds(self, period: float, t_now: float) -> tuple[float, float] | None:
+        """(lo_t, hi_t): bounds on t_min (see extend), or None where a passed rank lacks a mark.
+        t_min is known up to the end times of ranks with no action after their steady phase:
+        from their last action's start (below) and their last block's start plus a period
+        (above). A rank still inside its steady phase gives nothing above, and below at most the
+        latest mark (its next action has not started; its last block, if not started, starts
+        later); once every rank has passed, these are ``check``'s exact bounds."""
+        short, cut, pp_of, t_of = self.short, self.cut, self.pp_of, self._t
+        lo_t = hi_t = math.inf
+        for r in pp_of:
+            p = pp_of[r]
+            c, a_len = cut.cut_index[p], cut.period_actions[p]
+            t_last = t_of(r, c - a_len)
+            if r in self.waiting:
+                lo_t = min(lo_t, t_now, math.inf if t_last is None else t_last + period)
+                continue
+            t_next = t_of(r, c) if c < len(short.actions[p]) else t_of(r, c - 1)
+            if t_last is None or t_next is None:
+                return None
+            lo_t = min(lo_t, t_next, t_last + period)
+            hi_t = min(hi_t, t_last + period) if c >= len(short.actions[p]) else min(hi_t, t_next, t_last + period)
+        return lo_t, hi_t
+
     def check_passed(self) -> str | None:
         """The same verdict as ``check``, earlier: while some ranks are still in their steady
         phase, t_min is already bounded above by what the ranks past theirs give (the same
@@ -319,22 +342,10 @@ class ShortRunMarks(dict):
         if got is None or any(r not in self for r in ranks):
             return None
         period, period_tol, t_now = got
-        # t_min's bounds: above, from the ranks past their steady phase (hi_t); below, check's
-        # lo_t with what a rank still inside it will give bounded below by the latest mark
-        # (its next action has not started, and its last block, if not started, starts later)
-        hi_t = lo_t = math.inf
-        for r in ranks:
-            p = pp_of[r]
-            c, a_len = cut.cut_index[p], cut.period_actions[p]
-            t_last = t_of(r, c - a_len)
-            if r in self.waiting:
-                lo_t = min(lo_t, t_now, math.inf if t_last is None else t_last + period)
-                continue
-            t_next = t_of(r, c) if c < len(short.actions[p]) else t_of(r, c - 1)
-            if t_last is None or t_next is None:
-                return None
-            lo_t = min(lo_t, t_next, t_last + period)
-            hi_t = min(hi_t, t_last + period) if c >= len(short.actions[p]) else min(hi_t, t_next, t_last + period)
+        bounds = self._t_min_bounds(period, t_now)
+        if bounds is None:
+            return None
+        lo_t, hi_t = bounds
         if not hi_t <= t_now:
             return None  # blocks starting before the bound may not all have started
         for r in ranks:
@@ -362,22 +373,11 @@ class ShortRunMarks(dict):
         got = self._period()
         if got is None:
             return None
-        period, period_tol, _ = got
-        # t_min (see extend) is known up to the end times of ranks with no action after their
-        # steady phase: bounds, from their last action's start (below) and their last block's
-        # start plus a period (above).
-        lo_t = hi_t = math.inf
-        for r in ranks:
-            p = pp_of[r]
-            c, a_len = cut.cut_index[p], cut.period_actions[p]
-            t_last = t_of(r, c - a_len)
-            t_next = t_of(r, c) if c < len(short.actions[p]) else t_of(r, c - 1)
-            if t_last is None or t_next is None:
-                return None  # (extend names what is missing)
-            if c < len(short.actions[p]):
-                lo_t, hi_t = min(lo_t, t_next, t_last + period), min(hi_t, t_next, t_last + period)
-            else:
-                lo_t, hi_t = min(lo_t, t_next, t_last + period), min(hi_t, t_last + period)
+        period, period_tol, t_now = got
+        bounds = self._t_min_bounds(period, t_now)  # (every rank has passed: no estimate)
+        if bounds is None:
+            return None  # (extend names what is missing)
+        lo_t, hi_t = bounds
         for r in ranks:
             p = pp_of[r]
             c, a_len = cut.cut_index[p], cut.period_actions[p]
