@@ -711,6 +711,9 @@ def pipeline_fill_us(g: Graph, algo: str, proto: str, op: str, size: float, n: i
     return sum(hops) - max(hops), unit, float(len(hops) - 1)
 
 
+_NO_FILL = (0.0, 0.0, 0.0)
+
+
 @lru_cache(maxsize=1 << 16)  # pure, and of the graph only its runtime channels (see chunking)
 def _launch_shape(runtime_ch: int, algo: str, proto: str, op: str, size: float, n: int, gen: int) -> tuple[int, int]:
     """§3.7: channels (CTAs) and threads per CTA NCCL launches for this size, with the graph's
@@ -739,6 +742,9 @@ class NcclModel:
         # GPUs one host thread drives (nccl-tests -g G); training runs one process per GPU.
         self.gpus_per_thread = max(1, int(gpus_per_thread))
         self._cache: dict[tuple, Choice] = {}
+        # (op, n, nodes, ppn) -> the (algorithm, protocol) pairs NCCL scans for that group shape,
+        # with their table entries and graph: the same for every size (_candidates).
+        self._shape_cache: dict[tuple, list[tuple]] = {}
 
     @classmethod
     def from_specs(cls, node: Any, profile: Any) -> "NcclModel | None":
@@ -791,65 +797,84 @@ class NcclModel:
         if op in ("all_to_all", "send_recv"):
             return self._floor(self._p2p(op, size, n, n_nodes, ppn, stagger), floor)
         top = "broadcast" if op not in ("all_reduce", "all_gather", "reduce_scatter") else op
-        table = tune(self.system, top, n, n_nodes, ppn, tn)
-        # The table the pairs are ranked on: the calibrated one (default), or NCCL's own constants
-        # (pick_on_own_table: NCCL's rule, the pick from its table, the time from the calibrated).
-        own = tune(self.system, top, n, n_nodes, ppn, NcclTuning()) if tn.pick_on_own_table else table
         on_tuner_time = tn.pick_on_own_table or tn.rank_on_tuner_time
-        gs = graphs(self.system, n_nodes, ppn, tn)
         best = None
         times = {}
-        for algo in ALGOS:  # scan order of topoGetAlgoInfo; strict < keeps the earlier on ties
-            for proto in PROTOS:
-                e = table.get((algo, proto))
-                o = own.get((algo, proto))
-                if e is None or o is None:
-                    continue
-                g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
-                t, lat, bw = algo_time_us(self.system, top, size, n, n_nodes, algo, proto, e[0], e[1], g.runtime_ch)
-                rank = t if o is e else algo_time_us(self.system, top, size, n, n_nodes, algo, proto, o[0], o[1], g.runtime_ch)[0]
-                nc, nt = _launch_shape(g.runtime_ch, algo, proto, top, size, n, self.system.gen)
-                if tn.cta_bound_intra and n_nodes == 1 and algo in ("ring", "tree") and nc < g.runtime_ch:
-                    # Inside one node the SMs copy over NVLink, each CTA its channel's share: with
-                    # nc of the runtime channels launched (§3.7) the bandwidth is nc/runtime of
-                    # NCCL's, which its tuner assumes for every size. Across nodes the network
-                    # path sets the rate (measured: the same rule there puts Azure 16-GPU 8 KiB
-                    # 32 % slow), so it stays NCCL's.
-                    bw = bw * nc / max(1, g.runtime_ch)
-                    t = lat + size / (1000.0 * bw)
-                fill, unit, stages = pipeline_fill_us(g, algo, proto, top, size, n, n_nodes, ppn, nc, tn)
-                # the measured cost per channel launched (NcclCalibration.channel_us): NCCL's
-                # tuner has no such term, so more channels never cost it anything
-                ch_us = tn.channel_us * nc
-                # NCCL's chunking of each channel's share (§4.4): the proxy runs every network step
-                # in turn; NCCL's latency covers one loop's steps, each further step costs
-                # net_step_us (fitted; no network, no proxy: 0 inside one node)
-                ck = chunking(algo, proto, top, size / max(1, nc), n, n_nodes, ppn)
-                extra_steps = ck.proxy_steps - ck.steps_per_loop if n_nodes > 1 else 0
-                st_us = tn.net_step_us * extra_steps
-                if tn.runtime_chunking and algo == "tree" and proto == "LL128" and n_nodes > 1 and size >= 64:
-                    # the chunk count above replaces the tuner's size correction (§1.9) that
-                    # algo_time_us applied: the measured rate steps where calcCollChunking doubles
-                    # the chunk (Azure 32 GPUs: 8 MiB), not where the table steps (4 MiB)
-                    i = int(math.log2(size / 64))
-                    if i <= 22:
-                        t = lat + (t - lat) * TREE_CORRECTION[proto][i]
-                        bw = bw / TREE_CORRECTION[proto][i]
-                t, lat = t + fill + ch_us + st_us, lat + fill + ch_us + st_us
-                if tn.mem_GBps:
-                    # one pass over the buffer that does not overlap the transfers (see
-                    # NcclTuning.mem_GBps): the size term runs at the harmonic sum of the rates
-                    t += size / (1000.0 * tn.mem_GBps)
-                    bw = 1.0 / (1.0 / bw + 1.0 / tn.mem_GBps)
-                if not on_tuner_time:
-                    rank = t
-                times[(algo, proto)] = max(t + stagger, floor)
-                if best is None or rank < best[0]:
-                    best = (rank, t, lat, bw, algo, proto, nc, nt, (fill, unit, stages), ch_us, ck, extra_steps, st_us)
+        system = self.system
+        for algo, proto, e, o, g in self._candidates(top, n, n_nodes, ppn):
+            t, lat, bw = algo_time_us(system, top, size, n, n_nodes, algo, proto, e[0], e[1], g.runtime_ch)
+            rank = t if o is e else algo_time_us(system, top, size, n, n_nodes, algo, proto, o[0], o[1], g.runtime_ch)[0]
+            nc, nt = _launch_shape(g.runtime_ch, algo, proto, top, size, n, system.gen)
+            if tn.cta_bound_intra and n_nodes == 1 and algo in ("ring", "tree") and nc < g.runtime_ch:
+                # Inside one node the SMs copy over NVLink, each CTA its channel's share: with
+                # nc of the runtime channels launched (§3.7) the bandwidth is nc/runtime of
+                # NCCL's, which its tuner assumes for every size. Across nodes the network
+                # path sets the rate (measured: the same rule there puts Azure 16-GPU 8 KiB
+                # 32 % slow), so it stays NCCL's.
+                bw = bw * nc / max(1, g.runtime_ch)
+                t = lat + size / (1000.0 * bw)
+            # (only Simple has a fill: pipeline_fill_us gives LL and LL128 none)
+            fill, unit, stages = pipeline_fill_us(g, algo, proto, top, size, n, n_nodes, ppn, nc, tn) if proto == "Simple" else _NO_FILL
+            # the measured cost per channel launched (NcclCalibration.channel_us): NCCL's
+            # tuner has no such term, so more channels never cost it anything
+            ch_us = tn.channel_us * nc
+            # NCCL's chunking of each channel's share (§4.4): the proxy runs every network step
+            # in turn; NCCL's latency covers one loop's steps, each further step costs
+            # net_step_us (fitted; no network, no proxy: 0 inside one node)
+            ck = chunking(algo, proto, top, size / nc, n, n_nodes, ppn)  # nc >= 1 (_launch_shape)
+            extra_steps = ck.proxy_steps - ck.steps_per_loop if n_nodes > 1 else 0
+            st_us = tn.net_step_us * extra_steps
+            if tn.runtime_chunking and algo == "tree" and proto == "LL128" and n_nodes > 1 and size >= 64:
+                # the chunk count above replaces the tuner's size correction (§1.9) that
+                # algo_time_us applied: the measured rate steps where calcCollChunking doubles
+                # the chunk (Azure 32 GPUs: 8 MiB), not where the table steps (4 MiB)
+                i = int(math.log2(size / 64))
+                if i <= 22:
+                    t = lat + (t - lat) * TREE_CORRECTION[proto][i]
+                    bw = bw / TREE_CORRECTION[proto][i]
+            t, lat = t + fill + ch_us + st_us, lat + fill + ch_us + st_us
+            if tn.mem_GBps:
+                # one pass over the buffer that does not overlap the transfers (see
+                # NcclTuning.mem_GBps): the size term runs at the harmonic sum of the rates
+                t += size / (1000.0 * tn.mem_GBps)
+                bw = 1.0 / (1.0 / bw + 1.0 / tn.mem_GBps)
+            if not on_tuner_time:
+                rank = t
+            t_floored = t + stagger
+            times[(algo, proto)] = floor if floor > t_floored else t_floored  # max(), without the call
+            if best is None or rank < best[0]:
+                best = (rank, t, lat, bw, algo, proto, nc, nt, (fill, unit, stages), ch_us, ck, extra_steps, st_us)
         _, t, lat, bw, algo, proto, nc, nt, pipe, ch_us, ck, extra_steps, st_us = best
         c = Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times, *pipe,
                    channel_cost_us=ch_us, chunk_bytes=float(ck.chunk_bytes), net_steps=extra_steps, step_cost_us=st_us)
         return self._floor(c, floor)
+
+    def _candidates(self, top: str, n: int, n_nodes: int, ppn: int) -> list[tuple]:
+        """The (algorithm, protocol) pairs NCCL's tuner scans for this group shape, in its scan
+        order (topoGetAlgoInfo; strict < keeps the earlier on ties): (algo, proto, calibrated
+        table entry, the entry ranked on, graph). Only the size varies between choices of one
+        shape (a fit re-chooses every row of a log with new constants: one table per shape)."""
+        key = (top, n, n_nodes, ppn)
+        hit = self._shape_cache.get(key)
+        if hit is None:
+            tn = self.tuning
+            table = tune(self.system, top, n, n_nodes, ppn, tn)
+            # The table the pairs are ranked on: the calibrated one (default), or NCCL's own
+            # constants (pick_on_own_table: NCCL's rule, the pick from its table, the time from
+            # the calibrated).
+            own = tune(self.system, top, n, n_nodes, ppn, NcclTuning()) if tn.pick_on_own_table else table
+            gs = graphs(self.system, n_nodes, ppn, tn)
+            hit = []
+            for algo in ALGOS:
+                for proto in PROTOS:
+                    e = table.get((algo, proto))
+                    o = own.get((algo, proto))
+                    if e is None or o is None:
+                        continue
+                    g = gs["nvls"] if algo.startswith("nvls") else gs["tree" if algo in ("tree", "pat") else "ring"]
+                    hit.append((algo, proto, e, o, g))
+            self._shape_cache[key] = hit
+        return hit
 
     @staticmethod
     def _floor(c: Choice, floor_us: float) -> Choice:
