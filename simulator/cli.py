@@ -371,7 +371,10 @@ def print_summary(report, scenario=None) -> None:
     ff = report.fast_forward
     how = report.mode if not ff else (f"{report.mode}; {ff['microbatches_simulated']:,} of {report.num_microbatches:,} "
                                       f"microbatches simulated, the steady period replayed {ff['periods_skipped']:,}x")
-    t.add_row("simulated in", f"{report.sim_wall_s:.2f} s, {report.events:,} events ({how})")
+    took = report.wall_s if report.wall_s is not None else report.sim_wall_s
+    t.add_row("simulated in", f"{took:.2f} s, {report.events:,} events ({how})")
+    if report.wall_s is not None:
+        t.add_row("of which event loop", f"{report.sim_wall_s:.2f} s")
     if scenario is not None:
         con.print(layout_line(scenario), highlight=False, markup=False, soft_wrap=True)
     con.print(t)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
@@ -34,6 +35,7 @@ class SimulationResult:
     report: Report
     plan: Plan | None = None  # what every pipeline rank did, as the engine replayed it
     clean: "SimulationResult | None" = None  # what-if runs: the same step without perturbations
+    fast_forward: bool = False  # the steady-state fast path was asked for (simulate's fast_forward)
 
 
 def resolve_schedule(sc: Scenario) -> PipelineSchedule:
@@ -74,15 +76,21 @@ def make_network(sc: Scenario, topo: TopologySpec, profile: Profile):
 
 
 def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None,
-             fast_forward: bool = False) -> SimulationResult:
+             fast_forward: bool = False, with_critical_path: bool = True) -> SimulationResult:
     """Simulate one step. ``progress`` hears about the work once all input has been checked.
-    ``fast_forward``: replay a verified steady pipeline period in closed form (``simulate_step``)."""
+    ``fast_forward``: replay a verified steady pipeline period in closed form (``simulate_step``).
+    ``with_critical_path``: False skips the report's critical path (what-if runs always walk it)."""
+    t_start = time.perf_counter()
     if sc.perturbations is not None and not sc.perturbations.empty:
         # What-if: the clean step and the perturbed one (simulator.whatif.run).
         from simulator.whatif.run import simulate_whatif
 
-        return simulate_whatif(sc, mode=mode, progress=progress)
-    return simulate_step(sc, mode, progress, fast_forward=fast_forward)
+        result = simulate_whatif(sc, mode=mode, progress=progress)
+    else:
+        result = simulate_step(sc, mode, progress, fast_forward=fast_forward, with_critical_path=with_critical_path)
+    result.fast_forward = fast_forward
+    result.report.wall_s = time.perf_counter() - t_start
+    return result
 
 
 def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: PipelineSchedule) -> Timeline | None:
@@ -114,18 +122,19 @@ def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: 
 
 
 def simulate_step(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None,
-                  what: str = "", wait_log: list | None = None, fast_forward: bool = False) -> SimulationResult:
+                  what: str = "", wait_log: list | None = None, fast_forward: bool = False,
+                  with_critical_path: bool = True) -> SimulationResult:
     """The one wiring of scenario -> workload plan -> engine -> report, for plain and what-if runs.
     ``what`` qualifies the progress line ("clean"); ``wait_log``, given, collects the engine's waits.
     ``fast_forward`` (reduced mode, a named schedule): simulate a shorter pipeline and replay its
     verified steady period in closed form; the plain run where it does not verify."""
     # Plan, run, frames and report: all of it allocates objects that stay alive (cyclic_gc_paused).
     with cyclic_gc_paused():
-        return _simulate_step(sc, mode, progress, what, wait_log, fast_forward)
+        return _simulate_step(sc, mode, progress, what, wait_log, fast_forward, with_critical_path)
 
 
 def _simulate_step(sc: Scenario, mode: Mode, progress: Callable[[str], None] | None, what: str,
-                   wait_log: list | None, fast_forward: bool) -> SimulationResult:
+                   wait_log: list | None, fast_forward: bool, with_critical_path: bool = True) -> SimulationResult:
     profile = load_profile(sc.cluster.gpu)
     topo = load_topology(sc.cluster.topology)
     tl = None
@@ -158,5 +167,6 @@ def _simulate_step(sc: Scenario, mode: Mode, progress: Callable[[str], None] | N
             engine.wait_log = wait_log
         tl = engine.run()
     mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
-    report = build_report(sc.name, prog, tl, mem, profile.compute.peak_tflops, sc.cluster.gpus)
+    report = build_report(sc.name, prog, tl, mem, profile.compute.peak_tflops, sc.cluster.gpus,
+                          with_critical_path=with_critical_path)
     return SimulationResult(sc, profile, topo, prog, tl, mem, report, plan)

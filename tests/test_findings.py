@@ -104,3 +104,22 @@ def test_exposed_tp_inside_a_node_suggests_async_tp_and_simulates_it():
     assert "tp" not in _kinds(on.report)
     tp1 = dict(BASE, parallelism={"tp": 1, "pp": 1, "zero": 1}, batch=dict(BASE["batch"], global_batch_size=64))
     assert "tp" not in _kinds(attach(simulate(build_scenario(tp1)), budget_s=0).report)
+
+
+def test_budget_counts_a_fast_path_run_as_the_plain_run_a_suggestion_may_need():
+    """The budget prices a re-simulation at what the original run cost end to end, and, where it
+    replayed a steady period, at the plain loop over every microbatch (a suggestion whose short run
+    does not verify runs plain: a re-split llama3-8b pp8 took 28 s after a 4.3 s fast-path run)."""
+    from simulator.report.findings import _Budget
+
+    res = simulate(build_scenario(IMBALANCED))
+    rep = res.report
+    assert rep.wall_s is not None and rep.wall_s >= rep.sim_wall_s > 0
+    assert _Budget.worst_case_s(rep) == rep.wall_s  # no fast path: what it took
+    ff = rep.model_copy(update={"wall_s": 5.0, "sim_wall_s": 0.25, "num_microbatches": 2048,
+                                "fast_forward": {"microbatches_simulated": 32, "periods_skipped": 2016}})
+    assert _Budget.worst_case_s(ff) == pytest.approx(5.0 - 0.25 + 0.25 * 2048 / 32)
+    # a budget below that worst case simulates nothing, however cheap the original's loop was
+    res.report = ff
+    f = _kinds(attach(res, budget_s=15).report)["imbalance"]
+    assert not f["suggestions"][0].get("simulated") and "not simulated" in f["message"]

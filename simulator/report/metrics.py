@@ -42,6 +42,9 @@ class Report(BaseModel):
     gpus: int
     num_microbatches: int
     sim_wall_s: float
+    # The event loop's wall time is a small part of a run whose steady period is replayed or whose
+    # critical path is long: this one is what the user waited for (set by simulate()).
+    wall_s: float | None = Field(None, description="Wall time of the whole simulation, scenario to report (workload, plan, event loop, analysis), seconds; sim_wall_s is the event loop's part.")
     events: int
     mode: str
     per_pp_rank: list[dict[str, Any]] = Field(default_factory=list)
@@ -79,9 +82,11 @@ def rank_bubble_fraction(tl: Timeline, rank: int) -> float:
 
 
 def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak_tflops: float, gpus: int,
-                 rank_weight: dict[int, int] | None = None) -> Report:
+                 rank_weight: dict[int, int] | None = None, with_critical_path: bool = True) -> Report:
     """``rank_weight``: how many ranks each simulated rank stands for (what-if split mode), so
-    means over a pipeline rank weigh each class by its size; default 1 each."""
+    means over a pipeline rank weigh each class by its size; default 1 each.
+    ``with_critical_path``: False leaves ``critical_path`` empty (its walk can cost more than a
+    fast-path run's event loop; a findings re-simulation needs only the step's figures)."""
     from simulator.report.analysis import critical_path, rank_breakdown, summarize_path
 
     step = tl.step_time_s
@@ -122,7 +127,7 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
     tokens_per_s = prog.tokens_per_step / step
     # The mean over pipeline ranks (each row already averages its replicas), like exposed_comm_s.
     breakdown = {k: sum(r["breakdown_s"][k] for r in rows) / len(rows) for k in rows[0]["breakdown_s"]}
-    path_by_cause, path = summarize_path(critical_path(tl))
+    path_by_cause, path = summarize_path(critical_path(tl)) if with_critical_path else ({}, [])
     model_tflops_per_gpu = prog.model_flops_per_step / step / gpus / 1e12
     return Report(
         name=name,
