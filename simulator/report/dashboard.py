@@ -1258,7 +1258,9 @@ def summary_cards(rep: "Report") -> str:
         f'<div class="card{"" if rep.fits_in_memory else " bad"}"><div class="k">peak memory</div>'
         f'<div class="v">{rep.peak_memory_gib:.1f} GiB</div><div class="s">of {rep.memory_capacity_gib:.1f} GiB usable'
         f' · {"fits" if rep.fits_in_memory else "DOES NOT FIT"}</div><table>{mem_rows}{more}</table></div>',
-        card("simulated", f"{rep.sim_wall_s:.2f} s", f"{rep.events:,} events · {esc(rep.mode)} mode · {rep.gpus:,} GPUs"),
+        card("simulated", f"{rep.wall_s if rep.wall_s is not None else rep.sim_wall_s:.2f} s",
+             f"{rep.events:,} events · {esc(rep.mode)} mode · {rep.gpus:,} GPUs"
+             + (f" · event loop {rep.sim_wall_s:.2f} s" if rep.wall_s is not None else "")),
     ]
     return '<div class="cards">' + "".join(cards) + "</div>"
 
