@@ -19,7 +19,7 @@ import typer
 from simulator.errors import UserError
 from simulator.progress import progress, progress_wanted, with_progress
 from simulator.words import plural
-from simulator.files import check_outputs, write_atomic
+from simulator.files import HTML_SUFFIXES, check_outputs, write_atomic
 
 app = typer.Typer(
     name="clustersim",
@@ -270,8 +270,9 @@ def simulate(
         from simulator.scenario import scenario_input_files
 
         check_outputs({"--perfetto": perfetto, "--report": report_json,
-                       "--dashboard": explicit_dashboard},
-                      scenario_input_files(scenario, overrides).items())
+                       # as typed: a trailing slash names a folder (Path() would drop it)
+                       "--dashboard": None if explicit_dashboard is None else dashboard},
+                      scenario_input_files(scenario, overrides).items(), replaces_only={"--dashboard": HTML_SUFFIXES})
         from simulator.whatif.cli_flags import merge_perturbations, perturbations_from_flags
 
         sc = merge_perturbations(sc, perturbations_from_flags(

@@ -45,17 +45,30 @@ def check_output_path(path: Path, what: str) -> Path:
     return path
 
 
-def check_outputs(outputs: dict[str, Path | str | None], inputs: Iterable[tuple[str, Path | str | None]] = ()) -> None:
+# What an existing file must look like for an output to replace it: a dashboard replaces an earlier
+# dashboard, not a notes.txt or a scenario.yaml that happens to sit at the path given.
+HTML_SUFFIXES = (".html", ".htm")
+
+
+def check_outputs(outputs: dict[str, Path | str | None], inputs: Iterable[tuple[str, Path | str | None]] = (),
+                  replaces_only: dict[str, tuple[str, ...]] | None = None) -> None:
     """Refuse, before any work is done, outputs that would lose a file: each is checked by
     ``check_output_path``; two outputs may not name the same file (the second would replace the
     first), and none may replace a file the command reads: an input file itself (also through a
     link), or a file inside an input folder (a trace bundle). ``outputs`` maps the flag to its path;
-    ``inputs`` holds (what the input is called, e.g. "scenario file", its path); None is skipped."""
+    ``inputs`` holds (what the input is called, e.g. "scenario file", its path); None is skipped.
+    A path given as text that ends in a separator names a folder (``Path`` would drop the
+    slash and write a file of the folder's name). ``replaces_only`` maps a flag to the suffixes
+    an existing file at its path must have to be replaced (``HTML_SUFFIXES`` for dashboards)."""
     seen: dict[str, str] = {}
     for flag, path in outputs.items():
         if path is None:
             continue
-        check_output_path(Path(path), flag)
+        if isinstance(path, str) and path.endswith(("/", os.sep)):
+            raise UserError(f"{flag} path {path!r} names a folder: name a file inside it, e.g. "
+                            f"{path + 'out' + (replaces_only or {}).get(flag, ('',))[0]!r}")
+        path = Path(path)
+        check_output_path(path, flag)
         key = os.path.realpath(path)
         if key in seen:
             raise UserError(f"{seen[key]} and {flag} both name {str(path)!r}: give each its own path")
@@ -67,6 +80,11 @@ def check_outputs(outputs: dict[str, Path | str | None], inputs: Iterable[tuple[
                 continue
             which = f"the {what}" if os.path.isfile(source) else f"a file of the {what} {str(source)!r}"
             raise UserError(f"{flag} {str(path)!r} would overwrite {which} this command reads: choose another path")
+        # (after the inputs: "would overwrite the scenario file" says more than the suffix)
+        suffixes = (replaces_only or {}).get(flag)
+        if suffixes and Path(path).suffix.lower() not in suffixes:
+            raise UserError(f"{flag} path {str(path)!r} is an existing file that is not {' or '.join(suffixes)}: "
+                            f"writing would replace it; name a new file or a {suffixes[0]} file")
 
 
 def _replaces(out: Path, source: Path) -> bool:

@@ -207,3 +207,20 @@ def test_compare_output_never_replaces_a_file_a_scenario_names(tmp_path, tiny):
     p = clustersim(["compare", tiny, "b.yaml", "-o", "topo.yaml"], tmp_path)
     assert_one_line_error(p, r"--output 'topo\.yaml' would overwrite the topology file of B this command reads")
     assert _files(tmp_path) == before
+
+
+def test_dashboard_path_naming_a_folder_or_a_foreign_file_is_refused(tmp_path, tiny):
+    # Were exit 0: 'newdir/' (not there yet) became a 2 MB HTML *file* named newdir, and an
+    # existing notes.txt was replaced by the dashboard without a word.
+    (tmp_path / "notes.txt").write_text("keep me\n")
+    before = _files(tmp_path)
+    p = clustersim(["simulate", tiny, "--dashboard", "newdir/"], tmp_path)
+    assert_one_line_error(p, r"--dashboard path 'newdir/' names a folder: name a file inside it, e\.g\. 'newdir/out\.html'")
+    p = clustersim(["simulate", tiny, "--dashboard", "notes.txt"], tmp_path)
+    assert_one_line_error(p, r"--dashboard path 'notes\.txt' is an existing file that is not \.html or \.htm")
+    assert _files(tmp_path) == before
+    # an earlier dashboard is replaced, as a re-run expects
+    (tmp_path / "d.html").write_text("<html>old</html>")
+    p = clustersim(["simulate", tiny, "--dashboard", "d.html", "--findings-budget-s", "0"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "d.html").read_text().startswith("<!DOCTYPE html>") or "plotly" in (tmp_path / "d.html").read_text()

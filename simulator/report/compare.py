@@ -293,7 +293,7 @@ def compare_command(
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
 ) -> None:
     """Compare two scenarios or two reports: a per-metric table here, both side by side in a dashboard."""
-    from simulator.files import check_outputs, write_atomic
+    from simulator.files import HTML_SUFFIXES, check_outputs, write_atomic
     from simulator.progress import progress
 
     if b is None:
@@ -310,7 +310,7 @@ def compare_command(
         # a scenario also reads the files it names (model config, schedule CSV, profile, topology)
         if side is not None and side.suffix in (".yaml", ".yml") and side.is_file():
             inputs += [(f"{what} of {label}", f) for what, f in scenario_input_files(side).items() if what != "scenario file"]
-    check_outputs({"--output": path}, inputs)
+    check_outputs({"--output": path}, inputs, replaces_only={"--output": HTML_SUFFIXES})
     from simulator.report.findings import attach
 
     with progress("compare") as phase:

@@ -139,13 +139,14 @@ def sweep_command(
 
         dash_path = dashboard or output_path(Path("dashboards"), spec.name, ".html", prefix="sweep-")
         best_path = dash_path.with_name(dash_path.stem + "-best.html")
-    from simulator.files import check_outputs, write_atomic
+    from simulator.files import HTML_SUFFIXES, check_outputs, write_atomic
 
     # Before the sweep: a bad path never costs the results, and no input is written over.
     inputs = [("space file", space), ("--model config", model)]
     for flag, values in (("--gpu", gpu), ("--topology", topology)):
         inputs += [(f"{flag} file", value.strip() or None) for value in (values or "").split(",")]
-    check_outputs({"--store": store_path, "--dashboard": dash_path, "the best point's dashboard": best_path}, inputs)
+    check_outputs({"--store": store_path, "--dashboard": dash_path, "the best point's dashboard": best_path}, inputs,
+                  replaces_only={"--dashboard": HTML_SUFFIXES, "the best point's dashboard": HTML_SUFFIXES})
 
     out = run_sweep(spec, store=store_path, executor=executor.value, workers=workers, scheduler=scheduler,
                     exhaustive=exhaustive, estimate_only=estimate_only, batch_size=batch_size,
