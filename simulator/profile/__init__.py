@@ -363,4 +363,4 @@ def load_profile(name_or_path: "str | Path | Profile") -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise UserError(f"GPU profile {str(path)!r}: {validation_error_line(exc)}") from None
+        raise UserError(f"GPU profile {str(path)!r}: {validation_error_line(exc, model=Profile)}") from None
