@@ -407,6 +407,16 @@ class Scenario(BaseModel):
             )
         # V-shaped schedules hold two stages per rank; interleaved ones vpp.
         v_shape = self.schedule in ("zbv", "dualpipev") and not self.schedule_file
+        # Interleaving spreads a rank's model chunks over the other pipeline ranks; with one rank there
+        # are none. Megatron-LM refuses it (megatron/training/arguments.py: "When interleaved schedule is
+        # used, pipeline-model-parallel size should be greater than 1"); a V shape's two stages per
+        # rank are the schedule's own, not vpp.
+        if p.pp == 1 and not self.schedule_file and not v_shape and (self.schedule == "interleaved-1f1b" or p.vpp > 1):
+            what = f"schedule {self.schedule!r}" if self.schedule == "interleaved-1f1b" else f"vpp={p.vpp}"
+            raise UserError(
+                f"{what} needs pp >= 2 (model chunks are interleaved over pipeline ranks), but pp=1: "
+                f"set pp to 2 or more, or use schedule 1f1b with vpp=1"
+            )
         positions = 2 * p.pp if v_shape else p.pp * p.vpp
         # With the embedding and/or the loss counted as layers, the first/last position may hold
         # only the embedding / only the LM head (Megatron --account-for-*-in-pipeline-split).

@@ -10,6 +10,7 @@ import yaml
 
 from simulator.errors import UserError
 from simulator.scenario import build_scenario
+from simulator.simulate import simulate
 
 from cli_helpers import REPO, TINY_SCENARIO, assert_one_line_error, clustersim
 
@@ -88,3 +89,43 @@ def test_one_missing_key_reads_as_before():
     del d["batch"]["seq_length"]
     with pytest.raises(UserError, match=r"^scenario: missing key 'batch\.seq_length': add it$"):
         build_scenario(d)
+
+
+# ------------------------------------------------------------------ 4b. interleaving needs pp >= 2
+
+@pytest.mark.parametrize("changes,pattern", [
+    ({"schedule": "interleaved-1f1b", "parallelism__pp": 1, "parallelism__vpp": 2},
+     r"^schedule 'interleaved-1f1b' needs pp >= 2 \(model chunks are interleaved over pipeline ranks\), but pp=1: set pp"),
+    ({"schedule": "interleaved-1f1b", "parallelism__pp": 1},
+     r"^schedule 'interleaved-1f1b' needs pp >= 2 .*, but pp=1"),
+    ({"schedule": "zb-h1", "parallelism__pp": 1, "parallelism__vpp": 2}, r"^vpp=2 needs pp >= 2 .*, but pp=1"),
+])
+def test_interleaving_with_one_pipeline_rank_is_refused(changes, pattern):
+    with pytest.raises(UserError, match=pattern):
+        build_scenario(_with(**changes))
+
+
+def test_interleaving_with_two_pipeline_ranks_still_builds():
+    sc = build_scenario(_with(schedule="interleaved-1f1b", parallelism__pp=2, parallelism__vpp=2))
+    assert sc.parallelism.vpp == 2
+
+
+# ------------------------------------------------------------------ 4c. no bf16 on Volta
+
+def test_bf16_on_v100_is_refused_with_fp16_as_the_fix(tmp_path):
+    d = _with(cluster__gpu="v100-sxm2-32gb", cluster__topology="dgx-a100-fattree")
+    with pytest.raises(UserError, match=r"dtype bf16 needs BF16 tensor cores but GPU profile 'v100-sxm2-32gb' has none .*: "
+                                        r"use dtype fp16"):
+        simulate(build_scenario(d))
+    # fp8 on V100 used to suggest bf16, which V100 has no tensor cores for either.
+    with pytest.raises(UserError, match=r"dtype fp8 needs FP8 tensor cores .*: use dtype fp16, or an H100"):
+        simulate(build_scenario(dict(d, dtype="fp8")))
+    assert simulate(build_scenario(dict(d, dtype="fp16"))).report.step_time_s > 0
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
+    assert_one_line_error(clustersim(["simulate", "s.yaml"], tmp_path), r"dtype bf16 needs BF16 tensor cores.*use dtype fp16")
+
+
+def test_fp8_on_a100_still_suggests_bf16():
+    d = _with(cluster__gpu="a100-sxm-80gb", cluster__topology="dgx-a100-fattree", dtype="fp8")
+    with pytest.raises(UserError, match=r"dtype fp8 needs FP8 tensor cores .*: use dtype bf16, or an H100"):
+        simulate(build_scenario(d))
