@@ -129,3 +129,17 @@ def test_fp8_on_a100_still_suggests_bf16():
     d = _with(cluster__gpu="a100-sxm-80gb", cluster__topology="dgx-a100-fattree", dtype="fp8")
     with pytest.raises(UserError, match=r"dtype fp8 needs FP8 tensor cores .*: use dtype bf16, or an H100"):
         simulate(build_scenario(d))
+
+
+# ------------------------------------------------------------------ 5. sweep prune reasons
+
+def test_prune_reasons_show_a_real_example_and_every_point_pruned_is_an_error(tmp_path):
+    space = REPO / "tests" / "data" / "sweep" / "tiny.yaml"
+    args = ["sweep", space, "--no-dashboard", "--no-progress", "--store", tmp_path / "s.sqlite", "--estimate-only"]
+    p = clustersim([*args, "--tp", "2,3"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "tp=3 does not divide num_attention_heads=32" in p.stdout and "=N" not in p.stdout
+    # Every point pruned: was exit 0 with no message.
+    assert_one_line_error(clustersim([*args, "--tp", "3"], tmp_path),
+                          r"^error: nothing to simulate: every point was pruned \(tp=3 does not divide "
+                          r"num_attention_heads=32 \(16 points\)\)")
