@@ -22,19 +22,113 @@ class SimulationStalled(UserError):
     """
 
 
-def validation_error_line(exc, hide_loc: tuple[str, ...] = ()) -> str:
-    """One line from a pydantic ValidationError: where, what, and how to fix unknown or missing keys.
+def did_you_mean(word: str, choices) -> str:
+    """' (did you mean 'zero'?)' for a near miss among ``choices``, else ''."""
+    import difflib
 
-    ``hide_loc`` drops location parts a user never wrote (a discriminated union's tag).
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _models_in(annotation) -> list:
+    """Pydantic model classes an annotation allows (through Optional, unions, Annotated, lists)."""
+    import types
+    from typing import Annotated, Union, get_args, get_origin
+
+    from pydantic import BaseModel
+
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _models_in(get_args(annotation)[0])
+    if origin in (Union, types.UnionType, list, tuple, dict):
+        return [m for a in get_args(annotation) for m in _models_in(a)]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return []
+
+
+def _keys_at(model, path: tuple) -> set[str]:
+    """Field names and aliases of the section ``path`` leads to from ``model`` (empty if unknown)."""
+    from typing import get_origin
+
+    models = [model] if model is not None else []
+    keyed = False  # the last part was a dict of models: this part is one of its keys
+    for part in path:
+        if isinstance(part, int) or keyed:
+            keyed = False
+            continue  # a list index or a dict key: the same models
+        fields = {n: f for m in models for n, f in m.model_fields.items()}
+        if str(part) not in fields:
+            return set()
+        ann = fields[str(part)].annotation
+        keyed = get_origin(ann) is dict
+        models = _models_in(ann)
+    keys: set[str] = set()
+    for m in models:
+        for name, f in m.model_fields.items():
+            keys.add(name)
+            if isinstance(f.alias, str):
+                keys.add(f.alias)
+    return keys
+
+
+def _shown(value) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# pydantic error types whose message never says what the user wrote; the line adds it (err["input"]).
+_WANTS_WHOLE = ("int_parsing", "int_type", "int_from_float", "int_parsing_size")
+_WANTS_NUMBER = ("float_parsing", "float_type", "decimal_parsing", "decimal_type")
+_WANTS_BOOL = ("bool_parsing", "bool_type")
+
+
+def validation_error_line(exc, hide_loc: tuple[str, ...] = (), model=None) -> str:
+    """One line from a pydantic ValidationError: where, what, and how to fix it.
+
+    An unknown key comes first, whatever else is wrong: a misspelt key (seq_len) also leaves the
+    key it meant (seq_length) missing, and only the unknown one says what to fix. ``model`` (the
+    validated class) lets the line suggest the field a misspelt key meant. Missing keys are listed
+    together; a bad value is shown with what was written. ``hide_loc`` drops location parts a user
+    never wrote (a discriminated union's tag).
     """
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"] if str(p) not in hide_loc)
-    if err["type"] == "extra_forbidden":
-        return f"unknown key {loc!r}: remove it or check its spelling"
+    errors = exc.errors()
+
+    def where(err) -> str:
+        return ".".join(str(p) for p in err["loc"] if str(p) not in hide_loc)
+
+    extra = [e for e in errors if e["type"] == "extra_forbidden"]
+    if extra:
+        err = extra[0]
+        parent, key = tuple(err["loc"][:-1]), err["loc"][-1]
+        # The keys that section has: the model's fields, else the keys reported missing beside it.
+        choices = _keys_at(model, tuple(p for p in parent if str(p) not in hide_loc)) or {
+            str(e["loc"][-1]) for e in errors if e["type"] == "missing" and tuple(e["loc"][:-1]) == parent
+        }
+        return f"unknown key {where(err)!r}{did_you_mean(key, choices)}: remove it or check its spelling"
+    err = errors[0]
+    loc = where(err)
     if err["type"] == "missing":
-        return f"missing key {loc!r}: add it"
-    msg = " ".join(str(err["msg"]).split()).removeprefix("Value error, ")
-    return f"{loc}: {msg}" if loc else msg
+        missing = list(dict.fromkeys(where(e) for e in errors if e["type"] == "missing"))
+        if len(missing) == 1:
+            return f"missing key {loc!r}: add it"
+        return f"missing keys {', '.join(repr(m) for m in missing)}: add them"
+    value = _shown(err.get("input"))
+    if err["type"] in ("literal_error", "enum"):
+        import re
+
+        expected = str((err.get("ctx") or {}).get("expected", ""))
+        hint = did_you_mean(err.get("input"), re.findall(r"'([^']*)'", expected)) if isinstance(err.get("input"), str) else ""
+        line = f"{value} is not one of {expected}{hint}" if expected else " ".join(str(err["msg"]).split())
+    elif err["type"] in _WANTS_WHOLE:
+        line = f"got {value}: write a whole number"
+    elif err["type"] in _WANTS_NUMBER:
+        line = f"got {value}: write a number"
+    elif err["type"] in _WANTS_BOOL:
+        line = f"got {value}: write true or false"
+    else:
+        line = " ".join(str(err["msg"]).split()).removeprefix("Value error, ")
+    return f"{loc}: {line}" if loc else line
 
 
 def _not_a_boolean(value):

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator.profile import Profile, load_profile
-from simulator.errors import UserError, Whole, path_exists, read_json, read_yaml, validation_error_line
+from simulator.errors import UserError, Whole, did_you_mean, path_exists, read_json, read_yaml, validation_error_line
 from simulator.topology.spec import TopologySpec, first_validation_error, load_topology
 from simulator.whatif.perturbations import Perturbations
 
@@ -242,7 +242,7 @@ class ClusterConfig(BaseModel):
             try:
                 return Profile.model_validate(v)
             except ValidationError as exc:
-                raise ValueError(validation_error_line(exc)) from None
+                raise ValueError(validation_error_line(exc, model=Profile)) from None
         if not isinstance(v, (str, Profile)):
             raise ValueError(f"{v!r} is not a GPU profile: give a shipped name, a path to a profile JSON, or a mapping")
         return v
@@ -407,6 +407,16 @@ class Scenario(BaseModel):
             )
         # V-shaped schedules hold two stages per rank; interleaved ones vpp.
         v_shape = self.schedule in ("zbv", "dualpipev") and not self.schedule_file
+        # Interleaving spreads a rank's model chunks over the other pipeline ranks; with one rank there
+        # are none. Megatron-LM refuses it (megatron/training/arguments.py: "When interleaved schedule is
+        # used, pipeline-model-parallel size should be greater than 1"); a V shape's two stages per
+        # rank are the schedule's own, not vpp.
+        if p.pp == 1 and not self.schedule_file and not v_shape and (self.schedule == "interleaved-1f1b" or p.vpp > 1):
+            what = f"schedule {self.schedule!r}" if self.schedule == "interleaved-1f1b" else f"vpp={p.vpp}"
+            raise UserError(
+                f"{what} needs pp >= 2 (model chunks are interleaved over pipeline ranks), but pp=1: "
+                f"set pp to 2 or more, or use schedule 1f1b with vpp=1"
+            )
         positions = 2 * p.pp if v_shape else p.pp * p.vpp
         # With the embedding and/or the loss counted as layers, the first/last position may hold
         # only the embedding / only the LM head (Megatron --account-for-*-in-pipeline-split).
@@ -587,15 +597,15 @@ def model_from_hf_config(path: Path) -> ModelConfig:
                           q_lora_rank=opt("q_lora_rank"), kv_lora_rank=opt("kv_lora_rank"))
         return ModelConfig(**common)
     except ValidationError as exc:
-        raise UserError(f"model config {str(path)!r}: {validation_message(exc)}") from None
+        raise UserError(f"model config {str(path)!r}: {validation_message(exc, ModelConfig)}") from None
 
 
 # ---------------------------------------------------------------------------------------------
 # Loading and overriding
 # ---------------------------------------------------------------------------------------------
 
-def validation_message(exc: ValidationError) -> str:
-    return validation_error_line(exc)
+def validation_message(exc: ValidationError, model: type[BaseModel] | None = None) -> str:
+    return validation_error_line(exc, model=model)
 
 
 def default_scenario_dict() -> dict[str, Any]:
@@ -760,14 +770,6 @@ def _valid_without_data(dotted: str) -> bool:
     return False
 
 
-def _did_you_mean(word: str, choices) -> str:
-    """' (did you mean 'zero'?)' for a near miss among ``choices``, else ''."""
-    import difflib
-
-    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def check_override_path(dotted: str, data: dict[str, Any]) -> None:
     """Raise UserError unless ``dotted`` names a field of the scenario (profiles and topologies
     included); the message lists the valid keys where the path went wrong."""
@@ -782,7 +784,7 @@ def check_override_path(dotted: str, data: dict[str, Any]) -> None:
         fields = {name: f for m in models for name, f in m.model_fields.items()}
         if parts[i] not in fields:
             where = f"under {here!r}" if here else "at the top level"
-            raise UserError(f"unknown key {'.'.join(parts[: i + 1])!r}{_did_you_mean(parts[i], fields)}: "
+            raise UserError(f"unknown key {'.'.join(parts[: i + 1])!r}{did_you_mean(parts[i], fields)}: "
                             f"valid keys {where} are {', '.join(sorted(fields))}")
         if i == len(parts) - 1:
             return
@@ -793,7 +795,7 @@ def check_override_path(dotted: str, data: dict[str, Any]) -> None:
             node = _get_dotted(data, ".".join(parts[: i + 1]))
             if isinstance(node, dict) and parts[i + 1] not in node:
                 raise UserError(
-                    f"unknown key {'.'.join(parts[: i + 2])!r}{_did_you_mean(parts[i + 1], node)}: valid keys under "
+                    f"unknown key {'.'.join(parts[: i + 2])!r}{did_you_mean(parts[i + 1], node)}: valid keys under "
                     f"{'.'.join(parts[: i + 1])!r} are {', '.join(sorted(node))}"
                 )
             if i + 1 == len(parts) - 1:
@@ -837,7 +839,7 @@ def build_scenario(data: dict[str, Any], overrides: dict[str, Any] | None = None
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
-        raise UserError(f"scenario: {validation_message(exc)}") from None
+        raise UserError(f"scenario: {validation_message(exc, Scenario)}") from None
     return scenario.check()
 
 

@@ -123,8 +123,12 @@ def test_pruning_reasons_are_counted():
     pr = ev.pruned
     assert ev.total == 32
     assert pr["tp=N does not divide num_attention_heads=N"] == 16  # every tp=3 point
-    assert pr["gpus above max_gpus=64"] == 8  # tp=2 at 128 GPUs
-    assert pr["schedule 'interleaved-1f1b': vpp=N must be at least N (model chunks per rank)"] == 4
+    # interleaved-1f1b with pp=1 is refused by the scenario itself (Megatron-LM needs pp >= 2 for it)
+    assert pr["schedule 'interleaved-1f1b' needs pp >= N (model chunks are interleaved over pipeline ranks), but pp=N"] == 4
+    assert pr["gpus above max_gpus=64"] == 6  # the other tp=2 points at 128 GPUs
+    assert pr["schedule 'interleaved-1f1b': vpp=N must be at least N (model chunks per rank)"] == 2  # pp=2, vpp=1
+    # Each reason is shown by one real message, not its masked form.
+    assert ev.pruned_examples["tp=N does not divide num_attention_heads=N"] == "tp=3 does not divide num_attention_heads=32"
     assert pr["memory headroom below 0.5"] == 1  # tp=2, pp=1, zero=0: 4B parameters x 18 bytes
     assert len(ev.candidates) == 3
     assert sum(pr.values()) + len(ev.candidates) == ev.total

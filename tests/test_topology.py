@@ -43,7 +43,7 @@ node: {kind: n, gpus_per_node: 8, nvlink_GBps: 300, nvlink_latency_us: 1, nics_p
 
 def test_unknown_key_is_one_line_user_error(tmp_path):
     p = _write(tmp_path, "name: x\n" + NODE + "fabric: {kind: fat-tree, radixx: 64}\n")
-    with pytest.raises(UserError, match=r"unknown key 'fabric\.radixx': remove it or check its spelling"):
+    with pytest.raises(UserError, match=r"unknown key 'fabric\.radixx' \(did you mean 'radix'\?\): remove it or check its spelling"):
         load_topology(p)
 
 

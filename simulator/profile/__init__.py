@@ -113,6 +113,9 @@ class ComputeModel(BaseModel):
     hbm_GBps: float = Field(gt=0, description="Peak HBM bandwidth, GB/s.")
     # Shape-aware kernel models (tile and wave quantization) need the SM count; None = unknown.
     sm_count: int | None = Field(None, ge=1, description="Streaming multiprocessors on the device (None: unknown).")
+    # Volta (V100) tensor cores take FP16 only; BF16 arrived with Ampere (NVIDIA V100 and A100
+    # architecture whitepapers). A profile without the key is a BF16 device.
+    bf16: bool = Field(True, description="BF16 tensor cores (false: Volta and older, FP16 only).")
     # FP8 tensor-core peak (dense); None = the device has no FP8 tensor cores (A100, V100).
     peak_tflops_fp8: float | None = Field(None, gt=0, description="Peak dense FP8 TFLOP/s (None: no FP8 tensor cores).")
     # FP32 (non-tensor-core) peak: fp32 GEMMs without TF32 (PyTorch's default since 1.12) run here.
@@ -363,4 +366,4 @@ def load_profile(name_or_path: "str | Path | Profile") -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise UserError(f"GPU profile {str(path)!r}: {validation_error_line(exc)}") from None
+        raise UserError(f"GPU profile {str(path)!r}: {validation_error_line(exc, model=Profile)}") from None

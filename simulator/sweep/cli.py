@@ -213,11 +213,13 @@ def print_sweep(out) -> None:
     if reuse_line(out.reuse):
         con.print(reuse_line(out.reuse), markup=False, highlight=False)
     if ev.pruned:
-        t = Table(title="pruned before simulation", show_header=True)
+        from simulator.sweep.runner import pruned_summary
+
+        t = Table(title="pruned before simulation (one example per reason)", show_header=True)
         t.add_column("reason")
         t.add_column("points", justify="right")
-        for reason, n in ev.pruned.most_common():
-            t.add_row(reason, f"{n:,}")
+        for reason, n in pruned_summary(ev):
+            t.add_row(escape(reason), f"{n:,}")
         con.print(t)
     rows = out.simulated[: out.spec.top_k]
     if rows:

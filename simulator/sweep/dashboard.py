@@ -41,10 +41,7 @@ def _fmt(v: Any) -> str:
 
 
 def _reason(text: str) -> str:
-    """A prune reason for display: the sweep masks the numbers that differ between points as N;
-    show that as "n" in italics and wrap long reasons so the labels stay readable."""
-    import re
-
+    """A prune reason for display (one real example of its group): wrapped so the labels stay readable."""
     words, lines, line = _E(text).split(" "), [], ""
     for w in words:
         if len(line) + len(w) > 60 and line:
@@ -53,7 +50,7 @@ def _reason(text: str) -> str:
         else:
             line = f"{line} {w}".strip()
     lines.append(line)
-    return re.sub(r"(?<![A-Za-z0-9_])N(?![A-Za-z0-9_])", "<i>n</i>", "<br>".join(lines))
+    return "<br>".join(lines)
 
 
 def _desc(point: dict[str, Any]) -> str:
@@ -189,14 +186,16 @@ def _agreement_fig(out: SweepOutcome) -> go.Figure | None:
 
 
 def _pruned_fig(out: SweepOutcome) -> go.Figure | None:
-    pr = out.evaluation.pruned.most_common(15)
+    from simulator.sweep.runner import pruned_summary
+
+    pr = pruned_summary(out.evaluation, 15)
     if not pr:
         return None
     labels = [_reason(r) for r, _ in pr][::-1]
     lines = max(lb.count("<br>") + 1 for lb in labels)
     fig = go.Figure(go.Bar(x=[n for _, n in pr][::-1], y=labels, orientation="h", marker_color="#F58518",
                            hovertemplate="%{y}<br>%{x:,} points<extra></extra>"))
-    fig.update_layout(title="Pruned before simulation, by reason (<i>n</i>: a number that differs between points)",
+    fig.update_layout(title="Pruned before simulation, by reason (one example each; the numbers differ between points)",
                       height=120 + 20 * lines * len(pr), xaxis=dict(title="points", tickformat=",d"),
                       yaxis=dict(automargin=True, type="category", tickfont={"size": 11}), margin={"l": 20})
     return fig

@@ -52,19 +52,33 @@ def scenario_hash(sc: Scenario | dict[str, Any], mode: str) -> str:
     return ResultKeyer(mode).key(_absolute_paths(d)).hash
 
 
-def prune_reason(message: str) -> str:
-    """A UserError message as a countable reason: numbers masked, the fix dropped."""
-    # Numbers that are values ("tp=16", "of 8 GPUs") are masked; names like 1f1b are kept.
-    msg = re.sub(r"(?<![A-Za-z0-9_.])\d+(\.\d+)?(e[+-]?\d+)?(?![A-Za-z0-9_])", "N", message)
-    parts = msg.split(": ")
+def _drop_fix(message: str) -> str:
+    """A UserError message without its fix (the trailing ": use ..." / "; set ..." parts)."""
+    parts = message.split(": ")
     while len(parts) > 1 and parts[-1].split(" ", 1)[0].lower().strip("(") in _FIX_VERBS:
         parts.pop()
-    msg = ": ".join(parts)
-    parts = msg.split("; ")
+    parts = ": ".join(parts).split("; ")
     while len(parts) > 1 and parts[-1].split(" ", 1)[0].lower() in _FIX_VERBS:
         parts.pop()
     msg = "; ".join(parts)
     return msg if len(msg) <= 120 else msg[:117] + "..."
+
+
+def prune_reason(message: str) -> str:
+    """A UserError message as a countable reason: numbers masked, the fix dropped."""
+    # Numbers that are values ("tp=16", "of 8 GPUs") are masked; names like 1f1b are kept.
+    return _drop_fix(re.sub(r"(?<![A-Za-z0-9_.])\d+(\.\d+)?(e[+-]?\d+)?(?![A-Za-z0-9_])", "N", message))
+
+
+def prune_example(message: str) -> str:
+    """The same message with its numbers, the fix dropped: what a reason's group is shown as (its
+    masked form reads "tp=N does not divide num_attention_heads=N")."""
+    return _drop_fix(message)
+
+
+def pruned_summary(ev: "Evaluation", groups: int | None = None) -> list[tuple[str, int]]:
+    """(an example of the reason, points) per prune reason, most points first."""
+    return [(ev.pruned_examples.get(r, r), n) for r, n in ev.pruned.most_common(groups)]
 
 
 def _absolute_paths(d: dict[str, Any]) -> dict[str, Any]:
@@ -101,6 +115,8 @@ class Evaluation:
     pruned: Counter
     estimate_s: float
     stats: dict[str, int] = field(default_factory=dict)
+    # One real message per prune reason (the reason's numbers are masked to group the points).
+    pruned_examples: dict[str, str] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -115,6 +131,13 @@ def evaluate_space(
     """Pass 1: prune every point (reasons counted) and estimate the rest, best first."""
     est = estimator or Estimator()
     pruned: Counter = Counter()
+    examples: dict[str, str] = {}
+
+    def prune(exc: UserError) -> None:
+        reason = prune_reason(str(exc))
+        pruned[reason] += 1
+        examples.setdefault(reason, prune_example(str(exc)))
+
     cands: list[Candidate] = []
     seen: set[str] = set()
     c = spec.constraints
@@ -129,7 +152,7 @@ def evaluate_space(
         try:
             sc = build_scenario(base, point)
         except UserError as exc:
-            pruned[prune_reason(str(exc))] += 1
+            prune(exc)
             continue
         gpus = sc.cluster.gpus
         if c.max_gpus is not None and gpus > c.max_gpus:
@@ -151,7 +174,7 @@ def evaluate_space(
         try:
             e = est.estimate(sc)
         except UserError as exc:
-            pruned[prune_reason(str(exc))] += 1
+            prune(exc)
             continue
         if not e.fits_in_memory:
             pruned["does not fit in memory"] += 1
@@ -165,7 +188,7 @@ def evaluate_space(
     if progress is not None:
         progress(total % 256)
     cands.sort(key=lambda x: (-x.score if spec.maximize else x.score, x.hash))
-    return Evaluation(total, cands, pruned, time.perf_counter() - t0, dict(est.stats))
+    return Evaluation(total, cands, pruned, time.perf_counter() - t0, dict(est.stats), examples)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,6 +449,7 @@ class SweepOutcome:
             "maximize": self.spec.maximize,
             "points": ev.total,
             "pruned": dict(ev.pruned.most_common()),
+            "pruned_examples": {r: ev.pruned_examples.get(r, r) for r, _ in ev.pruned.most_common()},
             "pruned_total": sum(ev.pruned.values()),
             "estimated": len(ev.candidates),
             "estimate_s": ev.estimate_s,
@@ -493,6 +517,11 @@ def run_sweep(
             task = bar.add_task("estimating", total=spec.size)
             ev = evaluation or evaluate_space(spec, progress=lambda n: bar.advance(task, n))
             bar.update(task, completed=spec.size)
+            if not ev.candidates:
+                # Exit 0 with an empty table read as success; nothing was estimated or simulated.
+                shown = "; ".join(f"{r} ({n:,} {'point' if n == 1 else 'points'})" for r, n in pruned_summary(ev, 3))
+                more = f"; {len(ev.pruned) - 3} more reasons" if len(ev.pruned) > 3 else ""
+                raise UserError(f"nothing to simulate: every point was pruned ({shown}{more}): change the axes or constraints")
             chosen = [] if estimate_only else (ev.candidates if exhaustive else ev.candidates[:k])
             t_sim = time.perf_counter()
             if db is not None:

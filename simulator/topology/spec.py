@@ -193,8 +193,8 @@ def first_validation_error(exc: ValidationError) -> str:
     # The discriminated union puts the tag into the location (fabric.fat-tree.radix); a user
     # wrote fabric.radix.
     loc = ".".join(str(p) for p in err["loc"] if str(p) not in FABRIC_KINDS)
-    if err["type"] in ("extra_forbidden", "missing"):
-        return validation_error_line(exc, hide_loc=FABRIC_KINDS)
+    if err["type"] == "missing" or any(e["type"] == "extra_forbidden" for e in exc.errors()):
+        return validation_error_line(exc, hide_loc=FABRIC_KINDS, model=TopologySpec)
     if err["type"] == "union_tag_invalid":
         tag = (err.get("ctx") or {}).get("tag")
         return f"unknown {loc}.kind {tag!r}: use one of {', '.join(FABRIC_KINDS)}"

@@ -87,4 +87,4 @@ def load_manifest(bundle_dir: str | Path) -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
-        raise UserError(f"{str(path)!r}: {validation_error_line(exc)}: re-capture the bundle") from None
+        raise UserError(f"{str(path)!r}: {validation_error_line(exc, model=Manifest)}: re-capture the bundle") from None

@@ -89,4 +89,4 @@ def merge_perturbations(sc, flags: dict[str, Any]):
     try:
         return Scenario.model_validate(data).check()
     except ValidationError as exc:
-        raise UserError(f"what-if flags: {validation_message(exc)}") from None
+        raise UserError(f"what-if flags: {validation_message(exc, Scenario)}") from None

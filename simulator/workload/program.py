@@ -97,10 +97,16 @@ class Program:
 
 def fp8_speedup(sc: Scenario, profile: Profile) -> float:
     """FP8 over BF16 tensor-core peak of the profile's GPU (1 when the scenario is not FP8);
-    UserError when the GPU has no FP8 (or, for mxfp8, no MXFP8) tensor cores."""
+    UserError when the GPU has no FP8 (or, for mxfp8, no MXFP8) tensor cores, or for bf16 on a GPU
+    without BF16 ones (V100)."""
+    c = profile.compute
+    if sc.dtype == "bf16" and not c.bf16:
+        raise UserError(
+            f"dtype bf16 needs BF16 tensor cores but GPU profile {profile.name!r} has none (compute.bf16 is false; "
+            "Volta has FP16 only): use dtype fp16, or an A100 or newer profile"
+        )
     if sc.dtype != "fp8":
         return 1.0
-    c = profile.compute
     if sc.fp8.recipe == "mxfp8":
         if c.peak_tflops_mxfp8 is None:
             raise UserError(
@@ -111,7 +117,7 @@ def fp8_speedup(sc: Scenario, profile: Profile) -> float:
     if c.peak_tflops_fp8 is None:
         raise UserError(
             f"dtype fp8 needs FP8 tensor cores but GPU profile {profile.name!r} has none (no compute.peak_tflops_fp8): "
-            "use dtype bf16, or an H100/H200/B200/GB200 profile"
+            f"use dtype {'bf16' if c.bf16 else 'fp16'}, or an H100/H200/B200/GB200 profile"
         )
     return c.peak_tflops_fp8 / c.peak_tflops
 
