@@ -139,7 +139,9 @@ def test_prune_reasons_show_a_real_example_and_every_point_pruned_is_an_error(tm
     p = clustersim([*args, "--tp", "2,3"], tmp_path)
     assert p.returncode == 0, p.stderr
     assert "tp=3 does not divide num_attention_heads=32" in p.stdout and "=N" not in p.stdout
-    # Every point pruned: was exit 0 with no message.
-    assert_one_line_error(clustersim([*args, "--tp", "3"], tmp_path),
+    # Every point pruned: was exit 0 with no message; and the store it would open is not left behind.
+    fresh = [a if a != tmp_path / "s.sqlite" else tmp_path / "new.sqlite" for a in args]
+    assert_one_line_error(clustersim([*fresh, "--tp", "3"], tmp_path),
                           r"^error: nothing to simulate: every point was pruned \(tp=3 does not divide "
                           r"num_attention_heads=32 \(16 points\)\)")
+    assert not any(p.name.startswith("new.sqlite") for p in tmp_path.iterdir())

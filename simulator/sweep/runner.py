@@ -512,6 +512,7 @@ def run_sweep(
         # The pool forks before the progress bar starts its thread.
         ex = make_executor(executor, workers, scheduler) if own else executor
         # The store is opened (and a bad --store refused) before any work is done.
+        store_was_there = store is not None and Path(store).exists()
         db = ResultStore(store) if store is not None else None
         with progress_bar(show_progress) as bar:
             task = bar.add_task("estimating", total=spec.size)
@@ -521,6 +522,12 @@ def run_sweep(
                 # Exit 0 with an empty table read as success; nothing was estimated or simulated.
                 shown = "; ".join(f"{r} ({n:,} {'point' if n == 1 else 'points'})" for r, n in pruned_summary(ev, 3))
                 more = f"; {len(ev.pruned) - 3} more reasons" if len(ev.pruned) > 3 else ""
+                if db is not None and not store_was_there:
+                    # bad input writes nothing: the store this run created, empty, goes again
+                    db.close()
+                    db = None
+                    for suffix in ("", "-journal", "-wal", "-shm"):
+                        Path(str(store) + suffix).unlink(missing_ok=True)
                 raise UserError(f"nothing to simulate: every point was pruned ({shown}{more}): change the axes or constraints")
             chosen = [] if estimate_only else (ev.candidates if exhaustive else ev.candidates[:k])
             t_sim = time.perf_counter()
