@@ -265,7 +265,9 @@ def collective_command(
             profile = default_profile_for(topology)
             assumed = (f"no --gpu: assuming profile {profile} (it matches the topology's node kind); give --gpu to choose"
                        if profile else "no --gpu and no shipped profile for this topology's node kind: ideal links "
-                       "(efficiency 1.0), step latencies from the topology; give --gpu for realistic busbw")
+                       "(efficiency 1.0, step latencies from the topology) without NCCL's algorithm and protocol "
+                       "model, so not an upper bound; give --gpu, best a profile calibrated from this system's "
+                       "nccl-tests log (clustersim calibrate LOG --base GPU --topology T)")
         extra = {"algorithms": {OPS[name]: algorithm}} if algorithm else {}
         rows, net, note = simulate_sweep(name, gpus, topology, profile, parse_size(min_bytes), parse_size(max_bytes), factor,
                                          type_bytes=DATATYPES[datatype], **extra)
