@@ -87,9 +87,19 @@ class SimMode(str, Enum):
 
 
 class Recompute(str, Enum):
+    # every value Scenario.recompute takes (the YAML's selective-op / selective-layer were refused here)
     none = "none"
     selective = "selective"
     full = "full"
+    selective_op = "selective-op"
+    selective_layer = "selective-layer"
+
+
+class Dtype(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+    fp8 = "fp8"
 
 
 def _stderr(msg: str) -> None:
@@ -189,7 +199,8 @@ def simulate(
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Sequences per microbatch per data-parallel rank (default 1).", rich_help_panel="Batch"),
     global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size", help="Sequences per optimizer step, all data-parallel ranks together (tokens = this x seq-length). Default: the scenario's; built-in 2048.", rich_help_panel="Batch"),
     seq_length: Optional[int] = typer.Option(None, "--seq-length", help="Tokens per sequence. Default: the scenario's; built-in 8192.", rich_help_panel="Batch"),
-    recompute: Optional[Recompute] = typer.Option(None, "--recompute", "--recompute-granularity", help="Activation recomputation: none (default), selective (attention core) or full (whole layers).", rich_help_panel="Batch"),
+    recompute: Optional[Recompute] = typer.Option(None, "--recompute", "--recompute-granularity", help="Activation recomputation: none (default), selective (Megatron: attention core), full (whole layers), selective-op (torchtitan per-op SAC) or selective-layer (torchtitan: every second layer).", rich_help_panel="Batch"),
+    dtype: Optional[Dtype] = typer.Option(None, "--dtype", help="Compute precision: bf16 (default), fp16, fp32 or fp8 (recipe: --set fp8.recipe=...).", rich_help_panel="Batch"),
     schedule: Optional[str] = typer.Option(None, "--schedule", help="Pipeline schedule: 1f1b (default), gpipe, interleaved-1f1b, zb-h1, zbv, dualpipe, dualpipev.", rich_help_panel="Batch"),
     schedule_file: Optional[Path] = typer.Option(None, "--schedule-file", help="A torchtitan-style schedule CSV (overrides --schedule).", rich_help_panel="Batch"),
     # --- what-ifs on the hardware
@@ -242,7 +253,7 @@ def simulate(
         "parallelism.tp_comm_overlap": tp_comm_overlap,
         "batch.micro_batch_size": micro_batch_size,
         "batch.global_batch_size": global_batch_size, "batch.seq_length": seq_length,
-        "recompute": recompute.value if recompute else None, "schedule": schedule,
+        "recompute": recompute.value if recompute else None, "dtype": dtype.value if dtype else None, "schedule": schedule,
         "schedule_file": str(schedule_file) if schedule_file else None, "network": network,
     }
     what_ifs = dict(nic_gbps=nic_gbps, nvlink_GBps=nvlink_GBps, leaf_oversubscription=leaf_oversubscription,
@@ -317,8 +328,12 @@ def layout_line(sc) -> str:
     dims = [f"TP{p.tp}", f"PP{p.pp}"] + ([f"VPP{p.vpp}"] if p.vpp > 1 else []) + [f"DP{sc.dp}"]
     dims += ([f"CP{p.cp}"] if p.cp > 1 else []) + ([f"EP{p.ep}"] if p.ep > 1 else []) + [f"ZeRO-{p.zero}"]
     sched = f"schedule file {Path(sc.schedule_file).name}" if sc.schedule_file else f"schedule {sc.schedule}"
+    # precision and recompute change the step as much as the layout: a fp8 run must not read as bf16
+    prec = f"{sc.dtype} ({sc.fp8.recipe})" if sc.dtype == "fp8" else sc.dtype
+    extras = ([f"recompute {sc.recompute}"] if sc.recompute != "none" else []) + (["async TP"] if p.async_tp else []) \
+        + (["TP comm overlap"] if p.tp_comm_overlap else [])
     return (f"{sc.model.name} · {' '.join(dims)} · {sched} · global batch {plural(sc.batch.global_batch_size, 'sequence')} "
-            f"of {sc.batch.seq_length:,} tokens · {sc.cluster.gpu_name} on {sc.cluster.topology_name}")
+            f"of {sc.batch.seq_length:,} tokens · {' · '.join([prec, *extras])} · {sc.cluster.gpu_name} on {sc.cluster.topology_name}")
 
 
 def group_links(links: list[dict], tolerance: float = 0.01) -> list[tuple[dict, int]]:

@@ -89,8 +89,21 @@ def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], Non
     else:
         result = simulate_step(sc, mode, progress, fast_forward=fast_forward, with_critical_path=with_critical_path)
     result.fast_forward = fast_forward
+    result.report.setup = scenario_setup(sc)
     result.report.wall_s = time.perf_counter() - t_start
     return result
+
+
+def scenario_setup(sc: Scenario) -> dict:
+    """What a run simulated, flat, for the report (``Report.setup``) and for saying what two
+    reports differ in."""
+    p, b = sc.parallelism, sc.batch
+    return {"model": sc.model.name, "gpus": sc.cluster.gpus, "gpu": sc.cluster.gpu_name, "topology": sc.cluster.topology_name,
+            "network": sc.network, "tp": p.tp, "pp": p.pp, "vpp": p.vpp, "dp": sc.dp, "cp": p.cp, "ep": p.ep, "zero": p.zero,
+            "sequence_parallel": p.sequence_parallel, "async_tp": p.async_tp, "tp_comm_overlap": p.tp_comm_overlap,
+            "schedule": Path(sc.schedule_file).name if sc.schedule_file else sc.schedule,
+            "micro_batch_size": b.micro_batch_size, "global_batch_size": b.global_batch_size, "seq_length": b.seq_length,
+            "dtype": sc.dtype, "fp8_recipe": sc.fp8.recipe if sc.dtype == "fp8" else None, "recompute": sc.recompute}
 
 
 def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: PipelineSchedule) -> Timeline | None:

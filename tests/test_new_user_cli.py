@@ -160,3 +160,27 @@ def test_validate_op_table_leaves_out_dimensions_with_no_time(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "exposed comm" not in p.stdout and "compute gemm" in p.stdout
     assert "nothing measured or predicted, not shown: tp, cp, ep, pp, dp, bubble" in " ".join(p.stdout.split())
+
+
+def test_header_and_report_say_precision_recompute_and_compare_names_what_differs(tmp_path):
+    # Were: a --dtype fp8 run printed bf16's header; --dtype did not exist on simulate; --recompute
+    # refused selective-op; a report JSON held only the name, so compare a.json b.json could not
+    # say what differed.
+    import json
+
+    import yaml
+
+    from cli_helpers import TINY_SCENARIO
+
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(TINY_SCENARIO))
+    base = ["simulate", "t.yaml", "--no-dashboard", "--findings-budget-s", "0"]
+    a = clustersim([*base, "--report", "a.json"], tmp_path)
+    b = clustersim([*base, "--report", "b.json", "--dtype", "fp8", "--recompute", "selective-op"], tmp_path)
+    assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
+    assert " · bf16 · " in a.stdout.splitlines()[0]
+    assert " · fp8 (te-delayed) · recompute selective-op · " in b.stdout.splitlines()[0]
+    setup = json.loads((tmp_path / "b.json").read_text())["setup"]
+    assert (setup["dtype"], setup["recompute"], setup["tp"], setup["gpus"]) == ("fp8", "selective-op", 2, 8)
+    c = clustersim(["compare", "a.json", "b.json", "-o", "c.html"], tmp_path)
+    assert c.returncode == 0, c.stderr
+    assert "B differs from A in: dtype bf16 -> fp8, fp8_recipe None -> te-delayed, recompute none -> selective-op" in c.stdout

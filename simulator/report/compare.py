@@ -353,7 +353,19 @@ def print_metric_table(a: Side, b: Side) -> None:
     for label, va, vb, change, cls in metric_rows(a.report, b.report):
         mark = {"better": " (better)", "worse": " (worse)"}.get(cls, "")
         t.add_row(label, va, vb, f"[{style[cls]}]{change}{mark}[/]" if cls else change)
-    Console(width=None if sys.stdout.isatty() else 120).print(t)
+    con = Console(width=None if sys.stdout.isatty() else 120)
+    con.print(t)
+    differs = setup_differences(a.report.setup, b.report.setup)
+    if differs:
+        con.print("B differs from A in: " + ", ".join(differs), highlight=False, markup=False, soft_wrap=True)
+
+
+def setup_differences(a: dict, b: dict) -> list[str]:
+    """'key A -> B' for every setup field (Report.setup) the two runs differ in; none where a report
+    has no setup (written before it was recorded)."""
+    if not a or not b:
+        return []
+    return [f"{k} {a.get(k)} -> {b.get(k)}" for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
 
 
 def print_delta_table(a: "Report", b: "Report") -> None:

@@ -47,6 +47,7 @@ class Report(BaseModel):
     wall_s: float | None = Field(None, description="Wall time of the whole simulation, scenario to report (workload, plan, event loop, analysis), seconds; sim_wall_s is the event loop's part.")
     events: int
     mode: str
+    setup: dict[str, Any] = Field(default_factory=dict, description="What was simulated (model, GPUs, GPU, topology, layout, schedule, batch, dtype, recompute, TP overlap), so a report read alone (compare a.json b.json) says what it is (set by simulate()).")
     per_pp_rank: list[dict[str, Any]] = Field(default_factory=list)
     busiest_links: list[dict[str, Any]] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
