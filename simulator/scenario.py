@@ -506,6 +506,9 @@ def resolve_model(name_or_path: str) -> ModelConfig:
     if name_or_path in MODEL_PRESETS:
         return ModelConfig(name=name_or_path, **MODEL_PRESETS[name_or_path])
     path = Path(name_or_path)
+    if path.is_dir() and (path / "config.json").is_file():
+        # a HuggingFace snapshot folder (huggingface-cli download, save_pretrained): its config.json
+        path = path / "config.json"
     if path.suffix == ".json" or path_exists(path):
         return model_from_hf_config(path)
     raise UserError(

@@ -57,6 +57,12 @@ def test_hf_config_named_after_its_file(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text((DATA / "hf" / "mistral.json").read_text())
     assert model_from_hf_config(folder / "config.json").name == "Mistral-7B-v0.1"
+    # --model FOLDER (a snapshot folder as huggingface-cli download leaves it): was "is a folder, not a file"
+    from simulator.scenario import resolve_model
+
+    assert resolve_model(str(folder)) == model_from_hf_config(folder / "config.json")
+    with pytest.raises(UserError, match="is a folder, not a file"):
+        resolve_model(str(tmp_path))  # a folder without a config.json still says what is wrong
 
 
 def test_set_typo_suggests_the_field():
