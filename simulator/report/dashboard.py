@@ -113,8 +113,10 @@ def merge_segments(ev: pd.DataFrame, gap_s: float, by_action: bool = True) -> pd
                                      "layer_min", "layer_max", "microbatch", "stage", "bytes"])
     ev = ev.sort_values(["rank", "stream", "start_s"], kind="stable")
     rank = ev["rank"].to_numpy()
-    stream = ev["stream"].to_numpy()
-    kind = ev["kind"].to_numpy()
+    # Compared and carried as codes where the columns are categoricals (the engine's timelines):
+    # materialising millions of Python strings was most of a long step's dashboard time.
+    stream = _codes(ev["stream"])
+    kind = _codes(ev["kind"])
     mb = ev["microbatch"].to_numpy()
     stage = ev["stage"].to_numpy()
     start = ev["start_s"].to_numpy()
@@ -131,9 +133,10 @@ def merge_segments(ev: pd.DataFrame, gap_s: float, by_action: bool = True) -> pd
     new[1:] = ~same
     gid = np.cumsum(new) - 1
     layer = ev["layer"].to_numpy()
+    name = _codes(ev["name"])
     g = pd.DataFrame({
         "gid": gid, "rank": rank, "stream": stream, "kind": kind, "start_s": start, "end_s": end,
-        "busy_s": end - start, "name": ev["name"].to_numpy(), "microbatch": mb, "stage": stage,
+        "busy_s": end - start, "name": name, "microbatch": mb, "stage": stage,
         "layer_min": np.where(layer >= 0, layer, np.iinfo(np.int64).max),
         "layer_max": layer, "bytes": ev["bytes"].to_numpy(),
     })
@@ -145,7 +148,41 @@ def merge_segments(ev: pd.DataFrame, gap_s: float, by_action: bool = True) -> pd
         bytes=("bytes", "sum"),
     )
     out.loc[out["layer_max"] < 0, "layer_min"] = -1
-    return out.reset_index(drop=True)
+    out = out.reset_index(drop=True)
+    # back to strings, once per bar rather than once per row
+    for col, src in (("stream", "stream"), ("kind", "kind"), ("first", "name"), ("last", "name")):
+        out[col] = _decode(out[col].to_numpy(), ev[src])
+    return out
+
+
+def _lane_of_rows(ev: pd.DataFrame, lane_idx: dict[tuple[int, str], int]) -> np.ndarray:
+    """Each row's lane index (``lane_idx`` by (rank, stream)), -1 for rows on no lane."""
+    ranks = ev["rank"].to_numpy()
+    if not isinstance(ev["stream"].dtype, pd.CategoricalDtype) or not len(ev):
+        return np.fromiter((lane_idx.get(k, -1) for k in zip(ranks.tolist(), ev["stream"].tolist())),
+                           dtype=np.int64, count=len(ev))
+    streams = ev["stream"].cat.categories.tolist()
+    rank_list = sorted({r for r, _ in lane_idx})
+    pos = np.full(int(ranks.max()) + 1 if len(ranks) else 1, -1, dtype=np.int64)
+    pos[[r for r in rank_list if r < len(pos)]] = np.arange(len([r for r in rank_list if r < len(pos)]))
+    table = np.full((len(rank_list) + 1, len(streams)), -1, dtype=np.int64)  # last row: ranks on no lane
+    for (r, st), i in lane_idx.items():
+        if r < len(pos) and pos[r] >= 0 and st in streams:
+            table[pos[r], streams.index(st)] = i
+    return table[pos[ranks], ev["stream"].cat.codes.to_numpy()]
+
+
+def _codes(col: pd.Series) -> np.ndarray:
+    """A column's values as comparable numbers: a categorical's codes (equal codes, equal strings),
+    else the values themselves."""
+    return col.cat.codes.to_numpy() if isinstance(col.dtype, pd.CategoricalDtype) else col.to_numpy()
+
+
+def _decode(values: np.ndarray, like: pd.Series) -> np.ndarray:
+    """``_codes``'s inverse: the strings of ``like``'s categories at these codes."""
+    if isinstance(like.dtype, pd.CategoricalDtype):
+        return like.cat.categories.to_numpy(dtype=object)[values]
+    return values
 
 
 COMM_MERGE_PIXELS = 600  # communication lanes: rows closer than ~2 px of a 1200-px plot become one bar
@@ -583,11 +620,13 @@ def ops_payload(tl: "Timeline", lanes: list[tuple[int, str]], pp_of: dict[int, i
     lane_idx = {ln: i for i, ln in enumerate(lanes)}
     ranks = sorted({r for r, _ in lanes})
     ev = tl.events[tl.events["rank"].isin(ranks)]
-    key = list(zip(ev["rank"].tolist(), ev["stream"].tolist()))
-    lane = np.fromiter((lane_idx.get(k, -1) for k in key), dtype=np.int64, count=len(key))
+    lane = _lane_of_rows(ev, lane_idx)
+    # strings by the categories' codes, kept as Python objects (pandas' inference of a string
+    # column from millions of them cost seconds on a long step)
     ops = pd.DataFrame({
         "lane": lane, "start_s": ev["start_s"].to_numpy(), "end_s": ev["end_s"].to_numpy(),
-        "kind": ev["kind"].astype(str).to_numpy(), "name": ev["name"].astype(str).to_numpy(),
+        "kind": pd.Series(_decode(_codes(ev["kind"]), ev["kind"]), dtype=object),
+        "name": pd.Series(_decode(_codes(ev["name"]), ev["name"]), dtype=object),
         "layer": ev["layer"].to_numpy(), "mb": ev["microbatch"].to_numpy(), "stage": ev["stage"].to_numpy(),
         "aux": ev["bytes"].to_numpy(dtype=float),
     })
