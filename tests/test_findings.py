@@ -123,3 +123,16 @@ def test_budget_counts_a_fast_path_run_as_the_plain_run_a_suggestion_may_need():
     res.report = ff
     f = _kinds(attach(res, budget_s=15).report)["imbalance"]
     assert not f["suggestions"][0].get("simulated") and "not simulated" in f["message"]
+
+
+def test_unsimulated_batch_suggestions_estimate_a_lower_bubble_share_than_measured():
+    # Were 1F1B's (p-1)/(2m+p-1), which put a dualpipev or imbalanced step's share above the
+    # measured one (deepseek-v3 15.6% -> "~19.0%"): a suggestion that looked worse than no change.
+    rep = attach(simulate(build_scenario(IMBALANCED)), budget_s=0).report
+    f = _kinds(rep)["bubble"]
+    share_now = f["value"]
+    (s,) = [s for s in f["suggestions"] if "batch.global_batch_size" in s["overrides"]]
+    est = float(re.search(r"bubble share ~([\d.]+)%", s["note"]).group(1)) / 100
+    bubble = share_now * rep.step_time_s
+    assert est == pytest.approx(bubble / (2 * (rep.step_time_s - bubble) + bubble), abs=5e-4)
+    assert est < share_now
