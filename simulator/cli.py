@@ -276,6 +276,7 @@ def simulate(
             # Megatron interleaves whenever vpp > 1; plain 1F1B has one chunk per rank.
             sc = load_scenario(scenario, dict(overrides, schedule="interleaved-1f1b"))
             _stderr(f"note: vpp={sc.parallelism.vpp}: using schedule interleaved-1f1b, as Megatron does; --schedule chooses another")
+        _note_gpu_topology_mismatch(sc)
         # Checked before simulating, so a bad output path never costs the result.
         explicit_dashboard = None if dashboard in (None, _DASHBOARD_DEFAULT) else Path(dashboard)
         from simulator.scenario import scenario_input_files
@@ -320,6 +321,24 @@ def simulate(
         print(json.dumps(report.model_dump(mode="json")))
     else:
         print_summary(report, sc)
+
+
+def _note_gpu_topology_mismatch(sc) -> None:
+    """A note where the scenario's GPU is not the one the topology's nodes hold (--topology
+    gb200-nvl72 kept the default h100-sxm-80gb compute, said only in the header)."""
+    from simulator.network.cli import NODE_KIND_PROFILES
+    from simulator.topology import load_topology
+
+    gpu = sc.cluster.gpu
+    if not isinstance(gpu, str) or not isinstance(sc.cluster.topology, str) or "/" in gpu or gpu.endswith(".json"):
+        return  # an inline, edited or calibrated profile / topology: the user chose it
+    try:
+        native = NODE_KIND_PROFILES.get(load_topology(sc.cluster.topology).node.kind)
+    except UserError:
+        return
+    if native and native != Path(gpu).stem and "cpu" not in native:
+        _stderr(f"note: topology {sc.cluster.topology_name}'s nodes hold {native} GPUs but the GPU simulated is "
+                f"{sc.cluster.gpu_name}: --gpu {native} simulates that system")
 
 
 def layout_line(sc) -> str:

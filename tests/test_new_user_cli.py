@@ -190,3 +190,15 @@ def test_header_and_report_say_precision_recompute_and_compare_names_what_differ
     c = clustersim(["compare", "a.json", "b.json", "-o", "c.html"], tmp_path)
     assert c.returncode == 0, c.stderr
     assert "B differs from A in: dtype bf16 -> fp8, fp8_recipe None -> te-delayed, recompute none -> selective-op" in c.stdout
+
+
+def test_a_gpu_the_topology_does_not_hold_is_noted(tmp_path):
+    # Was said only in the header: --topology gb200-nvl72 simulated h100-sxm-80gb compute.
+    base = ["simulate", "--model", "llama3-8b", "--tp", "8", "--pp", "1", "--global-batch-size", "64",
+            "--no-dashboard", "--findings-budget-s", "0"]
+    p = clustersim([*base, "--gpus", "64", "--topology", "gb200-nvl72"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert ("note: topology gb200-nvl72's nodes hold gb200 GPUs but the GPU simulated is h100-sxm-80gb: "
+            "--gpu gb200 simulates that system") in " ".join(p.stderr.split())
+    p = clustersim([*base, "--gpus", "64", "--topology", "gb200-nvl72", "--gpu", "gb200"], tmp_path)
+    assert p.returncode == 0 and "note: topology" not in p.stderr, p.stderr

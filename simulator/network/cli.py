@@ -239,7 +239,7 @@ def collective_command(
     redop: str = typer.Option("sum", "--op", "-o", help=f"Reduction ({', '.join(REDOPS)}): shown in the table; it does not change the simulated time."),
     iters: int = typer.Option(20, "--iters", "-n", help="Accepted for nccl-tests compatibility: the simulation is deterministic, one iteration is exact."),
     warmup_iters: int = typer.Option(5, "--warmup_iters", "--warmup-iters", "-w", help="Accepted for nccl-tests compatibility (no warm-up in a simulation)."),
-    algorithm: Optional[str] = typer.Option(None, "--algorithm", help="Force ring, tree, hierarchical, torus (default: fastest, as NCCL)."),
+    algorithm: Optional[str] = typer.Option(None, "--algorithm", help="Force ring, tree, hierarchical or torus (all_reduce and the like), pairwise (alltoall); default: the fastest, as NCCL picks."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: the collective, the assumptions and the rows."),
     explain: bool = typer.Option(False, "--explain", help="Per size: NCCL's algorithm, protocol, channels, and the latency and bandwidth terms of the time."),
 ) -> None:
