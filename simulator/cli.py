@@ -276,7 +276,6 @@ def simulate(
             # Megatron interleaves whenever vpp > 1; plain 1F1B has one chunk per rank.
             sc = load_scenario(scenario, dict(overrides, schedule="interleaved-1f1b"))
             _stderr(f"note: vpp={sc.parallelism.vpp}: using schedule interleaved-1f1b, as Megatron does; --schedule chooses another")
-        _note_gpu_topology_mismatch(sc)
         # Checked before simulating, so a bad output path never costs the result.
         explicit_dashboard = None if dashboard in (None, _DASHBOARD_DEFAULT) else Path(dashboard)
         from simulator.scenario import scenario_input_files
@@ -292,6 +291,9 @@ def simulate(
             restart_cost_s, jitter, jitter_target, seeds, seed, jitter_granularity))
         result = run_simulation(sc, mode=mode.value, progress=phase, fast_forward=steady_fast_path)
         report = result.report
+        mismatch = _gpu_topology_mismatch(sc)  # after the run: a note never precedes an error line
+        if mismatch:
+            report.notes.append(mismatch)
 
         from simulator.report.findings import attach as attach_findings
 
@@ -323,22 +325,23 @@ def simulate(
         print_summary(report, sc)
 
 
-def _note_gpu_topology_mismatch(sc) -> None:
+def _gpu_topology_mismatch(sc) -> str:
     """A note where the scenario's GPU is not the one the topology's nodes hold (--topology
-    gb200-nvl72 kept the default h100-sxm-80gb compute, said only in the header)."""
+    gb200-nvl72 kept the default h100-sxm-80gb compute, said only in the header); "" if it is."""
     from simulator.network.cli import NODE_KIND_PROFILES
     from simulator.topology import load_topology
 
     gpu = sc.cluster.gpu
     if not isinstance(gpu, str) or not isinstance(sc.cluster.topology, str) or "/" in gpu or gpu.endswith(".json"):
-        return  # an inline, edited or calibrated profile / topology: the user chose it
+        return ""  # an inline, edited or calibrated profile / topology: the user chose it
     try:
         native = NODE_KIND_PROFILES.get(load_topology(sc.cluster.topology).node.kind)
     except UserError:
-        return
+        return ""
     if native and native != Path(gpu).stem and "cpu" not in native:
-        _stderr(f"note: topology {sc.cluster.topology_name}'s nodes hold {native} GPUs but the GPU simulated is "
+        return (f"topology {sc.cluster.topology_name}'s nodes hold {native} GPUs but the GPU simulated is "
                 f"{sc.cluster.gpu_name}: --gpu {native} simulates that system")
+    return ""
 
 
 def layout_line(sc) -> str:
