@@ -506,7 +506,7 @@ def resolve_model(name_or_path: str) -> ModelConfig:
     if name_or_path in MODEL_PRESETS:
         return ModelConfig(name=name_or_path, **MODEL_PRESETS[name_or_path])
     path = Path(name_or_path)
-    if _is_dir(path) and path_exists(path / "config.json"):
+    if path_exists(path / "config.json"):  # (only a folder holds one; a name the OS refuses: no)
         # a HuggingFace snapshot folder (huggingface-cli download, save_pretrained): its config.json
         path = path / "config.json"
     if path.suffix == ".json" or path_exists(path):
@@ -514,14 +514,6 @@ def resolve_model(name_or_path: str) -> ModelConfig:
     raise UserError(
         f"unknown model {name_or_path!r}: use a preset ({', '.join(MODEL_PRESETS)}) or a path to a HuggingFace config.json"
     )
-
-
-def _is_dir(path: Path) -> bool:
-    """``path.is_dir()`` that answers False for a name the OS refuses (too long, NUL)."""
-    try:
-        return path.is_dir()
-    except (OSError, ValueError):
-        return False
 
 
 HF_MODEL_TYPES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3", "opt")

@@ -156,20 +156,17 @@ def merge_segments(ev: pd.DataFrame, gap_s: float, by_action: bool = True) -> pd
 
 
 def _lane_of_rows(ev: pd.DataFrame, lane_idx: dict[tuple[int, str], int]) -> np.ndarray:
-    """Each row's lane index (``lane_idx`` by (rank, stream)), -1 for rows on no lane."""
+    """Each row's lane index (``lane_idx`` by (rank, stream)), -1 for rows on no lane: looked up
+    once per distinct (rank, stream code), not once per row."""
     ranks = ev["rank"].to_numpy()
-    if not isinstance(ev["stream"].dtype, pd.CategoricalDtype) or not len(ev):
+    if not isinstance(ev["stream"].dtype, pd.CategoricalDtype):
         return np.fromiter((lane_idx.get(k, -1) for k in zip(ranks.tolist(), ev["stream"].tolist())),
                            dtype=np.int64, count=len(ev))
-    streams = ev["stream"].cat.categories.tolist()
-    rank_list = sorted({r for r, _ in lane_idx})
-    pos = np.full(int(ranks.max()) + 1 if len(ranks) else 1, -1, dtype=np.int64)
-    pos[[r for r in rank_list if r < len(pos)]] = np.arange(len([r for r in rank_list if r < len(pos)]))
-    table = np.full((len(rank_list) + 1, len(streams)), -1, dtype=np.int64)  # last row: ranks on no lane
-    for (r, st), i in lane_idx.items():
-        if r < len(pos) and pos[r] >= 0 and st in streams:
-            table[pos[r], streams.index(st)] = i
-    return table[pos[ranks], ev["stream"].cat.codes.to_numpy()]
+    streams = ev["stream"].cat.categories
+    n = max(1, len(streams))
+    keys, row_key = np.unique(ranks.astype(np.int64) * n + ev["stream"].cat.codes.to_numpy(), return_inverse=True)
+    lane = np.array([lane_idx.get((k // n, streams[k % n]), -1) for k in keys.tolist()] or [-1], dtype=np.int64)
+    return lane[row_key]
 
 
 def _codes(col: pd.Series) -> np.ndarray:
