@@ -44,6 +44,29 @@ def test_ddp_allreduce_volume_is_2P_dp_minus_1_over_dp():
     assert dp_bytes(res) == pytest.approx(2 * grad_bytes * (dp - 1) / dp, rel=1e-6)
 
 
+@pytest.mark.parametrize("cp", [2, 8])
+def test_context_parallel_ranks_join_the_gradient_reduction_and_the_zero_shards(cp):
+    # CP ranks hold the same parameters and see other tokens: their gradients are reduced with
+    # the dp ranks' and ZeRO shards over dp x cp (megatron-core dp_cp_group; torchtitan's "fsdp"
+    # mesh is dp_shard x cp). The same 16 GPUs as dp 16 therefore move the same DDP gradient
+    # volume and hold the same optimizer shard, whatever the split between dp and cp.
+    dp = 16 // cp
+    ddp = simulate(build_scenario(scenario()))
+    mixed = simulate(build_scenario(scenario(parallelism={"tp": 1, "pp": 1, "cp": cp, "zero": 0},
+                                             batch={"micro_batch_size": 1, "global_batch_size": dp, "seq_length": 2048 * cp})))
+    assert dp_bytes(mixed) == pytest.approx(dp_bytes(ddp), rel=1e-9)
+    assert mixed.plan.groups["dp"].shape == (1, 16)
+    for zero in (1, 3):
+        par = {"tp": 1, "pp": 1, "zero": zero}
+        flat = simulate(build_scenario(scenario(parallelism=par)))
+        with_cp = simulate(build_scenario(scenario(parallelism=dict(par, cp=cp),
+                                                   batch={"micro_batch_size": 1, "global_batch_size": dp, "seq_length": 2048 * cp})))
+        a, b = flat.memory.per_rank_gib[0], with_cp.memory.per_rank_gib[0]
+        assert b["optimizer_gib"] == pytest.approx(a["optimizer_gib"], rel=1e-9), f"{zero=}"
+        assert b["parameters_gib"] == pytest.approx(a["parameters_gib"], rel=1e-9), f"{zero=}"
+        assert dp_bytes(with_cp) == pytest.approx(dp_bytes(flat), rel=1e-9), f"{zero=}"
+
+
 @pytest.mark.parametrize("microbatches", [1, 2])
 def test_zero3_volume_is_about_1_5x_ddp(microbatches):
     # fp32 everywhere so parameters and gradients have the same size, as the 1.5x rule assumes.

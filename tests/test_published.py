@@ -163,12 +163,13 @@ def test_torchtitan_stated_rows_error_as_measured():
     assert groups["cp"]["stated_rows"] == 3 and groups["h200"]["stated_rows"] == 2
     # Peak memory: every stated row publishes it; compared with the memory model's peak. Far off
     # (docs/design-notes.md: reserved vs allocated not known; per-op SAC and FSDP2 state not
-    # modelled as torchtitan runs them), pinned so a change shows.
+    # modelled as torchtitan runs them), pinned so a change shows. The CP rows predict the same
+    # peak at every CP degree (FSDP shards over dp x cp), as published (~84 GiB each).
     assert len(v.memory_rows) == 6
     h200 = [r for r in v.rows if "h200" in r.features]
     assert [r.published_memory_gib for r in h200] == [47.96, 46.97]
     assert all(r.memory_error == pytest.approx(r.predicted_memory_gib / r.published_memory_gib - 1) for r in v.rows)
-    assert v.memory_mape == pytest.approx(0.468, abs=0.03)
+    assert v.memory_mape == pytest.approx(0.502, abs=0.03)
     j = v.to_json()
     assert j["memory_rows"] == 6 and j["rows"][0]["published_memory_gib"] is not None
 

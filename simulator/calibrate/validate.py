@@ -653,6 +653,8 @@ def _dim_of(coll: str, group: int | None, sc) -> str:
         for d in ("tp", "cp", "ep", "dp"):
             if sizes[d] == group and group > 1:
                 return d
+        if group == sc.dp * p.cp and group > 1:
+            return "dp"  # the gradient reduction spans dp x cp (Mesh.groups("dp-cp"))
     return "dp" if coll == "all_reduce" and sc.dp > 1 else ("tp" if p.tp > 1 else "dp")
 
 

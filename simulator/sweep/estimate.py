@@ -344,7 +344,9 @@ class Estimator:
         tab = self._table(sc)
         prog = tab.program
         mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=dp, pp=p.pp, order=p.mesh_order)
-        hsdp = hsdp_shard_of(p.zero, p.fsdp_shard_size, dp)
+        hsdp = hsdp_shard_of(p.zero, p.fsdp_shard_size, dp, cp=p.cp)
+        # The gradient reduction's ranks: dp with the CP ranks (Mesh.groups("dp-cp")).
+        dp_cp = dp * p.cp
 
         local: dict[tuple, float] = {}
 
@@ -357,7 +359,7 @@ class Estimator:
 
         # Per-position costs: the plan's own instructions for each action, replayed alone (compute,
         # blocking collectives, overlapped ones joined where the plan joins them).
-        fsdp = p.zero >= 3 and dp > 1
+        fsdp = p.zero >= 3 and dp_cp > 1
         ckey = (id(tab), netkey, p.tp, p.cp, p.ep, dp, p.pp, p.mesh_order, fsdp, hsdp, p.fsdp_prefetch,
                 p.fsdp_reshard_after_forward)
         hit = self._costs.get(ckey)
@@ -480,8 +482,8 @@ class Estimator:
         start_s = end_dp = 0.0
         stage_pos = sched.stage_position
         param_bytes = sc.dtype_bytes
-        use_edp = mesh.edp > 1
-        if dp > 1:
+        use_edp = mesh.edp * mesh.cp > 1
+        if dp_cp > 1:
             if p.zero >= 3:
                 start_s = start_gather
             elif p.zero >= 1:
@@ -489,7 +491,7 @@ class Estimator:
                 start_s = coll(Dim.DP, CollectiveOp.ALL_GATHER, dense0 * param_bytes)
                 if pos_eparams[0] > 0 and use_edp:
                     start_s += coll(Dim.EDP, CollectiveOp.ALL_GATHER, float(pos_eparams[0]) * param_bytes)
-        if dp > 1 or use_edp:
+        if dp_cp > 1 or use_edp:
             bucket_bytes = p.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero)
             # The tail differs by the stages a rank holds: the first and last ranks hold the
             # embedding and the head, every middle rank the same layers (up to uneven splits).
@@ -509,7 +511,7 @@ class Estimator:
                         handles[0] += 1
                         return handles[0]
 
-                    gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp > 1, use_edp, hsdp)
+                    gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp_cp > 1, use_edp, hsdp)
                     bare_s = 0.0  # the same actions without buckets: the tail is the difference
                     if p.overlap_grad_reduce:
                         # From the first of the rank's last backwards to the end, as the plan runs it.
@@ -537,7 +539,7 @@ class Estimator:
         for stages in rank_stages:
             eparams = float(sum(pos_eparams[stage_pos[st]] for st in stages))
             dense = float(sum(pos_params[stage_pos[st]] for st in stages)) - eparams
-            opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, eparams, p.zero, dp, p.ep, p.fsdp_shard_size))
+            opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, eparams, p.zero, dp, p.ep, p.fsdp_shard_size, cp=p.cp))
         # The program's own optimizer model (multi-tensor Adam launches by shape, or the class curve).
         opt_s = optimizer_time_s(prof, opt_bytes / ADAM_BYTES_PER_PARAM, 12 * max(1, sc.model.num_layers // max(1, p.pp)) + 4,
                                  ADAM_BYTES_PER_PARAM, sc)

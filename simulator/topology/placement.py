@@ -81,7 +81,8 @@ class Mesh:
     def groups(self, dim: str) -> np.ndarray:
         """All groups of a dimension, shape (n_groups, group_size), ranks in group order.
 
-        dim: tp, cp, ep, dp (dense data parallel: ep x edp), edp (expert data parallel), pp.
+        dim: tp, cp, ep, dp (dense data parallel: ep x edp), edp (expert data parallel), pp;
+        dp-cp and edp-cp: those two with the context-parallel ranks (the gradient reduction's).
         """
         g = self.grid  # pp, edp, ep, cp, tp
         if dim == "tp":
@@ -97,6 +98,15 @@ class Mesh:
             return g.transpose(0, 3, 4, 1, 2).reshape(-1, self.dp)
         if dim == "pp":
             return g.transpose(1, 2, 3, 4, 0).reshape(-1, self.pp)
+        # The ranks that hold the same parameters and reduce their gradients together: context-
+        # parallel ranks see other tokens of the same sequences, so they join the data-parallel
+        # reduction (megatron-core's dp_cp_group: get_data_parallel_group(with_context_parallel=
+        # True) for DDP and the distributed optimizer; torchtitan 0.3.0 parallel_dims.py: the
+        # "fsdp" mesh is dp_shard x cp, "efsdp" dp_shard x cp x tp / ep). cp varies fastest.
+        if dim == "dp-cp":
+            return g.transpose(0, 4, 1, 2, 3).reshape(-1, self.dp * self.cp)
+        if dim == "edp-cp":
+            return g.transpose(0, 2, 4, 1, 3).reshape(-1, self.edp * self.cp)
         raise ValueError(f"unknown mesh dimension {dim!r}")
 
 

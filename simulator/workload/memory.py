@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from simulator.scenario import Scenario
 from simulator.schedules.analysis import peak_activations
+from simulator.workload.plan import optimizer_shards
 from simulator.workload.program import Program
 
 GIB = 1024**3
@@ -106,11 +107,10 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     in_flight = peak_activations(sched, [1.0 / len(sched.stages_of_rank(sched.stage_rank[st])) for st in range(sched.num_stages)])
 
     # Mixed-precision Adam (bytes/param): bf16 weights 2, fp32 gradients 4, fp32 master 4 + m 4 + v 4,
-    # each sharded from its ZeRO stage on: dense parameters over the DP (or HSDP shard) group,
-    # expert parameters over the expert-data-parallel group.
+    # each sharded from its ZeRO stage on: dense parameters over the DP group with its CP ranks
+    # (or the HSDP shard group), expert parameters over the expert-data-parallel group.
     z = p.zero
-    shard = p.fsdp_shard_size or dp
-    expert_shard = max(1, shard // p.ep)
+    shard, expert_shard = optimizer_shards(z, dp, p.ep, p.fsdp_shard_size, cp=p.cp)
     buffers = 2 * prog.grad_bucket_bytes
     rows = []
     for r in range(sched.num_ranks):

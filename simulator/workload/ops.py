@@ -465,8 +465,8 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
             head_ops.insert(0, megatron_get_batch(b, s_full))
     if t > 1:
         head_ops.append(Op("cross_entropy_allreduce", "other", "F", comm=Comm("tp", "all_reduce", 3 * T * 4)))
-    if p.loss_all_reduce_per_microbatch and sc.dp > 1:
-        # Megatron's loss_func averages each microbatch's loss over dp for logging (one fp32).
+    if p.loss_all_reduce_per_microbatch and sc.dp * p.cp > 1:
+        # Megatron's loss_func averages each microbatch's loss over dp x cp for logging (one fp32).
         head_ops.append(Op("loss_dp_allreduce", "other", "F", comm=Comm("dp", "all_reduce", 4.0)))
     head = LayerOps("head", head_ops, V * h / t + norm_params, grad_accum_bytes_per_param=acc_bpp)
     head.sp_regather = sp
@@ -627,7 +627,7 @@ def fsdp2_copy_out_ops(sc: Scenario, ops: list[Op]) -> list[Op]:
     in forward and once more in backward (torchtitan reshards after forward). The copy-in and the
     reduce-scatter's chunk_cat run on the collective streams and are not charged here."""
     p = sc.parallelism
-    shard = p.fsdp_shard_size or sc.dp
+    shard = (p.fsdp_shard_size or sc.dp) * p.cp  # FSDP shards over dp x cp (plan.optimizer_shards)
     if p.zero < 3 or shard <= 1:
         return []
     nbytes = fsdp_gather_bytes(sc, ops)
@@ -847,7 +847,7 @@ def fp8_cast_bytes_per_elem(recipe: str, num_microbatches: int, sc: Scenario) ->
     p = sc.parallelism
     if sc.fp8.param_all_gather and p.zero >= 3 and recipe == "rowwise":
         # Cast on the shard before the all-gather (torchtitan precompute_float8_dynamic_scale_for_fsdp).
-        w_f = w_f / (p.fsdp_shard_size or sc.dp)
+        w_f = w_f / ((p.fsdp_shard_size or sc.dp) * p.cp)
     return act, act, w_f, w_b
 
 

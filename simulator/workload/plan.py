@@ -190,14 +190,15 @@ def pp_message_bytes(micro_batch_size: int, seq_length: int, cp: int, hidden_siz
     return nbytes, 0.0
 
 
-def optimizer_shards(zero: int, dp: int, ep: int, fsdp_shard_size: int | None) -> tuple[int, int]:
+def optimizer_shards(zero: int, dp: int, ep: int, fsdp_shard_size: int | None, *, cp: int) -> tuple[int, int]:
     """(ranks the dense optimizer state is sharded over, ranks the expert state is sharded over).
 
-    ZeRO >= 1 shards over the data-parallel group, or over the HSDP shard group; expert
-    parameters are replicated only over the expert-data-parallel group (dp / ep)."""
+    ZeRO >= 1 shards over the data-parallel group with its context-parallel ranks (they hold the
+    same parameters: ``Mesh.groups("dp-cp")``), or over the HSDP shard group (its dp ranks times
+    cp); expert parameters are replicated only over the expert-data-parallel ranks (dp / ep x cp)."""
     if zero < 1:
         return 1, 1
-    shard = fsdp_shard_size or dp
+    shard = (fsdp_shard_size or dp) * cp
     return shard, max(1, shard // ep)
 
 
@@ -216,27 +217,32 @@ def grad_reduction_steps(zero: int, size_bytes: float, expert: bool, hsdp_shard:
 
 
 def optimizer_state_bytes(dense_params: float, expert_params: float, zero: int, dp: int, ep: int,
-                          fsdp_shard_size: int | None) -> float:
+                          fsdp_shard_size: int | None, *, cp: int) -> float:
     """Bytes the optimizer step of one rank streams through HBM (Adam, ZeRO-sharded)."""
-    shard, expert_shard = optimizer_shards(zero, dp, ep, fsdp_shard_size)
+    shard, expert_shard = optimizer_shards(zero, dp, ep, fsdp_shard_size, cp=cp)
     return (dense_params / shard + expert_params / expert_shard) * ADAM_BYTES_PER_PARAM
 
 
-def hsdp_shard_of(zero: int, fsdp_shard_size: int | None, dp: int) -> int | None:
-    """The HSDP shard group size, or None when parameters shard over the whole dp group."""
+def hsdp_shard_of(zero: int, fsdp_shard_size: int | None, dp: int, *, cp: int) -> int | None:
+    """Ranks in one HSDP shard group (its dp ranks times cp: torchtitan's "fsdp" mesh is
+    dp_shard x cp), or None when parameters shard over the whole data-parallel group."""
     if zero >= 3 and fsdp_shard_size is not None and fsdp_shard_size < dp:
-        return fsdp_shard_size
+        return fsdp_shard_size * cp
     return None
 
 
-def communication_groups(mesh: Mesh, fsdp_shard_size: int | None) -> dict[Dim, np.ndarray]:
-    """Every group a plan may name. HSDP: shard inside consecutive blocks of the DP group,
-    replicate across blocks."""
-    groups = {Dim(d): mesh.groups(d) for d in (Dim.TP, Dim.CP, Dim.EP, Dim.DP, Dim.EDP, Dim.PP)}
-    shard = fsdp_shard_size or mesh.dp
-    dp_groups = groups[Dim.DP]
+def communication_groups(mesh: Mesh, hsdp_shard: int | None) -> dict[Dim, np.ndarray]:
+    """Every group a plan may name. The data-parallel groups (dp, edp) take in the context-
+    parallel ranks: every collective on them reduces or gathers parameters and gradients, which
+    CP ranks share (``Mesh.groups("dp-cp")``). HSDP (``hsdp_shard`` ranks, ``hsdp_shard_of``):
+    shard inside consecutive blocks of the DP group, replicate across blocks."""
+    groups = {Dim(d): mesh.groups(d) for d in (Dim.TP, Dim.CP, Dim.EP, Dim.PP)}
+    groups[Dim.DP] = dp_groups = mesh.groups("dp-cp")
+    groups[Dim.EDP] = mesh.groups("edp-cp")
+    size = dp_groups.shape[1]
+    shard = hsdp_shard or size
     groups[Dim.DP_SHARD] = dp_groups.reshape(-1, shard)
-    groups[Dim.DP_REP] = dp_groups.reshape(len(dp_groups), -1, shard).transpose(0, 2, 1).reshape(-1, mesh.dp // shard)
+    groups[Dim.DP_REP] = dp_groups.reshape(len(dp_groups), -1, shard).transpose(0, 2, 1).reshape(-1, size // shard)
     # First and last pipeline stage of each replica: Megatron's tied-embedding gradient all-reduce.
     groups[Dim.EMB] = groups[Dim.PP][:, [0, -1]] if mesh.pp > 1 else groups[Dim.PP]
     return groups
@@ -357,14 +363,15 @@ def _group_size(prog, dim: str) -> int:
     mesh = prog.mesh
     if dim == Dim.EMB:
         return 2 if mesh.pp > 1 else 1
-    return int(communication_groups(mesh, prog.fsdp_shard_size)[Dim(dim)].shape[1])
+    return int(communication_groups(mesh, hsdp_shard_of(prog.zero, prog.fsdp_shard_size, mesh.dp, cp=mesh.cp))[Dim(dim)].shape[1])
 
 
 def build_plan(prog) -> Plan:
     """The plan of every pipeline rank of ``prog`` (a ``simulator.workload.program.Program``)."""
     sched = prog.schedule
     ranks = [_plan_rank(prog, r) for r in range(sched.num_ranks)]
-    return Plan(mesh=prog.mesh, schedule=sched, ranks=ranks, groups=communication_groups(prog.mesh, prog.fsdp_shard_size))
+    return Plan(mesh=prog.mesh, schedule=sched, ranks=ranks, groups=communication_groups(
+        prog.mesh, hsdp_shard_of(prog.zero, prog.fsdp_shard_size, prog.mesh.dp, cp=prog.mesh.cp)))
 
 
 def _subs(a: Action) -> tuple[Action, ...]:
@@ -455,10 +462,10 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
             if sub.kind in ("B", "W"):
                 last_grad_action[sub.stage] = idx
     zb = any(a.kind == "W" for a in actions)
-    use_dp = mesh.dp > 1
+    use_dp = mesh.dp * mesh.cp > 1  # CP ranks reduce their gradients with the dp ones
     zero3 = prog.zero >= 3
-    hsdp_shard = hsdp_shard_of(prog.zero, prog.fsdp_shard_size, mesh.dp)
-    use_edp = mesh.edp > 1
+    hsdp_shard = hsdp_shard_of(prog.zero, prog.fsdp_shard_size, mesh.dp, cp=mesh.cp)
+    use_edp = mesh.edp * mesh.cp > 1
     buckets = GradBuckets(out, new_handle, prog.zero, prog.grad_bucket_bytes, use_dp, use_edp, hsdp_shard)
 
     # ZeRO-1/2: the updated parameters are all-gathered; Megatron overlaps that with the next

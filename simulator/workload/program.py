@@ -555,16 +555,16 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     if m.is_moe and moe_load_factor(sc) > 1.0:
         notes.append(f"MoE routing: the busiest EP rank processes {moe_load_factor(sc):.2f}x the mean tokens and sets the pace")
 
-    # The optimizer updates this rank's parameters; ZeRO>=1 shards the update over dp (or the
-    # HSDP shard group), expert parameters over the expert-data-parallel group.
+    # The optimizer updates this rank's parameters; ZeRO>=1 shards the update over dp x cp (or
+    # the HSDP shard group), expert parameters over the expert-data-parallel group.
     opt_bytes = 0.0
     for r in range(schedule.num_ranks):
         positions_r = [schedule.stage_position[st] for st in schedule.stages_of_rank(r)]
         expert = sum(stage_expert_params[q] for q in positions_r)
         dense = sum(stage_params[q] for q in positions_r) - expert
-        opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, expert, p.zero, sc.dp, p.ep, p.fsdp_shard_size))
+        opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, expert, p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp))
     opt_params_max = opt_bytes / ADAM_BYTES_PER_PARAM
-    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size)
+    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)
     # Parameter tensors per layer (about 12: QKV, out, fc1, fc2 weights and biases, two norms x 2).
     optimizer_s = optimizer_time_s(profile, opt_params_max, 12 * max(1, m.num_layers // max(1, p.pp)) + 4,
                                    ADAM_BYTES_PER_PARAM, sc)
