@@ -179,6 +179,29 @@ def test_zero_stages_shard_model_state_memory():
     assert gib[3] == pytest.approx(18 * P / 16, rel=1e-6)
 
 
+def test_fsdp_under_a_pipeline_holds_gathered_units_and_unsharded_gradients():
+    # 16 GPUs: pp 2 x dp 8, four microbatches per pipeline. The plan reduces FSDP gradients at a
+    # stage's last microbatch only (torch pipelining turns gradient sync off until then), so the
+    # gradients accumulate unsharded (fp32); without resharding after forward every unit stays
+    # gathered from its forward to its backward.
+    def row(reshard: bool) -> tuple[dict, object]:
+        res = simulate(build_scenario(scenario(
+            parallelism={"tp": 1, "pp": 2, "zero": 3, "fsdp_reshard_after_forward": reshard},
+            batch={"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 2048})))
+        return res.memory.per_rank_gib[0], res
+    resharded, res = row(True)
+    kept, _ = row(False)
+    P = rank_params(res)
+    assert resharded["gradients_gib"] * 1024**3 == pytest.approx(4 * P, rel=1e-9)  # not 4 P / 8
+    assert resharded["parameters_gib"] * 1024**3 == pytest.approx(2 * P / 8, rel=1e-9)
+    assert "gathered_parameters_gib" not in resharded
+    assert kept["gathered_parameters_gib"] * 1024**3 == pytest.approx(2 * P * (1 - 1 / 8), rel=0.02)
+    assert kept["total_gib"] > resharded["total_gib"]
+    # One microbatch: gradients are reduce-scattered as they are produced, sharded.
+    one = simulate(build_scenario(scenario(parallelism={"tp": 1, "pp": 1, "zero": 3})))
+    assert one.memory.per_rank_gib[0]["gradients_gib"] * 1024**3 == pytest.approx(4 * rank_params(one) / 16, rel=1e-9)
+
+
 def test_moe_skewed_routing_slows_the_step_and_capacity_drops_tokens():
     base = dict(model="mixtral-8x7b", parallelism={"tp": 1, "pp": 1, "ep": 8, "zero": 1},
                 batch={"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024})

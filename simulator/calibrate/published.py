@@ -332,7 +332,11 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
         "name": row["table"],
         "model": model,
         "parallelism": {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": 3, "sequence_parallel": tp > 1,
-                        "async_tp": async_tp and tp > 1, "cp_attention": "allgather", "overlap_grad_reduce": True},
+                        "async_tp": async_tp and tp > 1, "cp_attention": "allgather", "overlap_grad_reduce": True,
+                        # torchtitan keeps FSDP units gathered from forward to backward under PP (no
+                        # all-gather per microbatch): distributed/fsdp.py (0.3.0) policy "default" =
+                        # not pp_enabled.
+                        "fsdp_reshard_after_forward": pp == 1},
         # FSDP: every DP rank takes local_batch sequences; a pipeline splits them into
         # microbatches of one sequence (torchtitan's default n_microbatches = pp stages).
         "batch": {"micro_batch_size": 1 if pp > 1 else local, "global_batch_size": local * dp, "seq_length": seq},

@@ -123,14 +123,31 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
                 return per_param * (dense + expert)
             return per_param * (dense / shard + expert / expert_shard)
 
+        grads = state_bytes(4, 2)
+        if z >= 3 and sched.num_microbatches > 1:
+            # The plan reduces FSDP gradients at a stage's last microbatch only (torch.distributed
+            # .pipelining stage.py turns FSDP2's set_requires_gradient_sync off until the last
+            # backward), so until then each rank accumulates its whole stages' gradients
+            # unsharded, in the fp32 reduce dtype (FSDP2 _fsdp_param.py
+            # to_accumulated_grad_if_needed).
+            grads = 4 * (dense + expert)
         row = {
             "parameters_gib": state_bytes(2, 3) / GIB,
-            "gradients_gib": state_bytes(4, 2) / GIB,
+            "gradients_gib": grads / GIB,
             "optimizer_gib": state_bytes(12, 1) / GIB,
             "activations_gib": act_peaks[r] / GIB,
             # A bucket never holds more than the rank's own gradients (fp32, 4 bytes each).
             "buffers_gib": (min(buffers, 2 * 4 * (dense + expert)) + RUNTIME_RESERVE_BYTES) / GIB,
         }
+        if z >= 3 and not p.fsdp_reshard_after_forward and shard > 1:
+            # Not resharded after forward: every unit the rank ran forward stays gathered until its
+            # backward, so at the turn from forward to backward the rank holds all of them (the
+            # gather's bytes: bf16, 1 byte for FP8 linears under the FP8 all-gather) beside its shard.
+            last = len(prog.position_layers) - 1
+            units = [L for q in positions for L in ([-1] if q == 0 else []) + list(prog.position_layers[q])
+                     + ([m.num_layers] if q == last else [])]  # -1: the embedding, num_layers: the head
+            gathered = sum(prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes) for L in units)
+            row["gathered_parameters_gib"] = gathered * (1 - 1 / shard) / GIB
         if sc.dtype == "fp8" and sc.fp8.recipe in ("te-delayed", "te-current", "mxfp8"):
             # Transformer Engine caches each linear weight's FP8 copy and its transpose across
             # microbatches (2 bytes a parameter of the transformer layers), on the rank's shard
