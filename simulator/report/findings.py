@@ -181,6 +181,9 @@ def memory_finding(result: "SimulationResult", budget: _Budget) -> Finding | Non
     row = rep.per_pp_rank[worst]["memory_gib"]
     biggest = max((k for k in row if k != "total_gib"), key=lambda k: row[k])
     cands: list[tuple[str, dict[str, Any]]] = []
+    if p.zero >= 3 and not p.fsdp_reshard_after_forward:
+        # the gathered units held from forward to backward (gathered_parameters) go
+        cands.append(("fsdp_reshard_after_forward=true", {"parallelism.fsdp_reshard_after_forward": True}))
     if sc.recompute != "selective" and sc.recompute != "full":
         cands.append(("recompute=selective", {"recompute": "selective"}))
     if sc.recompute != "full":
