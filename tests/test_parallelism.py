@@ -197,6 +197,10 @@ def test_fsdp_under_a_pipeline_holds_gathered_units_and_unsharded_gradients():
     assert "gathered_parameters_gib" not in resharded
     assert kept["gathered_parameters_gib"] * 1024**3 == pytest.approx(2 * P * (1 - 1 / 8), rel=0.02)
     assert kept["total_gib"] > resharded["total_gib"]
+    # ZeRO-2 defers the reduction the same way in the plan: unsharded until the last microbatch.
+    z2 = simulate(build_scenario(scenario(parallelism={"tp": 1, "pp": 2, "zero": 2},
+                                          batch={"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 2048})))
+    assert z2.memory.per_rank_gib[0]["gradients_gib"] * 1024**3 == pytest.approx(4 * P, rel=1e-9)
     # One microbatch: gradients are reduce-scattered as they are produced, sharded.
     one = simulate(build_scenario(scenario(parallelism={"tp": 1, "pp": 1, "zero": 3})))
     assert one.memory.per_rank_gib[0]["gradients_gib"] * 1024**3 == pytest.approx(4 * rank_params(one) / 16, rel=1e-9)
