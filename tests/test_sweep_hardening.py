@@ -23,7 +23,9 @@ from test_fuzz import run_cli  # the fuzz suite's in-process runner: exit status
 
 DATA = Path(__file__).parent / "data" / "sweep"
 TINY = DATA / "tiny.yaml"
-SMALL = DATA / "small.yaml"
+# The README's small.yaml widened to ~120 points (several seconds): still running when a test
+# kills it after its first row, even on a loaded machine (small.yaml's 52 points raced there).
+KILL = DATA / "kill.yaml"
 REPO = Path(__file__).parents[1]
 
 
@@ -83,7 +85,7 @@ def _sweep_cmd(space: Path, store: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize("how", ["sigint-group", "sigterm", "sigkill-driver"])
 def test_killed_sweep_leaves_no_worker_and_only_complete_rows(tmp_path, how):
     store = tmp_path / "store.sqlite"
-    proc = subprocess.Popen(_sweep_cmd(SMALL, store, "--workers", "2", "--batch-size", "1"), cwd=tmp_path,
+    proc = subprocess.Popen(_sweep_cmd(KILL, store, "--workers", "2", "--batch-size", "1"), cwd=tmp_path,
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     workers: set[int] = set()
     try:
@@ -132,7 +134,7 @@ def test_killed_sweep_leaves_no_worker_and_only_complete_rows(tmp_path, how):
         json.loads(point_json), json.loads(scenario_json)
     if how == "sigkill-driver":
         # The dead sweep's claims stay behind but are taken over at once: a re-run finishes the space.
-        res = subprocess.run(_sweep_cmd(SMALL, store, "--workers", "2"), cwd=tmp_path, env=_env(),
+        res = subprocess.run(_sweep_cmd(KILL, store, "--workers", "2"), cwd=tmp_path, env=_env(),
                              capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr[-1000:]
         out = json.loads(res.stdout)
