@@ -85,8 +85,12 @@ def _sweep_cmd(space: Path, store: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize("how", ["sigint-group", "sigterm", "sigkill-driver"])
 def test_killed_sweep_leaves_no_worker_and_only_complete_rows(tmp_path, how):
     store = tmp_path / "store.sqlite"
+    # A terminal's Ctrl-C reaches a sweep whose SIGINT is at its default. The test process may have
+    # inherited SIGINT ignored (twice in full-suite CI runs the driver ran to the end and exited 0
+    # after the group's SIGINT), and a Python started with it ignored keeps ignoring it: reset it.
     proc = subprocess.Popen(_sweep_cmd(KILL, store, "--workers", "2", "--batch-size", "1"), cwd=tmp_path,
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     workers: set[int] = set()
     try:
         deadline = time.monotonic() + 90
