@@ -23,9 +23,7 @@ from test_fuzz import run_cli  # the fuzz suite's in-process runner: exit status
 
 DATA = Path(__file__).parent / "data" / "sweep"
 TINY = DATA / "tiny.yaml"
-# The README's small.yaml widened to ~120 points (several seconds): still running when a test
-# kills it after its first row, even on a loaded machine (small.yaml's 52 points raced there).
-KILL = DATA / "kill.yaml"
+SMALL = DATA / "small.yaml"
 REPO = Path(__file__).parents[1]
 
 
@@ -82,15 +80,29 @@ def _sweep_cmd(space: Path, store: Path, *extra: str) -> list[str]:
 
 # ------------------------------------------------------------------------------ 1. killing a sweep
 
+SLOW_DRIVER = """
+import sys, time
+import simulator.sweep.runner as runner
+original = runner.run_batch
+def run_batch(items):
+    time.sleep(0.25)
+    return original(items)
+run_batch.__module__, run_batch.__qualname__ = "simulator.sweep.runner", "run_batch"  # pickled by name
+runner.run_batch = run_batch  # the forked workers inherit it
+sys.argv = ["clustersim", *sys.argv[1:]]
+from simulator.cli import main
+main()
+"""
+
 @pytest.mark.parametrize("how", ["sigint-group", "sigterm", "sigkill-driver"])
 def test_killed_sweep_leaves_no_worker_and_only_complete_rows(tmp_path, how):
     store = tmp_path / "store.sqlite"
-    # A terminal's Ctrl-C reaches a sweep whose SIGINT is at its default. The test process may have
-    # inherited SIGINT ignored (twice in full-suite CI runs the driver ran to the end and exited 0
-    # after the group's SIGINT), and a Python started with it ignored keeps ignoring it: reset it.
-    proc = subprocess.Popen(_sweep_cmd(KILL, store, "--workers", "2", "--batch-size", "1"), cwd=tmp_path,
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # Every batch a quarter second longer (SLOW_DRIVER): the 52-point sweep then runs for several
+    # seconds, so it is still running when the signal lands even on a loaded machine (at full speed
+    # it ended before the SIGINT twice in full-suite CI runs: exit 0, nothing on stderr).
+    cmd = [sys.executable, "-c", SLOW_DRIVER, *_sweep_cmd(SMALL, store, "--workers", "2", "--batch-size", "1")[3:]]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     workers: set[int] = set()
     try:
         deadline = time.monotonic() + 90
@@ -138,7 +150,7 @@ def test_killed_sweep_leaves_no_worker_and_only_complete_rows(tmp_path, how):
         json.loads(point_json), json.loads(scenario_json)
     if how == "sigkill-driver":
         # The dead sweep's claims stay behind but are taken over at once: a re-run finishes the space.
-        res = subprocess.run(_sweep_cmd(KILL, store, "--workers", "2"), cwd=tmp_path, env=_env(),
+        res = subprocess.run(_sweep_cmd(SMALL, store, "--workers", "2"), cwd=tmp_path, env=_env(),
                              capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr[-1000:]
         out = json.loads(res.stdout)
