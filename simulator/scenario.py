@@ -116,7 +116,7 @@ class ParallelConfig(BaseModel):
     cp: Whole = Field(1, ge=1, le=MAX_GPUS, description="Context-parallel size: the sequence split across ranks.")
     ep: Whole = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel size, carved out of dp.")
     dp: Whole | None = Field(None, ge=1, le=MAX_GPUS, description="Data-parallel size; derived as gpus / (tp*cp*pp) when omitted.")
-    zero: Whole = Field(1, ge=0, le=3, description="ZeRO stage: 0 DDP, 1 sharded optimizer, 2 + gradients, 3 + parameters (FSDP).")
+    zero: Whole = Field(1, ge=0, le=3, description="ZeRO stage: 0 DDP, 1 sharded optimizer, 2 + gradients, 3 + parameters (FSDP); sharded over dp x cp, whose ranks hold the same parameters.")
     sequence_parallel: bool = Field(True, description="Megatron sequence parallelism: all-gather / reduce-scatter instead of all-reduce.")
     async_tp: bool = Field(
         False,
@@ -142,7 +142,7 @@ class ParallelConfig(BaseModel):
     )
     fsdp_prefetch: Whole = Field(1, ge=0, le=MAX_LAYERS, description="ZeRO-3/FSDP: parameter all-gathers issued ahead of the unit that needs them.")
     fsdp_shard_size: Whole | None = Field(
-        None, ge=1, description="HSDP: shard parameters within groups of this many DP ranks and replicate across groups."
+        None, ge=1, description="HSDP: shard parameters within groups of this many DP ranks (with their CP ranks) and replicate across groups."
     )
     cp_attention: Literal["allgather", "ring"] = Field(
         "allgather", description="Context parallelism: all-gather K/V (Llama 3) or ring attention (K/V blocks passed around)."
