@@ -40,6 +40,21 @@ def test_overflow_finding_names_what_fits():
     assert f["message"] in rep.notes and NUMBER.search(f["message"]) and "GiB" in f["message"]
 
 
+def test_overflow_with_fsdp_units_kept_gathered_tries_resharding_first():
+    # FSDP without resharding after forward holds every gathered unit from forward to backward
+    # (memory row gathered_parameters): the first change the finding tries frees them.
+    sc = dict(BASE, model="llama3-70b", parallelism={"tp": 1, "pp": 2, "zero": 3, "fsdp_reshard_after_forward": False},
+              batch={"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 4096},
+              cluster={"gpus": 16, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"})
+    rep = attach(simulate(build_scenario(sc)), budget_s=10).report
+    assert rep.per_pp_rank[0]["memory_gib"]["gathered_parameters_gib"] > 0
+    f = _kinds(rep)["memory"]
+    first = f["suggestions"][0]
+    assert first["label"] == "fsdp_reshard_after_forward=true"
+    gathered = rep.per_pp_rank[0]["memory_gib"]["gathered_parameters_gib"]
+    assert first["predicted_peak_gib"] == pytest.approx(rep.peak_memory_gib - gathered, abs=0.05)
+
+
 def test_bubble_finding_simulates_lower_bubble_schedules():
     rep = attach(simulate(build_scenario(BASE)), budget_s=10).report
     f = _kinds(rep)["bubble"]
