@@ -21,7 +21,7 @@ import numpy as np
 
 from simulator.scenario import Scenario
 from simulator.workload.kernels import Kernel, adam_kernels, flash_kernel, gemm_kernel, mem_kernel, op_kernels
-from simulator.workload.plan import grad_reduce_bytes
+from simulator.workload.plan import grad_reduce_bytes, optimizer_shards
 
 Phase = Literal["F", "I", "W"]
 
@@ -627,7 +627,7 @@ def fsdp2_copy_out_ops(sc: Scenario, ops: list[Op]) -> list[Op]:
     in forward and once more in backward (torchtitan reshards after forward). The copy-in and the
     reduce-scatter's chunk_cat run on the collective streams and are not charged here."""
     p = sc.parallelism
-    shard = (p.fsdp_shard_size or sc.dp) * p.cp  # FSDP shards over dp x cp (plan.optimizer_shards)
+    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)
     if p.zero < 3 or shard <= 1:
         return []
     nbytes = fsdp_gather_bytes(sc, ops)
@@ -847,7 +847,7 @@ def fp8_cast_bytes_per_elem(recipe: str, num_microbatches: int, sc: Scenario) ->
     p = sc.parallelism
     if sc.fp8.param_all_gather and p.zero >= 3 and recipe == "rowwise":
         # Cast on the shard before the all-gather (torchtitan precompute_float8_dynamic_scale_for_fsdp).
-        w_f = w_f / ((p.fsdp_shard_size or sc.dp) * p.cp)
+        w_f = w_f / optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)[0]
     return act, act, w_f, w_b
 
 

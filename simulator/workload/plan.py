@@ -363,15 +363,19 @@ def _group_size(prog, dim: str) -> int:
     mesh = prog.mesh
     if dim == Dim.EMB:
         return 2 if mesh.pp > 1 else 1
-    return int(communication_groups(mesh, hsdp_shard_of(prog.zero, prog.fsdp_shard_size, mesh.dp, cp=mesh.cp))[Dim(dim)].shape[1])
+    return int(communication_groups(mesh, _hsdp_shard(prog))[Dim(dim)].shape[1])
+
+
+def _hsdp_shard(prog) -> int | None:
+    """``hsdp_shard_of`` for a program."""
+    return hsdp_shard_of(prog.zero, prog.fsdp_shard_size, prog.mesh.dp, cp=prog.mesh.cp)
 
 
 def build_plan(prog) -> Plan:
     """The plan of every pipeline rank of ``prog`` (a ``simulator.workload.program.Program``)."""
     sched = prog.schedule
     ranks = [_plan_rank(prog, r) for r in range(sched.num_ranks)]
-    return Plan(mesh=prog.mesh, schedule=sched, ranks=ranks, groups=communication_groups(
-        prog.mesh, hsdp_shard_of(prog.zero, prog.fsdp_shard_size, prog.mesh.dp, cp=prog.mesh.cp)))
+    return Plan(mesh=prog.mesh, schedule=sched, ranks=ranks, groups=communication_groups(prog.mesh, _hsdp_shard(prog)))
 
 
 def _subs(a: Action) -> tuple[Action, ...]:
@@ -464,7 +468,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     zb = any(a.kind == "W" for a in actions)
     use_dp = mesh.dp * mesh.cp > 1  # CP ranks reduce their gradients with the dp ones
     zero3 = prog.zero >= 3
-    hsdp_shard = hsdp_shard_of(prog.zero, prog.fsdp_shard_size, mesh.dp, cp=mesh.cp)
+    hsdp_shard = _hsdp_shard(prog)
     use_edp = mesh.edp * mesh.cp > 1
     buckets = GradBuckets(out, new_handle, prog.zero, prog.grad_bucket_bytes, use_dp, use_edp, hsdp_shard)
 
