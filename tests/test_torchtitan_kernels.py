@@ -102,6 +102,34 @@ def test_sac_op_recomputes_every_second_matmul_and_no_copy_out():
     assert [o.name for o in grec if o.op_class == "gemm"] == ["attn_out_proj", "fc2"]
 
 
+def test_sac_op_memory_keeps_only_the_save_list_and_the_eager_loss_working_set():
+    from simulator.simulate import simulate
+    from simulator.workload.memory import activation_bytes_per_layer
+
+    sc = _sc(framework="torchtitan", recompute="selective-op")
+    # By hand, Llama 3 8B (h 4096, 32 heads of 128, 8 KV heads, FFN 14336), bytes a token: the
+    # block input 2 x 4096; the saved mms wq, wv, w1, w2 (the odd ones of wq wk wv wo w1 w3 w2)
+    # 2 x (4096 + 1024 + 14336 + 4096); the attention output 2 x 4096 and its logsumexp 4 x 32.
+    per_token = 2 * 4096 + 2 * (4096 + 1024 + 14336 + 4096) + 2 * 4096 + 4 * 32
+    assert activation_bytes_per_layer(sc) == pytest.approx(SEQ * per_token)
+    # Under half of what a layer keeps without recomputation (the Korthikanti set, 36 x s x h).
+    none = activation_bytes_per_layer(_sc(framework="torchtitan", recompute="none"))
+    assert activation_bytes_per_layer(sc) < 0.45 * none
+    # Tensor and sequence parallelism: column-parallel outputs / t, the row-parallel w2's mm output
+    # whole (partial sums before the reduce-scatter), the reduce-scatter outputs / t.
+    t = 2
+    tp = _sc(framework="torchtitan", recompute="selective-op", parallelism={"tp": t, "dp": 4, "zero": 3,
+                                                                           "sequence_parallel": True})
+    tp_token = (2 * 4096 / t + 2 * (4096 + 1024 + 14336) / t + 2 * 4096 + 2 * (2 * 4096 / t)
+                + 2 * 4096 / t + 4 * 32 / t)
+    assert activation_bytes_per_layer(tp) == pytest.approx(SEQ * tp_token)
+    # The eager cross-entropy's backward: incoming and input gradients, fp32, 8 bytes a logit,
+    # on the rank that holds the head only; Megatron's in-place vocab-parallel loss has none.
+    mem = simulate(sc).memory.per_rank_gib[0]
+    assert mem["loss_working_set_gib"] == pytest.approx(8 * SEQ * 128256 / 2**30)
+    assert "loss_working_set_gib" not in simulate(_sc(recompute="selective-op")).memory.per_rank_gib[0]
+
+
 def test_cp_merge_and_repeated_kv_gather():
     from simulator.workload.ops import torch_cp_merge_op
 

@@ -898,7 +898,8 @@ def stage_activation_bytes(result: "SimulationResult") -> list[float]:
 def memory_over_time(result: "SimulationResult") -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per pipeline rank: (times s, GiB) of its memory over the step. Model state, buffers and the
     reserve are constant; a microbatch's activations are taken when its forward starts and freed
-    when its input-gradient pass (B or I) ends, as the memory model counts them."""
+    when its input-gradient pass (B or I) ends, as the memory model counts them; the loss's
+    working set (torchtitan) is held through the first segment of each backward of the last stage."""
     from simulator.workload.memory import GIB
 
     rep, tl = result.report, result.timeline
@@ -910,13 +911,22 @@ def memory_over_time(result: "SimulationResult") -> dict[int, tuple[np.ndarray, 
     out = {}
     for pp, r in reps.items():
         row = rep.per_pp_rank[pp]["memory_gib"] if pp < len(rep.per_pp_rank) else {}
-        static = row.get("total_gib", 0.0) - row.get("activations_gib", 0.0)
+        loss_gib = row.get("loss_working_set_gib", 0.0)
+        static = row.get("total_gib", 0.0) - row.get("activations_gib", 0.0) - loss_gib
         e = ev[(ev["rank"] == r) & (ev["kind"].isin(["F", "B", "I"]))]
-        g = e.groupby(["stage", "microbatch", "kind"]).agg(start=("start_s", "min"), end=("end_s", "max")).reset_index()
+        g = e.groupby(["stage", "microbatch", "kind"]).agg(start=("start_s", "min"), end=("end_s", "max"),
+                                                           first_end=("end_s", "min")).reset_index()
         f = g[g["kind"] == "F"]
         bk = g[g["kind"] != "F"]
         t = np.concatenate([f["start"].to_numpy(), bk["end"].to_numpy()])
         d = np.concatenate([[stage_bytes[int(st)] for st in f["stage"]], [-stage_bytes[int(st)] for st in bk["stage"]]])
+        if loss_gib > 0:
+            # The loss's backward working set: held from the last stage's backward start to the
+            # end of its first segment (the head's backward, loss first), once per microbatch.
+            head = bk[bk["stage"] == len(stage_bytes) - 1]
+            t = np.concatenate([t, head["start"].to_numpy(), head["first_end"].to_numpy()])
+            w = loss_gib * GIB
+            d = np.concatenate([d, np.full(len(head), w), np.full(len(head), -w)])
         order = np.lexsort((-d, t))  # at equal times allocate first (conservative, as the model)
         t, d = t[order], d[order]
         held = np.cumsum(d) / GIB

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from simulator.scenario import Scenario
 from simulator.schedules.analysis import peak_activations
 from simulator.workload.plan import optimizer_shards
-from simulator.workload.program import Program
+from simulator.workload.ops import build_layer_ops
+from simulator.workload.program import Program, selective_op_saved_bytes
 
 GIB = 1024**3
 # cuBLAS / NCCL workspaces, CUDA context and allocator fragmentation held aside on every GPU.
@@ -64,9 +65,12 @@ def activation_bytes_per_layer(sc: Scenario) -> float:
         # Every second layer keeps only its input; the others keep everything.
         full = 2 * sbh / (t if sp else 1)
         return (full + activation_bytes_per_layer(sc.model_copy(update={"recompute": "none"}))) / 2
+    if sc.recompute == "selective-op":
+        # torchtitan's per-op SAC keeps only its save list's outputs and the block input.
+        layer_ops = build_layer_ops(sc)
+        return selective_op_saved_bytes(sc, layer_ops.get("dense") or layer_ops["moe"])
     c, k = layer_activation_sbh(sc)
-    # selective-op keeps about what Megatron's selective does (no scores; matmul outputs kept).
-    scores = 0.0 if (sc.flash_attention or sc.recompute in ("selective", "selective-op")) else k * a * s / h
+    scores = 0.0 if (sc.flash_attention or sc.recompute == "selective") else k * a * s / h
     if t == 1:
         return sbh * (c + scores)
     if sp:
@@ -113,6 +117,7 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     shard, expert_shard = optimizer_shards(z, dp, p.ep, p.fsdp_shard_size, cp=p.cp)
     buffers = 2 * prog.grad_bucket_bytes
     rows = []
+    last_position = len(prog.position_layers) - 1
     for r in range(sched.num_ranks):
         positions = [sched.stage_position[st] for st in sched.stages_of_rank(r)]
         expert = sum(prog.stage_expert_params[q] for q in positions) if prog.stage_expert_params else 0.0
@@ -150,6 +155,13 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
                      + ([m.num_layers] if q == last else [])]  # -1: the embedding, num_layers: the head
             gathered = sum(prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes) for L in units)
             row["gathered_parameters_gib"] = gathered * (1 - 1 / shard) / GIB
+        if sc.framework == "torchtitan" and last_position in positions:
+            # torchtitan's eager loss, F.cross_entropy(pred.float(), labels) (train.py of Dec 2024;
+            # its compile of the loss was commented out for CUDA errors): beside the saved fp32
+            # log-softmax output (in the head's activations above), its backward holds the
+            # incoming fp32 gradient (nll_loss_backward writes a dense tensor) and the fp32 input
+            # gradient at once: 8 bytes a logit more, vocab-sharded under loss parallelism.
+            row["loss_working_set_gib"] = 8 * s * b * m.vocab_size / t / GIB
         if sc.dtype == "fp8" and sc.fp8.recipe in ("te-delayed", "te-current", "mxfp8"):
             # Transformer Engine caches each linear weight's FP8 copy and its transpose across
             # microbatches (2 bytes a parameter of the transformer layers), on the rank's shard

@@ -426,6 +426,46 @@ def layer_recompute_ops(sc: Scenario, lo: LayerOps, layer: int = 0) -> list[Op]:
     return []
 
 
+def selective_op_saved_bytes(sc: Scenario, lo: LayerOps) -> float:
+    """Bytes torchtitan's per-op SAC keeps for one layer and one microbatch on one GPU; everything
+    else is recomputed in backward (``layer_recompute_ops`` reruns exactly the rest).
+
+    Under ``torch.utils.checkpoint`` with a policy only the checkpoint's input and the outputs of
+    MUST_SAVE ops are stored (torchtitan Dec 2024 ``_save_list``: aten.mm except every second
+    one per layer, the SDPA flash/efficient outputs, ``reduce_scatter_tensor``, ``aten.max``;
+    0.3.0 ``_get_default_save_ops`` the same kinds): the block's input (bf16, sharded under
+    sequence parallelism), each saved mm part's bf16 output (FP8 GEMMs write bf16 too), the
+    attention output with its fp32 logsumexp, and each forward tensor-parallel reduce-scatter's
+    output. ``aten.max`` (FP8 amax) is a scalar."""
+    p = sc.parallelism
+    t = p.tp
+    sp = p.sequence_parallel and t > 1
+    tokens = sc.batch.micro_batch_size * sc.batch.seq_length / p.cp
+    saved = 2.0 * tokens * sc.model.hidden_size / (t if sp else 1)
+    n_mm = 0
+    for o in lo.forward:
+        if o.comm is not None:
+            if o.comm.dim == "tp" and o.comm.op == "reduce_scatter":
+                saved += o.comm.size_bytes / t
+            continue
+        k = o.kernel
+        if o.op_class == "attention":
+            if k is not None and k.kind == "flash":
+                saved += k.batch * k.m * (2.0 * k.k + 4.0)  # output bf16, logsumexp fp32 per row
+            else:
+                saved += 2.0 * tokens * sc.model.num_attention_heads * sc.model.dim_head / t
+            continue
+        if o.op_class != "gemm" or not o.recompute:
+            continue
+        parts = _torchtitan_mm_parts(sc, o) if sc.framework == "torchtitan" else [1.0]
+        out_bytes = 2.0 * (k.batch * k.m * k.n if k is not None else o.exec_flops / (2.0 * sc.model.hidden_size))
+        for frac in parts:
+            n_mm += 1
+            if n_mm % 2:  # every second mm is recomputed (layer_recompute_ops)
+                saved += frac * out_bytes
+    return saved
+
+
 def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) -> Program:
     p = sc.parallelism
     mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=sc.dp, pp=p.pp, order=p.mesh_order)
