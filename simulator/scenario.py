@@ -371,6 +371,15 @@ class Scenario(BaseModel):
             )
         if m.kv_heads % p.tp and p.tp % m.kv_heads:
             raise UserError(f"tp={p.tp} and num_kv_heads={m.kv_heads} must divide one another: choose another tp")
+        if self.framework == "torchtitan" and m.kv_heads % p.tp:
+            # torchtitan shards wk/wv column-wise and views each rank's K/V as whole heads
+            # (Dec 2024 models/llama/model.py Attention.forward, 0.3.0 models/common/attention.py: view(..., -1, head_dim)
+            # on the local shard, which fails when a rank holds part of a head).
+            raise UserError(
+                f"tp={p.tp} exceeds num_kv_heads={m.kv_heads}: torchtitan gives each tensor-parallel rank whole "
+                f"key/value heads; choose tp among {_divisors(m.kv_heads, 64)} (megatron-core, framework generic, "
+                "allows more)"
+            )
         model_ranks = p.tp * p.cp * p.pp
         if c.gpus % model_ranks:
             raise UserError(

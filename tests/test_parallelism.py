@@ -10,7 +10,7 @@ from simulator.scenario import build_scenario
 from simulator.schedules import build_schedule
 from simulator.simulate import simulate
 from simulator.workload.memory import activation_bytes_per_layer
-from simulator.workload.ops import moe_dropped_fraction, moe_load_factor
+from simulator.workload.ops import build_layer_ops, moe_dropped_fraction, moe_load_factor
 from simulator.workload.program import GRAD_REDUCE_BYTES, build_program
 
 
@@ -314,3 +314,26 @@ def test_expert_state_is_sharded_over_expert_data_parallel_only():
     dense = prog.stage_params[0] - expert
     assert expert > dense  # Mixtral is mostly experts
     assert res.memory.per_rank_gib[0]["optimizer_gib"] * 1024**3 == pytest.approx(12 * (dense / 16 + expert / 2), rel=1e-9)
+
+
+def test_tp_beyond_the_kv_heads_gathers_the_qkv_output_as_megatron_core_does():
+    # Llama 3 70B (64 query heads, 8 KV heads of 128) at TP16: megatron-core 0.16.1 splits the
+    # interleaved QKV weight evenly, all-gathers the QKV output over tp and keeps its group's slice.
+    def sc(tp, framework="generic"):
+        return build_scenario({
+            "model": "llama3-70b", "framework": framework, "parallelism": {"tp": tp, "pp": 1, "sequence_parallel": True},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 4, "seq_length": 4096},
+            "cluster": {"gpus": 32, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"},
+        })
+    ops16 = {o.name: o for o in build_layer_ops(sc(16))["dense"].forward}
+    assert ops16["qkv_proj"].kernel.n == (64 + 2 * 8) * 128 // 16
+    gather = ops16["qkv_group_gather"].comm
+    assert (gather.dim, gather.op, gather.size_bytes) == ("tp", "all_gather", 4096 * (64 + 2 * 8) * 128 * 2)
+    assert "qkv_group_gather" not in {o.name for o in build_layer_ops(sc(8))["dense"].forward}
+    # Its backward is the conjugate reduce-scatter, and the step pays for it.
+    i_ops, _ = build_layer_ops(sc(16))["dense"].backward()
+    assert any(o.comm is not None and o.comm.op == "reduce_scatter" and o.comm.size_bytes == gather.size_bytes
+               for o in i_ops)
+    # torchtitan views each rank's K/V shard as whole heads: more ranks than KV heads is refused.
+    with pytest.raises(UserError, match=r"tp=16 exceeds num_kv_heads=8: .*choose tp among 1, 2, 4, 8"):
+        sc(16, framework="torchtitan")

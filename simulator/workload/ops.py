@@ -275,7 +275,11 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     Tn = T // t if sp else T  # tokens seen by norms / residuals / dropout
     h, a, g, d = m.hidden_size, m.num_attention_heads, m.kv_heads, m.dim_head
     dt = sc.dtype_bytes
-    qkv_out = (a + 2 * g) * d // t if g >= t else (a // t + 2) * d  # GQA: kv heads replicated when tp > kv heads
+    # Per-rank QKV columns: the interleaved [q.. k v] weight split over tp. With fewer KV heads
+    # than tp ranks megatron-core (0.16.1 transformer/attention.py SelfAttention.get_query_key_value_tensors)
+    # splits the same weight evenly, then all-gathers the QKV output over tp and slices out its
+    # group's queries and the one K/V head (qkv_group_gather below).
+    qkv_out = (a + 2 * g) * d // t
     attn_width = a * d // t
     act_bytes = T * h * dt  # one hidden-state tensor of the whole microbatch
 
@@ -350,6 +354,8 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
         core_model = 2.0 * b * s * s_full * a * (dqk + dv) / t
     else:
         attn += linear("qkv_proj", T, h, qkv_out)
+        if g < t:
+            attn.append(Op("qkv_group_gather", "other", "F", comm=Comm("tp", "all_gather", T * (a + 2 * g) * d * dt)))
         core_model = 4.0 * b * s * s_full * a * d / t  # QK^T and AV over the full key length
         if sc.framework == "torchtitan":
             attn += torchtitan_rope_repeat_kv_ops(T, max(a // t, 1), max(g // t, 1), d, dt, sc.torch_compile)
