@@ -317,6 +317,13 @@ class Scenario(BaseModel):
         "unfused, simulator.workload.ops torchtitan_*); true (default) times them fused, as torch.compile does. "
         "Ignored by other frameworks."
     )
+    compile_loss: bool | None = Field(
+        None, description="framework torchtitan only: whether the cross-entropy loss runs under torch.compile. None "
+        "(default) follows torch_compile, as torchtitan does since 0.1.0 (components/loss.py build_cross_entropy_loss); "
+        "torchtitan of 2024 left the loss eager. Eager it keeps the fp32 log-softmax (4 bytes a logit) and its "
+        "backward holds 8 more; compiled it keeps the bf16 logits and its backward writes their bf16 gradient "
+        "(docs/design-notes.md, Memory). Ignored by other frameworks."
+    )
     attention_kernel: Literal["default", "fa2"] = Field(
         "default", description="Fused attention kernel (flash_attention only): default = the profile's attention figures; "
         "fa2 = FlashAttention-2, what PyTorch SDPA's flash backend runs (torchtitan), at the profile's fa2_* figures."

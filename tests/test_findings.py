@@ -151,3 +151,21 @@ def test_unsimulated_batch_suggestions_estimate_a_lower_bubble_share_than_measur
     bubble = share_now * rep.step_time_s
     assert est == pytest.approx(bubble / (2 * (rep.step_time_s - bubble) + bubble), abs=5e-4)
     assert est < share_now
+
+
+def test_overflow_from_torchtitans_eager_loss_tries_compiling_it_first():
+    # 65,536 tokens of a 128K vocabulary: torchtitan's eager loss holds 12 bytes a logit at its
+    # backward (memory.loss_bytes_per_logit), compiled 4; the finding tries compiling it first.
+    sc = dict(BASE, model="llama3-8b", framework="torchtitan", compile_loss=False, recompute="full",
+              parallelism={"tp": 1, "pp": 1, "zero": 3},
+              batch={"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 65536},
+              cluster={"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"})
+    rep = attach(simulate(build_scenario(sc)), budget_s=10).report
+    mem = rep.per_pp_rank[0]["memory_gib"]
+    logits_gib = 65536 * 128256 / 2**30
+    assert mem["loss_working_set_gib"] == pytest.approx(8 * logits_gib)
+    first = _kinds(rep)["memory"]["suggestions"][0]
+    assert first["label"] == "compile_loss=true"
+    # 6 bytes a logit kept less in the backward working set, 2 less kept.
+    assert first["predicted_peak_gib"] == pytest.approx(rep.peak_memory_gib - 8 * logits_gib, abs=0.05)
+    assert first["fits"]

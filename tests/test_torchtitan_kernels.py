@@ -102,7 +102,7 @@ def test_sac_op_recomputes_every_second_matmul_and_no_copy_out():
     assert [o.name for o in grec if o.op_class == "gemm"] == ["attn_out_proj", "fc2"]
 
 
-def test_sac_op_memory_keeps_only_the_save_list_and_the_eager_loss_working_set():
+def test_sac_op_memory_keeps_only_the_save_list_and_the_loss_keeps_what_torch_does():
     from simulator.simulate import simulate
     from simulator.workload.memory import activation_bytes_per_layer
 
@@ -123,10 +123,18 @@ def test_sac_op_memory_keeps_only_the_save_list_and_the_eager_loss_working_set()
     tp_token = (2 * 4096 / t + 2 * (4096 + 1024 + 14336) / t + 2 * 4096 + 2 * (2 * 4096 / t)
                 + 2 * 4096 / t + 4 * 32 / t)
     assert activation_bytes_per_layer(tp) == pytest.approx(SEQ * tp_token)
-    # The eager cross-entropy's backward: incoming and input gradients, fp32, 8 bytes a logit,
-    # on the rank that holds the head only; Megatron's in-place vocab-parallel loss has none.
-    mem = simulate(sc).memory.per_rank_gib[0]
-    assert mem["loss_working_set_gib"] == pytest.approx(8 * SEQ * 128256 / 2**30)
+    # The loss (bench/loss_memory.py): eager, its backward holds the incoming and the input
+    # gradients, fp32, 8 bytes a logit beside the 4 of the kept log-softmax; compiled (torchtitan
+    # >= 0.1.0 with the model, or as asked), it keeps the bf16 logits and writes their bf16 gradient.
+    logits = SEQ * 128256
+    eager = simulate(_sc(framework="torchtitan", recompute="selective-op", compile_loss=False)).memory.per_rank_gib[0]
+    compiled = simulate(sc).memory.per_rank_gib[0]
+    assert eager["loss_working_set_gib"] == pytest.approx(8 * logits / 2**30)
+    assert compiled["loss_working_set_gib"] == pytest.approx(2 * logits / 2**30)
+    assert eager["activations_gib"] - compiled["activations_gib"] == pytest.approx(2 * logits / 2**30)
+    no_compile = simulate(_sc(framework="torchtitan", recompute="selective-op", torch_compile=False)).memory
+    assert no_compile.per_rank_gib[0]["loss_working_set_gib"] == pytest.approx(8 * logits / 2**30)
+    # Megatron's vocab-parallel loss works in place in its saved fp32 softmax: no working set.
     assert "loss_working_set_gib" not in simulate(_sc(recompute="selective-op")).memory.per_rank_gib[0]
 
 

@@ -358,6 +358,10 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
         # without compile (torchtitan 0.1.0 config_manager.py Training.compile: bool = False).
         "framework": "torchtitan",
         "torch_compile": compile_cell == "yes",
+        # The 2024 runs left the loss eager (train.py of that time: "compiling loss function
+        # causes CUDA errors, turning off for now"); torchtitan 0.1.0 (2025) compiles it with the
+        # model (components/loss.py build_cross_entropy_loss), as the 2025 rows ran.
+        "compile_loss": compile_cell == "yes" and "2025" in row["source_file"],
         "cluster": {"gpus": gpus, "gpu": gpu, "topology": topo},
     }
     if fp8_cfg:

@@ -874,8 +874,8 @@ def memory_figure(reports: Sequence[tuple[str, "Report"]]) -> go.Figure:
 def stage_activation_bytes(result: "SimulationResult") -> list[float]:
     """Activation bytes one microbatch leaves on each stage: the memory model's per-position stash
     (``workload.memory``: layers x per-layer bytes, the embedding output on the first position and
-    the fp32 logits on the last), indexed by stage."""
-    from simulator.workload.memory import activation_bytes_per_layer
+    what the loss keeps on the last), indexed by stage."""
+    from simulator.workload.memory import activation_bytes_per_layer, loss_bytes_per_logit
 
     sc, prog = result.scenario, result.program
     p, m = sc.parallelism, sc.model
@@ -889,7 +889,7 @@ def stage_activation_bytes(result: "SimulationResult") -> list[float]:
         if pos == 0:
             act += 2 * s_tok * b * m.hidden_size / (p.tp if sp else 1)
         if pos == len(prog.position_layers) - 1:
-            act += 4 * s_tok * b * m.vocab_size / p.tp
+            act += loss_bytes_per_logit(sc)[0] * s_tok * b * m.vocab_size / p.tp
         pos_bytes.append(act)
     sched = prog.schedule
     return [pos_bytes[sched.stage_position[st]] for st in range(sched.num_stages)]

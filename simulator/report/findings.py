@@ -3,8 +3,8 @@
 ``find(result)`` looks at one simulation and returns findings, each with the measured problem and
 concrete changes (scenario overrides) with their predicted effect:
 
-- memory overflow: recompute, more pipeline stages, a higher ZeRO stage; peak GiB predicted by the
-  memory model (``workload.memory``, no simulation needed);
+- memory overflow: a compiled loss (torchtitan), recompute, more pipeline stages, a higher ZeRO
+  stage; peak GiB predicted by the memory model (``workload.memory``, no simulation needed);
 - a large pipeline bubble: interleaving, zero-bubble schedules, more microbatches;
 - stage imbalance: the ``pp_layer_split`` that minimises the slowest stage, from the program's
   per-layer compute times;
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from simulator.errors import UserError
+from simulator.workload.memory import loss_bytes_per_logit
 
 if TYPE_CHECKING:
     from simulator.report.metrics import Report
@@ -181,6 +182,10 @@ def memory_finding(result: "SimulationResult", budget: _Budget) -> Finding | Non
     row = rep.per_pp_rank[worst]["memory_gib"]
     biggest = max((k for k in row if k != "total_gib"), key=lambda k: row[k])
     cands: list[tuple[str, dict[str, Any]]] = []
+    if row.get("loss_working_set_gib", 0.0) > 0 and loss_bytes_per_logit(sc)[1] > 2.0:
+        # torchtitan's eager loss keeps the fp32 log-softmax and its backward holds two more fp32
+        # copies of the logits; compiled it keeps the bf16 logits (memory.loss_bytes_per_logit)
+        cands.append(("compile_loss=true", {"compile_loss": True}))
     if p.zero >= 3 and not p.fsdp_reshard_after_forward:
         # the gathered units held from forward to backward (gathered_parameters) go
         cands.append(("fsdp_reshard_after_forward=true", {"parallelism.fsdp_reshard_after_forward": True}))

@@ -79,6 +79,23 @@ def activation_bytes_per_layer(sc: Scenario) -> float:
     return sbh * (replicated + (c - replicated) / t + scores / t)
 
 
+def loss_bytes_per_logit(sc: Scenario) -> tuple[float, float]:
+    """(bytes a logit the loss keeps from its forward to its backward, bytes a logit more its backward
+    holds at once), on the rank that holds the head.
+
+    Megatron's vocab-parallel cross-entropy keeps its fp32 softmax and computes the gradient in
+    place in it: (4, 0). torchtitan's loss is F.cross_entropy(pred.float(), labels), measured with
+    torch 2.13 (live bytes over the bf16 logits, 16,384 x 32,768 logits, bench/loss_memory.py):
+    eager it keeps the fp32 log-softmax output (4) and its backward peaks at 12, the incoming fp32
+    gradient (nll_loss_backward writes a dense tensor) and the fp32 input gradient beside it: (4, 8);
+    under torch.compile the partitioner keeps the bf16 logits themselves (2) and per-row max and
+    log-sum-exp, and the fused backward writes the bf16 gradient (2): (2, 2)."""
+    if sc.framework != "torchtitan":
+        return 4.0, 0.0
+    compiled = sc.torch_compile if sc.compile_loss is None else sc.compile_loss
+    return (2.0, 2.0) if compiled else (4.0, 8.0)
+
+
 @dataclass
 class MemoryReport:
     per_rank_gib: list[dict[str, float]]  # per pipeline rank: breakdown and total
@@ -103,7 +120,7 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
         if pos == 0:
             act += 2 * s * b * m.hidden_size / (t if sp else 1)  # embedding output
         if pos == len(prog.position_layers) - 1:
-            act += 4 * s * b * m.vocab_size / t  # fp32 logits kept for the cross-entropy backward
+            act += loss_bytes_per_logit(sc)[0] * s * b * m.vocab_size / t  # what the loss keeps for its backward
         stage_bytes.append(act)
     by_stage = [stage_bytes[sched.stage_position[st]] for st in range(sched.num_stages)]
     act_peaks = peak_activations(sched, by_stage)
@@ -156,12 +173,9 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             gathered = sum(prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes) for L in units)
             row["gathered_parameters_gib"] = gathered * (1 - 1 / shard) / GIB
         if sc.framework == "torchtitan" and last_position in positions:
-            # torchtitan's eager loss, F.cross_entropy(pred.float(), labels) (train.py of Dec 2024;
-            # its compile of the loss was commented out for CUDA errors): beside the saved fp32
-            # log-softmax output (in the head's activations above), its backward holds the
-            # incoming fp32 gradient (nll_loss_backward writes a dense tensor) and the fp32 input
-            # gradient at once: 8 bytes a logit more, vocab-sharded under loss parallelism.
-            row["loss_working_set_gib"] = 8 * s * b * m.vocab_size / t / GIB
+            # The loss's backward working set beside what it keeps (loss_bytes_per_logit),
+            # vocab-sharded under loss parallelism.
+            row["loss_working_set_gib"] = loss_bytes_per_logit(sc)[1] * s * b * m.vocab_size / t / GIB
         if sc.dtype == "fp8" and sc.fp8.recipe in ("te-delayed", "te-current", "mxfp8"):
             # Transformer Engine caches each linear weight's FP8 copy and its transpose across
             # microbatches (2 bytes a parameter of the transformer layers), on the rank's shard
