@@ -135,7 +135,13 @@ def test_sac_op_memory_keeps_only_the_save_list_and_the_loss_keeps_what_torch_do
     no_compile = simulate(_sc(framework="torchtitan", recompute="selective-op", torch_compile=False)).memory
     assert no_compile.per_rank_gib[0]["loss_working_set_gib"] == pytest.approx(8 * logits / 2**30)
     # Megatron's vocab-parallel loss works in place in its saved fp32 softmax: no working set.
-    assert "loss_working_set_gib" not in simulate(_sc(recompute="selective-op")).memory.per_rank_gib[0]
+    generic = simulate(_sc(recompute="selective-op")).memory.per_rank_gib[0]
+    assert "loss_working_set_gib" not in generic
+    # FSDP2's sharded parameters are the fp32 masters and there is no bf16 copy: 4 + 8 bytes a
+    # parameter, where Megatron's distributed optimizer keeps bf16 weights beside master, m and v.
+    assert compiled["parameters_gib"] == pytest.approx(2 * generic["parameters_gib"])
+    assert compiled["parameters_gib"] + compiled["optimizer_gib"] == pytest.approx(
+        (generic["parameters_gib"] + generic["optimizer_gib"]) * 12 / 14)
 
 
 def test_cp_merge_and_repeated_kv_gather():

@@ -130,6 +130,10 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     # Mixed-precision Adam (bytes/param): bf16 weights 2, fp32 gradients 4, fp32 master 4 + m 4 + v 4,
     # each sharded from its ZeRO stage on: dense parameters over the DP group with its CP ranks
     # (or the HSDP shard group), expert parameters over the expert-data-parallel group.
+    # torchtitan (FSDP2, MixedPrecisionPolicy(param_dtype=bf16)) keeps no bf16 copy: its sharded
+    # parameters are the fp32 masters (4) and its AdamW holds m and v (8); the bf16 weights exist
+    # only gathered (gathered_parameters_gib, and one unit at a time otherwise).
+    param_bytes, optim_bytes = (4, 8) if sc.framework == "torchtitan" else (2, 12)
     z = p.zero
     shard, expert_shard = optimizer_shards(z, dp, p.ep, p.fsdp_shard_size, cp=p.cp)
     buffers = 2 * prog.grad_bucket_bytes
@@ -156,9 +160,9 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             # which a one-microbatch step is.
             grads = 4 * (dense + expert)
         row = {
-            "parameters_gib": state_bytes(2, 3) / GIB,
+            "parameters_gib": state_bytes(param_bytes, 3) / GIB,
             "gradients_gib": grads / GIB,
-            "optimizer_gib": state_bytes(12, 1) / GIB,
+            "optimizer_gib": state_bytes(optim_bytes, 1) / GIB,
             "activations_gib": act_peaks[r] / GIB,
             # A bucket never holds more than the rank's own gradients (fp32, 4 bytes each).
             "buffers_gib": (min(buffers, 2 * 4 * (dense + expert)) + RUNTIME_RESERVE_BYTES) / GIB,
