@@ -1,16 +1,21 @@
 """What torchtitan's loss, F.cross_entropy(pred.flatten(0, 1).float(), labels), keeps for its backward
-and holds at its peaks, eager and under torch.compile: live bytes per logit over the bf16 logits.
+and holds at its peaks: eager and under torch.compile, plain and under tensor parallelism's
+loss_parallel (vocab-sharded DTensor logits, 2 gloo ranks). Bytes a (local) logit.
 
-Source of simulator.workload.memory.loss_bytes_per_logit. Runs real torch (CPU; inductor needs a C
-compiler): large tensors come from mmap, so the process's resident size follows the live bytes.
-torch.compile's partition of forward and backward (what is saved) is made before code generation
-and is the same for CPU and CUDA; the code generated for each is not.
+Source of simulator.workload.memory.loss_bytes_per_logit. Runs real torch on CPU (inductor needs a
+C compiler): large tensors come from mmap, so the process's resident size follows the live bytes;
+the peaks are the resident high-water mark over the bf16 logits. torch.compile's partition of
+forward and backward (what is saved) is made before code generation, on fake tensors, and is the
+same for CPU and CUDA; the code generated for each is not.
 
     python bench/loss_memory.py [--tokens 16384] [--vocab 32768]
 
-Measured (torch 2.13 CPU, 16,384 x 32,768 logits): eager keeps 4.0 B/logit after forward, peaks
-at 8.0 in forward and 12.0 in backward; compiled keeps 0.0 beyond the logits it saves (2), peaks at
-0.1 in forward and 2.0 in backward (the bf16 gradient).
+Measured (torch 2.13 CPU, 16,384 x 32,768 logits; loss_parallel 8,192 x 32,768 over 2 ranks):
+                    kept  fwd peak  bwd peak   (over the bf16 logits, which the loss may keep)
+  eager             4.0     8.0      12.0
+  compiled          0.0     0.1       2.0     (keeps the bf16 logits themselves)
+  tp eager          4.0    12.0      16.0
+  tp compiled       4.3     8.3       8.3
 """
 
 from __future__ import annotations
@@ -19,20 +24,21 @@ import argparse
 import subprocess
 import sys
 
-_CHILD = r"""
+_COMMON = r"""
 import resource, sys, torch
-mode, N, V = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def ce(pred, labels):
     return torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
-fn = torch.compile(ce) if mode == "compiled" else ce
-if mode == "compiled":  # compile first, on a smaller batch of the same vocabulary
-    p = torch.randn(1, N // 4, V, dtype=torch.bfloat16, requires_grad=True)
-    fn(p, torch.randint(0, V, (1, N // 4))).backward()
-    del p
-pred = torch.randn(1, N, V, dtype=torch.bfloat16, requires_grad=True)
-labels = torch.randint(0, V, (1, N))
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096
 peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+"""
+
+# One process. No warm-up: compiling traces on fake tensors and allocates no logits, and a warm-up
+# would leave its own high-water mark above the measured run's.
+_PLAIN = _COMMON + r"""
+mode, N, V = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fn = torch.compile(ce) if mode == "compiled" else ce
+pred = torch.randn(1, N, V, dtype=torch.bfloat16, requires_grad=True)
+labels = torch.randint(0, V, (1, N))
 r0 = rss()
 loss = fn(pred, labels)
 held, pk_fwd = rss() - r0, peak() - r0
@@ -40,18 +46,54 @@ loss.backward()
 print(held / (N * V), pk_fwd / (N * V), (peak() - r0) / (N * V))
 """
 
+_TP = _COMMON + r"""
+import os
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, Shard
+from torch.distributed.tensor.parallel import loss_parallel
+
+def run(rank, world, mode, N, V):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    fn = torch.compile(ce) if mode == "compiled" else ce
+    torch.manual_seed(0)
+    pred = distribute_tensor(torch.randn(1, N, V, dtype=torch.bfloat16), mesh, [Shard(2)]).detach().requires_grad_(True)
+    labels = torch.randint(0, V, (1, N))
+    local = N * V // world
+    r0 = rss()  # the whole logits tensor existed before: its high-water mark (4 B a local logit) is below what follows
+    with loss_parallel():
+        loss = fn(pred, labels)
+        held, pk_fwd = rss() - r0, peak() - r0
+        loss.backward()
+    if rank == 0:
+        print(held / local, pk_fwd / local, (peak() - r0) / local, flush=True)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    import torch.multiprocessing as mp
+    mp.start_processes(run, args=(2, sys.argv[1], int(sys.argv[2]), int(sys.argv[3])), nprocs=2, start_method="fork")
+"""
+
+
+def measure(code: str, mode: str, tokens: int, vocab: int) -> tuple[float, float, float]:
+    out = subprocess.run([sys.executable, "-c", code, mode, str(tokens), str(vocab)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    held, fwd, bwd = (float(x) for x in out[-3:])
+    return held, fwd, bwd
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--vocab", type=int, default=32768)
     args = ap.parse_args()
-    print(f"{'loss':9s} {'kept after fwd':>15s} {'fwd peak':>9s} {'bwd peak':>9s}  (bytes a logit over the bf16 logits)")
-    for mode in ("eager", "compiled"):
-        out = subprocess.run([sys.executable, "-c", _CHILD, mode, str(args.tokens), str(args.vocab)],
-                             capture_output=True, text=True, check=True).stdout.split()
-        held, fwd, bwd = (float(x) for x in out[-3:])
-        print(f"{mode:9s} {held:15.2f} {fwd:9.2f} {bwd:9.2f}")
+    print(f"{'loss':12s} {'kept':>6s} {'fwd peak':>9s} {'bwd peak':>9s}  (bytes a local logit over the bf16 logits)")
+    for label, code, tokens in (("eager", _PLAIN, args.tokens), ("compiled", _PLAIN, args.tokens),
+                                ("tp eager", _TP, args.tokens // 2), ("tp compiled", _TP, args.tokens // 2)):
+        held, fwd, bwd = measure(code, label.split()[-1], tokens, args.vocab)
+        print(f"{label:12s} {held:6.2f} {fwd:9.2f} {bwd:9.2f}", flush=True)
 
 
 if __name__ == "__main__":

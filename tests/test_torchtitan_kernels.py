@@ -132,6 +132,12 @@ def test_sac_op_memory_keeps_only_the_save_list_and_the_loss_keeps_what_torch_do
     assert eager["loss_working_set_gib"] == pytest.approx(8 * logits / 2**30)
     assert compiled["loss_working_set_gib"] == pytest.approx(2 * logits / 2**30)
     assert eager["activations_gib"] - compiled["activations_gib"] == pytest.approx(2 * logits / 2**30)
+    # Under tp, loss_parallel on vocab-sharded logits: eager 4 kept and 12 more, compiled 4 and 6.
+    par = {"tp": 2, "dp": 4, "zero": 3, "sequence_parallel": True}
+    for compile_loss, extra in ((False, 12), (True, 6)):
+        m = simulate(_sc(framework="torchtitan", recompute="selective-op", parallelism=par,
+                         compile_loss=compile_loss)).memory.per_rank_gib[0]
+        assert m["loss_working_set_gib"] == pytest.approx(extra * logits / 2 / 2**30)
     no_compile = simulate(_sc(framework="torchtitan", recompute="selective-op", torch_compile=False)).memory
     assert no_compile.per_rank_gib[0]["loss_working_set_gib"] == pytest.approx(8 * logits / 2**30)
     # Megatron's vocab-parallel loss works in place in its saved fp32 softmax: no working set.

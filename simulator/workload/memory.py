@@ -80,19 +80,24 @@ def activation_bytes_per_layer(sc: Scenario) -> float:
 
 
 def loss_bytes_per_logit(sc: Scenario) -> tuple[float, float]:
-    """(bytes a logit the loss keeps from its forward to its backward, bytes a logit more its backward
-    holds at once), on the rank that holds the head.
+    """(bytes a logit the loss keeps from its forward to its backward, bytes a logit more it holds at
+    its peak), on the rank that holds the head; logits per rank, vocab-sharded under tp.
 
     Megatron's vocab-parallel cross-entropy keeps its fp32 softmax and computes the gradient in
-    place in it: (4, 0). torchtitan's loss is F.cross_entropy(pred.float(), labels), measured with
-    torch 2.13 (live bytes over the bf16 logits, 16,384 x 32,768 logits, bench/loss_memory.py):
-    eager it keeps the fp32 log-softmax output (4) and its backward peaks at 12, the incoming fp32
-    gradient (nll_loss_backward writes a dense tensor) and the fp32 input gradient beside it: (4, 8);
-    under torch.compile the partitioner keeps the bf16 logits themselves (2) and per-row max and
-    log-sum-exp, and the fused backward writes the bf16 gradient (2): (2, 2)."""
+    place in it: (4, 0). torchtitan's loss is F.cross_entropy(pred.flatten(0, 1).float(), labels),
+    under loss_parallel when tp > 1 (its default); measured with torch 2.13 (bench/loss_memory.py:
+    live bytes over the bf16 logits, the peaks over forward and backward, the logits freed before
+    backward unless the loss keeps them, as torchtitan's train step does):
+      eager        keeps the fp32 log-softmax (4); backward peaks at 12 (incoming and input
+                   gradients, fp32): (4, 8)
+      compiled     keeps the bf16 logits themselves (2), writes their bf16 gradient (2): (2, 2)
+      tp eager     keeps 4; backward peaks at 16: (4, 12)
+      tp compiled  keeps 4; forward peaks at 8 beside the logits (2): (4, 6)"""
     if sc.framework != "torchtitan":
         return 4.0, 0.0
     compiled = sc.torch_compile if sc.compile_loss is None else sc.compile_loss
+    if sc.parallelism.tp > 1:
+        return (4.0, 6.0) if compiled else (4.0, 12.0)
     return (2.0, 2.0) if compiled else (4.0, 8.0)
 
 
