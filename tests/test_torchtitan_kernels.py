@@ -218,3 +218,19 @@ def test_cp_without_load_balance_paced_by_last_rank():
     merge = {o.name: o for o in nolb}["cp_sdpa_merge"]
     assert merge.bytes == pytest.approx(E * (12 + 38 * 3 + 8 * 3))
     assert merge.bwd_bytes == pytest.approx(E * (76 + 46 * 3 + 8 * 3))
+
+
+def test_torch_pipelining_holds_a_receive_buffer_per_microbatch():
+    from simulator.simulate import simulate
+
+    # torch.distributed.pipelining (stage.py) allocates every microbatch's receive buffers up front:
+    # activations into every stage but the first, gradients into every stage but the last.
+    sc = _sc(framework="torchtitan", parallelism={"pp": 4, "dp": 2, "zero": 3}, batch={
+        "micro_batch_size": 1, "global_batch_size": 16, "seq_length": SEQ})
+    rows = simulate(sc).memory.per_rank_gib
+    boundary_gib = 2 * SEQ * 4096 / 2**30  # one microbatch's bf16 hidden states
+    nmb = 8
+    assert [r["pp_recv_buffers_gib"] for r in rows] == pytest.approx(
+        [nmb * boundary_gib, 2 * nmb * boundary_gib, 2 * nmb * boundary_gib, nmb * boundary_gib])
+    assert all("pp_recv_buffers_gib" not in r for r in simulate(_sc(parallelism={"pp": 4, "dp": 2, "zero": 3}, batch={
+        "micro_batch_size": 1, "global_batch_size": 16, "seq_length": SEQ})).memory.per_rank_gib)

@@ -185,6 +185,14 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             # The loss's backward working set beside what it keeps (loss_bytes_per_logit),
             # vocab-sharded under loss parallelism.
             row["loss_working_set_gib"] = loss_bytes_per_logit(sc)[1] * s * b * m.vocab_size / t / GIB
+        if sc.framework == "torchtitan" and p.pp > 1:
+            # torch.distributed.pipelining allocates its receive buffers for every microbatch up
+            # front (stage.py _setup_forward_recv_info, _setup_backward_recv_info, torch 2.13): a
+            # stage other than the first holds one activation buffer per microbatch, one other
+            # than the last one gradient buffer per microbatch, each a stage boundary's tensor.
+            boundary = sc.dtype_bytes * s * b * m.hidden_size / (t if sp else 1)
+            ends = sum((st != 0) + (st != sched.num_stages - 1) for st in sched.stages_of_rank(r))
+            row["pp_recv_buffers_gib"] = ends * sched.num_microbatches * boundary / GIB
         if sc.dtype == "fp8" and sc.fp8.recipe in ("te-delayed", "te-current", "mxfp8"):
             # Transformer Engine caches each linear weight's FP8 copy and its transpose across
             # microbatches (2 bytes a parameter of the transformer layers), on the rank's shard
