@@ -391,7 +391,7 @@ def print_summary(report, scenario=None) -> None:
     t.add_row("MFU", f"{report.mfu:.1%}")
     # The idle share holds bubble and stage imbalance together; the breakdown below splits them.
     t.add_row("pipeline idle", f"{report.bubble_fraction:.1%} of the step (worst stage {report.bubble_fraction_worst:.1%})")
-    from simulator.report.analysis import breakdown_lines
+    from simulator.report.analysis import breakdown_lines, memory_parts_line
 
     breakdown = breakdown_lines(report)
     for label, value in breakdown:
@@ -403,6 +403,9 @@ def print_summary(report, scenario=None) -> None:
                 t.add_row(f"exposed {dim} comm", f"{v:.3f} s ({v / report.step_time_s:.1%})")
     fit = "fits" if report.fits_in_memory else "[red]DOES NOT FIT[/red]"
     t.add_row("peak memory", f"{report.peak_memory_gib:.1f} GiB of {report.memory_capacity_gib:.1f} ({fit})")
+    parts = memory_parts_line(report)
+    if parts:
+        t.add_row("  largest parts", parts)
     for link, n in group_links(report.busiest_links)[:3]:
         name, util = for_rich(link.get("name", link.get("link"))), link.get("utilization", 0)
         t.add_row("busy link", f"{name}: {util:.0%}" if n == 1 else f"{n} links like {name} at {util:.0%}")

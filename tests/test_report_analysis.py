@@ -104,3 +104,17 @@ def test_timeline_string_columns_are_categoricals_in_string_order():
     # what the reports compare against reads the same either way
     ev = tl.events
     assert (ev["stream"] == "compute").sum() == (ev["stream"].astype(str) == "compute").sum() > 0
+
+
+def test_memory_parts_line_names_the_peak_ranks_largest_terms():
+    from simulator.report.analysis import memory_parts_line
+
+    rep = simulate(build_scenario({"model": "llama3-8b", "parallelism": {"tp": 2, "pp": 2, "zero": 1},
+                                   "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
+                                   "cluster": {"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}})).report
+    worst = max((r["memory_gib"] for r in rep.per_pp_rank), key=lambda m: m["total_gib"])
+    top = sorted(((k, v) for k, v in worst.items() if k != "total_gib"), key=lambda kv: -kv[1])[:3]
+    line = memory_parts_line(rep)
+    assert line == ", ".join(f"{k.removesuffix('_gib').replace('_', ' ')} {v:.1f}" for k, v in top) + " GiB"
+    rep.per_pp_rank = []
+    assert memory_parts_line(rep) == ""

@@ -378,6 +378,18 @@ def breakdown_lines(report: Any) -> list[tuple[str, str]]:
     return rows
 
 
+def memory_parts_line(report: Any, parts: int = 3) -> str:
+    """The largest terms of the peak pipeline rank's memory, for the terminal summary
+    ("gradients 23.3, gathered parameters 10.2, optimizer 5.8 GiB"); "" without a breakdown."""
+    ranks = [r.get("memory_gib") for r in report.per_pp_rank or [] if r.get("memory_gib")]
+    if not ranks:
+        return ""
+    worst = max(ranks, key=lambda m: m.get("total_gib", 0.0))
+    terms = sorted(((k.removesuffix("_gib").replace("_", " "), v) for k, v in worst.items()
+                    if k != "total_gib" and v >= 0.05), key=lambda kv: -kv[1])[:parts]
+    return ", ".join(f"{k} {v:.1f}" for k, v in terms) + " GiB" if terms else ""
+
+
 def step_delta(report_a: Any, report_b: Any) -> list[dict[str, Any]]:
     """Per component of the step breakdown: A, B and B - A in seconds, and the change as a share of
     A's step. The component deltas sum to the step delta (each side sums to its step); the last row
