@@ -212,8 +212,9 @@ def memory_finding(result: "SimulationResult", budget: _Budget) -> Finding | Non
     step_part = ""
     if fitting and fitting[0].simulated:
         step_part = f"; {_sim_text(fitting[0], rep.step_time_s)}"
+    biggest_name = biggest.removesuffix("_gib").replace("_", " ")
     msg = (f"memory: pp rank {rep.per_pp_rank[worst]['pp_rank']} needs {rep.peak_memory_gib:.1f} GiB of the usable "
-           f"{rep.memory_capacity_gib:.1f} GiB ({biggest.removesuffix('_gib')} {row[biggest]:.1f} GiB is the largest part). "
+           f"{rep.memory_capacity_gib:.1f} GiB ({biggest_name} {row[biggest]:.1f} GiB is the largest part). "
            f"Memory model: {'; '.join(parts) if parts else 'no single change tried fits'}{step_part}.")
     return Finding("memory", msg, rep.peak_memory_gib - rep.memory_capacity_gib, sugg)
 
