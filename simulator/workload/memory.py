@@ -92,7 +92,9 @@ def loss_bytes_per_logit(sc: Scenario) -> tuple[float, float]:
                    gradients, fp32): (4, 8)
       compiled     keeps the bf16 logits themselves (2), writes their bf16 gradient (2): (2, 2)
       tp eager     keeps 4; backward peaks at 16: (4, 12)
-      tp compiled  keeps 4; forward peaks at 8 beside the logits (2): (4, 6)"""
+      tp compiled  keeps an fp32 [tokens, vocab/tp] tensor (4; saved_tensors_hooks lists it, the
+                   resident set shows it in some runs only); its forward holds 4 more beside it and
+                   the logits (2): (4, 6)"""
     if sc.framework != "torchtitan":
         return 4.0, 0.0
     compiled = sc.torch_compile if sc.compile_loss is None else sc.compile_loss
