@@ -872,27 +872,11 @@ def memory_figure(reports: Sequence[tuple[str, "Report"]]) -> go.Figure:
 
 
 def stage_activation_bytes(result: "SimulationResult") -> list[float]:
-    """Activation bytes one microbatch leaves on each stage: the memory model's per-position stash
-    (``workload.memory``: layers x per-layer bytes, the embedding output on the first position and
-    what the loss keeps on the last), indexed by stage."""
-    from simulator.workload.memory import activation_bytes_per_layer, loss_bytes_per_logit
+    """Activation bytes one microbatch leaves on each stage, as the memory model counts them
+    (``workload.memory.stage_activation_bytes``), indexed by stage."""
+    from simulator.workload import memory
 
-    sc, prog = result.scenario, result.program
-    p, m = sc.parallelism, sc.model
-    sp = p.sequence_parallel and p.tp > 1
-    s_tok = sc.batch.seq_length / p.cp
-    b = sc.batch.micro_batch_size
-    per_layer = activation_bytes_per_layer(sc)
-    pos_bytes = []
-    for pos, layers in enumerate(prog.position_layers):
-        act = len(layers) * per_layer
-        if pos == 0:
-            act += 2 * s_tok * b * m.hidden_size / (p.tp if sp else 1)
-        if pos == len(prog.position_layers) - 1:
-            act += loss_bytes_per_logit(sc)[0] * s_tok * b * m.vocab_size / p.tp
-        pos_bytes.append(act)
-    sched = prog.schedule
-    return [pos_bytes[sched.stage_position[st]] for st in range(sched.num_stages)]
+    return memory.stage_activation_bytes(result.scenario, result.program)
 
 
 def memory_over_time(result: "SimulationResult") -> dict[int, tuple[np.ndarray, np.ndarray]]:

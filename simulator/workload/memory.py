@@ -112,24 +112,36 @@ class MemoryReport:
     in_flight: list[float]  # peak microbatches in flight per pipeline rank (per-stage weighted)
 
 
-def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: float) -> MemoryReport:
+def stage_activation_bytes(sc: Scenario, prog: Program) -> list[float]:
+    """Activation bytes one microbatch leaves on each stage until its input-gradient pass: its
+    layers' share, the embedding output on the first position, what the loss keeps on the last."""
     p, m = sc.parallelism, sc.model
-    sched = prog.schedule
-    dp = sc.dp
-    per_layer = activation_bytes_per_layer(sc)
     t = p.tp
     sp = p.sequence_parallel and t > 1
     s = sc.batch.seq_length / p.cp
     b = sc.batch.micro_batch_size
-    stage_bytes = []
+    per_layer = activation_bytes_per_layer(sc)
+    position_bytes = []
     for pos, layers in enumerate(prog.position_layers):
         act = len(layers) * per_layer
         if pos == 0:
             act += 2 * s * b * m.hidden_size / (t if sp else 1)  # embedding output
         if pos == len(prog.position_layers) - 1:
             act += loss_bytes_per_logit(sc)[0] * s * b * m.vocab_size / t  # what the loss keeps for its backward
-        stage_bytes.append(act)
-    by_stage = [stage_bytes[sched.stage_position[st]] for st in range(sched.num_stages)]
+        position_bytes.append(act)
+    sched = prog.schedule
+    return [position_bytes[sched.stage_position[st]] for st in range(sched.num_stages)]
+
+
+def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: float) -> MemoryReport:
+    p, m = sc.parallelism, sc.model
+    sched = prog.schedule
+    dp = sc.dp
+    t = p.tp
+    sp = p.sequence_parallel and t > 1
+    s = sc.batch.seq_length / p.cp
+    b = sc.batch.micro_batch_size
+    by_stage = stage_activation_bytes(sc, prog)
     act_peaks = peak_activations(sched, by_stage)
     # In-flight microbatches in units of the rank's whole model share.
     in_flight = peak_activations(sched, [1.0 / len(sched.stages_of_rank(sched.stage_rank[st])) for st in range(sched.num_stages)])

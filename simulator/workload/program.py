@@ -376,6 +376,20 @@ def micro_pipeline_tp(ops: list[Op], tp: int, style: str = "torch") -> list[Op]:
     return out
 
 
+def _sac_mm_parts(sc: Scenario, lo: LayerOps):
+    """torchtitan's per-op SAC verdict on each mm a layer's forward runs, in order: (GEMM op, part
+    index, fraction of its output columns, recomputed). The policy counts aten.mm per layer and
+    recomputes every second one (mm_count % 2 == 0); with framework torchtitan the count runs over
+    its separate projections (``_torchtitan_mm_parts``), otherwise over our fused GEMMs."""
+    n_mm = 0
+    for o in lo.forward:
+        if o.comm is not None or o.op_class != "gemm" or not o.recompute:
+            continue
+        for j, frac in enumerate(_torchtitan_mm_parts(sc, o) if sc.framework == "torchtitan" else [1.0]):
+            n_mm += 1
+            yield o, j, frac, n_mm % 2 == 0
+
+
 def layer_recompute_ops(sc: Scenario, lo: LayerOps, layer: int = 0) -> list[Op]:
     """Forward ops activation checkpointing reruns in a layer's backward."""
     if sc.recompute == "full" or (sc.recompute == "selective-layer" and layer % 2 == 0):
@@ -391,21 +405,20 @@ def layer_recompute_ops(sc: Scenario, lo: LayerOps, layer: int = 0) -> list[Op]:
         # TorchDispatchMode sees that call before the subclass unwraps it into _scaled_mm (modes
         # run before a subclass's __torch_dispatch__; under torch.compile the AOT trace keeps that
         # order, functionalization below the subclass), so they count like bf16 mms.
-        out, n_mm = [], 0
+        out = []
         tensorwise = sc.dtype == "fp8" and sc.fp8.recipe == "tensorwise"
         by_name = {o.name: o for o in lo.forward}
+        verdicts: dict[int, list[tuple[int, float, bool]]] = {}
+        for o, j, frac, recomputed in _sac_mm_parts(sc, lo):
+            verdicts.setdefault(id(o), []).append((j, frac, recomputed))
         rerun: dict[str, bool] = {}  # GEMM name -> any of its mm parts recomputed
         for o in lo.forward:
             if o.comm is not None or o.op_class == "attention" or not o.recompute:
                 continue
             if o.op_class == "gemm":
-                parts = _torchtitan_mm_parts(sc, o) if sc.framework == "torchtitan" else [1.0]
-                rerun[o.name] = False
-                for j, frac in enumerate(parts):
-                    n_mm += 1
-                    if n_mm % 2 == 0:
-                        rerun[o.name] = True
-                        out.append(_gemm_part(o, frac, f"mm{j}"))
+                parts = verdicts[id(o)]
+                rerun[o.name] = any(rec for _, _, rec in parts)
+                out += [_gemm_part(o, frac, f"mm{j}") for j, frac, rec in parts if rec]
                 continue
             out.append(o)
         if tensorwise:
@@ -442,27 +455,19 @@ def selective_op_saved_bytes(sc: Scenario, lo: LayerOps) -> float:
     sp = p.sequence_parallel and t > 1
     tokens = sc.batch.micro_batch_size * sc.batch.seq_length / p.cp
     saved = 2.0 * tokens * sc.model.hidden_size / (t if sp else 1)
-    n_mm = 0
     for o in lo.forward:
         if o.comm is not None:
             if o.comm.dim == "tp" and o.comm.op == "reduce_scatter":
                 saved += o.comm.size_bytes / t
-            continue
-        k = o.kernel
-        if o.op_class == "attention":
+        elif o.op_class == "attention":
+            k = o.kernel
             if k is not None and k.kind == "flash":
                 saved += k.batch * k.m * (2.0 * k.k + 4.0)  # output bf16, logsumexp fp32 per row
             else:
                 saved += 2.0 * tokens * sc.model.num_attention_heads * sc.model.dim_head / t
-            continue
-        if o.op_class != "gemm" or not o.recompute:
-            continue
-        parts = _torchtitan_mm_parts(sc, o) if sc.framework == "torchtitan" else [1.0]
-        out_bytes = 2.0 * (k.batch * k.m * k.n if k is not None else o.exec_flops / (2.0 * sc.model.hidden_size))
-        for frac in parts:
-            n_mm += 1
-            if n_mm % 2:  # every second mm is recomputed (layer_recompute_ops)
-                saved += frac * out_bytes
+    # Every GEMM op carries its kernel (ops.build_layer_ops gemm): M x N outputs, bf16.
+    saved += sum(2.0 * frac * o.kernel.batch * o.kernel.m * o.kernel.n
+                 for o, _, frac, recomputed in _sac_mm_parts(sc, lo) if not recomputed)
     return saved
 
 
