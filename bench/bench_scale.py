@@ -7,8 +7,13 @@ Each run is a fresh process (so peak RSS is the run's own); the table shows medi
 A run whose resident memory passes --rss-limit-gib (default 8, the issue's bound) is stopped and
 reported as such, so a run that cannot meet the bound does not take the shared machine down.
 
-    python bench/bench_scale.py [--repeat 3] [--set quick|full-mode|published|all]
-    python bench/bench_scale.py --set full-mode --gpus 64,256,1024,16384 --repeat 1   # the 16,384-GPU row
+    python bench/bench_scale.py [--repeat 3] [--set quick|full-mode|every-rank|published|all]
+    python bench/bench_scale.py --set every-rank --gpus 16384 --repeat 1   # the reference loop at 16,384 GPUs (~7 min)
+
+Full mode simulates the ranks that move in lockstep once (simulator.engine.lockstep) and gives
+every rank its rows; "every-rank" is the reference loop with one process per rank. The events
+column counts the events simulated; full mode's "events/s" is the event loop's rate (its events
+carry every replica's flows, so the loop's cost per event grows with the fabric's coflows).
 """
 
 from __future__ import annotations
@@ -66,8 +71,12 @@ def published_rows() -> list[tuple[str, dict]]:
 def cases(which: str, full_gpus: tuple[int, ...] | None = None) -> list[tuple[str, dict, str]]:
     out: list[tuple[str, dict, str]] = []
     if which in ("quick", "full-mode", "all"):
-        sizes = full_gpus or ((64, 256) if which == "quick" else (64, 256, 1024))
+        sizes = full_gpus or ((64, 256) if which == "quick" else (64, 256, 1024, 4096, 16384))
         out += [("llama3-70b TP8 PP8, 8 mb", llama70b(g, 8), "full") for g in sizes]
+    if which in ("every-rank", "all") or (which == "full-mode" and full_gpus is None):
+        # The reference loop (one process per rank) that full mode is checked against.
+        sizes = full_gpus if which == "every-rank" and full_gpus else (64, 256, 1024)
+        out += [("llama3-70b TP8 PP8, 8 mb", llama70b(g, 8), "every-rank") for g in sizes]
     if which in ("quick", "all"):
         out.append(("llama3-405b TP8 PP16 (flow)", LLAMA405B_16K, "reduced"))
     if which in ("published", "all"):
@@ -114,7 +123,7 @@ def run_one(d: dict, mode: str, timeout_s: float, rss_limit_gib: float) -> tuple
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--set", default="quick", choices=["quick", "full-mode", "published", "all"])
+    ap.add_argument("--set", default="quick", choices=["quick", "full-mode", "every-rank", "published", "all"])
     ap.add_argument("--gpus", default=None,
                     help="Comma-separated GPU counts of the full-mode rows (multiples of 64), e.g. 64,256,1024,16384.")
     ap.add_argument("--timeout", type=float, default=900.0, help="Seconds per run before it is reported as a timeout.")
@@ -131,7 +140,7 @@ def main() -> None:
             print(f"--gpus {args.gpus!r}: give positive multiples of 64 (the scenario is TP8 x PP8 x DP), "
                   "comma-separated, e.g. 64,256,1024,16384", file=sys.stderr)
             sys.exit(2)
-    print(f"{'scenario':34s} {'mode':7s} {'GPUs':>6s} {'mb':>5s} {'events':>10s} {'events/s':>9s} {'wall s':>7s} "
+    print(f"{'scenario':34s} {'mode':10s} {'GPUs':>6s} {'mb':>5s} {'events':>10s} {'events/s':>9s} {'wall s':>7s} "
           f"{'RSS GiB':>7s} {'cpu s':>7s}  (median of {args.repeat}, one process per run, shared 2-core machine)")
     for label, d, mode in cases(args.set, full_gpus):
         runs, why = [], ""
@@ -143,10 +152,10 @@ def main() -> None:
             runs.append(r)
         gpus = d["cluster"]["gpus"]
         if not runs:
-            print(f"{label:34s} {mode:7s} {gpus:>6,d}  {why}", flush=True)
+            print(f"{label:34s} {mode:10s} {gpus:>6,d}  {why}", flush=True)
             continue
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        print(f"{label:34s} {mode:7s} {gpus:>6,d} {int(med['microbatches']):>5d} {int(med['events']):>10,d} "
+        print(f"{label:34s} {mode:10s} {gpus:>6,d} {int(med['microbatches']):>5d} {int(med['events']):>10,d} "
               f"{med['events'] / med['engine_s']:>9,.0f} {med['wall_s']:>7.2f} {med['rss_gib']:>7.2f} "
               f"{med['cpu_s']:>7.1f}", flush=True)
 

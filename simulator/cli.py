@@ -84,6 +84,7 @@ _register_subcommands()
 class SimMode(str, Enum):
     reduced = "reduced"
     full = "full"
+    every_rank = "every-rank"
 
 
 class Recompute(str, Enum):
@@ -214,7 +215,8 @@ def simulate(
     set_: list[str] = typer.Option([], "--set", help="Override any field, dotted: --set parallelism.grad_bucket_params=1e8, --set model.num_layers=4, --set cluster.topology.node.nic_gbps=200, --set cluster.gpu.compute.peak_tflops=500. Applied after the flags.", rich_help_panel="Hardware what-ifs"),
     # --- how and what to write
     network: Optional[str] = typer.Option(None, "--network", help="flow (default: flows sharing links max-min fairly) or alpha-beta (per-tier formulas, faster)."),
-    mode: SimMode = typer.Option(SimMode.reduced, "--mode", help="reduced: one rank per symmetry class; full: every rank."),
+    mode: SimMode = typer.Option(SimMode.reduced, "--mode", help="reduced: one rank per pipeline rank, report only; full: every rank's timeline (ranks the network "
+                                "treats alike are simulated once); every-rank: one process per rank, the reference (slow at scale)."),
     steady_fast_path: bool = typer.Option(False, "--steady-fast-path", help="Reduced mode, a named schedule: simulate a shorter pipeline and replay its verified steady period in closed form (the same step to ~1e-12; many microbatches run several times faster; no busiest-link table). Falls back to the plain run where the period does not verify."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object with the report; writes no dashboard unless --dashboard is given."),
     dashboard: Optional[str] = typer.Option(None, "--dashboard", metavar="[PATH]", help="Write the HTML dashboard (to PATH, or dashboards/<name>.html). Written by default without --json."),
@@ -224,8 +226,8 @@ def simulate(
     report_json: Optional[Path] = typer.Option(None, "--report", help="Also write the full report JSON to this path (input to clustersim compare)."),
     findings_budget_s: float = typer.Option(20.0, "--findings-budget-s", min=0.0, help="Seconds the findings may spend re-simulating their suggestions (0: none, findings from the model alone)."),
     # --- what-if (simulator.whatif; the scenario's perturbations: section) ---
-    slow_gpu: list[str] = typer.Option([], "--slow-gpu", help="What-if: RANK=SPEED or node:N=SPEED (repeatable), SPEED a fraction of nominal compute speed, e.g. 3=0.8."),
-    slow_link: list[str] = typer.Option([], "--slow-link", help="What-if: LINK=BANDWIDTH (repeatable), BANDWIDTH a fraction of nominal; LINK a link name, uplink:LEAF, nic:N, node:N, rail:R or tier:NAME, e.g. nic:3=0.5."),
+    slow_gpu: list[str] = typer.Option([], "--slow-gpu", help="What-if: RANK=SPEED or node:N=SPEED (repeatable), SPEED relative to nominal compute speed (0.8: 20% slower; above 1: faster), e.g. 3=0.8."),
+    slow_link: list[str] = typer.Option([], "--slow-link", help="What-if: LINK=BANDWIDTH (repeatable), BANDWIDTH relative to nominal (0.5: half; above 1: more); LINK a link name, uplink:LEAF, nic:N, node:N, rail:R or tier:NAME, e.g. nic:3=0.5."),
     fail_node: list[int] = typer.Option([], "--fail-node", help="What-if: a node that fails (repeatable); goodput from --mtbf-hours etc."),
     failure_policy: Optional[str] = typer.Option(None, "--failure-policy", help="What-if: restart (from the last checkpoint; default) or spares (a hot spare node takes over)."),
     mtbf_hours: Optional[float] = typer.Option(None, "--mtbf-hours", help="What-if: MTBF of one GPU, hours (default 50,000, Llama 3)."),
@@ -410,8 +412,11 @@ def print_summary(report, scenario=None) -> None:
         name, util = for_rich(link.get("name", link.get("link"))), link.get("utilization", 0)
         t.add_row("busy link", f"{name}: {util:.0%}" if n == 1 else f"{n} links like {name} at {util:.0%}")
     ff = report.fast_forward
+    ls = getattr(report, "lockstep", None)
     how = report.mode if not ff else (f"{report.mode}; {ff['microbatches_simulated']:,} of {report.num_microbatches:,} "
                                       f"microbatches simulated, the steady period replayed {ff['periods_skipped']:,}x")
+    if ls:
+        how += f"; {ls['simulated_ranks']:,} simulated ranks stand for all {ls['ranks']:,}, which move in lockstep"
     took = report.wall_s if report.wall_s is not None else report.sim_wall_s
     t.add_row("simulated in", f"{took:.2f} s, {report.events:,} events ({how})")
     if report.wall_s is not None:

@@ -134,6 +134,24 @@ def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: 
     return None
 
 
+def _lockstep_timeline(sc: Scenario, topo: TopologySpec, profile: Profile, prog, plan, net, contention: float):
+    """Full mode from one simulated rank per pipeline rank, where the network is checked to treat
+    every rank of a pipeline rank alike (``simulator.engine.lockstep``): (every rank's timeline,
+    the representatives' timeline, the network); (None, None, a fresh network) where it does not,
+    for the reference loop over every rank."""
+    from simulator.engine.lockstep import LockstepCheck, NotLockstep, expand_timeline, lockstep_blocker
+
+    if lockstep_blocker(net) is not None:
+        return None, None, net
+    engine = Engine(prog, LockstepCheck(net), mode="reduced", plan=plan, sm_count=profile.compute.sm_count,
+                    contention_scale=contention)
+    try:
+        tl = engine.run()
+    except NotLockstep:
+        return None, None, make_network(sc, topo, profile)  # the partial run used this one
+    return expand_timeline(tl, prog.mesh), tl, net
+
+
 def simulate_step(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None,
                   what: str = "", wait_log: list | None = None, fast_forward: bool = False,
                   with_critical_path: bool = True) -> SimulationResult:
@@ -150,7 +168,7 @@ def _simulate_step(sc: Scenario, mode: Mode, progress: Callable[[str], None] | N
                    wait_log: list | None, fast_forward: bool, with_critical_path: bool = True) -> SimulationResult:
     profile = load_profile(sc.cluster.gpu)
     topo = load_topology(sc.cluster.topology)
-    tl = None
+    tl = tl_reps = None
     plan = None
     sched = prog = None
     if fast_forward and mode == "reduced" and not sc.schedule_file and wait_log is None:
@@ -173,13 +191,20 @@ def _simulate_step(sc: Scenario, mode: Mode, progress: Callable[[str], None] | N
             progress(f"simulating {sc.name}{' ' + what if what else ''}: {sc.model.name} on {sc.cluster.gpus} x "
                      f"{sc.cluster.gpu_name}, {Path(sc.schedule_file).name if sc.schedule_file else sched.name} with "
                      f"{plural(sched.num_microbatches, 'microbatch')} ({mode} mode)")
-        engine = Engine(prog, net, mode=mode, plan=plan, sm_count=profile.compute.sm_count,
-                        contention_scale=measured_excess_scale(profile.compute.overlap_fits,
-                                                               profile.compute.sm_count))
-        if wait_log is not None:
-            engine.wait_log = wait_log
-        tl = engine.run()
+        contention = measured_excess_scale(profile.compute.overlap_fits, profile.compute.sm_count)
+        if mode == "full" and wait_log is None:
+            tl, tl_reps, net = _lockstep_timeline(sc, topo, profile, prog, plan, net, contention)
+        if tl is None:
+            engine = Engine(prog, net, mode="full" if mode == "every-rank" else mode, plan=plan,
+                            sm_count=profile.compute.sm_count, contention_scale=contention)
+            if wait_log is not None:
+                engine.wait_log = wait_log
+            tl = engine.run()
     mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
-    report = build_report(sc.name, prog, tl, mem, profile.compute.peak_tflops, sc.cluster.gpus,
-                          with_critical_path=with_critical_path)
+    # A lockstep run's report is its representatives' (every rank of a pipeline rank has their
+    # rows, so each mean and the critical path are the same; the walk over every rank's rows
+    # was most of a 16,384-GPU run's time).
+    report = build_report(sc.name, prog, tl if tl_reps is None else tl_reps, mem, profile.compute.peak_tflops,
+                          sc.cluster.gpus, with_critical_path=with_critical_path)
+    report.mode, report.lockstep = tl.mode, tl.lockstep
     return SimulationResult(sc, profile, topo, prog, tl, mem, report, plan)

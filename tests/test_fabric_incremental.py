@@ -199,7 +199,7 @@ def test_full_mode_step_is_unchanged_by_the_incremental_solver(monkeypatch):
             _init(self, *a, **k)
 
         monkeypatch.setattr(FlowNetwork, "__init__", patched)
-        tl = simulate(build_scenario(d), mode="full").timeline
+        tl = simulate(build_scenario(d), mode="every-rank").timeline
         monkeypatch.setattr(FlowNetwork, "__init__", init)
         out.append((tl.step_time_s, tl.end_time_s, tl.num_events, tl.events.end_s.to_numpy()))
     (s1, e1, n1, r1), (s2, e2, n2, r2) = out

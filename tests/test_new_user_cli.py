@@ -139,7 +139,7 @@ def test_explain_header_names_every_column(tmp_path):
     (["simulate", "--bogus"], r"^error: No such option: --bogus"),
     (["simulatee"], r"^error: No such command 'simulatee'\. Did you mean 'simulate'\?"),
     (["collective"], r"^error: Missing argument 'op' \(see"),
-    (["simulate", "--mode", "half"], r"^error: Invalid value for '--mode': 'half' is not one of 'reduced', 'full' \(see"),
+    (["simulate", "--mode", "half"], r"^error: Invalid value for '--mode': 'half' is not one of 'reduced', 'full', 'every-rank' \(see"),
     (["simulate", "--findings-budget-s", "-1"], r"^error: Invalid value for '--findings-budget-s'"),
 ])
 def test_usage_errors_are_one_line(tmp_path, args, pattern):

@@ -43,7 +43,7 @@ from simulator.vocabulary import GROUP_DIMS, REPORT_DIMS, RECV_STREAM_OF, Collec
 from simulator.workload.plan import Collective, Complete, Compute, Plan, Recv, Wait, build_plan
 from simulator.workload.program import Program
 
-Mode = Literal["reduced", "full"]
+Mode = Literal["reduced", "full", "every-rank"]  # every-rank: full mode without the lockstep shortcut (simulator.engine.lockstep)
 # The event core: "lean" (simulator.engine.events, SimPy's order without its per-event objects)
 # or "simpy" (the reference it is checked against, value for value).
 Core = Literal["lean", "simpy"]
@@ -79,6 +79,9 @@ class Timeline:
     # Set when the steady-state fast path (simulator.engine.steady) produced this timeline: how
     # many schedule periods were replayed in closed form, the period, and the microbatches simulated.
     fast_forward: dict | None = None
+    # Set when full mode simulated one rank per pipeline rank and gave its rows to every rank of
+    # it (simulator.engine.lockstep): {"simulated_ranks": n, "ranks": world}.
+    lockstep: dict | None = None
 
 
 def _describe(w: object) -> str:

@@ -65,6 +65,9 @@ class Report(BaseModel):
     fast_forward: dict[str, Any] | None = Field(
         None, description="Set when the steady-state fast path made the step (--steady-fast-path): microbatches "
         "simulated, periods replayed in closed form, the period (s) and microbatches per period.")
+    lockstep: dict[str, Any] | None = Field(
+        None, description="Set when full mode simulated one rank per pipeline rank and gave its rows to every rank "
+        "(the network was checked to treat them alike): simulated_ranks, ranks. None: every rank simulated.")
 
     # The keys `--json` promises; everything else is detail.
     SUMMARY_KEYS: ClassVar[tuple[str, ...]] = (
@@ -156,4 +159,5 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
         critical_path_s={k: float(v) for k, v in path_by_cause.items()},
         critical_path=path,
         fast_forward=tl.fast_forward,
+        lockstep=tl.lockstep,
     )

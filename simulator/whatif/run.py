@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -321,15 +322,31 @@ def _worker_step(seed: int) -> float:
     return _WORKER_RUNNER.run(seed, record_waits=False).timeline.step_time_s
 
 
-def seed_step_times(runner: "WhatIfRunner", seeds: list[int], workers: int = 1) -> list[float]:
+def seed_step_times(runner: "WhatIfRunner", seeds: list[int], workers: int = 1,
+                    progress: Callable[[str], None] | None = None, done_before: int = 0,
+                    total: int | None = None) -> list[float]:
     """Step time per seed, in seed order. Seeds are independent and each is deterministic, so
-    forked workers (Linux) give the very same numbers as one process."""
+    forked workers (Linux) give the very same numbers as one process. ``progress`` hears
+    "seed k of N" as each finishes (``done_before`` already done, of ``total``)."""
     import multiprocessing as mp
 
+    total = total if total is not None else done_before + len(seeds)
+
+    def tick(k: int) -> None:
+        if progress is not None:
+            progress(f"what-if: seed {done_before + k} of {total} simulated")
+
+    out: list[float] = []
     if workers <= 1 or len(seeds) < 2 or "fork" not in mp.get_all_start_methods():
-        return [runner.run(s, record_waits=False).timeline.step_time_s for s in seeds]
+        for s in seeds:
+            out.append(runner.run(s, record_waits=False).timeline.step_time_s)
+            tick(len(out))
+        return out
     with mp.get_context("fork").Pool(min(workers, len(seeds)), initializer=_init_worker, initargs=(runner,)) as pool:
-        return pool.map(_worker_step, seeds, chunksize=1)
+        for t in pool.imap(_worker_step, seeds, chunksize=1):  # in seed order, as they finish
+            out.append(t)
+            tick(len(out))
+    return out
 
 
 def simulate_whatif(sc, mode: str = "reduced", progress=None, workers: int = 1):
@@ -340,6 +357,8 @@ def simulate_whatif(sc, mode: str = "reduced", progress=None, workers: int = 1):
     from simulator.workload.memory import memory_report
 
     pert: Perturbations = sc.perturbations
+    if mode == "every-rank":
+        mode = "full"  # what-if full mode already runs one process per rank (its reference)
     validate_perturbations(sc)  # before any simulation: bad input costs nothing
     clean_sc = sc.model_copy(update={"perturbations": None})
     clean, clean_log = _simulate_clean(clean_sc, mode, progress)
@@ -360,7 +379,7 @@ def simulate_whatif(sc, mode: str = "reduced", progress=None, workers: int = 1):
             progress(f"what-if: {'; '.join(describe(pert))}: {n_sim} simulated ranks "
                      f"({'split' if runner.classes is not None else 'full'} mode), {len(seeds)} step(s)")
         first = runner.run(seeds[0], record_waits=True)
-        times = [first.timeline.step_time_s] + seed_step_times(runner, seeds[1:], workers)
+        times = [first.timeline.step_time_s] + seed_step_times(runner, seeds[1:], workers, progress, 1, len(seeds))
         perturbed_tl = first.timeline
         answer["simulated_ranks"] = len(first.timeline.ranks)
         answer["wait_chain"] = wait_chain(first, clean_log=clean_log, pp_of=plan.mesh.coords[:, 0],

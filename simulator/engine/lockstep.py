@@ -1,0 +1,208 @@
+"""Full mode at the cost of the work: ranks that provably move in lockstep, simulated once.
+
+In a scenario without per-rank differences every rank of a pipeline rank runs the same plan on
+the same GPU model, and its collectives meet groups whose members are in the same position. If,
+besides, the network treats those groups alike, every one of them runs each collective in the
+same time, and a rank's whole timeline is its pipeline rank's: the event loop has nothing to
+learn from simulating the others. That is reduced mode's premise; here it is *checked*, and full
+mode's output (every rank's rows, waits and accumulators) is then the reduced run's, given to
+each rank of the pipeline rank, with its own peers named.
+
+The check (``LockstepCheck``): reduced mode issues one request for all the groups of a pipeline
+rank (they start together); the first time each request is issued, every group's collective time
+alone on the network (``collective_time_s``) must be the same. A group that spans another level
+of the fabric, a partial node, a PCIe-only hop or a different NIC count makes it differ, and the
+run falls back to one process per rank (``Engine(mode="full")``, the reference). Contention
+between groups is symmetric only on a fabric whose parts are alike, so the fabric's shape is
+checked first (``lockstep_blocker``): a torus (dimension-ordered routes are not the same from
+every position), nodes, leaves or pods of unequal size send full mode to the reference loop too.
+
+``tests/test_lockstep.py`` compares the rows, waits and accumulators with the reference loop's,
+value for value, on symmetric scenarios of every parallelism, and checks the fall-backs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from simulator.engine.core import Timeline
+from simulator.network.base import CollectiveRequest
+from simulator.vocabulary import CollectiveOp
+
+# Relative difference between two groups' isolated collective times that still counts as equal
+# (the same arithmetic in another order differs by a few ulps).
+SAME_TIME_REL = 1e-9
+
+
+class NotLockstep(Exception):
+    """The groups a reduced-mode request stands for are not alike on this network."""
+
+
+def lockstep_blocker(net) -> str | None:
+    """Why this network cannot be trusted to treat same-position groups alike (None: it can).
+    Static: the fabric's shape. The per-request check is ``LockstepCheck``."""
+    base = getattr(net, "base", net)  # PlacedNetwork: the placement maps ranks onto the fabric
+    graph = getattr(base, "graph", None)
+    if graph is None:
+        return None  # alpha-beta tiers: a time per (size, group shape), the same everywhere
+    if graph.is_torus:
+        return "a torus: dimension-ordered routes differ by position"
+    if graph.n_gpus % graph.gpus_per_node:
+        return f"a partial node ({graph.n_gpus} GPUs, {graph.gpus_per_node} a node)"
+    if graph.nic_leaf is not None and graph.nic_leaf.size:
+        per_leaf = np.bincount(graph.nic_leaf)
+        if per_leaf.min() != per_leaf.max():
+            return f"leaves of unequal size ({per_leaf.min()} to {per_leaf.max()} NICs)"
+        per_pod = np.bincount(graph.leaf_pod)
+        if per_pod.min() != per_pod.max():
+            return f"pods of unequal size ({per_pod.min()} to {per_pod.max()} leaves)"
+    return None
+
+
+class LockstepCheck:
+    """The network, with each multi-group request checked once: every group alone takes the same
+    time, or ``NotLockstep`` is raised (before the request runs)."""
+
+    def __init__(self, net):
+        self.net = net
+        self._checked: dict[int, CollectiveRequest] = {}  # id -> request (held, so the id stays its own)
+        # One group's time by its shape: groups of a request that sit in the same place relative
+        # to their nodes are the same problem to the network (most TP groups of a large world).
+        self._time_by_shape: dict[tuple, float] = {}
+        self._gpn = _gpus_per_node(net)
+
+    def __getattr__(self, name: str):
+        return getattr(self.net, name)
+
+    def collective_time_s(self, req: CollectiveRequest) -> float:
+        return self.net.collective_time_s(req)
+
+    def start(self, env, req: CollectiveRequest):
+        if id(req) not in self._checked:
+            self._check(req)
+            self._checked[id(req)] = req
+        return self.net.start(env, req)
+
+    def _shape(self, group: np.ndarray) -> tuple:
+        gpu = _gpu_ids(self.net, group)
+        node = gpu // self._gpn
+        return (tuple((gpu % self._gpn).tolist()), tuple((node - node[0]).tolist()))
+
+    def _check(self, req: CollectiveRequest) -> None:
+        groups = np.asarray(req.groups)
+        if groups.shape[0] < 2:
+            return
+        first = None
+        for g in groups:
+            key = (req.op, req.dim, float(req.size_bytes)) + self._shape(g)
+            t = self._time_by_shape.get(key)
+            if t is None:
+                t = self._time_by_shape[key] = self.net.collective_time_s(
+                    CollectiveRequest(req.op, req.dim, g[None, :], req.size_bytes))
+            if first is None:
+                first = t
+            elif abs(t - first) > SAME_TIME_REL * max(abs(first), 1e-30):
+                op = req.op.value if isinstance(req.op, CollectiveOp) else req.op
+                raise NotLockstep(f"{req.dim} {op} of {req.size_bytes:.0f} B takes {first * 1e6:.3f} us on one group "
+                                  f"and {t * 1e6:.3f} us on group {g.tolist()[:8]}")
+
+
+def _gpus_per_node(net) -> int:
+    base = getattr(net, "base", net)
+    graph = getattr(base, "graph", None)
+    if graph is not None:
+        return int(graph.gpus_per_node)
+    node = getattr(base, "node", None)
+    return int(getattr(node, "gpus_per_node", 1) or 1)
+
+
+def _gpu_ids(net, ranks: np.ndarray) -> np.ndarray:
+    gpu_of_rank = getattr(net, "gpu_of_rank", None)
+    ranks = np.asarray(ranks, dtype=np.int64)
+    return ranks if gpu_of_rank is None else np.asarray(gpu_of_rank)[ranks]
+
+
+def expand_timeline(tl: Timeline, mesh) -> Timeline:
+    """Every rank's timeline from a reduced run (one simulated rank per pipeline rank): each
+    rank gets its pipeline rank's rows, waits and accumulators, its waits naming its own peers."""
+    coords = mesh.coords  # rank -> (pp, dp, cp, tp, ep)
+    world = mesh.world_size
+    pp_of = coords[:, 0].astype(np.int64)
+    rep_of_pp = {int(pp_of[r]): int(r) for r in tl.ranks}
+    reps = np.array([rep_of_pp[int(p)] for p in range(int(pp_of.max()) + 1)], dtype=np.int64)
+    members = [np.nonzero(pp_of == p)[0] for p in range(len(reps))]
+
+    def widen(frame: pd.DataFrame) -> pd.DataFrame:
+        # The rows of each pipeline rank's representative, once per member (members in rank
+        # order), column by column: a tile of a contiguous block is a copy, where a frame-wide
+        # take over tens of millions of row indices was most of the time at 16,384 GPUs.
+        rank = frame["rank"].to_numpy()
+        blocks = [(np.flatnonzero(rank == rep), members[p]) for p, rep in enumerate(reps)]
+        n_out = sum(rows.size * m.size for rows, m in blocks)
+        cols = {}
+
+        def tiled(v: np.ndarray) -> np.ndarray:
+            # written in place, block by block (no tile + concatenate: fresh pages twice)
+            out = np.empty(n_out, dtype=v.dtype)
+            at = 0
+            for rows, m in blocks:
+                n = rows.size * m.size
+                out[at:at + n].reshape(m.size, rows.size)[:] = v[rows]
+                at += n
+            return out
+
+        for name in frame.columns:
+            col = frame[name]
+            if name == "rank":
+                out = np.empty(n_out, dtype=rank.dtype)
+                at = 0
+                for rows, m in blocks:
+                    n = rows.size * m.size
+                    out[at:at + n].reshape(m.size, rows.size)[:] = m[:, None]
+                    at += n
+                cols[name] = out
+            elif isinstance(col.dtype, pd.CategoricalDtype):
+                cols[name] = pd.Categorical.from_codes(tiled(col.cat.codes.to_numpy()), dtype=col.dtype)
+            else:
+                cols[name] = tiled(col.to_numpy())
+        return pd.DataFrame(cols, columns=frame.columns, copy=False)
+
+    events = widen(tl.events)
+    waits = None
+    if tl.waits is not None:
+        waits = widen(tl.waits)
+        # A wait's source: -1 stays, the waiting rank's own representative becomes the rank
+        # itself, another pipeline rank's representative becomes this rank's peer there.
+        src = waits["src_rank"].to_numpy().astype(np.int64)
+        me = waits["rank"].to_numpy().astype(np.int64)
+        out = src.copy()
+        is_rep = src >= 0
+        q = np.where(is_rep, pp_of[np.maximum(src, 0)], 0)
+        own = is_rep & (q == pp_of[me])
+        out[own] = me[own]
+        other = is_rep & ~own
+        if other.any():
+            # (pp, dp, cp, tp) names a rank (the engine's peer rule, Engine._peer in full mode)
+            c = coords[:, :4].astype(np.int64)
+            rank_at = np.full(tuple(c.max(axis=0) + 1), -1, dtype=np.int64)
+            rank_at[c[:, 0], c[:, 1], c[:, 2], c[:, 3]] = np.arange(world)
+            cm = c[me[other]]
+            out[other] = rank_at[q[other], cm[:, 1], cm[:, 2], cm[:, 3]]
+        waits["src_rank"] = out.astype(tl.waits["src_rank"].dtype, copy=False)
+
+    def per_rank(d: dict) -> dict:
+        return {r: d[int(reps[pp_of[r]])] for r in range(world)}
+
+    def per_rank_copy(d: dict) -> dict:
+        return {r: dict(d[int(reps[pp_of[r]])]) for r in range(world)}
+
+    return Timeline(
+        events=events, step_time_s=tl.step_time_s, ranks=list(range(world)),
+        pp_rank_of={r: int(pp_of[r]) for r in range(world)},
+        busy_compute_s=per_rank(tl.busy_compute_s), exposed_s=per_rank_copy(tl.exposed_s),
+        comm_bytes=per_rank_copy(tl.comm_bytes), sim_wall_s=tl.sim_wall_s, num_events=tl.num_events, mode="full",
+        network_report=tl.network_report, contention_s=per_rank(tl.contention_s), waits=waits,
+        end_time_s=per_rank(tl.end_time_s), fast_forward=tl.fast_forward,
+        lockstep={"simulated_ranks": len(reps), "ranks": world},
+    )
