@@ -126,9 +126,17 @@ def validation_error_line(exc, hide_loc: tuple[str, ...] = (), model=None) -> st
         line = f"got {value}: write a number"
     elif err["type"] in _WANTS_BOOL:
         line = f"got {value}: write true or false"
+    elif err["type"] in _BOUNDS and err.get("ctx"):
+        key, words = _BOUNDS[err["type"]]
+        line = f"got {value}: write a number {words} {_shown((err.get('ctx') or {}).get(key))}"
     else:
         line = " ".join(str(err["msg"]).split()).removeprefix("Value error, ")
     return f"{loc}: {line}" if loc else line
+
+
+# pydantic's range errors, said with the value written: "got -8: write a number at least 1".
+_BOUNDS = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "above"),
+           "less_than_equal": ("le", "at most"), "less_than": ("lt", "below")}
 
 
 def _not_a_boolean(value):

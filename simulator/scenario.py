@@ -862,9 +862,28 @@ def build_scenario(data: dict[str, Any], overrides: dict[str, Any] | None = None
     return scenario.check()
 
 
+def _check_inert_overrides(sc: Scenario, overrides: dict[str, Any] | None) -> None:
+    """An override the simulation would not read is refused, not ignored: the class curves of a
+    profile that times kernels by shape (``compute.kernels``) are one (only class-curve profiles,
+    which have no ``kernels``, use them)."""
+    prefix = "cluster.gpu.compute.classes."
+    keys = [k for k in (overrides or {}) if k.startswith(prefix)]
+    gpu = sc.cluster.gpu
+    if keys and isinstance(gpu, Profile) and gpu.compute.kernels is not None:
+        key = keys[0]
+        rest = key[len(prefix):].split(".")
+        hint = {"peak_efficiency": "kernels.gemm_efficiency.bf16" if rest[0] == "gemm" else
+                ("kernels.attention_efficiency" if rest[0] == "attention" else "kernels.gemm_efficiency.bf16"),
+                "bandwidth_efficiency": f"kernels.mem_efficiency.{rest[0] if rest[0] != 'gemm' else 'default'}"}.get(
+            rest[-1], "kernels.gemm_efficiency.bf16")
+        raise UserError(f"--set {key}: profile {gpu.name.split(' with ')[0]!r} times kernels by shape (compute.kernels) and does not read "
+                        f"its class curves: set cluster.gpu.compute.{hint} instead")
+
+
 def load_scenario(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Scenario:
     data = default_scenario_dict() if path is None else load_scenario_dict(path)
     sc = build_scenario(data, overrides)
+    _check_inert_overrides(sc, overrides)
     if path is None and "name" not in (overrides or {}):
         # The default's name describes the default; flags that change the job rename it.
         gpu = Path(sc.cluster.gpu_name).stem.split("-")[0]

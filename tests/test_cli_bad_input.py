@@ -26,7 +26,7 @@ def tiny(tmp_path) -> Path:
 def test_negative_failed_node_is_refused(tmp_path, tiny, flags):
     # Was exit 0 with "failed node(s) -1" and a goodput for a node that does not exist.
     p = clustersim(["simulate", tiny, "--no-dashboard", "--report", tmp_path / "r.json", *flags], tmp_path)
-    assert_one_line_error(p, r"perturbations\.failures\.nodes\.\d: Input should be greater than or equal to 0")
+    assert_one_line_error(p, r"perturbations\.failures\.nodes\.\d: got -\d: write a number at least 0$")
     assert sorted(f.name for f in tmp_path.iterdir()) == ["tiny.yaml"]
 
 
@@ -224,3 +224,36 @@ def test_dashboard_path_naming_a_folder_or_a_foreign_file_is_refused(tmp_path, t
     p = clustersim(["simulate", tiny, "--dashboard", "d.html", "--findings-budget-s", "0"], tmp_path)
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "d.html").read_text().startswith("<!DOCTYPE html>") or "plotly" in (tmp_path / "d.html").read_text()
+
+
+def test_setting_class_curves_a_kernel_profile_ignores_is_refused(tmp_path, tiny):
+    # Was exit 0: the README's --set ...classes.gemm.peak_efficiency=0.3 printed the override in the
+    # header and simulated the default step (shipped profiles time kernels by shape).
+    p = clustersim(["simulate", tiny, "--no-dashboard", "--report", tmp_path / "r.json",
+                    "--set", "cluster.gpu.compute.classes.gemm.peak_efficiency=0.3"], tmp_path)
+    assert_one_line_error(p, r"^error: --set cluster\.gpu\.compute\.classes\.gemm\.peak_efficiency: profile "
+                             r"'h100-sxm-80gb' times kernels by shape \(compute\.kernels\) and does not read its class "
+                             r"curves: set cluster\.gpu\.compute\.kernels\.gemm_efficiency\.bf16 instead$")
+    assert not (tmp_path / "r.json").exists()
+    # the key it names does change the step
+    base = clustersim(["simulate", tiny, "--no-dashboard", "--json", "--findings-budget-s", "0"], tmp_path)
+    slow = clustersim(["simulate", tiny, "--no-dashboard", "--json", "--findings-budget-s", "0",
+                       "--set", "cluster.gpu.compute.kernels.gemm_efficiency.bf16=0.3"], tmp_path)
+    import json
+    assert json.loads(slow.stdout)["step_time_s"] > 1.1 * json.loads(base.stdout)["step_time_s"]
+
+
+def test_capture_without_torch_says_how_to_install_it(tmp_path):
+    # Was a 40-line traceback ending in ModuleNotFoundError when torch (the [capture] extra) was missing.
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; sys.argv = ['clustersim'] + sys.argv[1:]; "
+            "from simulator.cli import main; main()")
+    p = subprocess.run([sys.executable, "-c", code, "capture", "train", "--out", "traces/mine", "--nproc", "4",
+                        "--tp", "2", "--pp", "2", "--schedule", "1f1b"], cwd=tmp_path, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert_one_line_error(p, r'^error: capture runs real PyTorch, which is not installed here: '
+                             r'pip install -e "\.\[capture\]" \(or pip install torch\)$')
+    assert not (tmp_path / "traces").exists()

@@ -169,3 +169,20 @@ def test_overflow_from_torchtitans_eager_loss_tries_compiling_it_first():
     # 6 bytes a logit kept less in the backward working set, 2 less kept.
     assert first["predicted_peak_gib"] == pytest.approx(rep.peak_memory_gib - 8 * logits_gib, abs=0.05)
     assert first["fits"]
+
+
+def test_bubble_under_a_schedule_file_names_the_file_and_suggests_no_batch_change():
+    # Was "with 1f1b on pp=2" and a larger global batch (simulated) for a step whose order and
+    # microbatches a schedule file fixes.
+    from pathlib import Path
+
+    from simulator.scenario import load_scenario
+
+    data = Path(__file__).parent / "data"
+    sc = load_scenario(data / "scenarios" / "small-llama.yaml",
+                       {"parallelism.pp": 2, "schedule_file": str(data / "schedules" / "custom_interleaved_2ranks.csv")})
+    rep = attach(simulate(sc), budget_s=10).report
+    f = _kinds(rep)["bubble"]
+    assert "with schedule file custom_interleaved_2ranks.csv on pp=2" in f["message"]
+    assert "1f1b" not in f["message"] and "global_batch_size" not in f["message"]
+    assert f["suggestions"] == []

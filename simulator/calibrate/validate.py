@@ -296,7 +296,7 @@ def print_validation(res: dict[str, Any]) -> None:
                   f"{_fmt_s(res['predicted_host_bound_s'])} (the step is the larger)")
     if res.get("predicted_host_overhead_s"):
         con.print(f"predicted host overhead between kernels: {_fmt_s(res['predicted_host_overhead_s'])} per step and rank")
-    con.print("per op class and collective: seconds per step on one rank, mean over ranks")
+    con.print("per op class and collective: time per step on one rank, mean over ranks")
     for w in res.get("warnings", []):
         con.print(f"warning: {w}")
 
@@ -605,7 +605,7 @@ def print_trace_validation(res: dict[str, Any]) -> None:
         t.add_row(label, _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
     con.print(t)
     hidden = [label.removeprefix("exposed comm ") for label, r in rows if (label, r) not in shown]
-    con.print("per class, dimension and bubble: seconds per step on one rank, mean over ranks"
+    con.print("per class, dimension and bubble: time per step on one rank, mean over ranks"
               + (f"; nothing measured or predicted, not shown: {', '.join(hidden)}" if hidden else ""))
     for n in res["notes"]:
         con.print(f"note: {n}")

@@ -179,6 +179,11 @@ def capture_command(
         )
     if world < 1:
         raise UserError(f"--nproc {world} must be at least 1")
+    try:
+        import torch  # noqa: F401  (capture runs real PyTorch: the harness needs it)
+    except ImportError:
+        raise UserError('capture runs real PyTorch, which is not installed here: pip install -e ".[capture]" '
+                        '(or pip install torch)') from None
     if gpu and _torchrun_world() is None and world > _gpu_count():
         raise UserError(f"--nproc {world} exceeds the {_gpu_count()} visible GPUs: lower --nproc or use torchrun across nodes")
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world)

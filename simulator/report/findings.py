@@ -21,6 +21,7 @@ the findings into the report (``findings`` and, as one line each, ``notes``).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -234,7 +235,9 @@ def bubble_finding(result: "SimulationResult", budget: _Budget) -> Finding | Non
         cands.append(("zb-h1", {"schedule": "zb-h1"}))
     if sc.schedule not in ("zbv", "dualpipev") and not sc.schedule_file:
         cands.append(("zbv", {"schedule": "zbv", "parallelism.vpp": 1, "parallelism.pp_layer_split": None}))
-    if sc.batch.micro_batch_size > 1:
+    if sc.schedule_file:
+        pass  # the file fixes the order and the microbatch count: a batch change would not run it
+    elif sc.batch.micro_batch_size > 1:
         cands.append((f"micro_batch_size={sc.batch.micro_batch_size // 2} ({2 * m} microbatches)",
                       {"batch.micro_batch_size": sc.batch.micro_batch_size // 2}))
     else:
@@ -261,8 +264,12 @@ def bubble_finding(result: "SimulationResult", budget: _Budget) -> Finding | Non
     better = [s for s in sugg if s.simulated and s.predicted_tokens_per_s and s.predicted_tokens_per_s > rep.tokens_per_s
               and "batch.global_batch_size" not in s.overrides]
     best = max(better, key=lambda s: s.predicted_tokens_per_s or 0.0) if better else None
-    msg = (f"bubble: {bubble:.3f} s ({bubble / rep.step_time_s:.1%} of the step) with {sc.schedule} on pp={p.pp} and "
-           f"{m} microbatches. " + "; ".join(_sim_text(s, rep.step_time_s) for s in sugg)
+    schedule = f"schedule file {Path(sc.schedule_file).name}" if sc.schedule_file else sc.schedule
+    tail = ("; ".join(_sim_text(s, rep.step_time_s) for s in sugg) if sugg else
+            "The schedule file fixes the order and the microbatches: a file with more microbatches, or with "
+            "interleaved or zero-bubble order, would shrink it")
+    msg = (f"bubble: {bubble:.3f} s ({bubble / rep.step_time_s:.1%} of the step) with {schedule} on pp={p.pp} and "
+           f"{m} microbatches. " + tail
            + (f". Best: {best.label} ({best.predicted_tokens_per_s / rep.tokens_per_s - 1:+.1%} tokens/s)" if best else "")
            + ".")
     return Finding("bubble", msg, bubble / rep.step_time_s, sugg)

@@ -39,7 +39,7 @@ class GpuSpeed(BaseModel):
 
     rank: Whole | None = Field(None, ge=0, description="Global rank (= GPU id under the default placement) of the GPU; unitless index.")
     node: Whole | None = Field(None, ge=0, description="Node index: every GPU of that node gets the factor; unitless index.")
-    speed: float = Field(ge=MIN_FACTOR, le=MAX_FACTOR, description="Compute speed as a fraction of nominal (kernels take 1/speed as long); unitless ratio.")
+    speed: float = Field(ge=MIN_FACTOR, le=MAX_FACTOR, description="Compute speed relative to nominal (kernels take 1/speed as long; above 1 is faster); unitless ratio.")
 
     @model_validator(mode="after")
     def _one_target(self) -> "GpuSpeed":
@@ -74,7 +74,7 @@ class LinkFactor(BaseModel):
                      "'uplink:LEAF' (both directions between leaf LEAF and its spine), 'tier:nic|leaf-spine|spine-core|nvlink', "
                      "or 'rail:R' (the NIC cables of local NIC index R on every node)."),
     )
-    bandwidth: float = Field(ge=MIN_FACTOR, le=MAX_FACTOR, description="Capacity as a fraction of nominal; unitless ratio.")
+    bandwidth: float = Field(ge=MIN_FACTOR, le=MAX_FACTOR, description="Capacity relative to nominal (above 1 is more); unitless ratio.")
 
 
 class Failures(BaseModel):
