@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -300,7 +301,9 @@ def simulate(
         from simulator.report.findings import attach as attach_findings
 
         phase("checking findings")
+        t_findings = time.perf_counter()
         report = attach_findings(result, budget_s=findings_budget_s).report  # re-simulates cheap suggestions, time-boxed
+        findings_s = time.perf_counter() - t_findings
         write_dash = not no_dashboard and (dashboard is not None or not as_json)
         if write_dash:
             from simulator.report.dashboard import build_dashboard_html
@@ -324,7 +327,7 @@ def simulate(
     if as_json:
         print(json.dumps(report.model_dump(mode="json")))
     else:
-        print_summary(report, sc)
+        print_summary(report, sc, findings_s=findings_s)
 
 
 def _gpu_topology_mismatch(sc) -> str:
@@ -376,7 +379,7 @@ def group_links(links: list[dict], tolerance: float = 0.01) -> list[tuple[dict, 
     return groups
 
 
-def print_summary(report, scenario=None) -> None:
+def print_summary(report, scenario=None, findings_s: float | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -421,6 +424,9 @@ def print_summary(report, scenario=None) -> None:
     t.add_row("simulated in", f"{took:.2f} s, {report.events:,} events ({how})")
     if report.wall_s is not None:
         t.add_row("of which event loop", f"{report.sim_wall_s:.2f} s")
+    if findings_s is not None and findings_s >= 0.5:
+        # the suggestions below were re-simulated after the step: time the user waited as well
+        t.add_row("then findings", f"{findings_s:.2f} s (re-simulating suggestions, --findings-budget-s)")
     if scenario is not None:
         con.print(layout_line(scenario), highlight=False, markup=False, soft_wrap=True)
     con.print(t)
