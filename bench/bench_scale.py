@@ -38,7 +38,11 @@ t = time.perf_counter()
 res = simulate(build_scenario(d), mode=mode)
 wall = time.perf_counter() - t
 tl = res.timeline
-print(json.dumps({"wall_s": wall, "cpu_s": time.process_time(), "engine_s": tl.sim_wall_s, "events": tl.num_events,
+# Full mode's rows of every rank are made when first read (simulator.engine.lockstep): time that too.
+t = time.perf_counter()
+n_rows = len(tl.events) + (0 if tl.waits is None else len(tl.waits))
+rows_s = time.perf_counter() - t
+print(json.dumps({"wall_s": wall, "rows_s": rows_s, "rows": n_rows, "cpu_s": time.process_time(), "engine_s": tl.sim_wall_s, "events": tl.num_events,
                   "microbatches": res.program.schedule.num_microbatches,
                   "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
 """
@@ -141,7 +145,8 @@ def main() -> None:
                   "comma-separated, e.g. 64,256,1024,16384", file=sys.stderr)
             sys.exit(2)
     print(f"{'scenario':34s} {'mode':10s} {'GPUs':>6s} {'mb':>5s} {'events':>10s} {'events/s':>9s} {'wall s':>7s} "
-          f"{'RSS GiB':>7s} {'cpu s':>7s}  (median of {args.repeat}, one process per run, shared 2-core machine)")
+          f"{'rows':>11s} {'+rows s':>7s} {'RSS GiB':>7s} {'cpu s':>7s}  (median of {args.repeat}, one process per run, "
+          "shared 2-core machine; +rows s: making every rank's rows after the run, RSS includes them)")
     for label, d, mode in cases(args.set, full_gpus):
         runs, why = [], ""
         for _ in range(args.repeat):
@@ -156,7 +161,8 @@ def main() -> None:
             continue
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         print(f"{label:34s} {mode:10s} {gpus:>6,d} {int(med['microbatches']):>5d} {int(med['events']):>10,d} "
-              f"{med['events'] / med['engine_s']:>9,.0f} {med['wall_s']:>7.2f} {med['rss_gib']:>7.2f} "
+              f"{med['events'] / med['engine_s']:>9,.0f} {med['wall_s']:>7.2f} {int(med['rows']):>11,d} {med['rows_s']:>7.2f} "
+              f"{med['rss_gib']:>7.2f} "
               f"{med['cpu_s']:>7.1f}", flush=True)
 
 

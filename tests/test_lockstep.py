@@ -134,3 +134,18 @@ def test_what_if_full_mode_is_still_the_per_rank_loop():
                  perturbations={"gpus": [{"rank": 5, "speed": 0.8}]})
     res = simulate(build_scenario(d), "full")
     assert res.timeline.lockstep is None and res.report.whatif["simulated_ranks"] == 16
+
+
+def test_a_few_ranks_rows_are_made_without_every_ranks():
+    # The dashboard and Perfetto draw a few ranks: those rows are made alone, and are the ones every
+    # rank's rows hold (rows are made when first read: tens of millions at thousands of GPUs).
+    from simulator.engine.lockstep import LockstepTimeline, events_of, waits_of
+
+    tl = simulate(build_scenario(CASES["fsdp-tp-cp-pp"]), "full").timeline
+    assert isinstance(tl, LockstepTimeline) and tl.__dict__.get("_events_all") is None
+    ranks = [3, 17, 30]
+    few, few_waits = events_of(tl, ranks), waits_of(tl, ranks)
+    assert tl.__dict__.get("_events_all") is None and tl.__dict__.get("_waits_all") is None
+    _same_frame(few, tl.events[tl.events["rank"].isin(ranks)], ["rank", "start_s", "end_s", "stream", "name"])
+    _same_frame(few_waits, tl.waits[tl.waits["rank"].isin(ranks)], ["rank", "start_s", "end_s", "cause", "what"])
+    assert set(few["rank"]) == set(ranks)

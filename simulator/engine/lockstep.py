@@ -123,22 +123,25 @@ def _gpu_ids(net, ranks: np.ndarray) -> np.ndarray:
     return ranks if gpu_of_rank is None else np.asarray(gpu_of_rank)[ranks]
 
 
-def expand_timeline(tl: Timeline, mesh) -> Timeline:
-    """Every rank's timeline from a reduced run (one simulated rank per pipeline rank): each
-    rank gets its pipeline rank's rows, waits and accumulators, its waits naming its own peers."""
-    coords = mesh.coords  # rank -> (pp, dp, cp, tp, ep)
-    world = mesh.world_size
-    pp_of = coords[:, 0].astype(np.int64)
-    rep_of_pp = {int(pp_of[r]): int(r) for r in tl.ranks}
-    reps = np.array([rep_of_pp[int(p)] for p in range(int(pp_of.max()) + 1)], dtype=np.int64)
-    members = [np.nonzero(pp_of == p)[0] for p in range(len(reps))]
+class _Widen:
+    """Every rank's rows from its pipeline rank's representative's, for all ranks or a few."""
 
-    def widen(frame: pd.DataFrame) -> pd.DataFrame:
-        # The rows of each pipeline rank's representative, once per member (members in rank
-        # order), column by column: a tile of a contiguous block is a copy, where a frame-wide
-        # take over tens of millions of row indices was most of the time at 16,384 GPUs.
+    def __init__(self, reps_tl: Timeline, mesh):
+        self.coords = coords = mesh.coords  # rank -> (pp, dp, cp, tp, ep)
+        self.world = mesh.world_size
+        self.pp_of = pp_of = coords[:, 0].astype(np.int64)
+        rep_of_pp = {int(pp_of[r]): int(r) for r in reps_tl.ranks}
+        self.reps = np.array([rep_of_pp[int(p)] for p in range(int(pp_of.max()) + 1)], dtype=np.int64)
+        self.members = [np.nonzero(pp_of == p)[0] for p in range(len(self.reps))]
+
+    def frame(self, frame: pd.DataFrame, ranks: np.ndarray | None = None) -> pd.DataFrame:
+        """The rows of each pipeline rank's representative, once per member (members in rank
+        order; ``ranks``: only those), column by column: a tile of a contiguous block is a copy,
+        where a frame-wide take over tens of millions of row indices was most of the time at
+        16,384 GPUs."""
         rank = frame["rank"].to_numpy()
-        blocks = [(np.flatnonzero(rank == rep), members[p]) for p, rep in enumerate(reps)]
+        members = self.members if ranks is None else [np.intersect1d(m, ranks) for m in self.members]
+        blocks = [(np.flatnonzero(rank == rep), members[p]) for p, rep in enumerate(self.reps)]
         n_out = sum(rows.size * m.size for rows, m in blocks)
         cols = {}
 
@@ -168,12 +171,11 @@ def expand_timeline(tl: Timeline, mesh) -> Timeline:
                 cols[name] = tiled(col.to_numpy())
         return pd.DataFrame(cols, columns=frame.columns, copy=False)
 
-    events = widen(tl.events)
-    waits = None
-    if tl.waits is not None:
-        waits = widen(tl.waits)
+    def waits(self, frame: pd.DataFrame, ranks: np.ndarray | None = None) -> pd.DataFrame:
+        waits = self.frame(frame, ranks)
         # A wait's source: -1 stays, the waiting rank's own representative becomes the rank
         # itself, another pipeline rank's representative becomes this rank's peer there.
+        pp_of = self.pp_of
         src = waits["src_rank"].to_numpy().astype(np.int64)
         me = waits["rank"].to_numpy().astype(np.int64)
         out = src.copy()
@@ -184,12 +186,75 @@ def expand_timeline(tl: Timeline, mesh) -> Timeline:
         other = is_rep & ~own
         if other.any():
             # (pp, dp, cp, tp) names a rank (the engine's peer rule, Engine._peer in full mode)
-            c = coords[:, :4].astype(np.int64)
+            c = self.coords[:, :4].astype(np.int64)
             rank_at = np.full(tuple(c.max(axis=0) + 1), -1, dtype=np.int64)
-            rank_at[c[:, 0], c[:, 1], c[:, 2], c[:, 3]] = np.arange(world)
+            rank_at[c[:, 0], c[:, 1], c[:, 2], c[:, 3]] = np.arange(self.world)
             cm = c[me[other]]
             out[other] = rank_at[q[other], cm[:, 1], cm[:, 2], cm[:, 3]]
-        waits["src_rank"] = out.astype(tl.waits["src_rank"].dtype, copy=False)
+        waits["src_rank"] = out.astype(frame["src_rank"].dtype, copy=False)
+        return waits
+
+
+class LockstepTimeline(Timeline):
+    """Every rank's timeline, its rows made from the representatives' when first read
+    (``events`` / ``waits``: tens of millions of rows at thousands of GPUs), or for a few ranks
+    only (``events_of`` / ``waits_of``). ``representatives`` is the reduced run itself (a
+    dashboard draws from it what it would draw from every rank: their rows are the same)."""
+
+    representatives: Timeline
+    _widen: _Widen
+
+    def _get_events(self) -> pd.DataFrame:
+        if self.__dict__.get("_events_all") is None:
+            self.__dict__["_events_all"] = self._widen.frame(self.representatives.events)
+        return self.__dict__["_events_all"]
+
+    def _set_events(self, value) -> None:  # (the dataclass __init__ hands the representatives' frame)
+        self.__dict__["_events_all"] = None
+
+    def _get_waits(self) -> pd.DataFrame | None:
+        if self.representatives.waits is None:
+            return None
+        if self.__dict__.get("_waits_all") is None:
+            self.__dict__["_waits_all"] = self._widen.waits(self.representatives.waits)
+        return self.__dict__["_waits_all"]
+
+    def _set_waits(self, value) -> None:
+        self.__dict__["_waits_all"] = None
+
+    events = property(_get_events, _set_events)  # type: ignore[assignment]
+    waits = property(_get_waits, _set_waits)  # type: ignore[assignment]
+
+    def events_of(self, ranks) -> pd.DataFrame:
+        """The rows of these ranks only (what ``events[events.rank.isin(ranks)]`` gives)."""
+        return self._widen.frame(self.representatives.events, np.asarray(sorted(ranks), dtype=np.int64))
+
+    def waits_of(self, ranks) -> pd.DataFrame | None:
+        if self.representatives.waits is None:
+            return None
+        return self._widen.waits(self.representatives.waits, np.asarray(sorted(ranks), dtype=np.int64))
+
+
+def events_of(tl: Timeline, ranks) -> pd.DataFrame:
+    """The timeline rows of ``ranks`` (a lockstep timeline makes only those)."""
+    if isinstance(tl, LockstepTimeline):
+        return tl.events_of(ranks)
+    return tl.events[tl.events["rank"].isin(list(ranks))]
+
+
+def waits_of(tl: Timeline, ranks) -> pd.DataFrame | None:
+    if isinstance(tl, LockstepTimeline):
+        return tl.waits_of(ranks)
+    w = getattr(tl, "waits", None)
+    return None if w is None else w[w["rank"].isin(list(ranks))]
+
+
+def expand_timeline(tl: Timeline, mesh) -> LockstepTimeline:
+    """Every rank's timeline from a reduced run (one simulated rank per pipeline rank): each
+    rank gets its pipeline rank's rows, waits and accumulators, its waits naming its own peers
+    (rows made when first read)."""
+    w = _Widen(tl, mesh)
+    reps, pp_of, world = w.reps, w.pp_of, w.world
 
     def per_rank(d: dict) -> dict:
         return {r: d[int(reps[pp_of[r]])] for r in range(world)}
@@ -197,12 +262,15 @@ def expand_timeline(tl: Timeline, mesh) -> Timeline:
     def per_rank_copy(d: dict) -> dict:
         return {r: dict(d[int(reps[pp_of[r]])]) for r in range(world)}
 
-    return Timeline(
-        events=events, step_time_s=tl.step_time_s, ranks=list(range(world)),
+    out = LockstepTimeline(
+        events=tl.events, step_time_s=tl.step_time_s, ranks=list(range(world)),
         pp_rank_of={r: int(pp_of[r]) for r in range(world)},
         busy_compute_s=per_rank(tl.busy_compute_s), exposed_s=per_rank_copy(tl.exposed_s),
         comm_bytes=per_rank_copy(tl.comm_bytes), sim_wall_s=tl.sim_wall_s, num_events=tl.num_events, mode="full",
-        network_report=tl.network_report, contention_s=per_rank(tl.contention_s), waits=waits,
+        network_report=tl.network_report, contention_s=per_rank(tl.contention_s), waits=tl.waits,
         end_time_s=per_rank(tl.end_time_s), fast_forward=tl.fast_forward,
         lockstep={"simulated_ranks": len(reps), "ranks": world},
     )
+    out.representatives = tl
+    out._widen = w
+    return out

@@ -886,7 +886,11 @@ def memory_over_time(result: "SimulationResult") -> dict[int, tuple[np.ndarray, 
     working set (torchtitan) is held through the first segment of each backward of the last stage."""
     from simulator.workload.memory import GIB
 
+    from simulator.engine.lockstep import LockstepTimeline
+
     rep, tl = result.report, result.timeline
+    if isinstance(tl, LockstepTimeline):
+        tl = tl.representatives  # (the first rank of each pipeline rank has its rows)
     stage_bytes = stage_activation_bytes(result)
     ev = tl.events[tl.events["stream"] == "compute"]
     reps = {}
@@ -948,9 +952,12 @@ def comm_rate_series(result: "SimulationResult", bins: int = 300) -> dict[str, t
     """Per dimension: (bin centres s, GB/s one GPU puts on the wire, tier). Bus bytes of each
     communication row (nccl-tests convention) spread evenly over its span; the tier is NVLink when a
     group of that dimension sits inside one node, else scale-out. From the timeline, not the fabric."""
+    from simulator.engine.lockstep import LockstepTimeline
     from simulator.network.base import bus_factor
 
     tl = result.timeline
+    if isinstance(tl, LockstepTimeline):
+        tl = tl.representatives  # the mean over every rank is the mean over them (classes of equal size)
     ev = tl.events[tl.events["stream"] != "compute"]
     out: dict[str, tuple[np.ndarray, np.ndarray, str]] = {}
     if ev.empty:
@@ -1422,10 +1429,27 @@ def timeline_sections(result: "SimulationResult", ranks: Sequence[int] | None = 
     return out
 
 
+# Full mode in lockstep draws every rank's rows up to this many (~100 MB of frames); beyond, it
+# draws the representatives, whose rows every rank of their pipeline rank has.
+LOCKSTEP_ROWS_DRAWN = 2_000_000
+
+
 def build_dashboard_html(result: "SimulationResult", cdn: bool = False, ranks: Sequence[int] | None = None) -> str:
     """The whole dashboard of one simulation as one HTML string (plotly.js inline unless ``cdn``).
 
     ``ranks`` picks the timeline's ranks (default: one representative per pipeline rank)."""
+    from simulator.engine.lockstep import LockstepTimeline
+
+    tl = result.timeline
+    if (ranks is None and isinstance(tl, LockstepTimeline)
+            and len(tl.representatives.events) * len(tl.ranks) / len(tl.representatives.ranks) > LOCKSTEP_ROWS_DRAWN):
+        # Full mode from ranks in lockstep, at scale: every rank of a pipeline rank has its
+        # representative's rows, so the views drawn from the representatives are those of every
+        # rank, without making tens of millions of rows first (1,024 GPUs, 128 microbatches:
+        # 49 M rows, 7 GB). Below the bound every rank is drawn, as full mode always was.
+        from dataclasses import replace
+
+        result = replace(result, timeline=tl.representatives)
     rep = result.report
     tl = result.timeline
     sections = [f'<div id="sec-cards">{summary_cards(rep)}</div>']

@@ -102,10 +102,11 @@ def action_rows(ev: pd.DataFrame) -> pd.DataFrame:
 
 
 def wait_rows(tl: "Timeline", ranks: Sequence[int]) -> pd.DataFrame | None:
-    w = getattr(tl, "waits", None)
+    from simulator.engine.lockstep import waits_of
+
+    w = waits_of(tl, ranks)
     if w is None or not len(w):
         return None
-    w = w[w["rank"].isin(ranks)]
     return pd.DataFrame({
         "rank": w["rank"].to_numpy(), "stream": "compute", "kind": ("wait " + w["cause"].astype(str)).to_numpy(),
         "name": ("wait " + w["cause"].astype(str) + ": " + w["what"].astype(str)).to_numpy(),
@@ -122,7 +123,9 @@ def perfetto_events(tl: "Timeline", ranks: Sequence[int] | None = None) -> list[
 
         raise UserError(f"ranks {unknown[:5]} were not simulated (simulated: {len(tl.ranks)} ranks, e.g. "
                         f"{sorted(tl.ranks)[:4]}): pick simulated ranks, or simulate with --mode full")
-    ev = tl.events[tl.events["rank"].isin(ranks)]
+    from simulator.engine.lockstep import events_of
+
+    ev = events_of(tl, ranks)  # (a lockstep timeline makes these ranks' rows only)
     extra = [action_rows(ev)]
     waits = wait_rows(tl, ranks)
     if waits is not None:
