@@ -102,14 +102,32 @@ def test_a_partial_node_runs_full_mode_on_every_rank():
     assert simulate(sc, "full").timeline.lockstep is None
 
 
+def test_an_oversubscribed_fabric_runs_full_mode_on_every_rank():
+    # 3:1 leaves: binding trunks make contention decide which flow finishes first, and the
+    # per-rank loop parts ranks of one pipeline rank; no shortcut there.
+    topo = load_topology("dgx-h100-fattree").model_dump(mode="json")
+    topo["fabric"].update(radix=48, leaf_oversubscription=3.0)
+    d = scenario("over", gpus=96, gbs=96, network="flow", parallelism={"tp": 8, "pp": 4, "zero": 1},
+                 cluster={"topology": topo})
+    sc = build_scenario(d)
+    net = make_network(sc, load_topology(sc.cluster.topology), load_profile(sc.cluster.gpu))
+    assert lockstep_blocker(net) == "an oversubscribed fabric (3:1): contended flows can part a pipeline rank's ranks"
+    assert simulate(sc, "full").timeline.lockstep is None
+
+
 class _Net:
-    """A network whose time depends on where a group sits: groups on GPUs 0-7 are fast."""
+    """A network of 8-GPU nodes on which a group inside one node is fast, one across nodes slow."""
 
     def __init__(self):
+        from types import SimpleNamespace
+
+        self.node = SimpleNamespace(gpus_per_node=8)
         self.started = []
 
     def collective_time_s(self, req):
-        return 1e-3 if int(np.asarray(req.groups).max()) < 8 else 2e-3
+        self.timed = getattr(self, "timed", 0) + 1
+        nodes = np.asarray(req.groups) // 8
+        return 1e-3 if (nodes == nodes[:, :1]).all() else 2e-3
 
     def start(self, env, req):
         self.started.append(req)
@@ -119,8 +137,9 @@ class _Net:
 def test_groups_the_network_treats_differently_stop_the_shortcut_before_they_run():
     net = _Net()
     check = LockstepCheck(net)
-    alike = CollectiveRequest(CollectiveOp.ALL_REDUCE, Dim.TP, np.array([[0, 1], [2, 3]]), 1e6)
-    assert check.start(None, alike) == "event" and net.started == [alike]
+    # two groups in the same place relative to their nodes: one is timed, it stands for both
+    alike = CollectiveRequest(CollectiveOp.ALL_REDUCE, Dim.TP, np.array([[0, 1], [8, 9]]), 1e6)
+    assert check.start(None, alike) == "event" and net.started == [alike] and net.timed == 1
     unlike = CollectiveRequest(CollectiveOp.ALL_REDUCE, Dim.DP, np.array([[0, 4], [6, 12]]), 2e6)
     with pytest.raises(NotLockstep, match=r"dp all_reduce of 2000000 B takes 1000.000 us on one group "
                                           r"and 2000.000 us on group \[6, 12\]"):
