@@ -137,19 +137,20 @@ def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: 
 def _lockstep_timeline(sc: Scenario, topo: TopologySpec, profile: Profile, prog, plan, net, contention: float):
     """Full mode from one simulated rank per pipeline rank, where the network is checked to treat
     every rank of a pipeline rank alike (``simulator.engine.lockstep``): (every rank's timeline,
-    the representatives' timeline, the network); (None, None, a fresh network) where it does not,
-    for the reference loop over every rank."""
+    the representatives' timeline, the network, None); (None, None, a fresh network, why not)
+    where it does not, for the reference loop over every rank."""
     from simulator.engine.lockstep import LockstepCheck, NotLockstep, expand_timeline, lockstep_blocker
 
-    if lockstep_blocker(net) is not None:
-        return None, None, net
+    why = lockstep_blocker(net)
+    if why is not None:
+        return None, None, net, why
     engine = Engine(prog, LockstepCheck(net), mode="reduced", plan=plan, sm_count=profile.compute.sm_count,
                     contention_scale=contention)
     try:
         tl = engine.run()
-    except NotLockstep:
-        return None, None, make_network(sc, topo, profile)  # the partial run used this one
-    return expand_timeline(tl, prog.mesh), tl, net
+    except NotLockstep as exc:
+        return None, None, make_network(sc, topo, profile), str(exc)  # the partial run used the network
+    return expand_timeline(tl, prog.mesh), tl, net, None
 
 
 def simulate_step(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None,
@@ -168,7 +169,7 @@ def _simulate_step(sc: Scenario, mode: Mode, progress: Callable[[str], None] | N
                    wait_log: list | None, fast_forward: bool, with_critical_path: bool = True) -> SimulationResult:
     profile = load_profile(sc.cluster.gpu)
     topo = load_topology(sc.cluster.topology)
-    tl = tl_reps = None
+    tl = tl_reps = not_lockstep = None
     plan = None
     sched = prog = None
     if fast_forward and mode == "reduced" and not sc.schedule_file and wait_log is None:
@@ -193,7 +194,7 @@ def _simulate_step(sc: Scenario, mode: Mode, progress: Callable[[str], None] | N
                      f"{plural(sched.num_microbatches, 'microbatch')} ({mode} mode)")
         contention = measured_excess_scale(profile.compute.overlap_fits, profile.compute.sm_count)
         if mode == "full" and wait_log is None:
-            tl, tl_reps, net = _lockstep_timeline(sc, topo, profile, prog, plan, net, contention)
+            tl, tl_reps, net, not_lockstep = _lockstep_timeline(sc, topo, profile, prog, plan, net, contention)
         if tl is None:
             engine = Engine(prog, net, mode="full" if mode == "every-rank" else mode, plan=plan,
                             sm_count=profile.compute.sm_count, contention_scale=contention)
@@ -207,4 +208,6 @@ def _simulate_step(sc: Scenario, mode: Mode, progress: Callable[[str], None] | N
     report = build_report(sc.name, prog, tl if tl_reps is None else tl_reps, mem, profile.compute.peak_tflops,
                           sc.cluster.gpus, with_critical_path=with_critical_path)
     report.mode, report.lockstep = tl.mode, tl.lockstep
+    if not_lockstep:
+        report.notes.append(f"full mode ran one process per rank, ranks in lockstep not simulated once: {not_lockstep}")
     return SimulationResult(sc, profile, topo, prog, tl, mem, report, plan)

@@ -90,8 +90,12 @@ def test_a_torus_runs_full_mode_on_every_rank():
     sc = build_scenario(d)
     net = make_network(sc, load_topology(sc.cluster.topology), load_profile(sc.cluster.gpu))
     assert "torus" in lockstep_blocker(net)
-    full = simulate(sc, "full").timeline
+    res = simulate(sc, "full")
+    full = res.timeline
     assert full.lockstep is None and full.num_events == simulate(sc, "every-rank").timeline.num_events
+    # and the report says why it took the long way
+    assert res.report.notes[-1] == ("full mode ran one process per rank, ranks in lockstep not simulated once: "
+                                    "a torus: dimension-ordered routes differ by position")
 
 
 def test_a_partial_node_runs_full_mode_on_every_rank():
