@@ -268,6 +268,12 @@ def simulate(
         raise UserError(f"scenario file {str(scenario)!r} does not exist: check the path, or omit it to run the default")
     if vpp is not None and layers_per_virtual_stage is not None:
         raise UserError("give --vpp or --num-layers-per-virtual-pipeline-stage, not both")
+    # Flags that cancel each other are refused, not ignored: the run would not do what one asked.
+    if no_dashboard and dashboard not in (None, _DASHBOARD_DEFAULT):
+        raise UserError(f"--dashboard {dashboard} and --no-dashboard ask for opposite things: give one")
+    if steady_fast_path and mode.value != "reduced":
+        raise UserError(f"--steady-fast-path replays reduced mode's steady period, not --mode {mode.value}: "
+                        "drop one of them")
 
     with progress("simulate", enabled=progress_wanted(as_json)) as phase:
         phase("loading the scenario")
@@ -468,6 +474,9 @@ def main() -> None:
         msg = " ".join(exc.format_message().split()).removeprefix("Value error, ").rstrip(".")
         _stderr(f"error: {msg.replace(': Value error, ', ': ')}{hint}")
         sys.exit(exc.exit_code)
+    if rv == 130:
+        # typer turns Ctrl-C into Exit(130), which a non-standalone app returns as a value: say it
+        _stderr("interrupted")
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

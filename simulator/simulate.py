@@ -201,6 +201,8 @@ def _simulate_step(sc: Scenario, mode: Mode, progress: Callable[[str], None] | N
             if wait_log is not None:
                 engine.wait_log = wait_log
             tl = engine.run()
+            if mode == "every-rank":
+                tl.mode = "every-rank"  # (the engine's full mode; said as asked, so outputs tell them apart)
     mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
     # A lockstep run's report is its representatives' (every rank of a pipeline rank has their
     # rows, so each mean and the critical path are the same; the walk over every rank's rows

@@ -38,7 +38,8 @@ def _files(folder: Path) -> dict[str, bytes]:
 def test_simulate_output_over_the_scenario_is_refused(tmp_path, tiny, flag):
     # Was exit 0, the scenario YAML replaced by the report / trace / dashboard.
     before = _files(tmp_path)
-    p = clustersim(["simulate", tiny.name, "--no-dashboard", flag, f"./{tiny.name}"], tmp_path)
+    no_dash = [] if flag == "--dashboard" else ["--no-dashboard"]  # (the two together are refused as such)
+    p = clustersim(["simulate", tiny.name, *no_dash, flag, f"./{tiny.name}"], tmp_path)
     assert_one_line_error(p, rf"^error: {flag} 'tiny\.yaml' would overwrite the scenario file this command reads: "
                              r"choose another path$")
     assert _files(tmp_path) == before
@@ -257,3 +258,15 @@ def test_capture_without_torch_says_how_to_install_it(tmp_path):
     assert_one_line_error(p, r'^error: capture runs real PyTorch, which is not installed here: '
                              r'pip install -e "\.\[capture\]" \(or pip install torch\)$')
     assert not (tmp_path / "traces").exists()
+
+
+@pytest.mark.parametrize("flags, pattern", [
+    (["--no-dashboard", "--dashboard", "x.html"], r"^error: --dashboard x\.html and --no-dashboard ask for opposite things: give one$"),
+    (["--mode", "full", "--steady-fast-path"], r"^error: --steady-fast-path replays reduced mode's steady period, not "
+                                               r"--mode full: drop one of them$"),
+])
+def test_flags_that_cancel_each_other_are_refused(tmp_path, tiny, flags, pattern):
+    # Were exit 0: no x.html written; fast_forward null without a word.
+    p = clustersim(["simulate", tiny, *flags], tmp_path)
+    assert_one_line_error(p, pattern)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["tiny.yaml"]

@@ -59,6 +59,7 @@ def test_full_mode_gives_every_rank_what_the_per_rank_loop_gives(case):
     a, b = full.timeline, ref.timeline
     pp = sc.parallelism.pp
     assert a.lockstep == {"simulated_ranks": pp, "ranks": sc.cluster.gpus} and b.lockstep is None
+    assert (a.mode, full.report.mode, b.mode, ref.report.mode) == ("full", "full", "every-rank", "every-rank")
     assert full.report.lockstep == a.lockstep
     # the work, not the world: a pipeline rank's events once, not once per rank of it
     assert a.num_events <= 1.01 * b.num_events * pp / sc.cluster.gpus

@@ -374,7 +374,7 @@ class FlowNetwork:
         # collectives is still max-min sharing of the links.
         self.nccl = nccl
         self._nccl_plans: dict[tuple, _RPlan] = {}
-        self._nccl_shapes: dict[bytes, tuple[int, int, int]] = {}
+        self._nccl_shapes: dict[bytes, list[tuple[int, int, int]]] = {}
         self._nccl_reqs: dict[int, tuple] = {}
         # id(request) -> (request, plan, bytes, isolated time): the engine reuses its request
         # objects, so what a start needs of one is looked up once (the entry keeps it alive)
@@ -475,11 +475,23 @@ class FlowNetwork:
             return None
         groups = req.groups if isinstance(req.groups, np.ndarray) else np.asarray(req.groups, dtype=np.int64)
         gk = self._groups_key(groups)
-        shape = self._nccl_shapes.get(gk)
-        if shape is None:
-            shape = self._nccl_shapes[gk] = self.nccl.shape(groups[0])
-        n, m, ppn = shape
-        return self.nccl.choose(req.op, float(req.size_bytes), n, m, ppn)
+        shapes = self._nccl_shapes.get(gk)
+        if shapes is None:
+            shapes = self._nccl_shapes[gk] = self._group_shapes(groups)
+        # Groups issued together end together (one coflow): the slowest shape sets the time. (A
+        # ring of send/recv pairs on 16 GPUs has pairs inside a node and pairs across nodes; the
+        # first pair alone priced it at NVLink speed.)
+        choices = [self.nccl.choose(req.op, float(req.size_bytes), n, m, ppn) for n, m, ppn in shapes]
+        return choices[0] if len(choices) == 1 else max(choices, key=lambda c: c.time_us)
+
+    def _group_shapes(self, groups: np.ndarray) -> list[tuple[int, int, int]]:
+        """The distinct (ranks, nodes, GPUs per node) of the groups, in order of first appearance."""
+        if groups.shape[0] == 1:
+            return [self.nccl.shape(groups[0])]
+        node = np.sort(groups // self.nccl.system.gpus_per_node, axis=1)
+        n_nodes = 1 + (np.diff(node, axis=1) != 0).sum(axis=1)
+        _, first = np.unique(n_nodes, return_index=True)
+        return [self.nccl.shape(groups[i]) for i in sorted(first.tolist())]
 
     def algorithm(self, req: CollectiveRequest) -> str:
         """The algorithm the fabric runs this collective with (at this size)."""

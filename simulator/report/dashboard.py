@@ -915,7 +915,10 @@ def memory_over_time(result: "SimulationResult") -> dict[int, tuple[np.ndarray, 
             t = np.concatenate([t, head["start"].to_numpy(), head["first_end"].to_numpy()])
             w = loss_gib * GIB
             d = np.concatenate([d, np.full(len(head), w), np.full(len(head), -w)])
-        order = np.lexsort((-d, t))  # at equal times allocate first (conservative, as the model)
+        # At equal times free first: a backward that ends as the next forward starts hands its
+        # activations over (the memory model counts the schedule's in-flight microbatches, not one
+        # more; allocating first drew pp 0 of the default scenario at 33.95 GiB against 31.16).
+        order = np.lexsort((d, t))
         t, d = t[order], d[order]
         held = np.cumsum(d) / GIB
         out[pp] = (np.concatenate([[0.0], t, [tl.step_time_s]]),
@@ -1465,8 +1468,12 @@ def build_dashboard_html(result: "SimulationResult", cdn: bool = False, ranks: S
                               "and the critical path by cause.", anchor="sec-breakdown"))
     sections += timeline_sections(result, ranks)
     sim_ranks = len(tl.ranks)
+    lock = rep.lockstep if tl.mode == "reduced" and rep.mode == "full" else None
     hm_cap = ("Share of each time bin that a rank's stream is busy. "
-              + ("Reduced mode: each row is one pipeline rank and stands for all its replicas."
+              + (f"Full mode, ranks in lockstep: each row is one pipeline rank, whose "
+                 f"{lock['ranks'] // max(1, lock['simulated_ranks']):,} ranks all have these rows (drawn from one "
+                 f"rank each beyond {LOCKSTEP_ROWS_DRAWN:,} rows)." if lock else
+                 "Reduced mode: each row is one pipeline rank and stands for all its replicas."
                  if tl.mode == "reduced" else
                  f"Full mode: {sim_ranks:,} ranks" + (", consecutive ranks averaged per row" if sim_ranks > MAX_HEATMAP_ROWS else "")
                  + ".") + " The buttons switch between compute and each communication dimension.")
