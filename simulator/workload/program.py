@@ -192,25 +192,33 @@ def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int
     compute, comms, layers, labels, grads, flops, egrads = [], [], [], [], [], [], []
     host = host or {}
     acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
-    first = None
+    first = last = None
+
+    def named(fallback: str) -> str:
+        # A segment is named after the ops it merged: the first, or first…last (Perfetto and the
+        # op view showed "qkv_proj" for qkv, attention and the output projection together).
+        if first is None:
+            return fallback
+        return first if last in (None, first) else f"{first}…{last}"
+
     last_layer = ops[0][1] if ops else 0
     for op, layer in ops:
         if layer != last_layer and (acc_t > 0 or acc_g > 0 or acc_e > 0) and first is not None:
             # A layer boundary closes a segment: FSDP units, gradient buckets and the timeline
             # all work per layer.
             compute.append(max(acc_t, acc_h)); comms.append(None); layers.append(last_layer)
-            labels.append(first); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
+            labels.append(named(first)); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
             acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
-            first = None
+            first = last = None
         last_layer = layer
         if op.comm is not None:
             if op.comm.op == "identity_ar":
                 continue
             acc_h += host.get(id(op), 0.0)
             compute.append(max(acc_t, acc_h)); comms.append(op.comm); layers.append(layer)
-            labels.append(first or op.name); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
+            labels.append(named(op.name)); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
             acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
-            first = None
+            first = last = None
             continue
         acc_t += times[id(op)]
         acc_h += host.get(id(op), 0.0)
@@ -221,9 +229,10 @@ def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int
             else:
                 acc_g += op.params * grad_bytes_per_param
         first = first or op.name
+        last = op.name
     if acc_t > 0 or not compute:
         compute.append(max(acc_t, acc_h)); comms.append(None); layers.append(last_layer)
-        labels.append(first or "compute"); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
+        labels.append(named("compute")); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
     return Segments(np.array(compute), comms, np.array(layers), labels, np.array(grads), np.array(flops), np.array(egrads))
 
 
