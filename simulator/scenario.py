@@ -871,11 +871,13 @@ def _check_inert_overrides(sc: Scenario, overrides: dict[str, Any] | None) -> No
     gpu = sc.cluster.gpu
     if keys and isinstance(gpu, Profile) and gpu.compute.kernels is not None:
         key = keys[0]
-        rest = key[len(prefix):].split(".")
-        hint = {"peak_efficiency": "kernels.gemm_efficiency.bf16" if rest[0] == "gemm" else
-                ("kernels.attention_efficiency" if rest[0] == "attention" else "kernels.gemm_efficiency.bf16"),
-                "bandwidth_efficiency": f"kernels.mem_efficiency.{rest[0] if rest[0] != 'gemm' else 'default'}"}.get(
-            rest[-1], "kernels.gemm_efficiency.bf16")
+        cls, field = key[len(prefix):].split(".")[0], key.rsplit(".", 1)[-1]
+        if field == "bandwidth_efficiency":
+            hint = f"kernels.mem_efficiency.{'default' if cls == 'gemm' else cls}"
+        elif cls == "attention":
+            hint = "kernels.attention_efficiency"
+        else:
+            hint = "kernels.gemm_efficiency.bf16"
         raise UserError(f"--set {key}: profile {gpu.name.split(' with ')[0]!r} times kernels by shape (compute.kernels) and does not read "
                         f"its class curves: set cluster.gpu.compute.{hint} instead")
 

@@ -8,17 +8,19 @@ learn from simulating the others. That is reduced mode's premise; here it is *ch
 mode's output (every rank's rows, waits and accumulators) is then the reduced run's, given to
 each rank of the pipeline rank, with its own peers named.
 
-The check (``LockstepCheck``): reduced mode issues one request for all the groups of a pipeline
+The checks. Statically (``lockstep_blocker``), the fabric's shape: not a torus (dimension-ordered
+routes are not the same from every position), no oversubscription (where trunks bind, contention
+decides which flow ends first, and the per-rank loop itself parts ranks of one pipeline rank),
+whole nodes, leaves and pods of equal size, every node's NICs on the leaves in the same way. At
+run time (``LockstepCheck``): reduced mode issues one request for all the groups of a pipeline
 rank (they start together); the first time each request is issued, every group's collective time
 alone on the network (``collective_time_s``) must be the same. A group that spans another level
-of the fabric, a partial node, a PCIe-only hop or a different NIC count makes it differ, and the
-run falls back to one process per rank (``Engine(mode="full")``, the reference). Contention
-between groups is symmetric only on a fabric whose parts are alike, so the fabric's shape is
-checked first (``lockstep_blocker``): a torus (dimension-ordered routes are not the same from
-every position), nodes, leaves or pods of unequal size send full mode to the reference loop too.
+of the fabric, a PCIe-only hop or a different NIC count makes it differ, and the run falls back
+to one process per rank (``Engine(mode="full")``, the reference, ``--mode every-rank``).
 
-``tests/test_lockstep.py`` compares the rows, waits and accumulators with the reference loop's,
-value for value, on symmetric scenarios of every parallelism, and checks the fall-backs.
+``tests/test_lockstep.py`` compares the rows, waits and accumulators with the reference loop's
+(to float summation order) on symmetric scenarios of several parallelisms, and checks the
+fall-backs. The guards are conservative; the equality is shown on the cases tested, not proven.
 """
 
 from __future__ import annotations
@@ -259,6 +261,13 @@ class LockstepTimeline(Timeline):
         if self.representatives.waits is None:
             return None
         return self._widen.waits(self.representatives.waits, np.asarray(sorted(ranks), dtype=np.int64))
+
+
+def drawn_from(tl: Timeline) -> Timeline:
+    """The timeline a view over every rank can be drawn from: a lockstep timeline's
+    representatives (every rank of their pipeline rank has their rows, and every pipeline rank
+    as many ranks, so per-stage series and means over ranks are theirs), else the timeline."""
+    return tl.representatives if isinstance(tl, LockstepTimeline) else tl
 
 
 def events_of(tl: Timeline, ranks) -> pd.DataFrame:

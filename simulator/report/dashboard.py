@@ -886,11 +886,9 @@ def memory_over_time(result: "SimulationResult") -> dict[int, tuple[np.ndarray, 
     working set (torchtitan) is held through the first segment of each backward of the last stage."""
     from simulator.workload.memory import GIB
 
-    from simulator.engine.lockstep import LockstepTimeline
+    from simulator.engine.lockstep import drawn_from
 
-    rep, tl = result.report, result.timeline
-    if isinstance(tl, LockstepTimeline):
-        tl = tl.representatives  # (the first rank of each pipeline rank has its rows)
+    rep, tl = result.report, drawn_from(result.timeline)
     stage_bytes = stage_activation_bytes(result)
     ev = tl.events[tl.events["stream"] == "compute"]
     reps = {}
@@ -955,12 +953,10 @@ def comm_rate_series(result: "SimulationResult", bins: int = 300) -> dict[str, t
     """Per dimension: (bin centres s, GB/s one GPU puts on the wire, tier). Bus bytes of each
     communication row (nccl-tests convention) spread evenly over its span; the tier is NVLink when a
     group of that dimension sits inside one node, else scale-out. From the timeline, not the fabric."""
-    from simulator.engine.lockstep import LockstepTimeline
+    from simulator.engine.lockstep import drawn_from
     from simulator.network.base import bus_factor
 
-    tl = result.timeline
-    if isinstance(tl, LockstepTimeline):
-        tl = tl.representatives  # the mean over every rank is the mean over them (classes of equal size)
+    tl = drawn_from(result.timeline)
     ev = tl.events[tl.events["stream"] != "compute"]
     out: dict[str, tuple[np.ndarray, np.ndarray, str]] = {}
     if ev.empty:
