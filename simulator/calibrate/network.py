@@ -24,7 +24,7 @@ class FittedNetwork:
         self.gpus_per_node = gpus_per_node
         self.used: dict[tuple, int] = {}  # (op, n, tier) -> calls timed by a curve
 
-    def _fit(self, req: CollectiveRequest):
+    def _fit(self, req: CollectiveRequest, count: bool = True):
         if not self.comm.collectives or req.group_size <= 1 or req.size_bytes <= 0:
             return None
         if getattr(self.comm, "nccl", None) is not None:
@@ -33,7 +33,7 @@ class FittedNetwork:
         tier = "intra" if len(np.unique(g // self.gpus_per_node)) == 1 else "inter"
         op = req.op
         fit = self.comm.collective_fit(op, req.group_size, tier)
-        if fit is not None:
+        if fit is not None and count:
             self.used[(op, req.group_size, tier)] = self.used.get((op, req.group_size, tier), 0) + 1
         return fit
 
@@ -48,6 +48,18 @@ class FittedNetwork:
         if fit is None:
             return self.base.start(env, req)
         return env.timeout(float(fit.time_us(req.size_bytes)) * 1e-6)
+
+    # Defined here, not forwarded by __getattr__: a collective timed by its curve holds no links.
+    def links_of(self, req: CollectiveRequest):
+        if self._fit(req, count=False) is not None:
+            return None
+        return self.base.links_of(req)
+
+    def run_closed_form(self, env: simpy.Environment, req: CollectiveRequest, t0_s: float) -> float | None:
+        fit = self._fit(req)
+        if fit is None:
+            return self.base.run_closed_form(env, req, t0_s)
+        return float(fit.time_us(req.size_bytes)) * 1e-6
 
     def __getattr__(self, name: str):
         # link_report and friends come from the wrapped network.

@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from array import array
 from collections import defaultdict, deque
+from functools import partial
 from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Literal
@@ -192,6 +193,14 @@ _STR = pd.Series(["x"]).dtype
 
 
 class Engine:
+    # Closed-form stretches (``_replay``): a rank whose streams are idle runs its compute segments
+    # and its closed-form collectives (``_closed_form_requests``) ahead of the event loop, on its
+    # own clock, and meets the loop again at its next interaction (a receipt, a send, an
+    # asynchronous collective, a wait, a shared collective). Nothing outside the rank can change
+    # those durations (no SMs taken, no link shared), so the times are the ones the loop would
+    # give, addition for addition; the events saved are the loop's, not the timeline's rows.
+    run_ahead = True
+
     def __init__(self, program: Program, network: Network, mode: Mode = "reduced", plan: Plan | None = None,
                  sm_count: int | None = None, contention_scale: float = 1.0, core: Core = "lean"):
         """``core``: the event loop (``Core``); both give the same timeline.
@@ -351,6 +360,10 @@ class Engine:
         self._w_issued, self._w_src = array("d"), array("q")
         self._codes_of_plan: dict[int, list[int]] = {}
 
+        # id(request) -> request, for the blocking collectives that may run in closed form
+        self._plan_uses_of: dict[int, tuple] = {}
+        self._closed: dict[int, CollectiveRequest] = self._closed_form_requests() if self.run_ahead else {}
+        self._joins_next_of: dict = {}
         streams_of = [rp.streams for rp in self.plan.ranks]
         self.stores: dict[tuple[int, str], _Queue] = {}
         self._in_place: dict[tuple[int, Stream], simpy.Event] = {}  # last transfer started in place (_start_copy)
@@ -396,6 +409,75 @@ class Engine:
             waits=waits,
             end_time_s=dict(self.end_time),
         )
+
+    def _closed_form_requests(self) -> dict[int, CollectiveRequest]:
+        """The blocking collectives whose time nothing else can change while their rank's streams
+        are idle, by request id: issued by one simulated rank alone (no rendezvous) from its
+        compute stream, on links no other simulated rank ever puts bytes on. (The rank's own
+        other streams may use them: ``_replay`` runs such a collective in closed form only while
+        those are idle, and they stay idle until the rank issues work.) Found from every request
+        the plans will issue, before the loop: which links whose requests touch, no policy."""
+        net = self.net
+        if not (hasattr(type(net), "links_of") and hasattr(type(net), "run_closed_form")):
+            return {}
+        uses: dict[tuple[int, int], CollectiveRequest] = {}  # (issuing rank, id(req)) -> req
+        blocking: dict[int, CollectiveRequest] = {}
+        for r in self.ranks:
+            colls, sends = self._plan_uses(self.plan.ranks[int(self._pp_of[r])])
+            for alone, steps in colls:
+                for dim, op, size_bytes in steps:
+                    req, gkey = self._request(dim, op, size_bytes, r)
+                    uses[(r, id(req))] = req
+                    if alone and int(self.simulated[self._groups[dim][gkey[1]]].sum()) == 1:
+                        blocking[id(req)] = req
+            for dst_pp, size_bytes, gather_bytes in sends:
+                dst = self._peer(r, dst_pp)
+                req = self._p2p_request(r, dst, size_bytes)
+                uses[(r, id(req))] = req
+                if gather_bytes > 0:
+                    req, _ = self._request(Dim.TP, CollectiveOp.ALL_GATHER, gather_bytes, dst)
+                    uses[(r, id(req))] = req
+        if not blocking:
+            return {}
+        try:
+            links = {rid: net.links_of(req) for (_, rid), req in uses.items()}
+        except AttributeError:  # a wrapped network without them
+            return {}
+        link_ids, issuers = [], []
+        for r, rid in uses:
+            ids = links[rid]
+            if ids is not None and ids.size:
+                link_ids.append(np.asarray(ids, dtype=np.int64))
+                issuers.append(np.full(ids.size, r, dtype=np.int64))
+        shared = np.zeros(0, dtype=np.int64)
+        if link_ids:
+            pairs = np.unique(np.stack([np.concatenate(link_ids), np.concatenate(issuers)]), axis=1)
+            lk, n = np.unique(pairs[0], return_counts=True)
+            shared = lk[n > 1]
+        out = {}
+        for rid, req in blocking.items():
+            ids = links[rid]
+            if ids is None or not np.isin(ids, shared).any():
+                out[rid] = req
+        return out
+
+    def _plan_uses(self, rp) -> tuple[list[tuple[bool, tuple]], list[tuple]]:
+        """A pipeline rank's plan as the network sees it, once per plan: its distinct collectives
+        as (blocking with one step, steps), and its distinct sends as (destination pipeline rank,
+        bytes, gathered bytes)."""
+        hit = self._plan_uses_of.get(id(rp))
+        if hit is None:
+            colls: dict[tuple, None] = {}
+            sends: dict[tuple, None] = {}
+            for ins in rp.instrs:
+                t = type(ins)
+                if t is Collective:
+                    colls[(ins.handle < 0 and len(ins.steps) == 1, tuple(ins.steps))] = None
+                elif t is Complete:
+                    for send in ins.sends:
+                        sends[(send.dst_pp, send.size_bytes, send.gather_bytes)] = None
+            hit = self._plan_uses_of[id(rp)] = (list(colls), list(sends))
+        return hit
 
     def _take_sms(self, rank: int, ctas: int) -> None:
         """NCCL kernels of ``rank`` take (ctas > 0) or release SMs; a compute segment running
@@ -513,6 +595,38 @@ class Engine:
             f = self._wire_factor[fkey] = bus_factor(op, self._groups[dim].shape[1])
         self.comm_bytes[rank][BASE_DIM[dim]] += f * size_bytes
         return req, gkey
+
+    def _joins_next(self, rp, rank: int) -> list[bool]:
+        """Per plan instruction: may the next one run in the same closed-form stretch (a compute
+        segment, or a blocking collective in ``self._closed``)? A stretch that cannot outlast
+        its first segment would save no event, so ``_replay`` starts one only where this holds."""
+        closed = self._closed
+        key = id(rp) if not closed else (id(rp), rank)  # (requests are per rank only where some are closed)
+        hit = self._joins_next_of.get(key)
+        if hit is None:
+            closed_step: dict[tuple, bool] = {}
+            for alone, steps in self._plan_uses(rp)[0]:
+                if alone and closed:
+                    req, _ = self._request(*steps[0], rank)
+                    closed_step[steps[0]] = closed.get(id(req)) is req
+            j = [t is Compute or (t is Collective and ins.handle < 0 and len(ins.steps) == 1
+                                  and closed_step.get(ins.steps[0], False))
+                 for ins in rp.instrs for t in (type(ins),)]
+            hit = self._joins_next_of[key] = j[1:] + [False]
+        return hit
+
+    def _closed_request(self, rank: int, step: tuple, closed: dict) -> tuple | None:
+        """(request, base dim, bytes on the wire) of a blocking collective that may run in closed
+        form (``closed``: ``_closed_form_requests``), else None. The bytes are counted as
+        ``_collective`` counts them."""
+        dim, op, size_bytes = step
+        req, _ = self._request(dim, op, size_bytes, rank)
+        if closed.get(id(req)) is not req:
+            return None
+        f = self._wire_factor.get((dim, op))
+        if f is None:
+            f = self._wire_factor[(dim, op)] = bus_factor(op, self._groups[dim].shape[1])
+        return req, BASE_DIM[dim], f * size_bytes
 
     def _collective(self, rank: int, dim: str, op: str, size_bytes: float):
         """Rendezvous with the group's simulated members, then run the collective."""
@@ -707,22 +821,47 @@ class Engine:
         marks = None if self.action_marks is None else self.action_marks.setdefault(rank, {})
         comm_bytes = self.comm_bytes[rank]
         sms_taken, sm_count, timeout = self.sms_taken, self.sm_count, self._delay
+        wake_at = lean_events.At if self.core == "lean" else partial(lean_events.simpy_wake_at, env)
         busy_s = 0.0  # this rank's compute seconds so far (kept local: added per segment; stored at the end)
         ci = 0
         base_dim_of = BASE_DIM
-        for ins, code, wcode in zip(rp.instrs, codes, wait_codes):
+        # Closed-form stretch (Engine.run_ahead): while ``ahead``, this rank's clock is ``lt``
+        # (>= env.now), its streams are idle and it holds no SMs; it syncs (one delay) before
+        # anything that meets the rest of the simulation.
+        run_ahead = self.run_ahead
+        closed = self._closed
+        closed_of: dict[tuple, tuple | None] = {}  # (dim, op, bytes) -> (request, base dim, wire bytes), or None
+        net = self.net
+        ahead = False
+        lt = 0.0
+        joins_next = self._joins_next(rp, rank) if run_ahead else None
+        for ii, (ins, code, wcode) in enumerate(zip(rp.instrs, codes, wait_codes)):
             t = type(ins)
             if t is Compute:
-                t0 = env.now
                 if marks is not None:
                     mk = (ins.stage, ins.kind, ins.microbatch)
                     if mk not in marks:
-                        marks[mk] = (t0, busy_s, tuple(exposed.values()), tuple(comm_bytes.values()),
+                        if ahead:  # (the steady-state check reads marks against the loop's clock)
+                            yield wake_at(lt)
+                            ahead = False
+                        marks[mk] = (env.now, busy_s, tuple(exposed.values()), tuple(comm_bytes.values()),
                                      self.contention[rank])
                 seconds = ins.seconds
                 if factor is not None:
                     seconds *= float(factor[ci])
                     ci += 1
+                if ahead or (run_ahead and joins_next[ii] and not sms_taken[rank] and not any(outstanding.values())):
+                    # No SMs taken and none can be before this rank issues work: the segment's
+                    # time is its own, run on the rank's clock.
+                    t0 = lt if ahead else env.now
+                    lt = t0 + seconds
+                    ahead = True
+                    if ins.counted:
+                        self.n_events += 1
+                    busy_s += seconds
+                    row_code(code); row_rank(rank); row_t0(t0); row_t1(lt)
+                    continue
+                t0 = env.now
                 if sms_taken[rank] and sm_count:
                     # Overlapped with communication kernels: fewer SMs while they hold theirs,
                     # and only then (_contended_compute).
@@ -733,7 +872,30 @@ class Engine:
                     self.n_events += 1
                 busy_s += seconds
                 row_code(code); row_rank(rank); row_t0(t0); row_t1(env.now)
-            elif t is Collective:
+                continue
+            if t is Collective and ins.handle < 0 and closed and (ahead or not sms_taken[rank]):
+                step = ins.steps[0]
+                hit = closed_of.get(step, False)
+                if hit is False:
+                    hit = closed_of[step] = self._closed_request(rank, step, closed) if len(ins.steps) == 1 else None
+                if hit is not None and (ahead or not any(outstanding.values())):
+                    req, base_dim, wire_bytes = hit
+                    t0 = lt if ahead else env.now
+                    dur = net.run_closed_form(env, req, t0)
+                    if dur is not None:
+                        comm_bytes[base_dim] += wire_bytes
+                        lt = t0 + dur
+                        ahead = True
+                        self.n_events += 2
+                        row_code(code); row_rank(rank); row_t0(t0); row_t1(lt)
+                        exposed[base_dim] += lt - t0
+                        if lt > t0:
+                            w_code(wcode); w_rank(rank); w_t0(t0); w_t1(lt); w_issued(t0); w_src(-1)
+                        continue
+            if ahead:
+                yield wake_at(lt)
+                ahead = False
+            if t is Collective:
                 if ins.handle >= 0:
                     if ins.ctas == 0 and not outstanding[ins.stream] and len(ins.steps) == 1:
                         handles[ins.handle] = self._start_copy(rank, ins, code)
@@ -797,6 +959,8 @@ class Engine:
                     self._issue(rank, send.stream, (send, dst, key, ins.microbatch, ins.stage, ins.kind), P2P_CTAS)
             else:  # pragma: no cover - a plan only holds the instruction types above
                 raise TypeError(f"unknown plan instruction {ins!r}")
+        if ahead:
+            yield wake_at(lt)
         self.busy[rank] = busy_s
         self.finished.add(rank)
         self.end_time[rank] = env.now

@@ -182,9 +182,30 @@ def _poke(item: _Poke) -> None:
         wake.succeed()
 
 
+class At(float):
+    """What a process yields to wake at this absolute time (>= now): ``now + (t - now)`` can
+    land an ulp off ``t``, and a rank that ran ahead on its own clock must meet the loop at the
+    clock its rows were written with (``Engine.run_ahead``)."""
+
+    __slots__ = ()
+
+
+def simpy_wake_at(env, t: float):
+    """SimPy's counterpart of yielding ``At(t)``: an event processed at ``t`` exactly, in the
+    order an entry scheduled now at ``t`` would take. (SimPy only schedules by delay; its queue
+    entry ``(time, priority, id, event)`` is written here as ``Environment.schedule`` writes it.)"""
+    import simpy
+
+    ev = simpy.Event(env)
+    ev._ok = True
+    ev._value = None
+    heappush(env._queue, (t, NORMAL, next(env._eid), ev))
+    return ev
+
+
 class Process:
-    """A generator resumed with the value of what it yielded: an event (when processed) or a
-    delay in seconds (when it has passed)."""
+    """A generator resumed with the value of what it yielded: an event (when processed), a
+    delay in seconds (when it has passed), or ``At(t)`` (at ``t``)."""
 
     __slots__ = ("env", "_send", "_resume")
 
@@ -208,6 +229,9 @@ class Process:
                 return
             if got.__class__ is float:
                 env._push(env.now + got, self)
+                return
+            if got.__class__ is At:
+                env._push(float(got), self)
                 return
             try:
                 cbs = got.callbacks

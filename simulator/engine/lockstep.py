@@ -97,6 +97,16 @@ class LockstepCheck:
             self._checked[id(req)] = req
         return self.net.start(env, req)
 
+    # Defined here, not forwarded by __getattr__: a collective run in closed form is checked too.
+    def links_of(self, req: CollectiveRequest):
+        return self.net.links_of(req)
+
+    def run_closed_form(self, env, req: CollectiveRequest, t0_s: float):
+        if id(req) not in self._checked:
+            self._check(req)
+            self._checked[id(req)] = req
+        return self.net.run_closed_form(env, req, t0_s)
+
     def _shapes(self, groups: np.ndarray) -> np.ndarray:
         """Per group, what its time on the network depends on: each member's GPU index in its node
         and which members share a node, a leaf and a pod (each member labelled by the first member

@@ -99,6 +99,12 @@ class TierNetwork:
     def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
         return env.timeout(self.collective_time_s(req))
 
+    def links_of(self, req: CollectiveRequest) -> None:
+        return None  # no shared links: every collective takes its isolated time
+
+    def run_closed_form(self, env: simpy.Environment, req: CollectiveRequest, t0_s: float) -> float:
+        return self.collective_time_s(req)
+
 
 class IdealNetwork:
     """Communication that takes no time: for checking schedules against closed-form bubbles."""
@@ -108,3 +114,9 @@ class IdealNetwork:
 
     def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
         return env.timeout(0.0)
+
+    def links_of(self, req: CollectiveRequest) -> None:
+        return None
+
+    def run_closed_form(self, env: simpy.Environment, req: CollectiveRequest, t0_s: float) -> float:
+        return 0.0

@@ -46,3 +46,15 @@ class Network(Protocol):
 
     def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
         """An event that fires when the collective completes, with contention if modelled."""
+
+    # Optional, both or neither (the engine's closed-form collectives, ``Engine._closed_form_requests``;
+    # a wrapper must define them itself, not forward them through ``__getattr__``):
+    #
+    # def links_of(self, req) -> np.ndarray | None:
+    #     """The link ids the collective puts bytes on; None: it holds no shared link, so nothing
+    #     else changes its time."""
+    #
+    # def run_closed_form(self, env, req, t0_s: float) -> float | None:
+    #     """Account the collective as run alone from ``t0_s`` (now or later; the caller has shown
+    #     that no one else uses its links) and return its time, with no event; None: run it with
+    #     ``start`` instead."""

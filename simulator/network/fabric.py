@@ -641,6 +641,47 @@ class FlowNetwork:
             return choice.time_us * 1e-6
         return self.plan_for(req).time_s(float(req.size_bytes))
 
+    def links_of(self, req: CollectiveRequest) -> np.ndarray | None:
+        """The link ids the collective puts bytes on (the engine's exclusivity analysis)."""
+        hit = self._req_plans.get(id(req))
+        if hit is None or hit[0] is not req:
+            hit = self._resolve(req)
+        return hit[1].links
+
+    def run_closed_form(self, env: simpy.Environment, req: CollectiveRequest, t0_s: float) -> float | None:
+        """Account the collective as run alone from ``t0_s`` (now or later) and return its time,
+        with no event: what ``start``'s fast path does for a collective on idle links that no
+        other starts on before it ends. The caller guarantees that: no other issuer ever puts
+        bytes on these links (``links_of``). None where the fast path is off (``start`` then)."""
+        if not self.fast_path:
+            return None
+        if env is not self._env:
+            self._reset_dynamic(env)
+        hit = self._req_plans.get(id(req))
+        if hit is None or hit[0] is not req:
+            hit = self._resolve(req)
+        _, plan, size, time_s, adds = hit
+        if plan.bits & (self._virt_bits | self._real_bits):
+            raise RuntimeError(f"{req.dim} {req.op} run in closed form on links another collective holds")
+        stats = self.stats
+        stats.collectives += 1
+        stats.fast_path += 1
+        if self._t_first is None or t0_s < self._t_first:
+            self._t_first = t0_s
+        log = self._bytes_log
+        if adds is not None:
+            log.extend(adds)
+        else:
+            for ph in plan.phases:
+                log.append((ph.link_ids, size * ph.link_coef))
+        self._bytes_log_n += plan.n_link_values
+        if self._bytes_log_n >= _BYTES_LOG_MAX:
+            self._flush_bytes()
+        t1 = t0_s + time_s
+        if t1 > self._t_end:
+            self._t_end = t1
+        return time_s
+
     def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
         if env is not self._env:
             self._reset_dynamic(env)
@@ -651,7 +692,7 @@ class FlowNetwork:
         now = env.now
         stats = self.stats
         stats.collectives += 1
-        if self._t_first is None:
+        if self._t_first is None or now < self._t_first:  # (a collective run in closed form may have set a later one)
             self._t_first = now
         bits = plan.bits
         if self.fast_path and not (bits & self._virt_bits or bits & self._real_bits):

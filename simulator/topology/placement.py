@@ -222,5 +222,12 @@ class PlacedNetwork:
     def start(self, env, req):
         return self.base.start(env, self._map(req))
 
+    # Defined here, not forwarded by __getattr__: the wrapped network names GPUs, not ranks.
+    def links_of(self, req):
+        return self.base.links_of(self._map(req))
+
+    def run_closed_form(self, env, req, t0_s: float):
+        return self.base.run_closed_form(env, self._map(req), t0_s)
+
     def __getattr__(self, name: str):
         return getattr(self.base, name)

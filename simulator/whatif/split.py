@@ -117,6 +117,10 @@ class SplitEngine(Engine):
     x its isolated time later.
     """
 
+    # Kept on the event loop step by step: split mode is checked against the per-rank loop as it
+    # stood (tests/test_whatif.py), and its rendezvous and jitter sit in ``_collective``.
+    run_ahead = False
+
     def __init__(self, program: Program, network, plan: Plan, classes: Classes, collective_jitter=None,
                  sm_count: int | None = None):
         super().__init__(program, network, mode="reduced", plan=plan, sm_count=sm_count)

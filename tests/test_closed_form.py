@@ -1,0 +1,170 @@
+"""Closed-form stretches (``Engine.run_ahead``): a rank whose streams are idle runs its compute
+segments and its unshared blocking collectives on its own clock and meets the event loop at its
+next interaction. The timeline must be the event loop's, value for value; only the heap entries
+it took to get there change."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import simpy
+
+from simulator.engine import events
+from simulator.engine.core import Engine
+from simulator.network.base import CollectiveRequest
+from simulator.profile import load_profile
+from simulator.scenario import build_scenario
+from simulator.simulate import make_network, resolve_schedule
+from simulator.topology.spec import load_topology
+from simulator.vocabulary import CollectiveOp, Dim
+from simulator.workload.plan import build_plan
+from simulator.workload.program import build_program
+
+_BATCH = {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048}
+_H100 = {"gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}
+
+SCENARIOS = {
+    # TP + SP with overlapped all-gathers and ZeRO-1 on the flow network (the default's shape)
+    "tp-sp-zero1": ({"name": "a", "model": "llama3-8b",
+                     "parallelism": {"tp": 4, "pp": 2, "zero": 1, "sequence_parallel": True},
+                     "batch": _BATCH, "cluster": {"gpus": 16, **_H100}}, "reduced"),
+    # TP without SP, interleaved, on the alpha-beta network (no shared links at all)
+    "tp-alpha-beta": ({"name": "b", "model": "llama3-8b", "parallelism": {"tp": 2, "pp": 2, "vpp": 2},
+                       "schedule": "interleaved-1f1b", "network": "alpha-beta",
+                       "batch": _BATCH, "cluster": {"gpus": 8, **_H100}}, "reduced"),
+    # Megatron 2021's scatter/gather: the receiver's TP all-gather shares the TP all-reduce's links
+    "scatter-gather": ({"name": "c", "model": {"name": "gpt-h2048-l8", "num_layers": 8, "hidden_size": 2048,
+                                               "ffn_hidden_size": 8192, "num_attention_heads": 16,
+                                               "vocab_size": 50304, "mlp": "gelu", "tied_embeddings": True,
+                                               "learned_position_embeddings": True,
+                                               "max_position_embeddings": 2048},
+                        "parallelism": {"tp": 8, "pp": 2, "pp_scatter_gather": True, "sequence_parallel": False},
+                        "framework": "megatron-2021", "batch": _BATCH,
+                        "cluster": {"gpus": 16, "gpu": "a100-sxm-80gb", "topology": "dgx-a100-fattree"}}, "reduced"),
+    # FSDP across nodes: asynchronous gathers and reduce-scatters around every segment
+    "fsdp": ({"name": "d", "model": "llama3-8b", "parallelism": {"zero": 3},
+              "batch": {**_BATCH, "global_batch_size": 16}, "cluster": {"gpus": 16, **_H100}}, "reduced"),
+    # the per-rank loop: rendezvous everywhere, compute segments only
+    "every-rank": ({"name": "e", "model": "llama3-8b", "parallelism": {"tp": 2, "pp": 2, "zero": 1},
+                    "batch": _BATCH, "cluster": {"gpus": 8, **_H100}}, "full"),
+}
+
+
+def _engine(d: dict, mode: str, run_ahead: bool, core: str = "lean") -> Engine:
+    sc = build_scenario(d)
+    profile = load_profile(sc.cluster.gpu)
+    topo = load_topology(sc.cluster.topology)
+    prog = build_program(sc, profile, resolve_schedule(sc))
+    eng = Engine(prog, make_network(sc, topo, profile), mode=mode, plan=build_plan(prog),
+                 sm_count=profile.compute.sm_count, core=core)
+    eng.run_ahead = run_ahead
+    return eng
+
+
+def _rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows as a set: a rank that ran ahead writes its rows before the loop reaches them."""
+    df = df.copy()
+    for c in df.columns:
+        if isinstance(df[c].dtype, pd.CategoricalDtype):
+            df[c] = df[c].astype(str)
+    return df.sort_values(list(df.columns), kind="mergesort").reset_index(drop=True)
+
+
+def _counted_run(eng: Engine, monkeypatch) -> tuple:
+    fired = [0]
+    fire = events.Environment._fire
+
+    def counting(self, item):
+        fired[0] += 1
+        return fire(self, item)
+
+    with monkeypatch.context() as m:
+        m.setattr(events.Environment, "_fire", counting)
+        tl = eng.run()
+    return tl, fired[0]
+
+
+@pytest.mark.parametrize("case", sorted(SCENARIOS))
+def test_closed_form_stretches_give_the_event_loops_timeline(case, monkeypatch):
+    d, mode = SCENARIOS[case]
+    ahead_eng, plain_eng = _engine(d, mode, True), _engine(d, mode, False)
+    ahead, fired_ahead = _counted_run(ahead_eng, monkeypatch)
+    plain, fired_plain = _counted_run(plain_eng, monkeypatch)
+    assert len(plain.events) > 20
+    assert ahead.step_time_s == plain.step_time_s
+    pd.testing.assert_frame_equal(_rows(ahead.events), _rows(plain.events), check_exact=True)
+    pd.testing.assert_frame_equal(_rows(ahead.waits), _rows(plain.waits), check_exact=True)
+    assert ahead.busy_compute_s == plain.busy_compute_s
+    assert ahead.exposed_s == plain.exposed_s and ahead.comm_bytes == plain.comm_bytes
+    assert ahead.contention_s == plain.contention_s and ahead.end_time_s == plain.end_time_s
+    assert ahead.num_events == plain.num_events  # the logical count, as the event loop has it
+    assert ahead.network_report == plain.network_report
+    assert fired_ahead <= fired_plain
+    if case in ("tp-sp-zero1", "tp-alpha-beta"):
+        # TP collectives between compute segments: the same timeline from fewer heap entries
+        assert ahead_eng._closed and fired_ahead < 0.8 * fired_plain, (fired_ahead, fired_plain)
+
+
+def test_the_simpy_core_gives_the_same_stretches():
+    d, mode = SCENARIOS["tp-sp-zero1"]
+    lean, ref = _engine(d, mode, True, "lean").run(), _engine(d, mode, True, "simpy").run()
+    assert lean.step_time_s == ref.step_time_s
+    pd.testing.assert_frame_equal(lean.events, ref.events)
+    pd.testing.assert_frame_equal(lean.waits, ref.waits)
+
+
+def _tp_all_reduce_closed(d: dict) -> bool:
+    eng = _engine(d, "reduced", True)
+    eng.run()
+    return any(r.dim == Dim.TP and r.op in (CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER)
+               for r in eng._closed.values())
+
+
+def test_a_neighbours_gather_on_the_same_links_keeps_tp_on_the_event_loop():
+    d, _ = SCENARIOS["scatter-gather"]
+    assert not _tp_all_reduce_closed(d)
+    plain = {**d, "parallelism": {**d["parallelism"], "pp_scatter_gather": False}}
+    assert _tp_all_reduce_closed(plain)
+
+
+def test_a_collective_run_in_closed_form_on_held_links_is_refused():
+    eng = _engine(SCENARIOS["tp-sp-zero1"][0], "reduced", True)
+    net = eng.net
+    env = events.Environment()
+    group = np.arange(4).reshape(1, 4)
+    req = CollectiveRequest(CollectiveOp.ALL_REDUCE, Dim.TP, group, 64 << 20)
+    net.start(env, req)  # runs on these links now
+    with pytest.raises(RuntimeError, match="closed form on links another collective holds"):
+        net.run_closed_form(env, req, 0.0)
+
+
+def _wake_log(lean: bool) -> list:
+    env = events.Environment() if lean else simpy.Environment()
+    delay = (lambda s: s) if lean else env.timeout
+    at = events.At if lean else (lambda t: events.simpy_wake_at(env, t))
+    log = []
+    now0, target = 0.8481164085081618, 3.3471704196953707  # now + (target - now) != target
+
+    def runner():
+        yield delay(now0)
+        yield at(target)
+        log.append(("runner", env.now))
+
+    def other():
+        yield delay(target)
+        log.append(("other", env.now))
+
+    env.process(other())
+    env.process(runner())
+    env.run()
+    return log
+
+
+def test_a_process_wakes_at_an_absolute_time_exactly_on_both_cores():
+    now0, target = 0.8481164085081618, 3.3471704196953707
+    assert now0 + (target - now0) != target  # what a delay would give
+    lean, ref = _wake_log(True), _wake_log(False)
+    assert lean == ref
+    assert [t for _, t in lean] == [target, target]
+    assert [n for n, _ in lean] == ["other", "runner"]  # scheduled later at that instant: after
