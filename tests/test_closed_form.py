@@ -18,7 +18,7 @@ from simulator.scenario import build_scenario
 from simulator.simulate import make_network, resolve_schedule
 from simulator.topology.spec import load_topology
 from simulator.vocabulary import CollectiveOp, Dim
-from simulator.workload.plan import build_plan
+from simulator.workload.plan import Collective, Recv, build_plan
 from simulator.workload.program import build_program
 
 _BATCH = {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048}
@@ -114,18 +114,48 @@ def test_the_simpy_core_gives_the_same_stretches():
     pd.testing.assert_frame_equal(lean.waits, ref.waits)
 
 
-def _tp_all_reduce_closed(d: dict) -> bool:
+def _tp_closed(d: dict) -> bool:
     eng = _engine(d, "reduced", True)
     eng.run()
-    return any(r.dim == Dim.TP and r.op in (CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER)
-               for r in eng._closed.values())
+    return any(r.dim == Dim.TP and r.op == CollectiveOp.ALL_REDUCE and r.size_bytes > 4 for r in eng._closed.values())
 
 
-def test_a_neighbours_gather_on_the_same_links_keeps_tp_on_the_event_loop():
-    d, _ = SCENARIOS["scatter-gather"]
-    assert not _tp_all_reduce_closed(d)
-    plain = {**d, "parallelism": {**d["parallelism"], "pp_scatter_gather": False}}
-    assert _tp_all_reduce_closed(plain)
+def test_a_neighbours_send_on_the_same_links_keeps_tp_on_the_event_loop():
+    # tp 4 x pp 2 on one 8-GPU node: stage 0 sends to stage 1 over NVLink, through the ports
+    # stage 1's TP all-reduces use; on two nodes (tp 8) the send leaves through the NICs.
+    base = {"name": "n", "model": SCENARIOS["scatter-gather"][0]["model"], "batch": _BATCH,
+            "parallelism": {"sequence_parallel": False, "pp": 2}}
+    one_node = {**base, "parallelism": {**base["parallelism"], "tp": 4}, "cluster": {"gpus": 8, **_H100}}
+    two_nodes = {**base, "parallelism": {**base["parallelism"], "tp": 8}, "cluster": {"gpus": 16, **_H100}}
+    assert not _tp_closed(one_node)
+    assert _tp_closed(two_nodes)
+
+
+def test_scatter_gather_is_the_receivers_blocking_all_gather():
+    """Megatron 2021's p2p_communication._communicate: after the exchange, the receiver runs
+    gather_split_1d_tensor (a tp all-gather) on what it received, blocking, before the next
+    layer; the sender's transfer carries 1/tp of the tensor and ends with it."""
+    d, mode = SCENARIOS["scatter-gather"]
+    eng = _engine(d, mode, True)
+    tl = eng.run()
+    gathers = [i for i in eng.plan.ranks[1].instrs if isinstance(i, Collective) and i.exposed_dim == Dim.PP]
+    recvs = [i for i in eng.plan.ranks[1].instrs if isinstance(i, Recv) and not i.local]
+    assert len(gathers) == len(recvs) > 0
+    assert all(g.blocking and g.steps[0][:2] == (Dim.TP, CollectiveOp.ALL_GATHER) for g in gathers)
+    assert gathers[0].steps[0][2] == eng.prog.pp_gather_bytes == 8 * eng.prog.pp_bytes
+    ev = tl.events
+    rows = ev[(ev["stream"] == "tp") & (ev["kind"] == "pp")]
+    recv_rows = ev[ev["stream"].isin(["pp-recv-f", "pp-recv-b"])]
+    assert len(rows) == len(recv_rows) == len(recvs) * 2  # both pipeline ranks receive
+    # each gather starts once its slices have arrived
+    for _, g in rows.iterrows():
+        got = recv_rows[(recv_rows["rank"] == g["rank"]) & (recv_rows["microbatch"] == g["microbatch"])
+                        & (recv_rows["stage"] == g["stage"])]
+        assert len(got) == 1 and g["start_s"] >= got["end_s"].iloc[0]
+    # its exposed time counts as pipeline communication, its wait names it
+    w = tl.waits
+    assert w[w["what"].str.contains("pipeline scatter/gather")]["cause"].eq("pp").all()
+    assert sum(tl.exposed_s[r]["pp"] for r in tl.ranks) >= (rows["end_s"] - rows["start_s"]).sum() * (1 - 1e-9)
 
 
 def test_a_collective_run_in_closed_form_on_held_links_is_refused():

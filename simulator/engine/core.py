@@ -430,41 +430,32 @@ class Engine:
                     uses[(r, id(req))] = req
                     if alone and int(self.simulated[self._groups[dim][gkey[1]]].sum()) == 1:
                         blocking[id(req)] = req
-            for dst_pp, size_bytes, gather_bytes in sends:
-                dst = self._peer(r, dst_pp)
-                req = self._p2p_request(r, dst, size_bytes)
+            for dst_pp, size_bytes in sends:
+                req = self._p2p_request(r, self._peer(r, dst_pp), size_bytes)
                 uses[(r, id(req))] = req
-                if gather_bytes > 0:
-                    req, _ = self._request(Dim.TP, CollectiveOp.ALL_GATHER, gather_bytes, dst)
-                    uses[(r, id(req))] = req
         if not blocking:
             return {}
         try:
             links = {rid: net.links_of(req) for (_, rid), req in uses.items()}
         except AttributeError:  # a wrapped network without them
             return {}
-        link_ids, issuers = [], []
+        n_links = 1 + max((int(ids.max()) for ids in links.values() if ids is not None and ids.size), default=-1)
+        first = np.full(n_links, -1, dtype=np.int64)  # link -> the first rank seen using it
+        shared = np.zeros(n_links, dtype=bool)  # link -> used by two ranks or more
         for r, rid in uses:
             ids = links[rid]
-            if ids is not None and ids.size:
-                link_ids.append(np.asarray(ids, dtype=np.int64))
-                issuers.append(np.full(ids.size, r, dtype=np.int64))
-        shared = np.zeros(0, dtype=np.int64)
-        if link_ids:
-            pairs = np.unique(np.stack([np.concatenate(link_ids), np.concatenate(issuers)]), axis=1)
-            lk, n = np.unique(pairs[0], return_counts=True)
-            shared = lk[n > 1]
-        out = {}
-        for rid, req in blocking.items():
-            ids = links[rid]
-            if ids is None or not np.isin(ids, shared).any():
-                out[rid] = req
-        return out
+            if ids is None or not ids.size:
+                continue
+            owner = first[ids]
+            shared[ids[(owner >= 0) & (owner != r)]] = True
+            first[ids[owner < 0]] = r
+        return {rid: req for rid, req in blocking.items()
+                if links[rid] is None or not shared[links[rid]].any()}
 
     def _plan_uses(self, rp) -> tuple[list[tuple[bool, tuple]], list[tuple]]:
         """A pipeline rank's plan as the network sees it, once per plan: its distinct collectives
         as (blocking with one step, steps), and its distinct sends as (destination pipeline rank,
-        bytes, gathered bytes)."""
+        bytes)."""
         hit = self._plan_uses_of.get(id(rp))
         if hit is None:
             colls: dict[tuple, None] = {}
@@ -475,7 +466,7 @@ class Engine:
                     colls[(ins.handle < 0 and len(ins.steps) == 1, tuple(ins.steps))] = None
                 elif t is Complete:
                     for send in ins.sends:
-                        sends[(send.dst_pp, send.size_bytes, send.gather_bytes)] = None
+                        sends[(send.dst_pp, send.size_bytes)] = None
             hit = self._plan_uses_of[id(rp)] = (list(colls), list(sends))
         return hit
 
@@ -731,11 +722,6 @@ class Engine:
             yield self.net.start(env, req)
             self._take_sms(rank, -P2P_CTAS)
             self.n_events += 2
-            if send.gather_bytes > 0:
-                # Megatron's scatter/gather: the slices arrive, then an all-gather over NVLink.
-                gather, _ = self._request(Dim.TP, CollectiveOp.ALL_GATHER, send.gather_bytes, dst)
-                yield self.net.start(env, gather)
-                self.n_events += 1
             size = send.size_bytes
             self._row(rank, (sname, kind, mb, stage, size), (sname, "pp", f"send {kind} mb{mb}", mb, stage, -1, size),
                       t0, env.now)
@@ -780,7 +766,7 @@ class Engine:
                     code(n)
                     n += 1
                     if ins.handle < 0:
-                        cause = BASE_DIM[ins.steps[0][0]]
+                        cause = ins.exposed_dim or BASE_DIM[ins.steps[0][0]]
                         wcode(waits.code_of((cause, id(ins)), (cause, ins)))
                     else:
                         wcode(-1)
@@ -888,7 +874,7 @@ class Engine:
                         ahead = True
                         self.n_events += 2
                         row_code(code); row_rank(rank); row_t0(t0); row_t1(lt)
-                        exposed[base_dim] += lt - t0
+                        exposed[ins.exposed_dim or base_dim] += lt - t0
                         if lt > t0:
                             w_code(wcode); w_rank(rank); w_t0(t0); w_t1(lt); w_issued(t0); w_src(-1)
                         continue
@@ -917,7 +903,7 @@ class Engine:
                     self._issue(rank, ins.stream, (ins, ev, code), ins.sms)
                     yield ev
                 now = env.now
-                exposed[base_dim_of[dim]] += now - t0
+                exposed[ins.exposed_dim or base_dim_of[dim]] += now - t0
                 if now > t0:  # the wait, as waited() records it (its code was made with the plan's)
                     w_code(wcode); w_rank(rank); w_t0(t0); w_t1(now); w_issued(t0); w_src(-1)
             elif t is Wait:

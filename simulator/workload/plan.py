@@ -85,6 +85,9 @@ class Collective:
     # SMs its kernel holds while it runs: -1 = NCCL's for its first op (collective_ctas); 0 for
     # copies on the copy engines (async TP's P2P copies through symmetric memory)
     ctas: int = -1
+    # the report dimension its exposed time counts under; None: its first step's base dimension
+    # (Megatron's pipeline scatter/gather: a tp all-gather that finishes a pp receipt counts as pp)
+    exposed_dim: Dim | None = None
 
     @property
     def sms(self) -> int:
@@ -97,6 +100,8 @@ class Collective:
 
     def describe(self) -> str:
         dim, op, _ = self.steps[0]
+        if self.exposed_dim is not None:
+            return f"{dim} {op} ({self.name}, pipeline scatter/gather)"
         return f"{dim} {op} in {self.action}" if self.action is not None else f"{dim} {op} {self.name}"
 
 
@@ -115,7 +120,6 @@ class Send:
     stream: Stream
     dst_pp: int
     size_bytes: float
-    gather_bytes: float  # > 0: the receiver rebuilds the tensor with a tp all-gather of this size
 
 
 @dataclass(slots=True)
@@ -541,7 +545,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
         if dst_pp == pp_rank:
             return ()
         stream = Stream.PP_SEND_F if kind == "F" else Stream.PP_SEND_B
-        return (Send(stream, dst_pp, prog.pp_bytes, prog.pp_gather_bytes),)
+        return (Send(stream, dst_pp, prog.pp_bytes),)
 
     def complete(a: Action) -> None:
         kind = "F" if a.kind == "F" else "BI" if a.kind in ("B", "I") else None
@@ -555,6 +559,14 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
             for (st, kind, mb) in required_inputs(sched, sub):
                 src_pp = sched.stage_rank[st]
                 out.append(Recv(st, kind, mb, src_pp, src_pp == pp_rank, sub))
+                if src_pp != pp_rank and prog.pp_gather_bytes > 0:
+                    # Megatron's scatter/gather: each TP rank received 1/tp of the tensor; the
+                    # receiver rebuilds it with a blocking tp all-gather after the exchange
+                    # (p2p_communication._communicate: gather_split_1d_tensor on what it received).
+                    out.append(Collective(
+                        Stream.TP, ((Dim.TP, CollectiveOp.ALL_GATHER, prog.pp_gather_bytes),), -1, "pp",
+                        f"gather {'activation' if kind == 'F' else 'gradient'} {st}{kind}{mb}", microbatch=mb, stage=st,
+                        row_bytes=prog.pp_gather_bytes, action=sub, exposed_dim=Dim.PP))
             if sub.kind == "F" and sub.stage in param_ready and sub.stage not in waited_params:
                 waited_params.add(sub.stage)
                 out.append(Wait(param_ready[sub.stage], Dim.DP, f"dp all_gather of stage {sub.stage} parameters"))
