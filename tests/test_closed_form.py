@@ -10,16 +10,12 @@ import pandas as pd
 import pytest
 import simpy
 
+from engine_helpers import build_engine
 from simulator.engine import events
 from simulator.engine.core import Engine
 from simulator.network.base import CollectiveRequest
-from simulator.profile import load_profile
-from simulator.scenario import build_scenario
-from simulator.simulate import make_network, resolve_schedule
-from simulator.topology.spec import load_topology
 from simulator.vocabulary import CollectiveOp, Dim
-from simulator.workload.plan import Collective, Recv, build_plan
-from simulator.workload.program import build_program
+from simulator.workload.plan import Collective, Recv
 
 _BATCH = {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048}
 _H100 = {"gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}
@@ -52,12 +48,7 @@ SCENARIOS = {
 
 
 def _engine(d: dict, mode: str, run_ahead: bool, core: str = "lean") -> Engine:
-    sc = build_scenario(d)
-    profile = load_profile(sc.cluster.gpu)
-    topo = load_topology(sc.cluster.topology)
-    prog = build_program(sc, profile, resolve_schedule(sc))
-    eng = Engine(prog, make_network(sc, topo, profile), mode=mode, plan=build_plan(prog),
-                 sm_count=profile.compute.sm_count, core=core)
+    eng = build_engine(d, mode, core)
     eng.run_ahead = run_ahead
     return eng
 

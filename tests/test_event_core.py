@@ -7,13 +7,13 @@ import pandas as pd
 import pytest
 import simpy
 
+from engine_helpers import build_engine
 from simulator.engine import events
 from simulator.engine.core import Engine
 from simulator.profile import load_profile
 from simulator.scenario import build_scenario
 from simulator.simulate import make_network, resolve_schedule
 from simulator.topology.spec import load_topology
-from simulator.workload.plan import build_plan
 from simulator.workload.program import build_program
 
 
@@ -162,13 +162,7 @@ SCENARIOS = {
 
 
 def _run(d: dict, mode: str, core: str):
-    sc = build_scenario(d)
-    profile = load_profile(sc.cluster.gpu)
-    topo = load_topology(sc.cluster.topology)
-    prog = build_program(sc, profile, resolve_schedule(sc))
-    eng = Engine(prog, make_network(sc, topo, profile), mode=mode, plan=build_plan(prog),
-                 sm_count=profile.compute.sm_count, core=core)
-    return eng.run()
+    return build_engine(d, mode, core).run()
 
 
 @pytest.mark.parametrize("case", sorted(SCENARIOS))

@@ -655,12 +655,7 @@ class FlowNetwork:
         bytes on these links (``links_of``). None where the fast path is off (``start`` then)."""
         if not self.fast_path:
             return None
-        if env is not self._env:
-            self._reset_dynamic(env)
-        hit = self._req_plans.get(id(req))
-        if hit is None or hit[0] is not req:
-            hit = self._resolve(req)
-        _, plan, size, time_s, adds = hit
+        _, plan, size, time_s, adds = self._resolved(env, req)
         if plan.bits & (self._virt_bits | self._real_bits):
             raise RuntimeError(f"{req.dim} {req.op} run in closed form on links another collective holds")
         stats = self.stats
@@ -668,6 +663,23 @@ class FlowNetwork:
         stats.fast_path += 1
         if self._t_first is None or t0_s < self._t_first:
             self._t_first = t0_s
+        self._log_isolated_bytes(plan, size, adds)
+        t1 = t0_s + time_s
+        if t1 > self._t_end:
+            self._t_end = t1
+        return time_s
+
+    def _resolved(self, env: simpy.Environment, req: CollectiveRequest) -> tuple:
+        """The request's (req, plan, bytes, isolated time, link bytes) on this run's environment."""
+        if env is not self._env:
+            self._reset_dynamic(env)
+        hit = self._req_plans.get(id(req))
+        if hit is None or hit[0] is not req:
+            hit = self._resolve(req)
+        return hit
+
+    def _log_isolated_bytes(self, plan: _RPlan, size: float, adds: tuple | None) -> None:
+        """The link bytes of a collective that ran alone (its isolated schedule), logged in order."""
         log = self._bytes_log
         if adds is not None:
             log.extend(adds)
@@ -677,18 +689,9 @@ class FlowNetwork:
         self._bytes_log_n += plan.n_link_values
         if self._bytes_log_n >= _BYTES_LOG_MAX:
             self._flush_bytes()
-        t1 = t0_s + time_s
-        if t1 > self._t_end:
-            self._t_end = t1
-        return time_s
 
     def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
-        if env is not self._env:
-            self._reset_dynamic(env)
-        hit = self._req_plans.get(id(req))
-        if hit is None or hit[0] is not req:
-            hit = self._resolve(req)
-        _, plan, size, time_s, adds = hit
+        _, plan, size, time_s, adds = self._resolved(env, req)
         now = env.now
         stats = self.stats
         stats.collectives += 1
@@ -848,15 +851,7 @@ class FlowNetwork:
         plan = coll.plan
         # nothing else touched its links while it ran (that would have materialised it)
         self._virt_bits ^= plan.bits
-        log = self._bytes_log
-        if coll.adds is not None:
-            log.extend(coll.adds)
-        else:
-            for ph in plan.phases:
-                log.append((ph.link_ids, coll.size * ph.link_coef))
-        self._bytes_log_n += plan.n_link_values
-        if self._bytes_log_n >= _BYTES_LOG_MAX:
-            self._flush_bytes()
+        self._log_isolated_bytes(plan, coll.size, coll.adds)
         # _finish of a collective that is not real
         now = self._env.now
         if now > self._t_end:
