@@ -859,11 +859,11 @@ class Engine:
                 busy_s += seconds
                 row_code(code); row_rank(rank); row_t0(t0); row_t1(env.now)
                 continue
-            if t is Collective and ins.handle < 0 and closed and (ahead or not sms_taken[rank]):
+            if t is Collective and ins.handle < 0 and closed and len(ins.steps) == 1 and (ahead or not sms_taken[rank]):
                 step = ins.steps[0]
                 hit = closed_of.get(step, False)
                 if hit is False:
-                    hit = closed_of[step] = self._closed_request(rank, step, closed) if len(ins.steps) == 1 else None
+                    hit = closed_of[step] = self._closed_request(rank, step, closed)
                 if hit is not None and (ahead or not any(outstanding.values())):
                     req, base_dim, wire_bytes = hit
                     t0 = lt if ahead else env.now
