@@ -160,14 +160,18 @@ class _Rows:
             self.shared.append(shared)
         return c
 
-    def columns(self, names: list[str], dtypes: dict, shared: list[tuple] | None = None) -> dict:
+    def columns(self, names: list[str], dtypes: dict, shared: list[tuple] | None = None,
+                order: np.ndarray | None = None) -> dict:
         """name -> column; the shared columns taken by code (``dtypes``: a column's dtype where
         it is not inferred from its values; ``shared``: the shared tuples to use, by code, in
-        place of the recorded ones)."""
+        place of the recorded ones; ``order``: the rows in this order, else as written)."""
         shared = self.shared if shared is None else shared
         # np.array on an array buffer copies it with its type ('q' int64, 'd' float64), empty included.
         codes = np.array(self.code)
         out = {"rank": np.array(self.rank), "t0": np.array(self.t0), "t1": np.array(self.t1)}
+        if order is not None:
+            codes = codes[order]
+            out = {k: v[order] for k, v in out.items()}
         for i, name in enumerate(names):
             # One column of the shared tuples (itemgetter: zip(*shared) over ~10^6 tuples
             # measured 4-5x slower), then taken by code.
@@ -364,6 +368,7 @@ class Engine:
         self._plan_uses_of: dict[int, tuple] = {}
         self._closed: dict[int, CollectiveRequest] = self._closed_form_requests() if self.run_ahead else {}
         self._joins_next_of: dict = {}
+        self._stretches = 0  # closed-form stretches run (their rows were written ahead of the loop)
         streams_of = [rp.streams for rp in self.plan.ranks]
         self.stores: dict[tuple[int, str], _Queue] = {}
         self._in_place: dict[tuple[int, Stream], simpy.Event] = {}  # last transfer started in place (_start_copy)
@@ -528,7 +533,7 @@ class Engine:
         shared = ["stream", "kind", "name", "microbatch", "stage", "layer", "bytes"]
         i64, f64 = np.dtype(np.int64), np.dtype(np.float64)
         c = self.rows.columns(shared, {"stream": "category", "kind": "category", "name": "category", "microbatch": i64, "stage": i64,
-                                       "layer": i64, "bytes": f64})
+                                       "layer": i64, "bytes": f64}, order=self._written_order(self.rows))
         c["start_s"], c["end_s"] = c.pop("t0"), c.pop("t1")
         # copy=False: the columns are this frame's own (made just above); a copy into consolidated
         # blocks held the rows twice while it ran (+0.1 GiB at 1,024 GPUs full mode).
@@ -545,10 +550,22 @@ class Engine:
         used = np.zeros(len(w.shared), dtype=bool)
         used[np.array(w.code)] = True
         described = [(cause, _describe(what) if u else "") for (cause, what), u in zip(w.shared, used.tolist())]
-        c = w.columns(["cause", "what"], {"cause": "category", "what": "category"}, described)
+        order = self._written_order(w)
+        c = w.columns(["cause", "what"], {"cause": "category", "what": "category"}, described, order=order)
+        issued, src = np.array(self._w_issued), np.array(self._w_src)
+        if order is not None:
+            issued, src = issued[order], src[order]
         return pd.DataFrame({"rank": c["rank"], "start_s": c["t0"], "end_s": c["t1"], "cause": c["cause"],
-                             "issued_s": np.array(self._w_issued), "src_rank": np.array(self._w_src),
+                             "issued_s": issued, "src_rank": src,
                              "what": c["what"]}, columns=WAIT_COLUMNS, copy=False)
+
+    def _written_order(self, rows: "_Rows") -> np.ndarray | None:
+        """The order that puts rows by end time, as the loop writes them (each when it ends),
+        where closed-form stretches wrote some ahead (ties keep the order written); None where
+        none did."""
+        if not self._stretches:
+            return None
+        return np.argsort(np.array(rows.t1), kind="stable")
 
     def _wait(self, rank: int, t0: float, t1: float, cause: str, issued: float, src: int, what: object) -> None:
         """Record one wait of ``rank``'s compute stream (WAIT_COLUMNS)."""
@@ -839,6 +856,8 @@ class Engine:
                 if ahead or (run_ahead and joins_next[ii] and not sms_taken[rank] and not any(outstanding.values())):
                     # No SMs taken and none can be before this rank issues work: the segment's
                     # time is its own, run on the rank's clock.
+                    if not ahead:
+                        self._stretches += 1
                     t0 = lt if ahead else env.now
                     lt = t0 + seconds
                     ahead = True
@@ -869,6 +888,8 @@ class Engine:
                     t0 = lt if ahead else env.now
                     dur = net.run_closed_form(env, req, t0)
                     if dur is not None:
+                        if not ahead:
+                            self._stretches += 1
                         comm_bytes[base_dim] += wire_bytes
                         lt = t0 + dur
                         ahead = True
