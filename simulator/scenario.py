@@ -135,7 +135,7 @@ class ParallelConfig(BaseModel):
         None, description="Layers per pipeline position (pp*vpp entries); default spreads them, first/last fewer."
     )
     pp_scatter_gather: bool = Field(
-        False, description="Megatron's scatter/gather for pipeline sends without SP: each TP rank sends 1/tp, then an NVLink all-gather."
+        False, description="Megatron's scatter/gather for pipeline sends without SP: each TP rank sends 1/tp, then the receiver all-gathers it over tp (blocking, counted as pp)."
     )
     fsdp_reshard_after_forward: bool = Field(
         True, description="ZeRO-3/FSDP: free gathered parameters after forward and gather again for backward."
