@@ -111,8 +111,7 @@ def test_shortcuts_change_no_number(seed, monkeypatch):
     reqs = [pool[int(i)] for i in rng.integers(0, len(pool), 24)]
     starts = np.round(rng.uniform(0, 3e-3, len(reqs)), 4)
     t_new, b_new = _run(FlowNetwork(graph), reqs, starts)
-    monkeypatch.setattr(F, "_ADDS_MAX_LINKS", -1)  # link bytes computed when a collective ends
-    monkeypatch.setattr(F, "_BYTES_LOG_MAX", 1)  # and added at once
+    monkeypatch.setattr(F, "_BYTES_LOG_MAX", 1)  # link bytes added at once
     monkeypatch.setattr(F, "_SCAN_VIRTUALS_MAX", 0)  # virtual collectives found through the owner array
     t_ref, b_ref = _run(FlowNetwork(graph), reqs, starts)
     np.testing.assert_array_equal(t_new, t_ref)
@@ -128,12 +127,37 @@ def test_cached_link_bytes_on_a_dgx_fabric(monkeypatch):
     reqs = reqs * 3
     starts = np.linspace(0, 2e-3, len(reqs))
     t_new, b_new = _run(FlowNetwork(graph), reqs, starts)
-    monkeypatch.setattr(F, "_ADDS_MAX_LINKS", -1)
     monkeypatch.setattr(F, "_BYTES_LOG_MAX", 1)
     t_ref, b_ref = _run(FlowNetwork(graph), reqs, starts)
     np.testing.assert_array_equal(t_new, t_ref)
     np.testing.assert_array_equal(b_new, b_ref)
     assert b_new.sum() > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_link_bytes_summed_per_phase_equal_bytes_added_per_collective(seed, monkeypatch):
+    """A collective run alone adds only its size to its phases' sums (FlowNetwork._log_isolated_bytes);
+    its links get sum x link_coef when read. Against each collective's bytes added to each of its
+    links as it ends (the fabric before round 15): the same bytes to float rounding, the same times."""
+    rng = np.random.default_rng(740 + seed)
+    graph = build_graph(load_topology("dgx-h100-fattree"), 64)
+    groups = np.arange(64).reshape(8, 8)
+    pool = [CollectiveRequest("all_reduce", "tp", groups[i:i + 1], float(1 << int(rng.integers(12, 26)))) for i in range(8)]
+    pool += [CollectiveRequest("all_gather", "dp", groups.T, float(1 << int(rng.integers(12, 26))))]
+    pool += [CollectiveRequest("reduce_scatter", "dp", groups.T[i:i + 1], float(1 << 22)) for i in range(8)]
+    reqs = [pool[int(i)] for i in rng.integers(0, len(pool), 60)]
+    starts = np.sort(np.round(rng.uniform(0, 4e-3, len(reqs)), 5))
+    t_new, b_new = _run(FlowNetwork(graph), reqs, starts)
+
+    def per_link(self, plan, size):
+        for ph in plan.phases:
+            self._add_bytes(ph.link_ids, size * ph.link_coef)
+
+    monkeypatch.setattr(FlowNetwork, "_log_isolated_bytes", per_link)
+    t_ref, b_ref = _run(FlowNetwork(graph), reqs, starts)
+    np.testing.assert_array_equal(t_new, t_ref)
+    assert b_ref.sum() > 0 and np.count_nonzero(b_ref) == np.count_nonzero(b_new)
+    np.testing.assert_allclose(b_new, b_ref, rtol=1e-12, atol=0)
 
 
 def test_a_run_does_not_depend_on_where_objects_sit_in_memory():

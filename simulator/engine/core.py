@@ -83,6 +83,9 @@ class Timeline:
     # Set when full mode simulated one rank per pipeline rank and gave its rows to every rank of
     # it (simulator.engine.lockstep): {"simulated_ranks": n, "ranks": world}.
     lockstep: dict | None = None
+    # Seconds of sim_wall_s in the event loop itself: without the set-up before it (the plans'
+    # requests analysed and routed once, O(world) for world-sized groups) and the frames after.
+    loop_wall_s: float | None = None
 
 
 def _describe(w: object) -> str:
@@ -387,7 +390,9 @@ class Engine:
         # The cyclic collector's passes over millions of live rows cost ~20% of the loop's CPU
         # and find next to nothing (cyclic_gc_paused).
         with cyclic_gc_paused():
+            t_loop = time.perf_counter()
             env.run()
+            loop_wall_s = time.perf_counter() - t_loop
         if len(self.finished) < len(self.ranks):
             stuck = [r for r in self.ranks if r not in self.finished]
             detail = "; ".join(f"rank {r} (pp {int(self.coords[r, 0])}) waits on {self._waiting(r)}" for r in stuck[:6])
@@ -412,7 +417,7 @@ class Engine:
             sim_wall_s=time.perf_counter() - t_wall, num_events=self.n_events, mode=self.mode,
             network_report=report, contention_s=self.contention,
             waits=waits,
-            end_time_s=dict(self.end_time),
+            end_time_s=dict(self.end_time), loop_wall_s=loop_wall_s,
         )
 
     def _closed_form_requests(self) -> dict[int, CollectiveRequest]:

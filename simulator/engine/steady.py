@@ -540,6 +540,7 @@ def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dic
         network_report=[], contention_s=cont, waits=new_waits, end_time_s=end_t,
         fast_forward={"microbatches_simulated": cut.m_short, "periods_skipped": n, "period_s": period,
                       "microbatches_per_period": q},
+        loop_wall_s=tl.loop_wall_s,
     )
 
 

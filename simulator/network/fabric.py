@@ -100,10 +100,6 @@ class _Coflow:
     uid: int = -1
 
 
-# Plans on at most this many links keep, per request, the bytes a virtual run adds to each
-# link (a tiny multiply saved per collective); larger ones compute them when they end.
-_ADDS_MAX_LINKS = 4096
-_REQ_ADDS_MAX = 1 << 22  # values (32 MiB) of cached link bytes before the request cache starts over
 # Link-byte values logged before they are added (see FlowNetwork._flush_bytes); 1: at once.
 # 16K values: each concatenated array (128 KiB) stays under glibc's mmap threshold; batches of
 # 1 MiB measured 3x slower per value than 128 KiB ones (fresh pages at every flush).
@@ -258,8 +254,6 @@ class _Coll:
     t0: float
     virtual: bool = False  # runs on idle links in closed form; holds them in _virt_bits
     real: bool = False  # holds its links (FlowNetwork._real_plans, _real_bits) until it finishes
-    # (link ids, bytes) per phase that a virtual run adds to link_bytes, from the request cache
-    adds: tuple | None = None
     vid: int = -1  # while virtual, once written into FlowNetwork._virt_owner: its id there
 
 
@@ -519,18 +513,12 @@ class FlowNetwork:
             plan, size = self._nccl_scaled(req)
         else:
             plan, size = self.plan_for(req), float(req.size_bytes)
-        adds = None
-        if plan.links.size <= _ADDS_MAX_LINKS:
-            adds = tuple((ph.link_ids, size * ph.link_coef) for ph in plan.phases)
-        hit = (req, plan, size, plan.time_s(size), adds)
+        hit = (req, plan, size, plan.time_s(size))
         # bounded in entries and in the link bytes it keeps (a caller that makes a new request
         # per start, as a placed network does, only ever misses)
-        n_adds = sum(b.size for _, b in adds) if adds else 0
-        if len(self._req_plans) > 65536 or self._req_adds_n + n_adds > _REQ_ADDS_MAX:
+        if len(self._req_plans) > 65536:
             self._req_plans.clear()
-            self._req_adds_n = 0
         self._req_plans[id(req)] = hit
-        self._req_adds_n += n_adds
         return hit
 
     def _nccl_scaled_new(self, req: CollectiveRequest) -> tuple[_RPlan, float]:
@@ -655,7 +643,7 @@ class FlowNetwork:
         bytes on these links (``links_of``). None where the fast path is off (``start`` then)."""
         if not self.fast_path:
             return None
-        _, plan, size, time_s, adds = self._resolved(env, req)
+        _, plan, size, time_s = self._resolved(env, req)
         if plan.bits & (self._virt_bits | self._real_bits):
             raise RuntimeError(f"{req.dim} {req.op} run in closed form on links another collective holds")
         stats = self.stats
@@ -663,7 +651,7 @@ class FlowNetwork:
         stats.fast_path += 1
         if self._t_first is None or t0_s < self._t_first:
             self._t_first = t0_s
-        self._log_isolated_bytes(plan, size, adds)
+        self._log_isolated_bytes(plan, size)
         t1 = t0_s + time_s
         if t1 > self._t_end:
             self._t_end = t1
@@ -678,20 +666,23 @@ class FlowNetwork:
             hit = self._resolve(req)
         return hit
 
-    def _log_isolated_bytes(self, plan: _RPlan, size: float, adds: tuple | None) -> None:
-        """The link bytes of a collective that ran alone (its isolated schedule), logged in order."""
-        log = self._bytes_log
-        if adds is not None:
-            log.extend(adds)
-        else:
-            for ph in plan.phases:
-                log.append((ph.link_ids, size * ph.link_coef))
-        self._bytes_log_n += plan.n_link_values
-        if self._bytes_log_n >= _BYTES_LOG_MAX:
-            self._flush_bytes()
+    def _log_isolated_bytes(self, plan: _RPlan, size: float) -> None:
+        """The link bytes of a collective that ran alone (its isolated schedule): each phase puts
+        ``size * link_coef`` on its links, so only its byte count is summed here, and the links get
+        ``sum * link_coef`` when link_bytes is read. Per collective that is one addition per phase,
+        not a value per link: in full mode one collective stands for every replica's flows, and
+        logging per link made the loop's cost per event grow with the world (16,384 GPUs: ~0.2 s of
+        a 0.36 s loop). The link totals equal the per-collective sums to float rounding (~1e-16)."""
+        acc = self._phase_bytes
+        for ph in plan.phases:
+            hit = acc.get(id(ph))
+            if hit is None:
+                acc[id(ph)] = [ph, size]  # (holds the phase: its id stays its own)
+            else:
+                hit[1] += size
 
     def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
-        _, plan, size, time_s, adds = self._resolved(env, req)
+        _, plan, size, time_s = self._resolved(env, req)
         now = env.now
         stats = self.stats
         stats.collectives += 1
@@ -701,7 +692,7 @@ class FlowNetwork:
         if self.fast_path and not (bits & self._virt_bits or bits & self._real_bits):
             # every link idle: run in closed form (see the module's "Fast path")
             stats.fast_path += 1
-            coll = _Coll(plan, size, env.event(), now, True, False, adds)
+            coll = _Coll(plan, size, env.event(), now, True, False)
             self._virt_bits |= bits
             self._virtuals[coll] = None
             self._unsynced.append(coll)
@@ -709,7 +700,7 @@ class FlowNetwork:
                 self._unsynced = [v for v in self._unsynced if v.virtual]
             env.timeout(time_s).callbacks.append(partial(self._virtual_done, coll))
             return coll.event
-        coll = _Coll(plan, size, env.event(), now, False, False, adds)
+        coll = _Coll(plan, size, env.event(), now, False, False)
         if not self.incremental:
             self._advance()
         if self._virtuals and bits & self._virt_bits:
@@ -805,6 +796,9 @@ class FlowNetwork:
         # (link ids, bytes) added to _link_bytes later, in this order (see _flush_bytes)
         self._bytes_log: list[tuple[np.ndarray, np.ndarray]] = []
         self._bytes_log_n = 0  # values in it
+        # id(phase) -> [phase, bytes]: the sizes of the collectives run alone, per phase (see
+        # _log_isolated_bytes); added to _link_bytes by _flush_bytes
+        self._phase_bytes: dict[int, list] = {}
         self._t_first: float | None = None
         self._t_end = 0.0
         # incremental solver: running coflows, their components (link -> component id), the
@@ -851,7 +845,7 @@ class FlowNetwork:
         plan = coll.plan
         # nothing else touched its links while it ran (that would have materialised it)
         self._virt_bits ^= plan.bits
-        self._log_isolated_bytes(plan, coll.size, coll.adds)
+        self._log_isolated_bytes(plan, coll.size)
         # _finish of a collective that is not real
         now = self._env.now
         if now > self._t_end:
@@ -1047,6 +1041,12 @@ class FlowNetwork:
         """Add the logged bytes to _link_bytes. np.add.at adds element by element in the log's
         order, so every link sums its bytes in the order they came, as one ``+=`` per entry did
         (the same floats), for one numpy call per batch instead of four per entry."""
+        acc = self._phase_bytes
+        if acc:
+            lb = self._link_bytes
+            for ph, size in acc.values():
+                lb[ph.link_ids] += size * ph.link_coef  # (a phase's link ids are distinct)
+            acc.clear()
         log = self._bytes_log
         if len(log) == 1:
             ids, b = log[0]
