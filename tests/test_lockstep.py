@@ -152,6 +152,25 @@ def test_groups_the_network_treats_differently_stop_the_shortcut_before_they_run
     assert net.started == [alike]  # refused before it ran
 
 
+def test_a_group_set_is_analysed_once_and_checked_when_its_links_are_asked_for(monkeypatch):
+    """The engine asks for the links of every request before its loop: the check runs there, and
+    requests over one group set (other ops, sizes) reuse its analysis (O(world) each)."""
+    net = _Net()
+    net.links_of = lambda req: None
+    check = LockstepCheck(net)
+    calls = []
+    shapes = LockstepCheck._shapes
+    monkeypatch.setattr(LockstepCheck, "_shapes", lambda self, g: calls.append(1) or shapes(self, g))
+    groups = np.array([[0, 1], [8, 9]])
+    for op, size in ((CollectiveOp.ALL_REDUCE, 1e6), (CollectiveOp.ALL_GATHER, 2e6), (CollectiveOp.ALL_REDUCE, 3e6)):
+        check.links_of(CollectiveRequest(op, Dim.TP, groups.copy(), size))
+    assert len(calls) == 1 and net.timed == 3  # one analysis; each (op, size) timed once per shape
+    unlike = CollectiveRequest(CollectiveOp.ALL_REDUCE, Dim.DP, np.array([[0, 4], [6, 12]]), 2e6)
+    with pytest.raises(NotLockstep, match=r"on group \[6, 12\]"):
+        check.links_of(unlike)
+    assert len(calls) == 2 and net.started == []
+
+
 def test_what_if_full_mode_is_still_the_per_rank_loop():
     # A perturbed run keeps its own reference (split mode is checked against it): one process per rank.
     d = scenario("slow", gpus=16, parallelism={"tp": 2, "pp": 2, "zero": 1},
