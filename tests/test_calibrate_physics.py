@@ -91,6 +91,13 @@ def test_gpu_identification_from_device_properties():
     assert identify_gpu("NVIDIA A100-PCIE-40GB").profile.name == "a100-pcie-40gb"
     assert identify_gpu("NVIDIA A800-SXM4-80GB").profile.name == "a800-sxm-80gb"
     assert identify_gpu("NVIDIA H800").profile.name == "h800-sxm-80gb"
+    # H100: the 80 GB SXM part by its driver name or memory; "NVIDIA H100" alone (torchao's key for
+    # Meta's 96 GB HBM2e variant) or 96 GB of memory: that variant
+    assert identify_gpu("NVIDIA H100 80GB HBM3").profile.name == "h100-sxm-80gb"
+    assert identify_gpu("NVIDIA H100 80GB HBM3", 85520809984, 132).profile.name == "h100-sxm-80gb"
+    assert identify_gpu("NVIDIA H100", 85520809984, 132).profile.name == "h100-sxm-80gb"
+    assert identify_gpu("NVIDIA H100").profile.name == "h100-hbm2e-96gb"
+    assert identify_gpu("NVIDIA H100", 102_500_000_000, 132).profile.name == "h100-hbm2e-96gb"
     assert identify_gpu("Tesla V100-SXM2-16GB", 16945512448).profile.name == "v100-sxm2-16gb"
     assert identify_gpu("Tesla V100-SXM2-32GB", 34089730048).profile.name == "v100-sxm2-32gb"
     # a MIG slice: fewer SMs, peak scaled

@@ -104,8 +104,14 @@ def identify_gpu(name: str, total_mem_bytes: int | None = None, num_sms: int | N
             f"pass --base PROFILE (a profile JSON with its spec numbers, see simulator/data/profiles)")
     named = re.search(r"(\d+)\s*gb\b", name.lower())
     target = mem_gib if mem_gib is not None else (float(named.group(1)) if named else None)
+    exact = [p for p in cands if p.device == name]
     if target is not None:
-        best = min(cands, key=lambda p: abs(p.hbm_gib - target))
+        # the memory the trace reports decides; a profile of the very driver name wins a tie
+        best = min(cands, key=lambda p: (abs(p.hbm_gib - target), p.device != name))
+    elif exact:
+        # "NVIDIA H100" alone is Meta's 96 GB HBM2e variant as torch names it (the 80 GB SXM
+        # part reports "NVIDIA H100 80GB HBM3"): the profile that carries the name
+        best = exact[0]
     else:
         best = max(cands, key=lambda p: p.hbm_gib)
     note = None
