@@ -328,6 +328,9 @@ def simulate(
             write_atomic(report_json, report.model_dump_json(indent=2))
     if write_dash:
         _stderr(f"dashboard: {path}")
+    elif cdn:
+        _stderr("note: --cdn changes only the dashboard, and none was written"
+                + (" (--no-dashboard)" if no_dashboard else " (--json writes one only with --dashboard PATH)"))
     if perfetto is not None:
         _stderr(f"perfetto trace: {perfetto}")
     if as_json:

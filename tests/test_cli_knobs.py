@@ -260,6 +260,18 @@ def test_json_writes_no_dashboard_unless_asked(tmp_path):
     json.loads(res.stdout)
 
 
+def test_cdn_without_a_dashboard_says_it_did_nothing(tmp_path):
+    res = clustersim("simulate", *SMALL, "--json", "--cdn", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    json.loads(res.stdout)  # still exactly one JSON object on stdout
+    assert "note: --cdn changes only the dashboard, and none was written (--json writes one only with --dashboard PATH)" in res.stderr
+    assert list(tmp_path.iterdir()) == []
+    res = clustersim("simulate", *SMALL, "--no-dashboard", "--cdn", cwd=tmp_path)
+    assert res.returncode == 0 and "none was written (--no-dashboard)" in res.stderr
+    res = clustersim("simulate", *SMALL, "--cdn", cwd=tmp_path)
+    assert res.returncode == 0 and "--cdn" not in res.stderr and (tmp_path / "dashboards" / "llama3-8b-16xh100.html").exists()
+
+
 def test_without_json_a_dashboard_is_written_and_named(tmp_path):
     res = clustersim("simulate", *SMALL, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
