@@ -5,8 +5,9 @@ Megatron-LM 2021 (schedules.py, p2p_communication._communicate) exchanges activa
 gradients with torch.distributed.batch_isend_irecv, waits for every request and calls
 torch.cuda.synchronize(): a rank leaves the exchange only when its sends have met the peers'
 receives. In the interleaved schedule's steady state one exchange follows each forward+backward
-pair, so a forward's output leaves only after the backward that follows it. The engine sends
-eagerly (the receiver's buffer is always posted; the sender never waits).
+pair, so a forward's output leaves only after the backward that follows it. The engine models
+that exchange (parallelism.pp_exchange: blocking, which the SC'21 rows set; docs/design-notes.md);
+this side replay, independent of it, is the check its figures were compared with.
 
 This replays each row's schedule twice with the program's per-action compute times (no TP
 collectives, the same for both): eager sends, and Megatron's blocking grouped exchange, where a

@@ -137,6 +137,13 @@ class ParallelConfig(BaseModel):
     pp_scatter_gather: bool = Field(
         False, description="Megatron's scatter/gather for pipeline sends without SP: each TP rank sends 1/tp, then the receiver all-gathers it over tp (blocking, counted as pp)."
     )
+    pp_exchange: Literal["eager", "blocking"] = Field(
+        "eager", description="How pipeline ranks exchange activations and gradients. eager: a send leaves when its "
+        "output is ready and the sender goes on (the receive is always posted). blocking: Megatron-LM 2021's "
+        "p2p_communication (batch_isend_irecv, then torch.cuda.synchronize): at each exchange a rank posts the previous "
+        "action's outputs and the next one's inputs, a transfer starts when both ends have posted it, and the rank "
+        "waits for all of them (schedules 1f1b and interleaved-1f1b)."
+    )
     fsdp_reshard_after_forward: bool = Field(
         True, description="ZeRO-3/FSDP: free gathered parameters after forward and gather again for backward."
     )
@@ -452,6 +459,12 @@ class Scenario(BaseModel):
                     f"pp_layer_split={p.pp_layer_split} must have pp*vpp={positions} positive entries summing to num_layers={m.num_layers}"
                     " (the first/last may be 0 with account_for_embedding/loss_in_pipeline_split)"
                 )
+        if p.pp_exchange == "blocking" and p.pp > 1 and (self.schedule_file or self.schedule not in ("1f1b", "interleaved-1f1b")):
+            what = "a schedule file" if self.schedule_file else f"schedule {self.schedule!r}"
+            raise UserError(
+                f"parallelism.pp_exchange blocking is Megatron-LM 2021's exchange, which runs 1f1b and interleaved-1f1b, "
+                f"not {what}: set schedule 1f1b or interleaved-1f1b, or pp_exchange eager"
+            )
         if p.fsdp_shard_size is not None and (p.zero < 3 or dp % p.fsdp_shard_size):
             raise UserError(
                 f"fsdp_shard_size={p.fsdp_shard_size} needs zero=3 and must divide dp={dp}: set --zero 3 and a divisor of {dp}"

@@ -203,6 +203,8 @@ def megatron_2021_scenario(row: dict[str, str]) -> dict:
         "parallelism": {
             "tp": int(row["tp"]), "pp": int(row["pp"]), "vpp": vpp, "dp": int(row["dp"]), "zero": 0,
             "sequence_parallel": False, "pp_scatter_gather": True, "overlap_grad_reduce": False,
+            # p2p_communication._communicate: batch_isend_irecv, wait, torch.cuda.synchronize
+            "pp_exchange": "blocking",
             # Megatron-LM 2021: loss_func averages each microbatch's loss over dp; clip-grad 1.0.
             "loss_all_reduce_per_microbatch": True, "grad_clip": True,
             # Megatron-LM 2021 had no gradient-accumulation fusion (2022): its DDP hook adds

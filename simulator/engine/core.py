@@ -41,7 +41,7 @@ from simulator.errors import SimulationStalled
 from simulator.gcpause import cyclic_gc_paused
 from simulator.network.base import CollectiveRequest, Network
 from simulator.vocabulary import GROUP_DIMS, REPORT_DIMS, RECV_STREAM_OF, CollectiveOp, Dim, Stream, bus_factor
-from simulator.workload.plan import Collective, Complete, Compute, Plan, Recv, Wait, build_plan
+from simulator.workload.plan import Collective, Complete, Compute, Plan, Post, Recv, SendDone, Wait, build_plan
 from simulator.workload.program import Program
 
 Mode = Literal["reduced", "full", "every-rank"]  # every-rank: full mode without the lockstep shortcut (simulator.engine.lockstep)
@@ -735,6 +735,12 @@ class Engine:
         sname, rname = stream.value, RECV_STREAM_OF[stream].value
         while True:
             send, dst, key, mb, stage, kind, counted = yield store.get(env)
+            if send.rendezvous:
+                # Megatron-LM 2021's exchange: the transfer starts once the receiver has posted
+                # its receive (its NCCL kernel, launched with the sender's, waits for the peer).
+                posted = self._event(("posted", dst, key))
+                if not posted.triggered:
+                    yield posted
             t0 = env.now
             self.transfer_start[(dst, key)] = t0
             req = self._p2p_request(rank, dst, send.size_bytes)
@@ -751,6 +757,8 @@ class Engine:
                       t0, env.now)
             self.outstanding[rank][stream] -= 1
             self._event((dst, key)).succeed()
+            if send.rendezvous:
+                self._event(("sent", rank, key)).succeed()
 
     def _issue(self, rank: int, stream: Stream, item: tuple, ctas: int) -> None:
         """Hand work to a stream. On an idle stream the kernel launches now: its SMs are taken
@@ -965,10 +973,32 @@ class Engine:
                     self.wait_log.append((rank, self._peer(rank, ins.src_pp), "pp", env.now - t0))
             elif t is Complete:
                 key = (ins.stage, ins.kind, ins.microbatch)
-                self._event((rank, key)).succeed()
+                if ins.wake:
+                    self._event((rank, key)).succeed()
                 for send in ins.sends:
                     dst = self._peer(rank, send.dst_pp)
                     self._issue(rank, send.stream, (send, dst, key, ins.microbatch, ins.stage, ins.kind), P2P_CTAS)
+            elif t is Post:
+                for key in ins.keys:
+                    self._event(("posted", rank, key)).succeed()
+            elif t is SendDone:
+                key = (ins.stage, ins.kind, ins.microbatch)
+                ev = self._event(("sent", rank, key))
+                if ev.triggered:
+                    continue
+                t0 = env.now
+                self.waiting_on[rank] = ins
+                yield ev
+                self.n_events += 1
+                # As a receipt: waiting for the peer to post its receive is pipeline bubble, the
+                # transfer itself exposed pp communication.
+                dst = self._peer(rank, ins.dst_pp)
+                ts = self.transfer_start.get((dst, key), env.now)
+                exposed["pp"] += env.now - max(t0, ts)
+                if ts > t0:
+                    record_wait(rank, t0, min(ts, env.now), "bubble", float("nan"), dst, ins)
+                if env.now > max(t0, ts):
+                    record_wait(rank, max(t0, ts), env.now, "pp", ts, dst, ins)
             else:  # pragma: no cover - a plan only holds the instruction types above
                 raise TypeError(f"unknown plan instruction {ins!r}")
         if ahead:

@@ -11,6 +11,9 @@ same plan, which is what reduced mode relies on. A plan is a flat list of typed 
               later Wait joins; the compute between the two is what it may overlap
   Wait        join an asynchronous collective; the wait is exposed communication of a dimension
   Complete    an action's output is ready: wakes local consumers and sends it to other ranks
+  Post        blocking exchange (Megatron-LM 2021): the receives a rank posts; a peer's send of
+              each starts only once it is posted
+  SendDone    blocking exchange: wait until a send of this rank has been delivered
 
 All parallelism policy lives here: ZeRO-1/2 parameter gathers, the FSDP/ZeRO-3 gather plan with
 prefetch and resharding, gradient bucketing, the HSDP reduce-scatter + all-reduce split, expert
@@ -120,6 +123,8 @@ class Send:
     stream: Stream
     dst_pp: int
     size_bytes: float
+    # Blocking exchange: the transfer starts when the receiver has posted its receive (Post).
+    rendezvous: bool = False
 
 
 @dataclass(slots=True)
@@ -128,9 +133,32 @@ class Complete:
     kind: str  # "F" or "BI"
     microbatch: int
     sends: tuple[Send, ...]
+    wake: bool = True  # wakes this rank's own consumers (a blocking exchange's deferred sends do not)
 
 
-Instr = Recv | Compute | Collective | Wait | Complete
+@dataclass(slots=True)
+class Post:
+    """Megatron-LM 2021's exchange: the inputs (stage, "F"/"BI", microbatch) whose receives this
+    rank posts now. A peer's rendezvous send of one starts when it is posted and the peer has
+    posted the send."""
+    keys: tuple[tuple[int, str, int], ...]
+
+
+@dataclass(slots=True)
+class SendDone:
+    """Megatron-LM 2021's exchange: the rank waits until its send of an output has arrived
+    (batch_isend_irecv, wait, torch.cuda.synchronize)."""
+    stage: int
+    kind: str  # "F" or "BI"
+    microbatch: int
+    dst_pp: int
+
+    def describe(self) -> str:
+        what = "activation" if self.kind == "F" else "gradient"
+        return f"send of {what} {self.stage}{self.kind}{self.microbatch} to pp rank {self.dst_pp} (blocking exchange)"
+
+
+Instr = Recv | Compute | Collective | Wait | Complete | Post | SendDone
 
 
 @dataclass
@@ -537,6 +565,8 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
         emit_action(out, seg, a, blocking, new_handle, idx=idx, on_layer=on_layer if gathers else None,
                     on_grads=buckets.add if grads_here and prog.overlap_grad_reduce else None)
 
+    blocking_exchange = prog.pp_blocking_exchange
+
     def sends_of(a: Action, kind: str) -> tuple[Send, ...]:
         consumer = sched.stage_next[a.stage] if kind == "F" else sched.stage_prev[a.stage]
         if consumer < 0:
@@ -545,37 +575,104 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
         if dst_pp == pp_rank:
             return ()
         stream = Stream.PP_SEND_F if kind == "F" else Stream.PP_SEND_B
-        return (Send(stream, dst_pp, prog.pp_bytes),)
+        return (Send(stream, dst_pp, prog.pp_bytes, blocking_exchange),)
+
+    def output_kind(a: Action) -> str | None:
+        return "F" if a.kind == "F" else "BI" if a.kind in ("B", "I") else None
 
     def complete(a: Action) -> None:
-        kind = "F" if a.kind == "F" else "BI" if a.kind in ("B", "I") else None
+        kind = output_kind(a)
         if kind is not None:
-            out.append(Complete(a.stage, kind, a.microbatch, sends_of(a, kind)))
+            # A blocking exchange sends at the next exchange (send_outputs); consumers on this
+            # rank are woken now.
+            out.append(Complete(a.stage, kind, a.microbatch, () if blocking_exchange else sends_of(a, kind)))
 
     waited_params: set[int] = set()
-    for idx, a in enumerate(actions):
-        subs = _subs(a)
-        for sub in subs:
-            for (st, kind, mb) in required_inputs(sched, sub):
-                src_pp = sched.stage_rank[st]
-                out.append(Recv(st, kind, mb, src_pp, src_pp == pp_rank, sub))
-                if src_pp != pp_rank and prog.pp_gather_bytes > 0:
-                    # Megatron's scatter/gather: each TP rank received 1/tp of the tensor; the
-                    # receiver rebuilds it with a blocking tp all-gather after the exchange
-                    # (p2p_communication._communicate: gather_split_1d_tensor on what it received).
-                    out.append(Collective(
-                        Stream.TP, ((Dim.TP, CollectiveOp.ALL_GATHER, prog.pp_gather_bytes),), -1, "pp",
-                        f"gather {'activation' if kind == 'F' else 'gradient'} {st}{kind}{mb}", microbatch=mb, stage=st,
-                        row_bytes=prog.pp_gather_bytes, action=sub, exposed_dim=Dim.PP))
-            if sub.kind == "F" and sub.stage in param_ready and sub.stage not in waited_params:
-                waited_params.add(sub.stage)
-                out.append(Wait(param_ready[sub.stage], Dim.DP, f"dp all_gather of stage {sub.stage} parameters"))
-        for sub in subs:
+
+    def inputs(sub: Action, remote: bool | None = None) -> None:
+        """Waits for the action's inputs: all, or (``remote``) only those from other ranks or
+        only the rest (this rank's own outputs and parameter gathers)."""
+        for (st, kind, mb) in required_inputs(sched, sub):
+            src_pp = sched.stage_rank[st]
+            if remote is not None and remote != (src_pp != pp_rank):
+                continue
+            out.append(Recv(st, kind, mb, src_pp, src_pp == pp_rank, sub))
+            if src_pp != pp_rank and prog.pp_gather_bytes > 0:
+                # Megatron's scatter/gather: each TP rank received 1/tp of the tensor; the
+                # receiver rebuilds it with a blocking tp all-gather after the exchange
+                # (p2p_communication._communicate: gather_split_1d_tensor on what it received).
+                out.append(Collective(
+                    Stream.TP, ((Dim.TP, CollectiveOp.ALL_GATHER, prog.pp_gather_bytes),), -1, "pp",
+                    f"gather {'activation' if kind == 'F' else 'gradient'} {st}{kind}{mb}", microbatch=mb, stage=st,
+                    row_bytes=prog.pp_gather_bytes, action=sub, exposed_dim=Dim.PP))
+        if remote is not True and sub.kind == "F" and sub.stage in param_ready and sub.stage not in waited_params:
+            waited_params.add(sub.stage)
+            out.append(Wait(param_ready[sub.stage], Dim.DP, f"dp all_gather of stage {sub.stage} parameters"))
+
+    def run_action(idx: int, a: Action) -> None:
+        for sub in _subs(a):
             g = last_grad_action.get(sub.stage) == idx and sub.kind in (("W",) if zb else ("B", "W"))
             run_segments(sub, idx, g, blocking=a.kind != "FB")
             complete(sub)
             if g and prog.overlap_grad_reduce:
                 buckets.flush(f"grads stage {sub.stage}")
+
+    def send_outputs(done: list[Action]) -> list[SendDone]:
+        """A blocking exchange's sends of the actions run since the last one, and their waits."""
+        waits = []
+        for a in done:
+            kind = output_kind(a)
+            sends = sends_of(a, kind) if kind is not None else ()
+            if sends:
+                out.append(Complete(a.stage, kind, a.microbatch, sends, wake=False))
+                waits += [SendDone(a.stage, kind, a.microbatch, s.dst_pp) for s in sends]
+        return waits
+
+    if not blocking_exchange:
+        for idx, a in enumerate(actions):
+            for sub in _subs(a):
+                inputs(sub)
+            run_action(idx, a)
+    else:
+        # Megatron-LM 2021 (schedules.py, p2p_communication._communicate): between two groups of
+        # actions a rank exchanges the first group's outputs for the second's inputs. The
+        # interleaved schedule runs every exchange as one call (send_forward_recv_forward,
+        # send_forward_backward_recv_forward_backward after each steady F+B pair, ...); plain 1F1B
+        # combines them where the kind changes (send_forward_recv_backward,
+        # send_backward_recv_forward) and sends, then receives, in its warm-up and cool-down
+        # (send_forward; recv_forward).
+        interleaved = sched.num_stages > sched.num_ranks
+        groups: list[list[int]] = []
+        i = 0
+        while i < len(actions):
+            pair = interleaved and i + 1 < len(actions) and actions[i].kind == "F" and actions[i + 1].kind == "B"
+            groups.append([i, i + 1] if pair else [i])
+            i += len(groups[-1])
+        done: list[Action] = []
+        for g in groups:
+            first = actions[g[0]]
+            combined = interleaved or not done or done[-1].kind != first.kind
+            waits = send_outputs(done)
+            posts = tuple((st, kind, mb) for j in g for sub in _subs(actions[j])
+                          for (st, kind, mb) in required_inputs(sched, sub) if sched.stage_rank[st] != pp_rank)
+            if not combined:
+                out.extend(waits)
+            if posts:
+                out.append(Post(posts))
+            if combined:
+                out.extend(waits)
+            # The exchange returns when everything has arrived (and been all-gathered, with
+            # scatter/gather): the group's inputs are waited for before any of its compute.
+            for j in g:
+                for sub in _subs(actions[j]):
+                    inputs(sub, remote=True)
+            done = []
+            for j in g:
+                for sub in _subs(actions[j]):
+                    inputs(sub, remote=False)
+                run_action(j, actions[j])
+                done += _subs(actions[j])
+        out.extend(send_outputs(done))
 
     # Gradient reduction not overlapped with backward: all buckets after the last backward.
     if not prog.overlap_grad_reduce:

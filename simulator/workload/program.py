@@ -77,6 +77,7 @@ class Program:
     tokens_per_step: int
     zero: int = 1
     pp_gather_bytes: float = 0.0  # > 0: after a p2p receive, a tp all-gather of this size (scatter/gather)
+    pp_blocking_exchange: bool = False  # Megatron-LM 2021's blocking exchange (scenario parallelism.pp_exchange)
     unit_params: dict[int, float] = field(default_factory=dict)  # FSDP units: layer id -> parameters on one rank
     # FSDP units: layer id -> bytes one all-gather of it moves, where they are not unit_params x param_bytes.
     unit_gather_bytes: dict[int, float] = field(default_factory=dict)
@@ -628,6 +629,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         step_collectives=step,
         scenario=sc, mesh=mesh, schedule=schedule, segments=segments, position_layers=positions,
         pp_bytes=pp_bytes, pp_gather_bytes=pp_gather_bytes, optimizer_s=optimizer_s, stage_params=stage_params,
+        pp_blocking_exchange=p.pp_exchange == "blocking" and p.pp > 1,
         model_flops_per_step=model_flops, tokens_per_step=sc.batch.global_batch_size * sc.batch.seq_length,
         zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
         grad_bucket_bytes=p.grad_bucket_params * gbytes,
