@@ -353,6 +353,15 @@ def _gpu_topology_mismatch(sc) -> str:
     except UserError:
         return ""
     if native and native != Path(gpu).stem and "cpu" not in native:
+        from simulator.calibrate.physics import gpu_model
+        from simulator.profile import load_profile
+
+        try:
+            same_part = gpu_model(load_profile(native).device) == gpu_model(load_profile(gpu).device)
+        except UserError:
+            same_part = False
+        if same_part:
+            return ""  # a variant of the node's GPU (H100 96GB HBM2e in an H100 node): a deliberate choice
         return (f"topology {sc.cluster.topology_name}'s nodes hold {native} GPUs but the GPU simulated is "
                 f"{sc.cluster.gpu_name}: --gpu {native} simulates that system")
     return ""

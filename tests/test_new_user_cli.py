@@ -203,3 +203,8 @@ def test_a_gpu_the_topology_does_not_hold_is_noted(tmp_path):
             "--gpu gb200 simulates that system") in " ".join(p.stdout.split())
     p = clustersim([*base, "--gpus", "64", "--topology", "gb200-nvl72", "--gpu", "gb200"], tmp_path)
     assert p.returncode == 0 and "note: topology" not in p.stdout, p.stdout
+    # a variant of the node's part (Meta's 96 GB HBM2e H100 in a DGX H100 node) is a choice, not a slip
+    p = clustersim([*base, "--gpus", "64", "--gpu", "h100-hbm2e-96gb"], tmp_path)
+    assert p.returncode == 0 and "note: topology" not in p.stdout, p.stdout
+    p = clustersim([*base, "--gpus", "64", "--gpu", "a100-sxm-80gb"], tmp_path)
+    assert "note: topology dgx-h100-fattree's nodes hold h100-sxm-80gb GPUs" in " ".join(p.stdout.split())

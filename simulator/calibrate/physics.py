@@ -68,6 +68,12 @@ def _model_and_form(name: str) -> tuple[str | None, str | None]:
     return model, form
 
 
+def gpu_model(name: str) -> str | None:
+    """The GPU model a device name names ("a100", "h100", ...; None if none): variants of one
+    part (SXM / PCIe, memory sizes) share it."""
+    return _model_and_form(name)[0]
+
+
 @dataclass
 class GpuMatch:
     profile: Profile
