@@ -999,6 +999,8 @@ class Engine:
                     record_wait(rank, t0, min(ts, env.now), "bubble", float("nan"), dst, ins)
                 if env.now > max(t0, ts):
                     record_wait(rank, max(t0, ts), env.now, "pp", ts, dst, ins)
+                if self.wait_log is not None:
+                    self.wait_log.append((rank, dst, "pp", env.now - t0))
             else:  # pragma: no cover - a plan only holds the instruction types above
                 raise TypeError(f"unknown plan instruction {ins!r}")
         if ahead:
