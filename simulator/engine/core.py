@@ -832,6 +832,19 @@ class Engine:
                 w_code(w_code_of((cause, id(what)), (cause, what))); w_rank(rank); w_t0(t0); w_t1(now)
                 w_issued(issued); w_src(src)
 
+        def transfer_waited(t0: float, ts: float, peer: int, what: object) -> None:
+            # A wait on a pipeline transfer (a receipt, or a blocking exchange's send) that
+            # started at ts: waiting before it started is pipeline bubble (the peer computing, or
+            # not yet posted), while it was in flight exposed pp communication.
+            now = env.now
+            exposed["pp"] += now - max(t0, ts)
+            if ts > t0:
+                record_wait(rank, t0, min(ts, now), "bubble", float("nan"), peer, what)
+            if now > max(t0, ts):
+                record_wait(rank, max(t0, ts), now, "pp", ts, peer, what)
+            if self.wait_log is not None:
+                self.wait_log.append((rank, peer, "pp", now - t0))
+
         wait_cause = _WAIT_CAUSE
         factor = self.compute_factor.get(rank)
         marks = None if self.action_marks is None else self.action_marks.setdefault(rank, {})
@@ -960,17 +973,7 @@ class Engine:
                     waited(t0, "bubble", src=rank)
                     continue
                 self.n_events += 1
-                # Waiting while the transfer was in flight is exposed pp communication; waiting
-                # for the producer to finish computing is pipeline bubble.
-                ts = self.transfer_start.get((rank, key), env.now)
-                exposed["pp"] += env.now - max(t0, ts)
-                src = self._peer(rank, ins.src_pp)
-                if ts > t0:
-                    record_wait(rank, t0, min(ts, env.now), "bubble", float("nan"), src, ins)
-                if env.now > max(t0, ts):
-                    record_wait(rank, max(t0, ts), env.now, "pp", ts, src, ins)
-                if self.wait_log is not None:
-                    self.wait_log.append((rank, self._peer(rank, ins.src_pp), "pp", env.now - t0))
+                transfer_waited(t0, self.transfer_start.get((rank, key), env.now), self._peer(rank, ins.src_pp), ins)
             elif t is Complete:
                 key = (ins.stage, ins.kind, ins.microbatch)
                 if ins.wake:
@@ -990,17 +993,9 @@ class Engine:
                 self.waiting_on[rank] = ins
                 yield ev
                 self.n_events += 1
-                # As a receipt: waiting for the peer to post its receive is pipeline bubble, the
-                # transfer itself exposed pp communication.
+                # As a receipt: waiting for the peer to post its receive is pipeline bubble.
                 dst = self._peer(rank, ins.dst_pp)
-                ts = self.transfer_start.get((dst, key), env.now)
-                exposed["pp"] += env.now - max(t0, ts)
-                if ts > t0:
-                    record_wait(rank, t0, min(ts, env.now), "bubble", float("nan"), dst, ins)
-                if env.now > max(t0, ts):
-                    record_wait(rank, max(t0, ts), env.now, "pp", ts, dst, ins)
-                if self.wait_log is not None:
-                    self.wait_log.append((rank, dst, "pp", env.now - t0))
+                transfer_waited(t0, self.transfer_start.get((dst, key), env.now), dst, ins)
             else:  # pragma: no cover - a plan only holds the instruction types above
                 raise TypeError(f"unknown plan instruction {ins!r}")
         if ahead:

@@ -236,7 +236,6 @@ class _RPlan:
     overhead_s: float
     links: np.ndarray  # every link the plan uses
     lat_s: float = 0.0
-    n_link_values: int = 0  # link ids over all phases (what a run adds to link_bytes)
     tau_s: float = 0.0
     # links as a Python int bitset: whether a collective's links are idle is one AND with the
     # fabric's held-link bitsets, not a fancy index of per-link arrays (most starts take the fast path)
@@ -514,8 +513,8 @@ class FlowNetwork:
         else:
             plan, size = self.plan_for(req), float(req.size_bytes)
         hit = (req, plan, size, plan.time_s(size))
-        # bounded in entries and in the link bytes it keeps (a caller that makes a new request
-        # per start, as a placed network does, only ever misses)
+        # bounded in entries (a caller that makes a new request per start, as a placed network
+        # does, only ever misses)
         if len(self._req_plans) > 65536:
             self._req_plans.clear()
         self._req_plans[id(req)] = hit
@@ -591,7 +590,6 @@ class FlowNetwork:
         rp.lat_s = sum(p.lat_s for p in phases)
         rp.tau_s = sum(p.tau_s for p in phases)
         rp.bits = _bitset(links)
-        rp.n_link_values = sum(int(p.link_ids.size) for p in phases)
         return rp
 
     def _isolated(self, inc: sp.csc_matrix, coef: np.ndarray, capacity_Bps: np.ndarray | None = None) -> tuple[float, np.ndarray]:
@@ -1047,9 +1045,10 @@ class FlowNetwork:
             self._flush_bytes()
 
     def _flush_bytes(self) -> None:
-        """Add the logged bytes to _link_bytes. np.add.at adds element by element in the log's
-        order, so every link sums its bytes in the order they came, as one ``+=`` per entry did
-        (the same floats), for one numpy call per batch instead of four per entry."""
+        """Add the logged bytes to _link_bytes: the per-phase sums of collectives run alone
+        (_log_isolated_bytes), then the log of contended ones. np.add.at adds the log element by
+        element in its order, so every link sums those bytes in the order they came, as one
+        ``+=`` per entry did (the same floats), for one numpy call per batch instead of four per entry."""
         acc = self._phase_bytes
         if acc:
             lb = self._link_bytes
