@@ -81,3 +81,47 @@ def test_megatron_framework_counts_its_data_and_loss_kernels():
     assert mf["head"] == gf["head"] + 10 + 17 + 8
     assert mb["head"] == gb["head"] + (8 - 2) + 4
     assert mb["embedding"] == 13  # dropout, and two embedding_dense_backward of 6 kernels
+
+
+def _report(sc):
+    from simulator.simulate import simulate
+
+    return simulate(sc, with_critical_path=False)
+
+
+def test_the_step_breakdown_shows_the_host_wait_apart_from_compute(tmp_path):
+    from simulator.workload.program import host_launch_wait_s
+
+    prof = load_profile("a100-sxm-80gb")
+    free = prof.model_copy(update={"compute": prof.compute.model_copy(
+        update={"host_launch_forward_us": 0.0, "host_launch_backward_us": 0.0, "host_collective_us": 0.0})})
+    (tmp_path / "free.json").write_text(free.model_dump_json())
+    data = vtrain_scenario(_row(1024, 8, 1))
+    sc = build_scenario(data)
+    res = _report(sc)
+    bd = res.report.step_breakdown_s
+    waited = host_launch_wait_s(res.program)
+    # One pipeline rank: its host wait is the plan's, and the terms still sum to the step.
+    assert bd["host_launch"] == pytest.approx(waited[0], rel=1e-9) and bd["host_launch"] > 0.3 * res.report.step_time_s
+    assert sum(v for k, v in bd.items()) == pytest.approx(res.report.step_time_s, rel=1e-9)
+    # Without launch costs the kernels alone are what "compute" kept: the same seconds.
+    data["cluster"]["gpu"] = str(tmp_path / "free.json")
+    res_free = _report(build_scenario(data))
+    assert res_free.report.step_breakdown_s["host_launch"] == 0.0
+    assert bd["compute"] == pytest.approx(res_free.report.step_breakdown_s["compute"], rel=1e-6)
+
+
+def test_a_host_bound_step_gets_a_finding_with_simulated_fixes():
+    from simulator.report.findings import attach
+
+    sc = build_scenario(vtrain_scenario(_row(1024, 8, 1)))
+    rep = attach(_report(sc)).report
+    host = [f for f in rep.findings if f["kind"] == "host-bound"]
+    assert host, [f["kind"] for f in rep.findings]
+    labels = {s["label"]: s for s in host[0]["suggestions"]}
+    # Twice the tokens per launch: the step shortens (the global batch is the same).
+    assert labels["micro_batch_size=2"]["simulated"]
+    assert labels["micro_batch_size=2"]["predicted_step_s"] < rep.step_time_s
+    # Large kernels: no finding.
+    big = attach(_report(build_scenario(vtrain_scenario(_row(8192, 1, 8))))).report
+    assert not [f for f in big.findings if f["kind"] == "host-bound"]

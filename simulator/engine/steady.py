@@ -162,15 +162,8 @@ NO_REPEAT_TRIES = 12
 # and the published rows have 8 or 9 periods (Megatron 310.1B: 96 of 144, 529.6B: 210 of 280).
 MAX_SHORT_FRACTION = 0.75
 
-_LABEL = re.compile(r"(\d+)(F|BI|B|I|W)(\d+)")
-_MB = re.compile(r"mb(\d+)")
 # An action label's microbatch (group 3) or "mb<n>" (group 4).
 _ANY = re.compile(r"(\d+)(F|BI|B|I|W)(\d+)|mb(\d+)")
-
-
-def _relabel_text(s: str, d: int) -> str:
-    s = _LABEL.sub(lambda mo: f"{mo.group(1)}{mo.group(2)}{int(mo.group(3)) + d}", s)
-    return _MB.sub(lambda mo: f"mb{int(mo.group(1)) + d}", s)
 
 
 def _close(a: np.ndarray, b: np.ndarray, tol: float) -> bool:
@@ -619,13 +612,13 @@ def _shifted(df: pd.DataFrame, dt: float, dmb: int, is_ev: bool) -> pd.DataFrame
     if is_ev:
         mb = out["microbatch"].to_numpy()
         out["microbatch"] = np.where(mb >= 0, mb + dmb, mb)
-        names = out["name"].astype(object)
-        has = names.str.contains("mb", regex=False).fillna(False).to_numpy(dtype=bool)
+        names = out["name"].to_numpy(dtype=object)
+        has = np.fromiter(("mb" in str(s) for s in names), dtype=bool, count=len(names))
         if has.any():
             names = names.copy()
-            names[has] = [_relabel_text(s, dmb) for s in names[has]]
-            out["name"] = names
+            names[has] = _relabelled(names[has], 1, dmb)
+            out["name"] = pd.Series(names, index=out.index, dtype=object)
     else:
         out["issued_s"] = out["issued_s"] + dt
-        out["what"] = [_relabel_text(str(s), dmb) for s in out["what"]]
+        out["what"] = pd.Series(_relabelled(out["what"].to_numpy(dtype=object), 1, dmb), index=out.index, dtype=object)
     return out

@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 
 DIMS = ("tp", "cp", "ep", "pp", "dp")
 CAUSES = ("bubble",) + DIMS
-BREAKDOWN_KEYS = ("compute",) + tuple(f"exposed_{d}" for d in DIMS) + ("bubble", "imbalance", "optimizer")
+# host_launch: of the compute stream's busy time, the device waiting for the host to issue
+# kernels (simulator.workload.program.host_launch_wait_s); compute is the rest.
+BREAKDOWN_KEYS = ("compute", "host_launch") + tuple(f"exposed_{d}" for d in DIMS) + ("bubble", "imbalance", "optimizer")
 EPS_S = 1e-12
 
 
@@ -45,8 +47,10 @@ def _sum_by_rank(rank: np.ndarray, seconds: np.ndarray) -> dict[int, float]:
     return {int(r): float(v) for r, v in pd.Series(seconds).groupby(rank).sum().items()}
 
 
-def rank_breakdown(tl: "Timeline") -> dict[int, dict[str, float]]:
-    """Per simulated rank: the parts of BREAKDOWN_KEYS (seconds) and ``unattributed``."""
+def rank_breakdown(tl: "Timeline", host_wait_s: dict[int, float] | None = None) -> dict[int, dict[str, float]]:
+    """Per simulated rank: the parts of BREAKDOWN_KEYS (seconds) and ``unattributed``.
+    ``host_wait_s``: per pipeline rank, the part of its compute time spent waiting for the host
+    to issue kernels (the plan's, simulator.workload.program.host_launch_wait_s); 0 if None."""
     step = tl.step_time_s
     # The optimizer step: the plan's last compute entry on every rank ("opt" kind, "optimizer step").
     # Column arrays and masks, no sub-frames: full mode at scale has millions of rows, and a
@@ -76,11 +80,15 @@ def rank_breakdown(tl: "Timeline") -> dict[int, dict[str, float]]:
         row = {"compute": compute, **{f"exposed_{d}": v for d, v in exposed.items()}, "idle": idle, "optimizer": opt}
         out[r] = row
     max_c = max((row["compute"] for row in out.values()), default=0.0)
-    for row in out.values():
+    for r, row in out.items():
         idle = row.pop("idle")
+        # (a rank issuing kernels is as busy as one running them: imbalance compares the two together)
         imb = min(idle, max(0.0, max_c - row["compute"]))
         row["imbalance"] = imb
         row["bubble"] = idle - imb
+        waited = host_wait_s.get(tl.pp_rank_of.get(r, 0), 0.0) if host_wait_s else 0.0
+        row["host_launch"] = min(max(0.0, waited), max(0.0, row["compute"]))
+        row["compute"] -= row["host_launch"]
         row["unattributed"] = step - sum(row[k] for k in BREAKDOWN_KEYS)
     return {r: {k: row[k] for k in (*BREAKDOWN_KEYS, "unattributed")} for r, row in out.items()}
 
@@ -355,7 +363,7 @@ def _action_label(seg: dict[str, Any]) -> str:
     return str(seg["what"])
 
 
-BREAKDOWN_LABELS = {"compute": "compute", "exposed_tp": "exposed tp", "exposed_cp": "exposed cp",
+BREAKDOWN_LABELS = {"compute": "compute", "host_launch": "host (kernel launches)", "exposed_tp": "exposed tp", "exposed_cp": "exposed cp",
                     "exposed_ep": "exposed ep", "exposed_pp": "exposed pp", "exposed_dp": "exposed dp",
                     "bubble": "bubble", "imbalance": "stage imbalance", "optimizer": "optimizer"}
 

@@ -43,7 +43,7 @@ CAUSE_COLORS = {"bubble": "#B8B8B8", "tp": KIND_COLORS["tp"], "cp": KIND_COLORS[
                 "pp": KIND_COLORS["pp"], "dp": KIND_COLORS["dp"]}
 CAUSE_LABELS = {"bubble": "bubble (waiting on another stage)", "tp": "waiting on tp", "cp": "waiting on cp",
                 "ep": "waiting on ep", "pp": "waiting on pp transfer", "dp": "waiting on dp"}
-BREAKDOWN_COLORS = {"compute": "#4C78A8", "exposed_tp": CAUSE_COLORS["tp"], "exposed_cp": CAUSE_COLORS["cp"],
+BREAKDOWN_COLORS = {"compute": "#4C78A8", "host_launch": "#9ECAE9", "exposed_tp": CAUSE_COLORS["tp"], "exposed_cp": CAUSE_COLORS["cp"],
                     "exposed_ep": CAUSE_COLORS["ep"], "exposed_pp": CAUSE_COLORS["pp"], "exposed_dp": CAUSE_COLORS["dp"],
                     "bubble": CAUSE_COLORS["bubble"], "imbalance": "#6E6E6E", "optimizer": KIND_COLORS["opt"]}
 CRITICAL_COLOR = "#111111"
@@ -776,7 +776,7 @@ def heatmap_figure(tl: "Timeline", gpus: int, bins: int = HEATMAP_BINS) -> go.Fi
     return fig
 
 
-BREAKDOWN_NAMES = {"compute": "compute", "exposed_tp": "exposed tp", "exposed_cp": "exposed cp",
+BREAKDOWN_NAMES = {"compute": "compute", "host_launch": "host (kernel launches)", "exposed_tp": "exposed tp", "exposed_cp": "exposed cp",
                    "exposed_ep": "exposed ep", "exposed_pp": "exposed pp", "exposed_dp": "exposed dp",
                    "bubble": "bubble", "imbalance": "stage imbalance", "optimizer": "optimizer"}
 

@@ -40,6 +40,7 @@ IMBALANCE_SHARE = 0.03  # slowest stage's compute over the mean, beyond which a 
 NO_GAIN_SHARE = 0.002  # a simulated step shorter by less than this is no gain: the suggestion is not advised
 DP_SHARE = 0.03  # exposed dp communication
 TP_SHARE = 0.03  # exposed tp communication inside the NVLink domain (async TP)
+HOST_SHARE = 0.05  # the device waiting for the host to issue kernels
 SLOW_LINK_SHARE = 0.01  # exposed comm of a dimension whose groups cross nodes
 RESIM_BUDGET_S = 20.0  # wall time the re-simulations of one report may take in all
 
@@ -472,13 +473,43 @@ def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     return Finding("exposed-dp", msg, exposed / rep.step_time_s, sugg)
 
 
+def host_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
+    """Kernels shorter than their launch: the GPU waits while eager PyTorch issues them (profile
+    host_launch_*_us). Larger microbatches (more work a launch) or fewer TP ranks (larger shards)
+    raise the kernel time a launch buys; CUDA graphs or torch.compile issue fewer kernels."""
+    rep = result.report
+    waited = rep.step_breakdown_s.get("host_launch", 0.0)
+    if waited < HOST_SHARE * rep.step_time_s:
+        return None
+    sc = result.scenario
+    p = sc.parallelism
+    cands = [(f"micro_batch_size={sc.batch.micro_batch_size * 2}", {"batch.micro_batch_size": sc.batch.micro_batch_size * 2})]
+    if p.tp >= 2:
+        cands.append((f"tp={p.tp // 2}, dp={p.dp * 2}", {"parallelism.tp": p.tp // 2, "parallelism.dp": p.dp * 2}))
+    sugg = []
+    for label, over in cands:
+        if not budget.valid(over):
+            continue
+        rep2 = budget.simulate(over)
+        s = _fill(Suggestion(label, over), rep2)
+        if rep2 is not None:
+            s.note = f"host {rep2.step_breakdown_s.get('host_launch', 0.0):.3f} s"
+        sugg.append(s)
+    tried = "; ".join(_sim_text(s, rep.step_time_s) + (f", {s.note}" if s.simulated and s.note else "") for s in sugg)
+    msg = (f"host-bound: the GPU waits {waited:.3f} s ({waited / rep.step_time_s:.1%} of the step) for the host to issue "
+           "kernels that run shorter than their launch (eager PyTorch, profile host_launch_forward_us / "
+           "host_launch_backward_us); CUDA graphs or torch.compile issue fewer of them"
+           + (f"; {tried}." if tried else "."))
+    return Finding("host-bound", msg, waited / rep.step_time_s, sugg)
+
+
 def find(result: "SimulationResult", budget_s: float = RESIM_BUDGET_S) -> list[Finding]:
     """Every finding for one simulation, most expensive problem first."""
     if not result.report.step_breakdown_s:
         return []
     budget = _Budget(result, budget_s)
     out: list[Finding] = []
-    for check in (memory_finding, imbalance_finding, bubble_finding, tp_finding, dp_finding):
+    for check in (memory_finding, imbalance_finding, bubble_finding, host_finding, tp_finding, dp_finding):
         f = check(result, budget)
         if f is not None:
             out.append(f)

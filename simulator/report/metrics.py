@@ -6,7 +6,8 @@
   a wait on communication, over the step time; mean over pipeline ranks, and the worst rank.
 - exposed communication: time a rank's compute stream waits on communication, per dimension
   (mean over pipeline ranks; the per-rank values are in ``per_pp_rank``).
-- step breakdown: compute, exposed communication per dimension, bubble, imbalance and optimizer,
+- step breakdown: compute, host (the device waiting for eager PyTorch to issue kernels), exposed
+  communication per dimension, bubble, imbalance and optimizer,
   summing to the step (``simulator.report.analysis``); the critical path through the step.
 - findings: what to change, with numbers (``simulator.report.findings``), also written to ``notes``.
 """
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.engine.core import DIMS, Timeline
 from simulator.workload.memory import MemoryReport
-from simulator.workload.program import Program
+from simulator.workload.program import Program, host_launch_wait_s
 
 
 class Report(BaseModel):
@@ -52,7 +53,8 @@ class Report(BaseModel):
     busiest_links: list[dict[str, Any]] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     step_breakdown_s: dict[str, float] = Field(
-        default_factory=dict, description="Step time split into compute, exposed_<dim>, bubble, imbalance, optimizer "
+        default_factory=dict, description="Step time split into compute, host_launch (the device waiting for the host to issue kernels), "
+        "exposed_<dim>, bubble, imbalance, optimizer "
         "(mean over simulated ranks; sums to step_time_s) and unattributed (the remainder, ~0).")
     critical_path_s: dict[str, float] = Field(
         default_factory=dict, description="Seconds of the critical path per cause (compute, tp, cp, ep, pp, dp, bubble).")
@@ -94,7 +96,7 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
     from simulator.report.analysis import critical_path, rank_breakdown, summarize_path
 
     step = tl.step_time_s
-    per_rank_bd = rank_breakdown(tl)
+    per_rank_bd = rank_breakdown(tl, dict(enumerate(host_launch_wait_s(prog))))
     per_pp: dict[int, dict[str, Any]] = {}
     wt = rank_weight or {}
     for r in tl.ranks:

@@ -38,6 +38,9 @@ class Segments:
     grad_bytes: np.ndarray  # dense gradient bytes ready at the end of the segment's compute (reduced over dp)
     flops: np.ndarray  # executed FLOPs per segment (for utilisation views)
     expert_grad_bytes: np.ndarray | None = None  # expert gradients (reduced over the expert-data-parallel group)
+    # Of compute_s, the time the device waits for the host to issue the segment's kernels: a
+    # segment lasts max(kernel time, host issue time) (_segments); this is the excess, or None.
+    host_wait_s: np.ndarray | None = None
 
     @property
     def total_compute_s(self) -> float:
@@ -190,7 +193,7 @@ def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int
     its kernels and the collective that closes it: when kernels are shorter than their launch
     cost the device waits on the host (small layers, high TP). Taken per segment, the bound
     ignores the host running ahead across a collective (an upper bound of the pipelined issue)."""
-    compute, comms, layers, labels, grads, flops, egrads = [], [], [], [], [], [], []
+    compute, comms, layers, labels, grads, flops, egrads, waits = [], [], [], [], [], [], [], []
     host = host or {}
     acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
     first = last = None
@@ -207,7 +210,8 @@ def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int
         if layer != last_layer and (acc_t > 0 or acc_g > 0 or acc_e > 0) and first is not None:
             # A layer boundary closes a segment: FSDP units, gradient buckets and the timeline
             # all work per layer.
-            compute.append(max(acc_t, acc_h)); comms.append(None); layers.append(last_layer)
+            compute.append(max(acc_t, acc_h)); waits.append(max(0.0, acc_h - acc_t)); comms.append(None)
+            layers.append(last_layer)
             labels.append(named(first)); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
             acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
             first = last = None
@@ -216,7 +220,8 @@ def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int
             if op.comm.op == "identity_ar":
                 continue
             acc_h += host.get(id(op), 0.0)
-            compute.append(max(acc_t, acc_h)); comms.append(op.comm); layers.append(layer)
+            compute.append(max(acc_t, acc_h)); waits.append(max(0.0, acc_h - acc_t)); comms.append(op.comm)
+            layers.append(layer)
             labels.append(named(op.name)); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
             acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
             first = last = None
@@ -232,9 +237,33 @@ def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int
         first = first or op.name
         last = op.name
     if acc_t > 0 or not compute:
-        compute.append(max(acc_t, acc_h)); comms.append(None); layers.append(last_layer)
+        compute.append(max(acc_t, acc_h)); waits.append(max(0.0, acc_h - acc_t)); comms.append(None)
+        layers.append(last_layer)
         labels.append(named("compute")); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
-    return Segments(np.array(compute), comms, np.array(layers), labels, np.array(grads), np.array(flops), np.array(egrads))
+    return Segments(np.array(compute), comms, np.array(layers), labels, np.array(grads), np.array(flops), np.array(egrads),
+                    np.array(waits) if any(w > 0 for w in waits) else None)
+
+
+def host_launch_wait_s(prog: "Program") -> list[float]:
+    """Per pipeline rank, the seconds of one step its compute stream waits for the host to issue
+    kernels (eager PyTorch's launch cost, profile host_launch_*_us): the sum of Segments.host_wait_s
+    over the rank's actions in the step's schedule. A plan quantity: the engine runs each segment
+    for its compute_s, which includes it."""
+    sched = prog.schedule
+    per_kind: dict[tuple[int, str], float] = {}
+    out = []
+    for actions in sched.actions:
+        total = 0.0
+        for a in actions:
+            for leaf in (a.sub if a.kind == "FB" and a.sub is not None else (a,)):
+                key = (sched.stage_position[leaf.stage], leaf.kind)
+                v = per_kind.get(key)
+                if v is None:
+                    seg = prog.segments.get(key)
+                    v = per_kind[key] = float(seg.host_wait_s.sum()) if seg is not None and seg.host_wait_s is not None else 0.0
+                total += v
+        out.append(total)
+    return out
 
 
 def _torchtitan_mm_parts(sc: Scenario, op: Op) -> list[float]:
