@@ -87,6 +87,13 @@ def test_validate_published_reports_mape_and_signed_error():
     assert js["stated_rows"] == 5 and len(js["rows"]) == 5
     with pytest.raises(UserError, match="unknown published set"):
         validate_published("nope")
+    # Each row is grouped by its layout and by whether the modelled step waits on kernel launches.
+    table = read_table("vtrain-single-node")[:5]
+    for r, row in zip(v.rows, table):
+        assert {f"tp{row['tensor parallelism']}", f"pp{row['pipeline parallelism']}", f"mb{row['micro batch']}"} <= set(r.features)
+        assert len({"host-bound", "device-bound"} & set(r.features)) == 1
+    groups = v.feature_groups()
+    assert sum(groups.get(k, {"rows": 0})["rows"] for k in ("host-bound", "device-bound")) == 5
 
 
 def _subset(name: str, rows) -> "object":

@@ -456,8 +456,18 @@ def _vtrain_rows(table: list[dict[str, str]], run) -> list[PublishedRow]:
         label = (f"h{row['hidden size']} L{row['# layers']} tp{row['tensor parallelism']} dp{row['data parallelism']} "
                  f"pp{row['pipeline parallelism']} mb{row['micro batch']} gb{row['global batch']}")
         rep = run(label, vtrain_scenario(row))
-        rows.append(PublishedRow(label, int(row["# GPUs"]), float(row["iteration time (ms)"]) / 1e3, rep.step_time_s))
+        # The error by regime and layout: where the modelled step waits on kernel launches for
+        # HOST_BOUND_SHARE of it or more, the run is host-bound (simulator.report.analysis).
+        host = rep.step_breakdown_s.get("host_launch", 0.0) / rep.step_time_s if rep.step_time_s > 0 else 0.0
+        feats = ("host-bound" if host >= HOST_BOUND_SHARE else "device-bound", f"tp{row['tensor parallelism']}",
+                 f"pp{row['pipeline parallelism']}", f"mb{row['micro batch']}")
+        rows.append(PublishedRow(label, int(row["# GPUs"]), float(row["iteration time (ms)"]) / 1e3, rep.step_time_s,
+                                 features=feats))
     return rows
+
+
+# A step whose modelled device waits on kernel launches for this share of it counts as host-bound.
+HOST_BOUND_SHARE = 0.25
 
 
 # --------------------------------------------------------------------------- driver
