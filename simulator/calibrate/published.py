@@ -475,7 +475,12 @@ HOST_BOUND_SHARE = 0.25
 SET_NOTES = {
     "megatron-2021": ["A100 80GB, Selene-like DGX A100 fat-tree; every setting from the paper and run_table_1.sh"],
     "torchtitan-2024": ["error = predicted / published step time - 1, with published step time = tokens per GPU per "
-                        "step / published tokens/s per GPU"],
+                        "step / published tokens/s per GPU",
+                        # torchtitan 0.3.0 (PyPI), torchtitan/components/metrics.py: the log line prints
+                        # device_mem_stats.max_reserved_gib, torch.cuda.memory_stats()["reserved_bytes.all.peak"].
+                        "published memory is torchtitan's logged max_reserved (the caching allocator's segments, cached "
+                        "free blocks included); predicted memory is the peak of live bytes plus a 1 GiB runtime reserve, "
+                        "so it reads low by the allocator's fragmentation"],
     "vtrain-single-node": ["precision not stated (fp16 assumed; A100 FP16 and BF16 peaks are equal)",
                            "vocabulary not stated (GPT-2 BPE padded to 128 x tp assumed)",
                            "alpha-beta network: equal to the flow fabric on one NVSwitch node"],
