@@ -26,6 +26,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from simulator.report.analysis import BREAKDOWN_LABELS
 from simulator.vocabulary import DIM_NAMES, STREAM_NAMES
 
 if TYPE_CHECKING:  # the report layer only reads results; importing simulate here would be circular
@@ -776,9 +777,8 @@ def heatmap_figure(tl: "Timeline", gpus: int, bins: int = HEATMAP_BINS) -> go.Fi
     return fig
 
 
-BREAKDOWN_NAMES = {"compute": "compute", "host_launch": "host (kernel launches)", "exposed_tp": "exposed tp", "exposed_cp": "exposed cp",
-                   "exposed_ep": "exposed ep", "exposed_pp": "exposed pp", "exposed_dp": "exposed dp",
-                   "bubble": "bubble", "imbalance": "stage imbalance", "optimizer": "optimizer"}
+# The step breakdown's terms and their names, as the terminal summary prints them.
+BREAKDOWN_NAMES = BREAKDOWN_LABELS
 
 
 def step_breakdown_figure(reports: Sequence[tuple[str, "Report"]]) -> go.Figure:

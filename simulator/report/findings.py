@@ -164,6 +164,21 @@ def _fill(s: Suggestion, rep: "Report | None") -> Suggestion:
     return s
 
 
+def _tried(budget: "_Budget", cands: list[tuple[str, dict[str, Any]]], note) -> list[Suggestion]:
+    """Each valid candidate (label, overrides) re-simulated while the budget lasts; ``note(report)``
+    says what the simulated run shows of the problem."""
+    out = []
+    for label, over in cands:
+        if not budget.valid(over):
+            continue
+        rep2 = budget.simulate(over)
+        s = _fill(Suggestion(label, over), rep2)
+        if rep2 is not None:
+            s.note = note(rep2)
+        out.append(s)
+    return out
+
+
 def _sim_text(s: Suggestion, step_s: float) -> str:
     if s.simulated and s.predicted_step_s is not None:
         return f"{s.label}: step {s.predicted_step_s:.3f} s ({(s.predicted_step_s - step_s) / step_s:+.1%}, simulated)"
@@ -450,15 +465,7 @@ def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
         cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 2}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 2}))
     cands.append((f"grad_bucket_params={p.grad_bucket_params // 2:,}", {"parallelism.grad_bucket_params": p.grad_bucket_params // 2}))
     cands.append((f"grad_bucket_params={p.grad_bucket_params * 2:,}", {"parallelism.grad_bucket_params": p.grad_bucket_params * 2}))
-    sugg = []
-    for label, over in cands:
-        if not budget.valid(over):
-            continue
-        rep2 = budget.simulate(over)
-        s = _fill(Suggestion(label, over), rep2)
-        if rep2 is not None:
-            s.note = f"exposed dp {rep2.exposed_comm_s.get('dp', 0.0):.3f} s"
-        sugg.append(s)
+    sugg = _tried(budget, cands, lambda r: f"exposed dp {r.exposed_comm_s.get('dp', 0.0):.3f} s")
     waits = result.timeline.waits
     where = ""
     if waits is not None and len(waits):
@@ -486,15 +493,7 @@ def host_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     cands = [(f"micro_batch_size={sc.batch.micro_batch_size * 2}", {"batch.micro_batch_size": sc.batch.micro_batch_size * 2})]
     if p.tp >= 2:
         cands.append((f"tp={p.tp // 2}, dp={p.dp * 2}", {"parallelism.tp": p.tp // 2, "parallelism.dp": p.dp * 2}))
-    sugg = []
-    for label, over in cands:
-        if not budget.valid(over):
-            continue
-        rep2 = budget.simulate(over)
-        s = _fill(Suggestion(label, over), rep2)
-        if rep2 is not None:
-            s.note = f"host {rep2.step_breakdown_s.get('host_launch', 0.0):.3f} s"
-        sugg.append(s)
+    sugg = _tried(budget, cands, lambda r: f"host {r.step_breakdown_s.get('host_launch', 0.0):.3f} s")
     tried = "; ".join(_sim_text(s, rep.step_time_s) + (f", {s.note}" if s.simulated and s.note else "") for s in sugg)
     msg = (f"host-bound: the GPU waits {waited:.3f} s ({waited / rep.step_time_s:.1%} of the step) for the host to issue "
            "kernels that run shorter than their launch (eager PyTorch, profile host_launch_forward_us / "
