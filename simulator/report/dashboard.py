@@ -1459,7 +1459,8 @@ def build_dashboard_html(result: "SimulationResult", cdn: bool = False, ranks: S
         sections.append(panel("Where the step goes", '<div class="grid2"><div>'
                               + figure_div(step_breakdown_figure([("", rep)]), "breakdown-fig") + "</div><div>"
                               + breakdown_table(rep) + "</div></div>" + critical_path_html(rep),
-                              "The step split into compute, exposed communication per dimension, pipeline bubble, "
+                              "The step split into compute, the device waiting for the host to launch kernels, exposed "
+                              "communication per dimension, pipeline bubble, "
                               "stage imbalance and the optimizer (mean over pipeline ranks; the parts sum to the step), "
                               "and the critical path by cause.", anchor="sec-breakdown"))
     sections += timeline_sections(result, ranks)
