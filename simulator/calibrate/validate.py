@@ -81,7 +81,7 @@ def _rank_compute_s(prog, rank_pp: int) -> float:
     sched = prog.schedule
     total = 0.0
     for a in sched.actions[rank_pp]:
-        for sub in (a.sub if a.kind == "FB" else (a,)):
+        for sub in a.leaves:
             total += prog.segments[(sched.stage_position[sub.stage], sub.kind)].total_compute_s
     return total + prog.optimizer_s
 

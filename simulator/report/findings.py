@@ -300,7 +300,7 @@ def layer_costs(result: "SimulationResult") -> np.ndarray | None:
     kinds = set()
     for acts in sched.actions:
         for a in acts:
-            for sub in (a.sub if a.kind == "FB" else (a,)):
+            for sub in a.leaves:
                 kinds.add(sub.kind)
     cost = np.zeros(nl + 2)  # slot 0 = embedding (-1), slot nl + 1 = head (nl)
     for (pos, kind), seg in prog.segments.items():

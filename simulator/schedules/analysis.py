@@ -32,8 +32,6 @@ class UnitCostReplay:
         return self.makespan - self.busy[rank]
 
 
-def _leaves(action: Action) -> tuple[Action, ...]:
-    return action.sub if action.kind == "FB" and action.sub is not None else (action,)
 
 
 def replay_unit_costs(
@@ -56,7 +54,7 @@ def replay_unit_costs(
 
     def cost(action: Action) -> float:
         if action.kind == "FB":
-            return FB if FB is not None else sum(leaf_cost[a.kind] for a in _leaves(action))
+            return FB if FB is not None else sum(leaf_cost[a.kind] for a in action.leaves)
         return leaf_cost[action.kind]
 
     finish: dict[tuple[int, str, int], float] = {}
@@ -86,7 +84,7 @@ def replay_unit_costs(
             t = begin + cost(action)
             starts[rank].append(begin)
             ends[rank].append(t)
-            for leaf in _leaves(action):
+            for leaf in action.leaves:
                 if leaf.kind != "W":
                     event = (leaf.stage, "F" if leaf.kind == "F" else "BI", leaf.microbatch)
                     finish[event] = t
@@ -143,7 +141,7 @@ def peak_activations(schedule: PipelineSchedule, stage_weights: Sequence[float] 
     for ops in schedule.actions:
         held = peak = 0.0
         for action in ops:
-            for leaf in _leaves(action):
+            for leaf in action.leaves:
                 if leaf.kind == "F":
                     held += weights[leaf.stage]
                     peak = max(peak, held)

@@ -37,6 +37,11 @@ class Action:
     # pair's own stage and microbatch repeat its forward's (torch leaves them unset).
     sub: tuple["Action", "Action"] | None = None
 
+    @property
+    def leaves(self) -> tuple["Action", ...]:
+        """The actions that run: an FB pair's forward and backward, else the action itself."""
+        return self.sub if self.kind == "FB" and self.sub is not None else (self,)
+
     def __str__(self) -> str:
         if self.kind == "FB":
             assert self.sub is not None

@@ -37,8 +37,6 @@ def _where(rank: int, idx: int, action: Action) -> str:
     return f"rank {rank}, action {idx} ({action})"
 
 
-def _leaves(action: Action) -> tuple[Action, ...]:
-    return action.sub if action.kind == "FB" and action.sub is not None else (action,)
 
 
 def _check_shape(schedule: PipelineSchedule) -> None:
@@ -67,7 +65,7 @@ def _check_shape(schedule: PipelineSchedule) -> None:
                     )
             elif action.sub is not None:
                 raise UserError(f"{_where(rank, idx, action)}: only FB actions carry sub-actions; drop the pair or make it FB")
-            for leaf in _leaves(action):
+            for leaf in action.leaves:
                 if not 0 <= leaf.stage < s_count:
                     raise UserError(
                         f"{_where(rank, idx, action)}: stage {leaf.stage} does not exist; stages are 0..{s_count - 1}"
@@ -95,7 +93,7 @@ def _check_complete_and_ordered(schedule: PipelineSchedule) -> None:
     seen: dict[tuple[int, int], dict[str, tuple[int, int]]] = defaultdict(dict)
     for rank, ops in enumerate(schedule.actions):
         for idx, action in enumerate(ops):
-            for leaf in _leaves(action):
+            for leaf in action.leaves:
                 key = (leaf.stage, leaf.microbatch)
                 kinds = seen[key]
                 if leaf.kind in kinds:
@@ -188,7 +186,7 @@ def check_progress(schedule: PipelineSchedule) -> None:
                 blocked_on[rank] = lacking
                 waiting[lacking].append(rank)
                 break
-            for leaf in _leaves(action):
+            for leaf in action.leaves:
                 if leaf.kind == "W":
                     continue
                 event = (leaf.stage, "F" if leaf.kind == "F" else "BI", leaf.microbatch)

@@ -201,14 +201,14 @@ class Estimator:
             actions = sched.actions[r]
             last_grad: dict[int, int] = {}
             for idx, a in enumerate(actions):
-                for leaf in (a.sub if a.kind == "FB" else (a,)):
+                for leaf in a.leaves:
                     if leaf.kind in ("B", "W"):
                         last_grad[leaf.stage] = idx
             zb = any(a.kind == "W" for a in actions)
             hit = []
             for idx in range(min(last_grad.values(), default=len(actions)), len(actions)):
                 a = actions[idx]
-                for leaf in (a.sub if a.kind == "FB" else (a,)):
+                for leaf in a.leaves:
                     g = last_grad.get(leaf.stage) == idx and leaf.kind in (("W",) if zb else ("B", "W"))
                     hit.append((leaf.kind, sched.stage_position[leaf.stage], g, a.kind != "FB", leaf.stage))
             self._tails_of[tkey] = hit

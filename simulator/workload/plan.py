@@ -410,8 +410,6 @@ def build_plan(prog) -> Plan:
     return Plan(mesh=prog.mesh, schedule=sched, ranks=ranks, groups=communication_groups(prog.mesh, _hsdp_shard(prog)))
 
 
-def _subs(a: Action) -> tuple[Action, ...]:
-    return a.sub if a.kind == "FB" else (a,)
 
 
 def _template(seg) -> list[tuple]:
@@ -494,7 +492,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     # Which action is the last backward (B or W) of each stage: gradient buckets fill there.
     last_grad_action: dict[int, int] = {}
     for idx, a in enumerate(actions):
-        for sub in _subs(a):
+        for sub in a.leaves:
             if sub.kind in ("B", "W"):
                 last_grad_action[sub.stage] = idx
     zb = any(a.kind == "W" for a in actions)
@@ -526,7 +524,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     if zero3 and use_dp:
         gathered: set[tuple[int, int]] = set()
         for idx, a in enumerate(actions):
-            for sub in _subs(a):
+            for sub in a.leaves:
                 if sub.kind == "W" or (sub.kind != "F" and not prog.fsdp_reshard_after_forward):
                     continue
                 seg = prog.segments[(sched.stage_position[sub.stage], sub.kind)]
@@ -610,7 +608,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
             out.append(Wait(param_ready[sub.stage], Dim.DP, f"dp all_gather of stage {sub.stage} parameters"))
 
     def run_action(idx: int, a: Action) -> None:
-        for sub in _subs(a):
+        for sub in a.leaves:
             g = last_grad_action.get(sub.stage) == idx and sub.kind in (("W",) if zb else ("B", "W"))
             run_segments(sub, idx, g, blocking=a.kind != "FB")
             complete(sub)
@@ -630,7 +628,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
 
     if not blocking_exchange:
         for idx, a in enumerate(actions):
-            for sub in _subs(a):
+            for sub in a.leaves:
                 inputs(sub)
             run_action(idx, a)
     else:
@@ -653,7 +651,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
             first = actions[g[0]]
             combined = interleaved or not done or done[-1].kind != first.kind
             waits = send_outputs(done)
-            posts = tuple((st, kind, mb) for j in g for sub in _subs(actions[j])
+            posts = tuple((st, kind, mb) for j in g for sub in actions[j].leaves
                           for (st, kind, mb) in required_inputs(sched, sub) if sched.stage_rank[st] != pp_rank)
             if not combined:
                 out.extend(waits)
@@ -664,14 +662,14 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
             # The exchange returns when everything has arrived (and been all-gathered, with
             # scatter/gather): the group's inputs are waited for before any of its compute.
             for j in g:
-                for sub in _subs(actions[j]):
+                for sub in actions[j].leaves:
                     inputs(sub, remote=True)
             done = []
             for j in g:
-                for sub in _subs(actions[j]):
+                for sub in actions[j].leaves:
                     inputs(sub, remote=False)
                 run_action(j, actions[j])
-                done += _subs(actions[j])
+                done += actions[j].leaves
         out.extend(send_outputs(done))
 
     # Gradient reduction not overlapped with backward: all buckets after the last backward.

@@ -255,7 +255,7 @@ def host_launch_wait_s(prog: "Program") -> list[float]:
     for actions in sched.actions:
         total = 0.0
         for a in actions:
-            for leaf in (a.sub if a.kind == "FB" and a.sub is not None else (a,)):
+            for leaf in a.leaves:
                 key = (sched.stage_position[leaf.stage], leaf.kind)
                 v = per_kind.get(key)
                 if v is None:
