@@ -2,7 +2,8 @@
 wall and peak RSS per row, and the slowest row against issue 13's 5 s target.
 
 Each row runs in a fresh process (peak RSS is its own), as `validate --published` runs it
-(the steady-state fast path on; `--plain` turns it off). Medians of --repeat. Measured on the
+(`simulator.calibrate.published.simulate_row`: the steady-state fast path on, `--plain` turns it
+off; no critical path). Medians of --repeat. Measured on the
 shared 2-core development machine unless said otherwise: wall and events are both printed
 because wall depends on the load, events do not.
 
@@ -29,11 +30,15 @@ TARGET_S = 5.0
 
 _CHILD = r"""
 import json, resource, sys, time
-from simulator.scenario import build_scenario
-from simulator.simulate import simulate
+try:
+    from simulator.calibrate.published import simulate_row
+except ImportError:  # a --base checkout from before simulate_row
+    from simulator.scenario import build_scenario
+    from simulator.simulate import simulate
+    simulate_row = lambda d, fast_forward: simulate(build_scenario(d), fast_forward=fast_forward)
 d, ff = json.loads(sys.argv[1]), sys.argv[2] == "1"
 t, c = time.perf_counter(), time.process_time()
-res = simulate(build_scenario(d), fast_forward=ff)
+res = simulate_row(d, fast_forward=ff)
 wall, cpu = time.perf_counter() - t, time.process_time() - c
 tl = res.timeline
 print(json.dumps({"wall_s": wall, "cpu_s": cpu, "engine_s": tl.sim_wall_s, "events": tl.num_events,
