@@ -111,6 +111,29 @@ def test_the_step_breakdown_shows_the_host_wait_apart_from_compute(tmp_path):
     assert bd["compute"] == pytest.approx(res_free.report.step_breakdown_s["compute"], rel=1e-6)
 
 
+def test_the_critical_path_splits_the_host_wait_off_its_compute():
+    from simulator.report.analysis import critical_path, split_host_launch
+    from simulator.simulate import simulate
+    from simulator.workload.program import host_wait_shares
+
+    res = simulate(build_scenario(vtrain_scenario(_row(1024, 8, 1))))
+    rep = res.report
+    # One pipeline rank: the path crosses every action of it whole, so its host share is the
+    # breakdown's host term, and the causes still sum to the step.
+    assert rep.critical_path_s["host_launch"] == pytest.approx(rep.step_breakdown_s["host_launch"], rel=1e-9)
+    assert sum(rep.critical_path_s.values()) == pytest.approx(rep.step_time_s, rel=1e-9)
+    # The split moves time from compute to host_launch and nothing else: per action on the path too.
+    raw = critical_path(res.timeline)
+    split = split_host_launch(raw, host_wait_shares(res.program), res.program.schedule.stage_position)
+    before = sum(s["end_s"] - s["start_s"] for s in raw if s["cause"] == "compute")
+    after = {c: sum(s["end_s"] - s["start_s"] for s in split if s["cause"] == c) for c in ("compute", "host_launch")}
+    assert after["compute"] + after["host_launch"] == pytest.approx(before, rel=1e-12) and after["host_launch"] > 0
+    assert all(set(e["by_cause_s"]) >= {"compute", "host_launch"} for e in rep.critical_path if e["what"].startswith("B "))
+    # Large kernels: next to nothing on the path waits on the host (a few small segments).
+    big = simulate(build_scenario(vtrain_scenario(_row(8192, 1, 8)))).report
+    assert big.critical_path_s.get("host_launch", 0.0) < 1e-3 * big.step_time_s
+
+
 def test_a_host_bound_step_gets_a_finding_with_simulated_fixes():
     from simulator.report.findings import attach
 

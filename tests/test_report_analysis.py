@@ -49,7 +49,7 @@ def test_breakdown_sums_to_step_on_every_schedule(schedule, vpp):
     for a, b in zip(path, path[1:]):
         assert b["start_s"] == pytest.approx(a["end_s"], abs=1e-9)
     assert sum(rep.critical_path_s.values()) == pytest.approx(rep.step_time_s, rel=1e-6)
-    assert set(rep.critical_path_s) <= {"compute", "bubble", "tp", "cp", "ep", "pp", "dp"}
+    assert set(rep.critical_path_s) <= {"compute", "host_launch", "bubble", "tp", "cp", "ep", "pp", "dp"}
     assert rep.critical_path_s.get("compute", 0) > 0
     if schedule != "dualpipe":  # a pipeline with pp > 1: the path crosses stages through pp transfers
         assert len({s["pp_rank"] for s in path}) == 4 and rep.critical_path_s.get("pp", 0) > 0

@@ -25,7 +25,7 @@ last arriving member is not looked up (the path stays on the waiting rank).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -325,6 +325,30 @@ def critical_path(tl: "Timeline") -> list[dict[str, Any]]:
     return path
 
 
+def split_host_launch(path: list[dict[str, Any]], shares: dict[tuple[int, str], float],
+                      stage_position: Sequence[int]) -> list[dict[str, Any]]:
+    """The path with each compute stretch of an action that waits on the host split in two:
+    its kernels (cause compute) and, after them, its share of waiting for their launches (cause
+    host_launch), ``shares`` per (position, kind) (program.host_wait_shares). The share is the
+    action's: a stretch that covers part of an action gets that part's proportional share (the
+    waits are spread over the action's segments; the path does not resolve which of them it
+    crossed). The step breakdown's host_launch term is the exact per-rank sum."""
+    if not shares:
+        return path
+    out = []
+    for seg in path:
+        share = 0.0
+        if seg["cause"] == "compute" and 0 <= seg["stage"] < len(stage_position):
+            share = shares.get((stage_position[seg["stage"]], seg["kind"]), 0.0)
+        if share <= 0:
+            out.append(seg)
+            continue
+        cut = seg["end_s"] - share * (seg["end_s"] - seg["start_s"])
+        out.append({**seg, "end_s": cut})
+        out.append({**seg, "cause": "host_launch", "start_s": cut})
+    return out
+
+
 def summarize_path(path: list[dict[str, Any]], limit: int = 400) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Seconds on the path per cause, and the path merged into at most ~``limit`` entries: runs of
     one rank and one action (compute with the collectives inside it), transfers and waits apart."""
@@ -333,8 +357,9 @@ def summarize_path(path: list[dict[str, Any]], limit: int = 400) -> tuple[dict[s
         by_cause[seg["cause"]] = by_cause.get(seg["cause"], 0.0) + seg["end_s"] - seg["start_s"]
     merged: list[dict[str, Any]] = []
     for seg in path:
-        inside = seg["cause"] in ("compute", "tp", "cp", "ep")
-        key = (seg["rank"], seg["microbatch"], seg["stage"], seg["kind"]) if seg["cause"] == "compute" else None
+        inside = seg["cause"] in ("compute", "host_launch", "tp", "cp", "ep")
+        on_action = seg["cause"] in ("compute", "host_launch")
+        key = (seg["rank"], seg["microbatch"], seg["stage"], seg["kind"]) if on_action else None
         last = merged[-1] if merged else None
         if last is not None and inside and last["_inside"] and last["rank"] == seg["rank"] and (
                 key is None or last["_key"] is None or last["_key"] == key):
@@ -345,7 +370,7 @@ def summarize_path(path: list[dict[str, Any]], limit: int = 400) -> tuple[dict[s
                 last["what"] = _action_label(seg)
             continue
         merged.append({"rank": seg["rank"], "pp_rank": seg["pp_rank"], "start_s": seg["start_s"], "end_s": seg["end_s"],
-                       "what": _action_label(seg) if seg["cause"] == "compute" else f"{seg['cause']}: {seg['what']}",
+                       "what": _action_label(seg) if on_action else f"{seg['cause']}: {seg['what']}",
                        "by_cause_s": {seg["cause"]: seg["end_s"] - seg["start_s"]}, "_inside": inside, "_key": key})
     for m in merged:
         m.pop("_inside")
@@ -368,6 +393,11 @@ BREAKDOWN_LABELS = {"compute": "compute", "host_launch": "host (kernel launches)
                     "bubble": "bubble", "imbalance": "stage imbalance", "optimizer": "optimizer"}
 
 
+# The critical path's causes as printed where the raw key reads badly (host_launch: the
+# breakdown's "host (kernel launches)"); the others print as they are (compute, tp, ..., bubble).
+PATH_CAUSE_NAMES = {"host_launch": "host"}
+
+
 def breakdown_lines(report: Any) -> list[tuple[str, str]]:
     """(label, value) rows of the step breakdown and the critical path, for the terminal summary."""
     bd = report.step_breakdown_s
@@ -381,7 +411,7 @@ def breakdown_lines(report: Any) -> list[tuple[str, str]]:
         rows[1:] = [("  + " + label.strip(), v) for label, v in rows[1:]]
     cp = report.critical_path_s
     if cp:
-        rows.append(("critical path", ", ".join(f"{k} {v / step:.0%}" for k, v in sorted(cp.items(), key=lambda x: -x[1])
+        rows.append(("critical path", ", ".join(f"{PATH_CAUSE_NAMES.get(k, k)} {v / step:.0%}" for k, v in sorted(cp.items(), key=lambda x: -x[1])
                                                 if v > 0.005 * step)))
     return rows
 

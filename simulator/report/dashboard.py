@@ -26,7 +26,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from simulator.report.analysis import BREAKDOWN_LABELS
+from simulator.report.analysis import BREAKDOWN_LABELS, PATH_CAUSE_NAMES
 from simulator.vocabulary import DIM_NAMES, STREAM_NAMES
 
 if TYPE_CHECKING:  # the report layer only reads results; importing simulate here would be circular
@@ -486,7 +486,7 @@ def critical_path_trace(rep: "Report | None", lane_idx: dict[tuple[int, str], in
         y = lane - 0.44
         if prev_end is not None and abs(seg["start_s"] - prev_end) > 1e-9:
             xs.append(None), ys.append(None), text.append("")
-        parts = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in seg.get("by_cause_s", {}).items())
+        parts = ", ".join(f"{PATH_CAUSE_NAMES.get(k, k)} {v * 1e3:.2f} ms" for k, v in seg.get("by_cause_s", {}).items())
         label = esc(f"critical path: {seg['what']} on rank {seg['rank']} (pp {seg['pp_rank']}): {parts}")
         xs += [round(seg["start_s"] * 1e3, 4), round(seg["end_s"] * 1e3, 4)]
         ys += [y, y]
@@ -796,8 +796,8 @@ def step_breakdown_figure(reports: Sequence[tuple[str, "Report"]]) -> go.Figure:
             xs.append(v * 1e3)
             yy.append(f"{esc(label)} step" if multi else "step")
             cd.append(f"{v / rep.step_time_s:.1%}" if rep.step_time_s else "")
-            cause = {"compute": "compute", "bubble": "bubble"}.get(key, key.removeprefix("exposed_"))
-            if key in ("compute", "bubble") or key.startswith("exposed_"):
+            cause = key.removeprefix("exposed_")  # the path's causes: compute, host_launch, tp..dp, bubble
+            if key in ("compute", "host_launch", "bubble") or key.startswith("exposed_"):
                 cv = rep.critical_path_s.get(cause, 0.0)
                 xs.append(cv * 1e3)
                 yy.append(f"{esc(label)} critical path" if multi else "critical path")
@@ -1324,9 +1324,10 @@ def critical_path_html(rep: "Report", limit: int = 40) -> str:
     rows = "".join(
         f'<tr><td>{path[i]["start_s"] * 1e3:,.2f}</td><td>{(path[i]["end_s"] - path[i]["start_s"]) * 1e3:,.2f}</td>'
         f'<td>rank {esc(path[i]["rank"])} (pp {esc(path[i]["pp_rank"])})</td><td>{esc(path[i]["what"])}</td>'
-        f'<td>{esc(", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in path[i].get("by_cause_s", {}).items()))}</td></tr>'
+        f'<td>{esc(", ".join(f"{PATH_CAUSE_NAMES.get(k, k)} {v * 1e3:.2f} ms" for k, v in path[i].get("by_cause_s", {}).items()))}</td></tr>'
         for i in keep)
-    by = ", ".join(f"{esc(k)} {v / rep.step_time_s:.1%}" for k, v in sorted(rep.critical_path_s.items(), key=lambda x: -x[1]))
+    by = ", ".join(f"{esc(PATH_CAUSE_NAMES.get(k, k))} {v / rep.step_time_s:.1%}"
+                   for k, v in sorted(rep.critical_path_s.items(), key=lambda x: -x[1]))
     return (f'<details id="critical-path"><summary>Critical path: {len(path):,} entries ({by}); the {len(keep)} longest '
             f'in time order</summary><table class="diff"><tr><th>start ms</th><th>ms</th><th>where</th><th>what</th>'
             f"<th>by cause</th></tr>{rows}</table></details>")

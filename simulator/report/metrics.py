@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.engine.core import DIMS, Timeline
 from simulator.workload.memory import MemoryReport
-from simulator.workload.program import Program, host_launch_wait_s
+from simulator.workload.program import Program, host_launch_wait_s, host_wait_shares
 
 
 class Report(BaseModel):
@@ -57,7 +57,9 @@ class Report(BaseModel):
         "exposed_<dim>, bubble, imbalance, optimizer "
         "(mean over simulated ranks; sums to step_time_s) and unattributed (the remainder, ~0).")
     critical_path_s: dict[str, float] = Field(
-        default_factory=dict, description="Seconds of the critical path per cause (compute, tp, cp, ep, pp, dp, bubble).")
+        default_factory=dict, description="Seconds of the critical path per cause (compute, host_launch, tp, cp, ep, pp, dp, "
+                                          "bubble); host_launch: the device waiting for eager kernel launches, the "
+                                          "action's share of its compute stretches on the path.")
     critical_path: list[dict[str, Any]] = Field(
         default_factory=list, description="The critical path in time order: one entry per action, transfer or wait on it.")
     findings: list[dict[str, Any]] = Field(
@@ -93,7 +95,7 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
     means over a pipeline rank weigh each class by its size; default 1 each.
     ``with_critical_path``: False leaves ``critical_path`` empty (its walk can cost more than a
     fast-path run's event loop; a findings re-simulation needs only the step's figures)."""
-    from simulator.report.analysis import critical_path, rank_breakdown, summarize_path
+    from simulator.report.analysis import critical_path, rank_breakdown, split_host_launch, summarize_path
 
     step = tl.step_time_s
     per_rank_bd = rank_breakdown(tl, dict(enumerate(host_launch_wait_s(prog))))
@@ -133,7 +135,10 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
     tokens_per_s = prog.tokens_per_step / step
     # The mean over pipeline ranks (each row already averages its replicas), like exposed_comm_s.
     breakdown = {k: sum(r["breakdown_s"][k] for r in rows) / len(rows) for k in rows[0]["breakdown_s"]}
-    path_by_cause, path = summarize_path(critical_path(tl)) if with_critical_path else ({}, [])
+    path_by_cause, path = ({}, [])
+    if with_critical_path:
+        path_by_cause, path = summarize_path(split_host_launch(
+            critical_path(tl), host_wait_shares(prog), prog.schedule.stage_position))
     model_tflops_per_gpu = prog.model_flops_per_step / step / gpus / 1e12
     return Report(
         name=name,

@@ -266,6 +266,19 @@ def host_launch_wait_s(prog: "Program") -> list[float]:
     return out
 
 
+def host_wait_shares(prog: "Program") -> dict[tuple[int, str], float]:
+    """Per (position, kind) that waits on the host: the fraction of its compute time that is
+    host wait (Segments.host_wait_s over compute_s), for splitting a stretch of an action's
+    compute (the critical path's) into kernels and waiting for their launches."""
+    out = {}
+    for key, seg in prog.segments.items():
+        if seg.host_wait_s is not None:
+            total = float(seg.compute_s.sum())
+            if total > 0:
+                out[key] = float(seg.host_wait_s.sum()) / total
+    return out
+
+
 def _torchtitan_mm_parts(sc: Scenario, op: Op) -> list[float]:
     """The aten.mm calls torchtitan's Llama runs for one of our (fused) projection ops, as
     fractions of its output width: wq, wk, wv for qkv_proj (models/llama3/model/model.py
