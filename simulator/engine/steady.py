@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -79,43 +79,56 @@ def _common_prefix(x: tuple, y: tuple) -> int:
 
 def find_cut(full: PipelineSchedule, m_short: int, q: int, short: PipelineSchedule) -> Cut | None:
     """The cut that turns ``short`` into ``full`` by repeating one block per rank, or None."""
-    cut, _ = _find_cut(full, m_short, q, short)
-    return cut
+    return _find_cut(full, m_short, q, short).cut
 
 
-def _find_cut(full: PipelineSchedule, m_short: int, q: int, short: PipelineSchedule) -> tuple[Cut | None, bool | None]:
-    """(the cut or None, whether more microbatches could give one: True where the short
-    schedule's steady phase was too short to hold the observed periods, False where it is of
-    another shape, None where the steady phase does not repeat (yet))."""
+class _CutSearch(NamedTuple):
+    """What one shorter schedule gives: the cut, or why not and how many periods more to try."""
+
+    cut: Cut | None
+    # "cut"; "short": its steady phase holds too few blocks before the cut to observe;
+    # "no-repeat": the blocks before the cut do not repeat (the warm-up reaches into them, or the
+    # schedule never repeats: GPipe); "shape": the full schedule is not this one with blocks
+    # inserted (more microbatches keep it so)
+    status: str
+    # periods of q microbatches to add before trying again: 1, or the blocks the first rank found
+    # wanting lacks (each period more puts one more block into every rank's steady phase)
+    lacking: int = 1
+
+
+def _find_cut(full: PipelineSchedule, m_short: int, q: int, short: PipelineSchedule) -> _CutSearch:
+    """The cut from ``short`` to ``full`` (see _CutSearch)."""
     m = full.num_microbatches
     if (m - m_short) % q or m <= m_short:
-        return None, False
+        return _CutSearch(None, "shape")
     n = (m - m_short) // q
     cuts, periods = [], []
+    settle = max(1, -(-SETTLE_MICROBATCHES // q))
+    observed = VERIFY_PERIODS + settle  # blocks before the cut's own that must repeat it
     for r in range(full.num_ranks):
         L, S = full.actions[r], short.actions[r]
         extra = len(L) - len(S)
         if extra <= 0 or extra % n:
-            return None, False
+            return _CutSearch(None, "shape")
         a_len = extra // n
         c = _common_prefix(L, S)
-        settle = max(1, -(-SETTLE_MICROBATCHES // q))
-        if c < (VERIFY_PERIODS + settle + 1) * a_len:
-            return None, True
+        if c < (observed + 1) * a_len:
+            return _CutSearch(None, "short", -(-((observed + 1) * a_len - c) // a_len))
         block = S[c - a_len:c]
         # The schedule itself repeats the block before the cut (steady phase) ...
-        for j in range(1, VERIFY_PERIODS + settle + 1):
+        for j in range(1, observed + 1):
             if tuple(relabel(a, j * q) for a in S[c - (j + 1) * a_len:c - j * a_len]) != block:
-                return None, None  # the warm-up reaches into the observed periods, or no repeat
+                # the warm-up reaches into the observed blocks (j - 1 of them repeat), or no repeat
+                return _CutSearch(None, "no-repeat", observed - (j - 1))
         # ... and the full schedule is the short one with the block repeated n more times.
         for k in range(1, n + 1):
             if L[c + (k - 1) * a_len:c + k * a_len] != tuple(relabel(a, k * q) for a in block):
-                return None, False
+                return _CutSearch(None, "shape")
         if L[c + n * a_len:] != tuple(relabel(a, n * q) for a in S[c:]):
-            return None, False
+            return _CutSearch(None, "shape")
         cuts.append(c)
         periods.append(a_len)
-    return Cut(m_short, q, n, cuts, periods), False
+    return _CutSearch(Cut(m_short, q, n, cuts, periods), "cut")
 
 
 def plan_cuts(full: PipelineSchedule, build: Callable[[int], PipelineSchedule]) -> Iterator[tuple[PipelineSchedule, Cut]]:
@@ -133,16 +146,18 @@ def plan_cuts(full: PipelineSchedule, build: Callable[[int], PipelineSchedule]) 
                     short = build(m_s)
                 except UserError:  # the schedule rejects this count: try another period
                     break
-                cut, longer = _find_cut(full, m_s, q, short)
-                if cut is not None:
+                search = _find_cut(full, m_s, q, short)
+                if search.cut is not None:
                     found = True
-                    yield short, cut
-                elif longer is False:  # another shape: more microbatches keep it
+                    yield short, search.cut
+                elif search.status == "shape":  # more microbatches keep it
                     break
-                elif longer is None:
+                elif search.status == "no-repeat":
                     no_repeat += 1
                     if no_repeat > NO_REPEAT_TRIES:  # (GPipe: all forwards, then all backwards)
                         break
+                # Blocks wanting on some rank: the counts in between cannot hold them either.
+                m_s += (search.lacking - 1) * q
             m_s += q
         if found:
             return
