@@ -135,6 +135,32 @@ def test_find_cut_on_schedules():
     assert plan_cut(full_d, lambda m: build_schedule("dualpipev", 4, m, 1)) is None
 
 
+@pytest.mark.parametrize("name, pp, n, vpp", [("1f1b", 16, 64, 1), ("interleaved-1f1b", 8, 96, 2),
+                                               ("zb-h1", 8, 48, 1), ("gpipe", 4, 40, 1)])
+def test_cut_search_skips_only_counts_that_cannot_cut(name, pp, n, vpp, monkeypatch):
+    """Where a short schedule lacks observed blocks, plan_cuts jumps past the counts that cannot
+    hold them: it offers the same cuts, fewest microbatches first, as trying every count."""
+    import simulator.engine.steady as S
+    from simulator.schedules import build_schedule
+
+    full = build_schedule(name, pp, n, vpp)
+
+    def offers(built):
+        def build(m):
+            built.append(m)
+            return build_schedule(name, pp, m, vpp)
+        return [(short.num_microbatches, tuple(cut.cut_index)) for short, cut in S.plan_cuts(full, build)]
+
+    tried_jump, tried_all = [], []
+    jumping = offers(tried_jump)
+    search = S._find_cut
+    monkeypatch.setattr(S, "_find_cut", lambda *a: search(*a)._replace(lacking=1))
+    assert offers(tried_all) == jumping
+    assert len(tried_jump) <= len(tried_all)
+    if name in ("1f1b", "interleaved-1f1b"):
+        assert jumping and len(tried_jump) < len(tried_all)
+
+
 def _short_1f1b_run():
     """The short run the fast path would simulate for 1F1B pp4 with 24 microbatches: its
     timeline, the short schedule, the cut and the engine (with its action marks). On the
