@@ -76,10 +76,12 @@ def make_network(sc: Scenario, topo: TopologySpec, profile: Profile):
 
 
 def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None,
-             fast_forward: bool = False, with_critical_path: bool = True) -> SimulationResult:
+             fast_forward: bool = False, with_critical_path: bool = True, rows: bool = True) -> SimulationResult:
     """Simulate one step. ``progress`` hears about the work once all input has been checked.
     ``fast_forward``: replay a verified steady pipeline period in closed form (``simulate_step``).
-    ``with_critical_path``: False skips the report's critical path (what-if runs always walk it)."""
+    ``with_critical_path``: False skips the report's critical path (what-if runs always walk it).
+    ``rows``: False where only the report's figures are wanted: the fast path then makes no rows
+    for the periods it replays (``Timeline.rows``), and there is no critical path."""
     t_start = time.perf_counter()
     if sc.perturbations is not None and not sc.perturbations.empty:
         # What-if: the clean step and the perturbed one (simulator.whatif.run).
@@ -87,7 +89,8 @@ def simulate(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], Non
 
         result = simulate_whatif(sc, mode=mode, progress=progress)
     else:
-        result = simulate_step(sc, mode, progress, fast_forward=fast_forward, with_critical_path=with_critical_path)
+        result = simulate_step(sc, mode, progress, fast_forward=fast_forward, with_critical_path=with_critical_path,
+                               rows=rows)
     result.fast_forward = fast_forward
     result.report.setup = scenario_setup(sc)
     result.report.wall_s = time.perf_counter() - t_start
@@ -106,7 +109,8 @@ def scenario_setup(sc: Scenario) -> dict:
             "dtype": sc.dtype, "fp8_recipe": sc.fp8.recipe if sc.dtype == "fp8" else None, "recompute": sc.recompute}
 
 
-def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: PipelineSchedule) -> Timeline | None:
+def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: PipelineSchedule,
+                     rows: bool = True) -> Timeline | None:
     """The step's timeline from a shorter pipeline whose steady period is verified and replayed
     in closed form (``simulator.engine.steady``); None where that does not apply. A short run
     that had not settled is retried once with at least 1.5x the microbatches, if the two short
@@ -127,7 +131,7 @@ def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: 
         engine = Engine(prog_s, make_network(sc, topo, profile), mode="reduced", plan=build_plan(prog_s),
                         sm_count=profile.compute.sm_count,
                         contention_scale=measured_excess_scale(profile.compute.overlap_fits, profile.compute.sm_count))
-        out = run_short(engine, short, cut)
+        out = run_short(engine, short, cut, rows=rows)
         if out is not None or tried:
             return out
         tried = short.num_microbatches
@@ -155,18 +159,20 @@ def _lockstep_timeline(sc: Scenario, topo: TopologySpec, profile: Profile, prog,
 
 def simulate_step(sc: Scenario, mode: Mode = "reduced", progress: Callable[[str], None] | None = None,
                   what: str = "", wait_log: list | None = None, fast_forward: bool = False,
-                  with_critical_path: bool = True) -> SimulationResult:
+                  with_critical_path: bool = True, rows: bool = True) -> SimulationResult:
     """The one wiring of scenario -> workload plan -> engine -> report, for plain and what-if runs.
     ``what`` qualifies the progress line ("clean"); ``wait_log``, given, collects the engine's waits.
     ``fast_forward`` (reduced mode, a named schedule): simulate a shorter pipeline and replay its
-    verified steady period in closed form; the plain run where it does not verify."""
+    verified steady period in closed form; the plain run where it does not verify. ``rows``: see
+    simulate."""
     # Plan, run, frames and report: all of it allocates objects that stay alive (cyclic_gc_paused).
     with cyclic_gc_paused():
-        return _simulate_step(sc, mode, progress, what, wait_log, fast_forward, with_critical_path)
+        return _simulate_step(sc, mode, progress, what, wait_log, fast_forward, with_critical_path and rows, rows)
 
 
 def _simulate_step(sc: Scenario, mode: Mode, progress: Callable[[str], None] | None, what: str,
-                   wait_log: list | None, fast_forward: bool, with_critical_path: bool = True) -> SimulationResult:
+                   wait_log: list | None, fast_forward: bool, with_critical_path: bool = True,
+                   rows: bool = True) -> SimulationResult:
     profile = load_profile(sc.cluster.gpu)
     topo = load_topology(sc.cluster.topology)
     tl = tl_reps = not_lockstep = None
@@ -177,7 +183,7 @@ def _simulate_step(sc: Scenario, mode: Mode, progress: Callable[[str], None] | N
         sched = build_schedule(sc.schedule, p.pp, sc.num_microbatches, p.vpp)
         validate_schedule(sched)
         prog = build_program(sc, profile, sched)
-        tl = _steady_timeline(sc, profile, topo, sched)
+        tl = _steady_timeline(sc, profile, topo, sched, rows)
         if tl is not None:
             if progress is not None:
                 progress(f"simulated {sc.name}: {sched.name}, {tl.fast_forward['microbatches_simulated']} of "

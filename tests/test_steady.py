@@ -111,6 +111,26 @@ def test_fast_path_applies_interleaved_pp4():
     assert fast.timeline.num_events < 0.8 * simulate(sc).timeline.num_events
 
 
+@pytest.mark.parametrize("schedule,pp,nmb,vpp,tp,dp", [("1f1b", 4, 32, 1, 1, 4), ("interleaved-1f1b", 4, 32, 2, 2, 2),
+                                                     ("zbv", 4, 48, 1, 2, 2)])
+def test_figures_only_run_reports_what_the_rows_give(schedule, pp, nmb, vpp, tp, dp):
+    """simulate(rows=False) (validate --published's run): the replayed periods' rows are not
+    made; the report's figures, the step breakdown per pipeline rank included, are those of the
+    run that makes them (its compute, bubble and optimizer seconds summed without the rows)."""
+    sc = build_scenario(_scenario(schedule, pp, nmb, vpp, tp=tp, dp=dp))
+    full = simulate(sc, fast_forward=True)
+    lean = simulate(sc, fast_forward=True, rows=False)
+    assert full.timeline.fast_forward is not None and lean.timeline.fast_forward is not None
+    assert not lean.timeline.rows and len(lean.timeline.events) == 0 and not lean.report.critical_path
+    rf, rl = full.report, lean.report
+    assert rl.step_time_s == rf.step_time_s
+    assert rl.step_breakdown_s["bubble"] + rl.step_breakdown_s["imbalance"] > 0.01 * rf.step_time_s  # (idle to sum)
+    for a, b in zip(rf.per_pp_rank, rl.per_pp_rank):
+        for k, v in a["breakdown_s"].items():
+            assert abs(b["breakdown_s"][k] - v) <= REL * rf.step_time_s, (a["pp_rank"], k, v, b["breakdown_s"][k])
+        assert abs(a["bubble_fraction"] - b["bubble_fraction"]) <= REL
+
+
 def test_find_cut_on_schedules():
     """The schedule check: 1F1B and interleaved repeat one block; DualPipeV has no such shape."""
     from simulator.engine.steady import find_cut, plan_cut, relabel

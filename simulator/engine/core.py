@@ -86,6 +86,12 @@ class Timeline:
     # Seconds of sim_wall_s in the event loop itself: without the set-up before it (the plans'
     # requests analysed and routed once, O(world) for world-sized groups) and the frames after.
     loop_wall_s: float | None = None
+    # False where the steady-state fast path was asked for the figures only (simulate(rows=False)):
+    # the replayed periods' rows were not made, events and waits are empty, and row_totals holds
+    # what the report reads from the rows: {"compute_s": {rank: compute-stream seconds},
+    # "bubble_wait_s": {rank: seconds of bubble waits}, "optimizer_s": the optimizer step's}.
+    rows: bool = True
+    row_totals: dict | None = None
 
 
 def _describe(w: object) -> str:

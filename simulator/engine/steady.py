@@ -428,23 +428,25 @@ class _RankMarks(dict):
             self.owner.arrived(self.rank)
 
 
-def run_short(engine, short: PipelineSchedule, cut: Cut, why: list[str] | None = None) -> Timeline | None:
+def run_short(engine, short: PipelineSchedule, cut: Cut, why: list[str] | None = None, rows: bool = True) -> Timeline | None:
     """Run ``engine`` (built on the short schedule) with its action marks watched, and extend
     the result to the full step; None where it does not verify (``why`` gets the reason). The run
-    stops early where its marks already rule the cut out (``ShortRunMarks``)."""
+    stops early where its marks already rule the cut out (``ShortRunMarks``). ``rows``: see extend."""
     marks = ShortRunMarks(short, cut, {r: int(engine.coords[r, 0]) for r in engine.ranks})
     engine.action_marks = marks
     try:
         tl = engine.run()
     except NotPeriodic:
         return _fail(why, f"stopped early: {marks.why}")
-    return extend(tl, short, cut, marks, why)
+    return extend(tl, short, cut, marks, why, rows)
 
 
 def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dict[tuple, tuple]],
-           why: list[str] | None = None) -> Timeline | None:
+           why: list[str] | None = None, rows: bool = True) -> Timeline | None:
     """The full step's timeline from the short run ``tl``, or None where the short run is not
-    verified periodic before the cut (``why``, given, gets the reason).
+    verified periodic before the cut (``why``, given, gets the reason). ``rows`` False: the same
+    verification and figures, but the rows are not made (most of this function's time on long
+    steps): events and waits empty, ``Timeline.row_totals`` what the report reads from them.
 
     The cut is one instant T* at which every rank is inside a steady block and no rank has
     started an action past its steady phase, so the short and the full run agree up to T*;
@@ -522,12 +524,32 @@ def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dic
             col = "stream" if is_ev else "cause"
             if not (other[col].astype(str).to_numpy() == ref[col].astype(str).to_numpy()).all():
                 return _fail(why, 'row streams differ between periods')
+        if not rows:
+            continue
         # Build: up to T* as simulated; the verified period n more times; the rest shifted.
         parts.append(df[df["start_s"] < t_star])
         parts.append(_copies(window(df, 0), n, period, q, is_ev))
         parts.append(_shifted(df[df["start_s"] >= t_star], n * period, n * q, is_ev))
-    events = pd.concat(ev_parts, ignore_index=True)
-    new_waits = pd.concat(w_parts, ignore_index=True)
+    totals = None
+    if rows:
+        events = pd.concat(ev_parts, ignore_index=True)
+        new_waits = pd.concat(w_parts, ignore_index=True)
+    else:
+        events, new_waits = ev.iloc[:0], waits.iloc[:0]
+        # What the rows would sum to: the replayed rows are the window's, shifted, so each period
+        # adds the window's seconds once.
+        w_dur = (waits["end_s"] - waits["start_s"]).to_numpy()
+        w_start = waits["start_s"].to_numpy()
+        w_rank = waits["rank"].to_numpy()
+        is_b = (waits["cause"] == "bubble").to_numpy(dtype=bool)
+        in_win = (w_start >= t_star - period) & (w_start < t_star)
+        bubble = {r: 0.0 for r in tl.ranks}
+        for weight, sel in ((1.0, is_b), (float(n), is_b & in_win)):
+            for r, v in zip(w_rank[sel].tolist(), w_dur[sel].tolist()):
+                bubble[r] += weight * v
+        is_opt = ((ev["stream"] == "compute") & (ev["kind"] == "opt") & (ev["name"] == "optimizer step")).to_numpy(dtype=bool)
+        opt_dur = (ev["end_s"] - ev["start_s"]).to_numpy()[is_opt]
+        totals = {"bubble_wait_s": bubble, "optimizer_s": float(opt_dur.max()) if opt_dur.size else 0.0}
 
     dims = list(next(iter(tl.exposed_s.values())).keys())
     nd = len(dims)
@@ -539,6 +561,8 @@ def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dic
         nbytes[r] = {d: tl.comm_bytes[r][d] + g[1 + nd + i] for i, d in enumerate(dims)}
         cont[r] = tl.contention_s.get(r, 0.0) + g[1 + 2 * nd]
         end_t[r] = tl.end_time_s[r] + n * period
+    if totals is not None:
+        totals["compute_s"] = dict(busy)  # (the rows' compute seconds, as the engine accumulates them)
     return Timeline(
         events=events, step_time_s=max(end_t.values()), ranks=list(tl.ranks), pp_rank_of=dict(pp_of),
         busy_compute_s=busy, exposed_s=exposed, comm_bytes=nbytes, sim_wall_s=tl.sim_wall_s, num_events=tl.num_events,
@@ -548,7 +572,7 @@ def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dic
         network_report=[], contention_s=cont, waits=new_waits, end_time_s=end_t,
         fast_forward={"microbatches_simulated": cut.m_short, "periods_skipped": n, "period_s": period,
                       "microbatches_per_period": q},
-        loop_wall_s=tl.loop_wall_s,
+        loop_wall_s=tl.loop_wall_s, rows=rows, row_totals=totals,
     )
 
 

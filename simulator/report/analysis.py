@@ -52,23 +52,28 @@ def rank_breakdown(tl: "Timeline", host_wait_s: dict[int, float] | None = None) 
     ``host_wait_s``: per pipeline rank, the part of its compute time spent waiting for the host
     to issue kernels (the plan's, simulator.workload.program.host_launch_wait_s); 0 if None."""
     step = tl.step_time_s
-    # The optimizer step: the plan's last compute entry on every rank ("opt" kind, "optimizer step").
-    # Column arrays and masks, no sub-frames: full mode at scale has millions of rows, and a
-    # filtered frame copies every column.
-    ev = tl.events
-    is_comp = (ev["stream"] == "compute").to_numpy(dtype=bool)
-    dur = ev["end_s"].to_numpy() - ev["start_s"].to_numpy()
-    ev_rank = ev["rank"].to_numpy()
-    is_opt = is_comp & (ev["kind"] == "opt").to_numpy(dtype=bool) & (ev["name"] == "optimizer step").to_numpy(dtype=bool)
-    opt = float(dur[is_opt].max()) if is_opt.any() else 0.0
     waits = getattr(tl, "waits", None)
     ends = getattr(tl, "end_time_s", None) or {}
-    busy = _sum_by_rank(ev_rank[is_comp], dur[is_comp])
-    bubble_w: dict[int, float] = {}
-    if waits is not None and len(waits):
-        is_b = (waits["cause"] == "bubble").to_numpy(dtype=bool)
-        w_dur = waits["end_s"].to_numpy() - waits["start_s"].to_numpy()
-        bubble_w = _sum_by_rank(waits["rank"].to_numpy()[is_b], w_dur[is_b])
+    totals = getattr(tl, "row_totals", None)
+    if not getattr(tl, "rows", True) and totals is not None:
+        # the fast path's figures-only timeline: the rows' sums, made without the rows
+        opt, busy, bubble_w = totals["optimizer_s"], totals["compute_s"], totals["bubble_wait_s"]
+    else:
+        # The optimizer step: the plan's last compute entry on every rank ("opt" kind, "optimizer step").
+        # Column arrays and masks, no sub-frames: full mode at scale has millions of rows, and a
+        # filtered frame copies every column.
+        ev = tl.events
+        is_comp = (ev["stream"] == "compute").to_numpy(dtype=bool)
+        dur = ev["end_s"].to_numpy() - ev["start_s"].to_numpy()
+        ev_rank = ev["rank"].to_numpy()
+        is_opt = is_comp & (ev["kind"] == "opt").to_numpy(dtype=bool) & (ev["name"] == "optimizer step").to_numpy(dtype=bool)
+        opt = float(dur[is_opt].max()) if is_opt.any() else 0.0
+        busy = _sum_by_rank(ev_rank[is_comp], dur[is_comp])
+        bubble_w = {}
+        if waits is not None and len(waits):
+            is_b = (waits["cause"] == "bubble").to_numpy(dtype=bool)
+            w_dur = waits["end_s"].to_numpy() - waits["start_s"].to_numpy()
+            bubble_w = _sum_by_rank(waits["rank"].to_numpy()[is_b], w_dur[is_b])
     out: dict[int, dict[str, float]] = {}
     for r in tl.ranks:
         compute = busy.get(r, 0.0) - opt
