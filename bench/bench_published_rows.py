@@ -3,7 +3,7 @@ wall and peak RSS per row, and the slowest row against issue 13's 5 s target.
 
 Each row runs in a fresh process (peak RSS is its own), as `validate --published` runs it
 (`simulator.calibrate.published.simulate_row`: the steady-state fast path on, `--plain` turns it
-off; no critical path). Medians of --repeat. Measured on the
+off; the report's figures only: no critical path, no rows for the replayed periods). Medians of --repeat. Measured on the
 shared 2-core development machine unless said otherwise: wall and events are both printed
 because wall depends on the load, events do not.
 
