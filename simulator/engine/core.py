@@ -89,7 +89,7 @@ class Timeline:
     # False where the steady-state fast path was asked for the figures only (simulate(rows=False)):
     # the replayed periods' rows were not made, events and waits are empty, and row_totals holds
     # what the report reads from the rows: {"compute_s": {rank: compute-stream seconds},
-    # "bubble_wait_s": {rank: seconds of bubble waits}, "optimizer_s": the optimizer step's}.
+    # "bubble_wait_s": {rank: seconds of bubble waits}, "opt_s": the longest "opt" compute row}.
     rows: bool = True
     row_totals: dict | None = None
 

@@ -549,7 +549,7 @@ def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dic
                 bubble[r] += weight * v
         is_opt = ((ev["stream"] == "compute") & (ev["kind"] == "opt") & (ev["name"] == "optimizer step")).to_numpy(dtype=bool)
         opt_dur = (ev["end_s"] - ev["start_s"]).to_numpy()[is_opt]
-        totals = {"bubble_wait_s": bubble, "optimizer_s": float(opt_dur.max()) if opt_dur.size else 0.0}
+        totals = {"bubble_wait_s": bubble, "opt_s": float(opt_dur.max()) if opt_dur.size else 0.0}
 
     dims = list(next(iter(tl.exposed_s.values())).keys())
     nd = len(dims)

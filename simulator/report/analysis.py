@@ -57,7 +57,7 @@ def rank_breakdown(tl: "Timeline", host_wait_s: dict[int, float] | None = None) 
     totals = getattr(tl, "row_totals", None)
     if not getattr(tl, "rows", True) and totals is not None:
         # the fast path's figures-only timeline: the rows' sums, made without the rows
-        opt, busy, bubble_w = totals["optimizer_s"], totals["compute_s"], totals["bubble_wait_s"]
+        opt, busy, bubble_w = totals["opt_s"], totals["compute_s"], totals["bubble_wait_s"]
     else:
         # The optimizer step: the plan's last compute entry on every rank ("opt" kind, "optimizer step").
         # Column arrays and masks, no sub-frames: full mode at scale has millions of rows, and a
