@@ -88,8 +88,7 @@ class Timeline:
     loop_wall_s: float | None = None
     # False where the steady-state fast path was asked for the figures only (simulate(rows=False)):
     # the replayed periods' rows were not made, events and waits are empty, and row_totals holds
-    # what the report reads from the rows: {"compute_s": {rank: compute-stream seconds},
-    # "bubble_wait_s": {rank: seconds of bubble waits}, "opt_s": the longest "opt" compute row}.
+    # what the report reads from the rows (simulator.engine.steady.row_totals), summed without them.
     rows: bool = True
     row_totals: dict | None = None
 

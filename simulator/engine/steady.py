@@ -428,6 +428,30 @@ class _RankMarks(dict):
             self.owner.arrived(self.rank)
 
 
+def _sum_by_rank(rank: np.ndarray, seconds: np.ndarray) -> dict[int, float]:
+    """rank -> the sum of its seconds (pandas' groupby sum: its compensated summation, so the
+    figures are the ones a grouped frame gave)."""
+    return {int(r): float(v) for r, v in pd.Series(seconds).groupby(rank).sum().items()}
+
+
+def row_totals(events: pd.DataFrame, waits: pd.DataFrame | None) -> dict:
+    """What the step breakdown reads from a timeline's rows (report.analysis.rank_breakdown):
+    {"compute_s": {rank: compute-stream seconds}, "bubble_wait_s": {rank: bubble waits' seconds},
+    "opt_s": the longest optimizer-step row (the plan's last compute entry on every rank: kind
+    "opt", named "optimizer step")}. Column arrays and masks, no sub-frames: full mode at scale
+    has millions of rows, and a filtered frame copies every column."""
+    is_comp = (events["stream"] == "compute").to_numpy(dtype=bool)
+    dur = events["end_s"].to_numpy() - events["start_s"].to_numpy()
+    is_opt = is_comp & (events["kind"] == "opt").to_numpy(dtype=bool) & (events["name"] == "optimizer step").to_numpy(dtype=bool)
+    bubble: dict[int, float] = {}
+    if waits is not None and len(waits):
+        is_b = (waits["cause"] == "bubble").to_numpy(dtype=bool)
+        w_dur = waits["end_s"].to_numpy() - waits["start_s"].to_numpy()
+        bubble = _sum_by_rank(waits["rank"].to_numpy()[is_b], w_dur[is_b])
+    return {"compute_s": _sum_by_rank(events["rank"].to_numpy()[is_comp], dur[is_comp]), "bubble_wait_s": bubble,
+            "opt_s": float(dur[is_opt].max()) if is_opt.any() else 0.0}
+
+
 def run_short(engine, short: PipelineSchedule, cut: Cut, why: list[str] | None = None, rows: bool = True) -> Timeline | None:
     """Run ``engine`` (built on the short schedule) with its action marks watched, and extend
     the result to the full step; None where it does not verify (``why`` gets the reason). The run
@@ -536,20 +560,13 @@ def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dic
         new_waits = pd.concat(w_parts, ignore_index=True)
     else:
         events, new_waits = ev.iloc[:0], waits.iloc[:0]
-        # What the rows would sum to: the replayed rows are the window's, shifted, so each period
-        # adds the window's seconds once.
-        w_dur = (waits["end_s"] - waits["start_s"]).to_numpy()
-        w_start = waits["start_s"].to_numpy()
-        w_rank = waits["rank"].to_numpy()
-        is_b = (waits["cause"] == "bubble").to_numpy(dtype=bool)
-        in_win = (w_start >= t_star - period) & (w_start < t_star)
-        bubble = {r: 0.0 for r in tl.ranks}
-        for weight, sel in ((1.0, is_b), (float(n), is_b & in_win)):
-            for r, v in zip(w_rank[sel].tolist(), w_dur[sel].tolist()):
-                bubble[r] += weight * v
-        is_opt = ((ev["stream"] == "compute") & (ev["kind"] == "opt") & (ev["name"] == "optimizer step")).to_numpy(dtype=bool)
-        opt_dur = (ev["end_s"] - ev["start_s"]).to_numpy()[is_opt]
-        totals = {"bubble_wait_s": bubble, "opt_s": float(opt_dur.max()) if opt_dur.size else 0.0}
+        # The replayed rows are the verified period's, shifted: each of the n periods adds its
+        # seconds once to what the short run's rows sum to.
+        totals = row_totals(ev, waits)
+        once = row_totals(window(ev, 0), window(waits, 0))
+        for key in ("compute_s", "bubble_wait_s"):
+            for r, v in once[key].items():
+                totals[key][r] = totals[key].get(r, 0.0) + n * v
 
     dims = list(next(iter(tl.exposed_s.values())).keys())
     nd = len(dims)
@@ -561,8 +578,6 @@ def extend(tl: Timeline, short: PipelineSchedule, cut: Cut, marks: dict[int, dic
         nbytes[r] = {d: tl.comm_bytes[r][d] + g[1 + nd + i] for i, d in enumerate(dims)}
         cont[r] = tl.contention_s.get(r, 0.0) + g[1 + 2 * nd]
         end_t[r] = tl.end_time_s[r] + n * period
-    if totals is not None:
-        totals["compute_s"] = dict(busy)  # (the rows' compute seconds, as the engine accumulates them)
     return Timeline(
         events=events, step_time_s=max(end_t.values()), ranks=list(tl.ranks), pp_rank_of=dict(pp_of),
         busy_compute_s=busy, exposed_s=exposed, comm_bytes=nbytes, sim_wall_s=tl.sim_wall_s, num_events=tl.num_events,

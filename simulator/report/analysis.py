@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 
+from simulator.engine.steady import row_totals
+
 if TYPE_CHECKING:
     from simulator.engine.core import Timeline
 
@@ -41,12 +43,6 @@ BREAKDOWN_KEYS = ("compute", "host_launch") + tuple(f"exposed_{d}" for d in DIMS
 EPS_S = 1e-12
 
 
-def _sum_by_rank(rank: np.ndarray, seconds: np.ndarray) -> dict[int, float]:
-    """rank -> the sum of its seconds (pandas' groupby sum: its compensated summation, so the
-    figures are the ones a grouped frame gave)."""
-    return {int(r): float(v) for r, v in pd.Series(seconds).groupby(rank).sum().items()}
-
-
 def rank_breakdown(tl: "Timeline", host_wait_s: dict[int, float] | None = None) -> dict[int, dict[str, float]]:
     """Per simulated rank: the parts of BREAKDOWN_KEYS (seconds) and ``unattributed``.
     ``host_wait_s``: per pipeline rank, the part of its compute time spent waiting for the host
@@ -54,26 +50,12 @@ def rank_breakdown(tl: "Timeline", host_wait_s: dict[int, float] | None = None) 
     step = tl.step_time_s
     waits = getattr(tl, "waits", None)
     ends = getattr(tl, "end_time_s", None) or {}
+    # What the rows sum to: from the rows, or, where the fast path made none for the periods
+    # it replayed, as it summed them (the same sums, simulator.engine.steady.row_totals).
     totals = getattr(tl, "row_totals", None)
-    if not getattr(tl, "rows", True) and totals is not None:
-        # the fast path's figures-only timeline: the rows' sums, made without the rows
-        opt, busy, bubble_w = totals["opt_s"], totals["compute_s"], totals["bubble_wait_s"]
-    else:
-        # The optimizer step: the plan's last compute entry on every rank ("opt" kind, "optimizer step").
-        # Column arrays and masks, no sub-frames: full mode at scale has millions of rows, and a
-        # filtered frame copies every column.
-        ev = tl.events
-        is_comp = (ev["stream"] == "compute").to_numpy(dtype=bool)
-        dur = ev["end_s"].to_numpy() - ev["start_s"].to_numpy()
-        ev_rank = ev["rank"].to_numpy()
-        is_opt = is_comp & (ev["kind"] == "opt").to_numpy(dtype=bool) & (ev["name"] == "optimizer step").to_numpy(dtype=bool)
-        opt = float(dur[is_opt].max()) if is_opt.any() else 0.0
-        busy = _sum_by_rank(ev_rank[is_comp], dur[is_comp])
-        bubble_w = {}
-        if waits is not None and len(waits):
-            is_b = (waits["cause"] == "bubble").to_numpy(dtype=bool)
-            w_dur = waits["end_s"].to_numpy() - waits["start_s"].to_numpy()
-            bubble_w = _sum_by_rank(waits["rank"].to_numpy()[is_b], w_dur[is_b])
+    if totals is None:
+        totals = row_totals(tl.events, waits)
+    opt, busy, bubble_w = totals["opt_s"], totals["compute_s"], totals["bubble_wait_s"]
     out: dict[int, dict[str, float]] = {}
     for r in tl.ranks:
         compute = busy.get(r, 0.0) - opt
