@@ -418,10 +418,13 @@ def test_new_topologies_load_with_sourced_facts():
     assert load_topology("dgx-a100-fattree").node.cpu_vendor == "intel"  # the default keeps old files valid
 
 
-def test_shipped_a100_calibration_is_the_azure_fit(fitted):
-    """The shipped A100 profile's comm.nccl is what the fit gives on the Azure NDv4 logs (not edited by hand)."""
-    shipped = load_profile("a100-sxm-80gb").comm.nccl
-    cal = fitted["azure-ndv4"][3]
-    assert shipped.system == "azure-ndv4"
+@pytest.mark.parametrize("profile,system", [("a100-sxm-80gb", "azure-ndv4"), ("a100-sxm-40gb", "azure-ndv4"),
+                                            ("h100-sxm-80gb-p5-efa", "p5-efa")])
+def test_shipped_calibrations_are_the_fits(fitted, profile, system):
+    """A shipped profile's comm.nccl is what the fit gives on its system's logs (not edited by hand):
+    the A100 profiles carry the Azure NDv4 fit, the p5 profile the p5 log's."""
+    shipped = load_profile(profile).comm.nccl
+    cal = fitted[system][3]
+    assert shipped.system == system
     for k, v in cal.model_dump(exclude={"system", "fit_error"}, exclude_none=True).items():
         assert getattr(shipped, k) == pytest.approx(v, rel=2e-2, abs=1e-3), k

@@ -98,8 +98,8 @@ def identify_gpu(name: str, total_mem_bytes: int | None = None, num_sms: int | N
     for pname in available_profiles():
         p = load_profile(pname)
         pm, pf = _model_and_form(p.device)
-        if pm != model:
-            continue
+        if pm != model or p.provenance.method != "spec":
+            continue  # (a system's calibration of the same part, h100-sxm-80gb-p5-efa, is chosen by name)
         pf = pf or "sxm"
         if (form or "sxm") != pf:
             continue
