@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from simulator.report.findings import attach, best_split
+from simulator.report.findings import attach, balance_positions, best_split, rank_loads
 from simulator.scenario import build_scenario
 from simulator.simulate import simulate
 
@@ -186,3 +186,37 @@ def test_bubble_under_a_schedule_file_names_the_file_and_suggests_no_batch_chang
     assert "with schedule file custom_interleaved_2ranks.csv on pp=2" in f["message"]
     assert "1f1b" not in f["message"] and "global_batch_size" not in f["message"]
     assert f["suggestions"] == []
+
+
+def test_interleaved_imbalance_is_found_and_re_split_by_virtual_stage():
+    """An interleaved pipeline whose last rank holds the LM head gets the imbalance finding (it
+    had none: a rank holding several positions was skipped), with a split over pp*vpp positions."""
+    sc = dict(BASE, parallelism={"tp": 2, "pp": 4, "vpp": 2, "zero": 1, "pp_layer_split": [4] * 8},
+              schedule="interleaved-1f1b")
+    rep = attach(simulate(build_scenario(sc)), budget_s=10).report
+    f = _kinds(rep)["imbalance"]
+    (s,) = f["suggestions"]
+    split = s["overrides"]["parallelism.pp_layer_split"]
+    assert len(split) == 8 and sum(split) == 32 and min(split) >= 1 and split[-1] < 4
+    assert s["simulated"] and s["predicted_step_s"] < rep.step_time_s
+    assert "virtual stages" in f["message"]
+
+
+def test_balance_positions_matches_brute_force_on_a_small_interleaved_case():
+    import itertools
+
+    import numpy as np
+
+    costs = np.array([1.0] * 9 + [2.5])  # the last layer carries the head
+    rank_of = [0, 1, 0, 1]  # two ranks, two chunks each
+    m = 8
+
+    def objective(c):  # m x slowest rank + (ranks - 1) x slowest position, per microbatch
+        pos = [costs[a:b].sum() for a, b in zip(np.cumsum([0, *c[:-1]]), np.cumsum(c))]
+        return m * rank_loads(costs, c, rank_of, 2).max() + max(pos)
+
+    start = [4, 1, 4, 1]  # rank 0 holds 8 of 10 layers
+    got = balance_positions(costs, start, rank_of, 2, m)
+    best = min(objective(c) for c in itertools.product(range(1, 8), repeat=4) if sum(c) == 10)
+    assert sum(got) == 10 and min(got) >= 1
+    assert objective(got) == pytest.approx(best) and objective(got) < objective(start)

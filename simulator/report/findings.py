@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -336,16 +337,73 @@ def best_split(costs: np.ndarray, parts: int) -> list[int]:
     return counts[::-1]
 
 
+def rank_loads(costs: np.ndarray, counts: Sequence[int], rank_of_position: Sequence[int], ranks: int) -> np.ndarray:
+    """Per pipeline rank, the compute of the layers its positions hold: position i takes the next
+    ``counts[i]`` layers in order and runs on rank ``rank_of_position[i]``."""
+    edges = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    pre = np.concatenate([[0.0], np.cumsum(costs)])
+    loads = np.zeros(ranks)
+    np.add.at(loads, np.asarray(rank_of_position), pre[edges[1:]] - pre[edges[:-1]])
+    return loads
+
+
+def balance_positions(costs: np.ndarray, counts: Sequence[int], rank_of_position: Sequence[int], ranks: int,
+                      microbatches: int) -> list[int]:
+    """Layers per position (contiguous, in order, each >= 1) for a pipeline where a rank holds
+    several positions (interleaved chunks, V shapes), lowering m x (slowest rank's compute per
+    microbatch) + (ranks - 1) x (slowest position's): 1F1B's (m + p - 1) x stage time with the
+    fill and drain paid per position, so evening out ranks does not pay for a lopsided chunk
+    (with one position per rank it is best_split's objective). From ``counts``, repeatedly move
+    one layer from one position to another (those between shift by one layer) where that lowers
+    (objective, sum of squared rank loads); stops when no move does. A local search."""
+    cur = list(counts)
+    pre = np.concatenate([[0.0], np.cumsum(costs)])
+
+    def score(c: list[int]) -> tuple[float, float]:
+        loads = rank_loads(costs, c, rank_of_position, ranks)
+        edges = np.concatenate([[0], np.cumsum(c)]).astype(np.int64)
+        longest = float((pre[edges[1:]] - pre[edges[:-1]]).max())
+        return microbatches * float(loads.max()) + (ranks - 1) * longest, float((loads ** 2).sum())
+
+    best = score(cur)
+    for _ in range(4 * len(costs)):
+        found = None
+        for i in range(len(cur)):
+            if cur[i] <= 1:
+                continue
+            for j in range(len(cur)):
+                if j == i:
+                    continue
+                cand = cur.copy()
+                cand[i] -= 1
+                cand[j] += 1
+                sc = score(cand)
+                tol = 1e-12 * max(abs(best[0]), 1.0)
+                if sc[0] < best[0] - tol or (sc[0] <= best[0] + tol and sc[1] < best[1] * (1 - 1e-9)):
+                    if found is None or sc < found[0]:
+                        found = (sc, cand)
+        if found is None:
+            break
+        best, cur = found
+    return cur
+
+
 def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     rep = result.report
     sc = result.scenario
     prog = result.program
     sched = prog.schedule
     p = sc.parallelism
-    if p.pp < 2 or len(prog.position_layers) != sched.num_ranks:
-        return None  # interleaved and V shapes: a rank holds several positions (not handled here)
-    if any(sched.stage_position[st] != sched.stage_rank[st] for st in range(sched.num_stages)):
+    if p.pp < 2:
         return None
+    rank_of: dict[int, int] = {}
+    for st in range(sched.num_stages):
+        if rank_of.setdefault(sched.stage_position[st], sched.stage_rank[st]) != sched.stage_rank[st]:
+            return None  # a position run by two ranks (DualPipe's two directions): no split to propose
+    positions = len(prog.position_layers)
+    if sorted(rank_of) != list(range(positions)) or len(set(rank_of.values())) != sched.num_ranks:
+        return None
+    rank_of_position = [rank_of[i] for i in range(positions)]
     comp = [r["breakdown_s"]["compute"] for r in rep.per_pp_rank]
     mean = sum(comp) / len(comp)
     slow = int(np.argmax(comp))
@@ -353,14 +411,12 @@ def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | 
         return None
     costs = layer_costs(result)
     current = [len(x) for x in prog.position_layers]
-    split = best_split(costs, p.pp)
-    pre = np.concatenate([[0.0], np.cumsum(costs)])
-
-    def stage_max(counts: list[int]) -> float:
-        edges = np.concatenate([[0], np.cumsum(counts)])
-        return float(max(pre[edges[i + 1]] - pre[edges[i]] for i in range(len(counts))))
-
-    now_max, new_max = stage_max(current), stage_max(split)
+    if positions == sched.num_ranks and rank_of_position == list(range(positions)):
+        split = best_split(costs, p.pp)
+    else:
+        split = balance_positions(costs, current, rank_of_position, sched.num_ranks, sc.num_microbatches)
+    now_max = float(rank_loads(costs, current, rank_of_position, sched.num_ranks).max())
+    new_max = float(rank_loads(costs, split, rank_of_position, sched.num_ranks).max())
     excess = comp[slow] / mean - 1
     head = f"imbalance: pp rank {slow} computes {excess:.1%} more than the mean ({comp[slow]:.3f} s vs {mean:.3f} s)"
     if split == current or new_max >= now_max * 0.99:
@@ -370,15 +426,18 @@ def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | 
     s = _fill(Suggestion(f"pp_layer_split={split}", over,
                          note=f"slowest stage {new_max * 1e3:.1f} ms instead of {now_max * 1e3:.1f} ms per microbatch "
                               "(program's per-layer compute; not simulated)"), budget.simulate(over))
-    moved = ", ".join(f"pp {i} {c:+d}" for i, c in enumerate(np.array(split) - np.array(current)) if c)
+    unit = "layers" if positions == sched.num_ranks else "layers; positions are virtual stages, chunk by chunk"
+    moved = ", ".join(f"{'pp' if positions == sched.num_ranks else 'position'} {i} {c:+d}"
+                      for i, c in enumerate(np.array(split) - np.array(current)) if c)
     head += f"; imbalance costs {rep.step_breakdown_s.get('imbalance', 0.0):.3f} s of the step. "
-    stages = f"{now_max * 1e3:.1f} → {new_max * 1e3:.1f} ms per microbatch"
+    stages = (f"{'' if positions == sched.num_ranks else '(pp rank) '}{now_max * 1e3:.1f} → {new_max * 1e3:.1f} ms "
+              "per microbatch")
     if s.simulated and s.predicted_step_s is not None and s.predicted_step_s > rep.step_time_s * (1 - NO_GAIN_SHARE):
         # The per-layer compute says the split helps, the simulation says the step does not: do not advise it.
-        msg = (f"{head}Moving layers ({moved} layers) lowers the slowest stage {stages} but not the step: "
+        msg = (f"{head}Moving layers ({moved} {unit}) lowers the slowest stage {stages} but not the step: "
                f"{_sim_text(s, rep.step_time_s)}; keep pp_layer_split {current}.")
     else:
-        msg = (f"{head}Move layers ({moved} layers): pp_layer_split {current} → {split}, slowest stage {stages}; "
+        msg = (f"{head}Move layers ({moved} {unit}): pp_layer_split {current} → {split}, slowest stage {stages}; "
                f"{_sim_text(s, rep.step_time_s)}.")
     return Finding("imbalance", msg, excess, [s])
 
