@@ -220,3 +220,19 @@ def test_balance_positions_matches_brute_force_on_a_small_interleaved_case():
     best = min(objective(c) for c in itertools.product(range(1, 8), repeat=4) if sum(c) == 10)
     assert sum(got) == 10 and min(got) >= 1
     assert objective(got) == pytest.approx(best) and objective(got) < objective(start)
+
+
+def test_a_suggestion_not_simulated_says_why():
+    """The note names the budget and what one re-simulation costs (it said "over the time budget"
+    whether the budget was spent or zero)."""
+    from simulator.report.findings import _Budget
+
+    res = simulate(build_scenario(BASE))
+    b = _Budget(res, 0.0)
+    assert b.simulate({"parallelism.zero": 2}) is None and b.why_not == "not simulated (--findings-budget-s 0)"
+    b = _Budget(res, 1e-3)
+    assert b.simulate({"parallelism.zero": 2}) is None
+    assert "findings budget is left (--findings-budget-s)" in b.why_not and f"~{b.one_s:.1f} s" in b.why_not
+    rep = attach(res, budget_s=0).report
+    notes = [s.get("note") for f in rep.findings for s in f["suggestions"]]
+    assert notes and not any("over the time budget" in (n or "") for n in notes)

@@ -78,8 +78,10 @@ class _Budget:
 
     def __init__(self, result: "SimulationResult", budget_s: float):
         self.result = result
+        self.budget_s = budget_s
         self.left_s = budget_s
         self.one_s = max(0.05, self.worst_case_s(result.report))
+        self.why_not = ""  # why the last simulate() returned None, as a suggestion's note
 
     @staticmethod
     def worst_case_s(rep: "Report") -> float:
@@ -119,9 +121,13 @@ class _Budget:
 
     def simulate(self, overrides: dict[str, Any]) -> "Report | None":
         if self.one_s * 1.5 > self.left_s:
+            self.why_not = ("not simulated (--findings-budget-s 0)" if self.budget_s <= 0 else
+                            f"not simulated: a re-simulation may take ~{self.one_s:.1f} s and {max(self.left_s, 0.0):.1f} s "
+                            f"of the {self.budget_s:g} s findings budget is left (--findings-budget-s)")
             return None
         sc = self.scenario(overrides)
         if sc is None:
+            self.why_not = "not simulated (the change does not make a valid scenario)"
             return None
         from simulator.simulate import simulate
 
@@ -130,8 +136,9 @@ class _Budget:
             # the original run's path (fast path or not); the figures only, no critical path
             rep = simulate(sc, mode=self.result.timeline.mode, fast_forward=self.result.fast_forward,
                            with_critical_path=False).report
-        except (UserError, ValueError):
+        except (UserError, ValueError) as exc:
             rep = None
+            self.why_not = f"not simulated (the changed scenario does not run: {exc})"
         dt = time.perf_counter() - t
         self.left_s -= dt
         self.one_s = max(self.one_s, dt)
@@ -155,7 +162,11 @@ class _Budget:
         return memory_report(sc, prog, prof.hbm_gib, prof.usable_memory_fraction)
 
 
-def _fill(s: Suggestion, rep: "Report | None") -> Suggestion:
+def _fill(s: Suggestion, rep: "Report | None", why_not: str = "") -> Suggestion:
+    """``s`` with the re-simulated figures of ``rep``; where there is none, ``why_not`` (the
+    budget's reason) as its note unless it has one."""
+    if rep is None and why_not and s.note is None:
+        s.note = why_not
     if rep is not None:
         s.predicted_step_s = rep.step_time_s
         s.predicted_tokens_per_s = rep.tokens_per_s
@@ -173,17 +184,32 @@ def _tried(budget: "_Budget", cands: list[tuple[str, dict[str, Any]]], note) -> 
         if not budget.valid(over):
             continue
         rep2 = budget.simulate(over)
-        s = _fill(Suggestion(label, over), rep2)
+        s = _fill(Suggestion(label, over), rep2, budget.why_not)
         if rep2 is not None:
             s.note = note(rep2)
         out.append(s)
     return out
 
 
-def _sim_text(s: Suggestion, step_s: float) -> str:
+def _sim_text(s: Suggestion, step_s: float, tokens_per_s: float | None = None) -> str:
     if s.simulated and s.predicted_step_s is not None:
+        if "batch.global_batch_size" in s.overrides and tokens_per_s and s.predicted_tokens_per_s:
+            # a larger batch lengthens the step by design: its throughput is the comparison
+            return (f"{s.label}: step {s.predicted_step_s:.3f} s, tokens/s "
+                    f"{s.predicted_tokens_per_s / tokens_per_s - 1:+.1%} (simulated)")
         return f"{s.label}: step {s.predicted_step_s:.3f} s ({(s.predicted_step_s - step_s) / step_s:+.1%}, simulated)"
-    return f"{s.label}: {s.note or 'not simulated (over the time budget)'}"
+    return f"{s.label}: {s.note or 'not simulated'}"
+
+
+def _verdict(sugg: list[Suggestion], step_s: float) -> str:
+    """The best simulated suggestion that shortens the step, or that none does (keep what runs)."""
+    sim = [s for s in sugg if s.simulated and s.predicted_step_s is not None and "batch.global_batch_size" not in s.overrides]
+    if not sim:
+        return ""
+    best = min(sim, key=lambda s: s.predicted_step_s)
+    if best.predicted_step_s < step_s * (1 - NO_GAIN_SHARE):
+        return f" Best: {best.label} ({best.predicted_step_s / step_s - 1:+.1%} step)."
+    return " None of these shortens the step: keep the current settings."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,7 +251,7 @@ def memory_finding(result: "SimulationResult", budget: _Budget) -> Finding | Non
     # the best fitting suggestion that changes least gets a simulated step time, when cheap
     fitting = [s for s in sugg if s.fits]
     if fitting:
-        _fill(fitting[0], budget.simulate(fitting[0].overrides))
+        _fill(fitting[0], budget.simulate(fitting[0].overrides), budget.why_not)
     parts = [f"{s.label} → {s.predicted_peak_gib:.1f} GiB ({'fits' if s.fits else 'still over'})" for s in sugg]
     step_part = ""
     if fitting and fitting[0].simulated:
@@ -261,7 +287,10 @@ def bubble_finding(result: "SimulationResult", budget: _Budget) -> Finding | Non
         cands.append((f"global_batch_size={2 * sc.batch.global_batch_size} ({2 * m} microbatches, a larger batch)",
                       {"batch.global_batch_size": 2 * sc.batch.global_batch_size}))
     cands = [(label, over) for label, over in cands if budget.valid(over)]
-    sugg = [_fill(Suggestion(label, over), budget.simulate(over)) for label, over in cands]
+    sugg = []
+    for label, over in cands:
+        rep2 = budget.simulate(over)
+        sugg.append(_fill(Suggestion(label, over), rep2, budget.why_not if rep2 is None else ""))
     for s in sugg:
         if not s.simulated:
             # first-order estimates from the measured step (Narayanan et al. 2021, Sec. 2.2: a
@@ -275,14 +304,13 @@ def bubble_finding(result: "SimulationResult", budget: _Budget) -> Finding | Non
                 s.note = f"bubble share ~{bubble / (2 * work + bubble):.1%} of the step (first-order; not simulated)"
             elif "batch.micro_batch_size" in s.overrides:  # the same work, microbatches half as long
                 s.note = f"bubble share ~{bubble / 2 / (work + bubble / 2):.1%} of the step (first-order; not simulated)"
-            else:
-                s.note = "not simulated (over the time budget)"
+            # (otherwise the budget's reason, set by _fill)
     # a larger global batch changes the optimisation, so it is shown but never called best
     better = [s for s in sugg if s.simulated and s.predicted_tokens_per_s and s.predicted_tokens_per_s > rep.tokens_per_s
               and "batch.global_batch_size" not in s.overrides]
     best = max(better, key=lambda s: s.predicted_tokens_per_s or 0.0) if better else None
     schedule = f"schedule file {Path(sc.schedule_file).name}" if sc.schedule_file else sc.schedule
-    tail = ("; ".join(_sim_text(s, rep.step_time_s) for s in sugg) if sugg else
+    tail = ("; ".join(_sim_text(s, rep.step_time_s, rep.tokens_per_s) for s in sugg) if sugg else
             "The schedule file fixes the order and the microbatches: a file with more microbatches, or with "
             "interleaved or zero-bubble order, would shrink it")
     msg = (f"bubble: {bubble:.3f} s ({bubble / rep.step_time_s:.1%} of the step) with {schedule} on pp={p.pp} and "
@@ -495,7 +523,7 @@ def tp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     if not budget.valid(over):
         return None
     rep2 = budget.simulate(over)
-    s = _fill(Suggestion(label, over), rep2)
+    s = _fill(Suggestion(label, over), rep2, budget.why_not)
     exposed2 = getattr(rep2, "exposed_comm_s", None)
     if exposed2 is not None:
         s.note = f"exposed tp {exposed2.get('tp', 0.0):.3f} s"
@@ -535,7 +563,8 @@ def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
             where = (f" ({params:.3f} s of it waiting for parameter all-gathers, the rest for gradient reduction)"
                      if params > 0 else " (all of it waiting for gradient reduction)")
     msg = (f"exposed dp: {exposed:.3f} s ({exposed / rep.step_time_s:.1%} of the step){where}. "
-           + "; ".join(_sim_text(s, rep.step_time_s) + (f", {s.note}" if s.simulated and s.note else "") for s in sugg) + ".")
+           + "; ".join(_sim_text(s, rep.step_time_s) + (f", {s.note}" if s.simulated and s.note else "") for s in sugg) + "."
+           + _verdict(sugg, rep.step_time_s))
     return Finding("exposed-dp", msg, exposed / rep.step_time_s, sugg)
 
 
@@ -557,7 +586,7 @@ def host_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     msg = (f"host-bound: the GPU waits {waited:.3f} s ({waited / rep.step_time_s:.1%} of the step) for the host to issue "
            "kernels that run shorter than their launch (eager PyTorch, profile host_launch_forward_us / "
            "host_launch_backward_us); CUDA graphs or torch.compile issue fewer of them"
-           + (f"; {tried}." if tried else "."))
+           + (f"; {tried}." if tried else ".") + _verdict(sugg, rep.step_time_s))
     return Finding("host-bound", msg, waited / rep.step_time_s, sugg)
 
 
