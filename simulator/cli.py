@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from simulator.errors import UserError
+from simulator.errors import RunFailed, UserError
 from simulator.progress import progress, progress_wanted, with_progress
 from simulator.words import plural
 from simulator.files import HTML_SUFFIXES, check_outputs, write_atomic
@@ -473,6 +473,9 @@ def main() -> None:
     except KeyboardInterrupt:
         _stderr("interrupted")
         sys.exit(130)
+    except RunFailed as exc:
+        _stderr(f"error: {exc}")
+        sys.exit(1)
     except Exception as exc:
         if type(exc).__name__ == "Abort":  # click's Ctrl-C / EOF at a prompt
             _stderr("interrupted")

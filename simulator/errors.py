@@ -15,6 +15,12 @@ class UserError(Exception):
         super().__init__(message)
 
 
+class RunFailed(RuntimeError):
+    """A real run the command started (a capture's torch ranks) failed: the first line says
+    where, the rest is what the failing process printed. The CLI prints it and exits 1 without
+    the launcher's own traceback (the failure is in the ranks, not in ClusterSim's call path)."""
+
+
 class SimulationStalled(UserError):
     """The event loop ran out of events before every rank finished (a deadlocked schedule).
 

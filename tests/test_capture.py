@@ -216,6 +216,38 @@ def test_bad_requests_fail_before_spawning(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exists"]
 
 
+def test_force_replaces_only_a_bundle(tmp_path: Path, monkeypatch) -> None:
+    """--force replaced any folder, the working folder included (its files deleted, then a false
+    error): it now replaces only a bundle an earlier capture wrote, or an empty folder."""
+    from simulator.capture.harness import check_out_dir
+
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.txt").write_text("years of work")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    cases = [(precious, "not a trace bundle"), (Path("."), "the working folder"), (tmp_path, "the working folder"),
+             (afile / "out", "is a file, not a folder"), ("", "--out is empty")]
+    for out, text in cases:
+        with pytest.raises(UserError, match=text) as exc:
+            check_out_dir(out, True)
+        assert "\n" not in str(exc.value)
+    with pytest.raises(UserError, match=r"already exists \(a folder\): choose another folder$"):
+        check_out_dir(precious, False)  # no advice to --force a folder that is not a bundle
+    assert (precious / "thesis.txt").read_text() == "years of work"
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text("{}")
+    check_out_dir(bundle, True)  # an earlier capture's bundle may be replaced
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    check_out_dir(empty, True)
+    with pytest.raises(UserError, match="--timeout-s 1e-06 must be at least 1 second"):
+        capture("collectives", "--out", str(tmp_path / "c"), "--nproc", "2", "--timeout-s", "0.000001")
+
+
 def test_failed_capture_leaves_no_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERSIM_CAPTURE_FAIL_RANK", "1")
     with pytest.raises(RuntimeError, match="injected failure"):

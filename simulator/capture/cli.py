@@ -45,8 +45,9 @@ def _check_capture_numbers(nproc, threads_per_rank, timeout_s, factor, min_time_
         raise UserError(f"--nproc {nproc} must be between 1 and 1024 local ranks")
     if threads_per_rank is not None and not 1 <= threads_per_rank <= 4096:
         raise UserError(f"--threads-per-rank {threads_per_rank} must be between 1 and 4096")
-    if not math.isfinite(timeout_s) or timeout_s <= 0:
-        raise UserError(f"--timeout-s {timeout_s} must be a positive number of seconds")
+    if not math.isfinite(timeout_s) or timeout_s < 1:
+        # (below a second, the ranks' rendezvous itself times out before any collective runs)
+        raise UserError(f"--timeout-s {timeout_s} must be at least 1 second (torch's default is 600)")
     if not math.isfinite(factor):
         raise UserError(f"--factor {factor} must be a finite number above 1")
     if not math.isfinite(min_time_s) or min_time_s < 0:
@@ -132,6 +133,9 @@ def capture_command(
         mx = max_bytes if max_bytes is not None else (1 << 30 if gpu else 4 << 20)
         if mx < min_bytes:
             raise UserError(f"--max-bytes {mx} is below --min-bytes {min_bytes}")
+        if collectives is not None and not collectives.strip(" ,"):
+            raise UserError("--collectives is empty: name some of all_reduce, all_gather, reduce_scatter, all_to_all, "
+                            "send_recv, broadcast, or leave it out for all of them")
         colls = [c.strip() for c in collectives.split(",")] if collectives else None
         known = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
         for c in colls or []:
@@ -141,6 +145,13 @@ def capture_command(
             world = nproc or (_gpu_count() if gpu else 2)
         if world < 2:
             raise UserError(f"the collectives sweep needs at least 2 ranks, not {world}: pass --nproc 2 or more")
+        if not gpu:
+            # gloo's ranks share this host's memory; an all-gather's output is world x the message
+            ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
+            ranks = world
+            if ram and 2 * ranks * ranks * mx > ram:
+                raise UserError(f"--max-bytes {mx:,}: {ranks} gloo ranks' all-gather buffers (2 x ranks^2 x message) "
+                                f"need more than this host's {ram / 2**30:.0f} GiB of memory: lower --max-bytes")
         gs = _ints("--group-sizes", group_sizes)
         for g in gs or []:
             if not 2 <= g <= world:

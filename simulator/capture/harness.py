@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 import simulator
-from simulator.errors import UserError
+from simulator.errors import RunFailed, UserError
 from simulator.trace.bundle import MANIFEST_NAME, Manifest, StepTiming
 
 _ERROR_PREFIX = ".error-rank"
@@ -116,11 +116,30 @@ def in_torchrun() -> bool:
 
 
 def check_out_dir(out_dir: str | Path, force: bool) -> None:
+    """Refuse an --out the capture must not write or replace, before any rank starts: --force
+    replaces only a bundle an earlier capture wrote (or an empty folder), never another folder,
+    the working folder or one holding it."""
+    if not str(out_dir).strip():
+        raise UserError("--out is empty: give the folder to write the trace bundle to, e.g. traces/mine")
     out = Path(out_dir)
-    if out.exists() and not force:
-        raise UserError(f"--out {str(out)!r} already exists: choose another folder or pass --force to replace it")
+    parent = out.resolve().parent
+    for up in (parent, *parent.parents):
+        if up.exists() and not up.is_dir():
+            raise UserError(f"--out {str(out)!r}: {str(up)!r} is a file, not a folder: choose another path")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {str(out)!r} is a file, not a folder: choose another path")
+    if out.exists() and not force:
+        what = "a trace bundle" if (out / MANIFEST_NAME).exists() else "a folder"
+        raise UserError(f"--out {str(out)!r} already exists ({what}): choose another folder"
+                        + (" or pass --force to replace it" if what == "a trace bundle" else ""))
+    if out.exists():
+        cwd = Path.cwd().resolve()
+        if out.resolve() == cwd or out.resolve() in cwd.parents:
+            raise UserError(f"--out {str(out)!r} is the working folder or holds it: --force will not replace it; "
+                            "choose a new folder, e.g. traces/mine")
+        if not (out / MANIFEST_NAME).exists() and any(out.iterdir()):
+            raise UserError(f"--out {str(out)!r} is not a trace bundle (no {MANIFEST_NAME}) and not empty: --force "
+                            "replaces only a bundle 'clustersim capture' wrote; choose another folder")
 
 
 def _tmp_sibling(out_dir: str | Path) -> str:
@@ -174,7 +193,10 @@ def _free_port() -> int:
 def launch(cfg: CaptureConfig, nproc: int) -> Path:
     """Run the capture on nproc local ranks (or as one torchrun rank) and return the bundle path."""
     check_out_dir(cfg.out_dir, cfg.force)
-    Path(cfg.out_dir).resolve().parent.mkdir(parents=True, exist_ok=True)
+    try:
+        Path(cfg.out_dir).resolve().parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out {str(cfg.out_dir)!r}: cannot create its folder ({exc.strerror}): choose a writable path") from None
     if in_torchrun():
         run_rank(cfg, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]))
         return Path(cfg.out_dir)
@@ -184,7 +206,11 @@ def launch(cfg: CaptureConfig, nproc: int) -> Path:
     remove_stale_captures(cfg.out_dir)
     cfg.tmp_dir = _tmp_sibling(cfg.out_dir)
     cfg.launcher_pid = os.getpid()
-    Path(cfg.tmp_dir).mkdir(parents=True)
+    try:
+        Path(cfg.tmp_dir).mkdir(parents=True)
+    except OSError as exc:
+        raise UserError(f"--out {str(cfg.out_dir)!r}: cannot write in {str(Path(cfg.tmp_dir).parent)!r} "
+                        f"({exc.strerror}): choose a writable folder") from None
     # SIGTERM (kill, a job scheduler) ends the launcher like Ctrl-C: the ranks stop and the
     # temporary folder is removed below.
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_on_sigterm)
@@ -202,9 +228,10 @@ def launch(cfg: CaptureConfig, nproc: int) -> Path:
         if err is not None and err.get("user_error"):
             raise UserError(err["message"]) from None
         if err is not None and not isinstance(exc, KeyboardInterrupt):
-            raise RuntimeError(f"capture failed on rank {err['rank']}:\n{err['traceback']}{log_tail}") from None
+            raise RunFailed(f"capture failed on rank {err['rank']}: {_last_line(err['traceback'])}\n"
+                            f"{err['traceback']}{log_tail}") from None
         if log_tail and not isinstance(exc, KeyboardInterrupt):
-            raise RuntimeError(f"capture failed ({type(exc).__name__}: {exc}){log_tail}") from None
+            raise RunFailed(f"capture failed ({type(exc).__name__}: {exc}){log_tail}") from None
         raise
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
@@ -217,6 +244,12 @@ def launch(cfg: CaptureConfig, nproc: int) -> Path:
             # Success renames tmp_dir away; anything left is debris of a failure.
             shutil.rmtree(cfg.tmp_dir, ignore_errors=True)
     return Path(cfg.out_dir)
+
+
+def _last_line(text: str) -> str:
+    """The exception line of a traceback (its last non-empty line)."""
+    lines = [l for l in str(text).splitlines() if l.strip()]
+    return lines[-1].strip() if lines else "see below"
 
 
 def _first_rank_error(tmp_dir: str) -> dict[str, Any] | None:
