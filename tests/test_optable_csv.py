@@ -60,6 +60,8 @@ def test_plain_csv(tmp_path):
     ("a,b\n1,2\n", "lacks the columns"),
     ('op,input_shapes,dtype,fw_ms,bw_ms\nmatmul,"[[8, 64",bf16,0.1,0.2\n', "is not a list of shapes"),
     ('op,input_shapes,dtype,fw_ms,bw_ms\nmatmul,"[[8, 64]]",bf16,-1,0.2\n', "non-negative"),
+    ('op,input_shapes,dtype,fw_ms,bw_ms\nmatmul,"[[8, 64]]",bf16,fast,0.2\n', "row 0: fw_ms 'fast' is not a number"),
+    ('op,input_shapes,dtype,fw_ms,bw_ms,count\nmatmul,"[[8, 64]]",bf16,0.1,0.2,x\n', "row 0: count 'x' is not a number"),
 ])
 def test_bad_tables(tmp_path, text, what):
     p = tmp_path / "t.csv"

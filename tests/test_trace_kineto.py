@@ -183,3 +183,23 @@ def test_unknown_collective_is_named():
     assert pd.isna(t.ops["collective"].iloc[0])
     assert t.ops["msg_bytes"].tolist()[2] == 512
     assert t.ops["flops"].tolist()[0] == 2 * 64 * 32 * 16
+
+
+def test_kernels_without_cpu_ops(tmp_path):
+    """A trace profiled with activities=[CUDA] only (no cpu_op): the kernels import, classed by
+    their names (it raised IndexError)."""
+    import gzip
+    import json
+
+    with gzip.open(REF / "hta_nccl_data_a100_rank0of2.json.gz", "rt") as f:
+        trace = json.load(f)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") != "cpu_op"]
+    path = tmp_path / "kernels_only.json"
+    path.write_text(json.dumps(trace))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t = import_kineto(path)
+    kernels = t.ops[t.ops["kind"] == "kernel"] if "kind" in t.ops else t.ops
+    assert len(kernels) > 1000
+    assert {"gemm", "communication"} <= set(t.ops["op_class"])
+    assert any("no launching CPU op" in str(w.message) for w in caught)

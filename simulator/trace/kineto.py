@@ -907,7 +907,7 @@ def _gpu_rows(col: _Collector, default_group: int | None, warn: list[str], path:
     h_name = _np(col.h_name, np.int64)
     # Kernel class from the kernel's name family and its launching op (kernel_classes), decided
     # once per distinct (kernel name, op name, optimizer context, enclosing class, category).
-    op_name_code = np.where(op >= 0, h_name[np.maximum(op, 0)], -1)
+    op_name_code = np.where(op >= 0, h_name[np.maximum(op, 0)], -1) if len(h_name) else np.full(n, -1, dtype=np.int64)
     in_opt = ctx_cls == _OPT
     kcls_codes = {c: i for i, c in enumerate(KC.KERNEL_CLASSES)}
     ctx_kcls = {_CLASS_CODES["attention"]: "attention", _CLASS_CODES["norm"]: "norm"}

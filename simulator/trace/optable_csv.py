@@ -97,6 +97,14 @@ def is_op_table(path: Path) -> bool:
     return path.is_file() and path.suffix == ".csv"
 
 
+def _number(value, column: str, path: Path, row: int) -> float:
+    """A table cell as a float, or one line naming the cell (a non-numeric latency raised ValueError)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"op table {str(path)!r} row {row}: {column} {value!r} is not a number: fix the row") from None
+
+
 def _literal(s, what: str, path: Path, row: int):
     if isinstance(s, float) and np.isnan(s):
         return []
@@ -229,8 +237,9 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
             in_layer0 = any(_LAYER0_RE.search(p) for p, _ in mods)
             rows.append(dict(row=i, name=str(r.get("Name", r["target"])), op_type=op_type, module=mods[-1][0] if mods else "",
                              modules=mods, in_shapes=in_shapes, out_shape=tuple(out_shape) if isinstance(out_shape, (tuple, list)) else None,
-                             dtype=str(r.get("dtype", "")), fw_us=float(r["fw_latency"]) * 1e3, bw_us=float(r["bw_latency"]) * 1e3,
-                             acc_us=float(r.get("acc_latency", 0.0) or 0.0) * 1e3, in_layer0=in_layer0, count_given=None,
+                             dtype=str(r.get("dtype", "")), fw_us=_number(r["fw_latency"], "fw_latency", path, i) * 1e3,
+                             bw_us=_number(r["bw_latency"], "bw_latency", path, i) * 1e3,
+                             acc_us=_number(r.get("acc_latency", 0.0) or 0.0, "acc_latency", path, i) * 1e3, in_layer0=in_layer0, count_given=None,
                              dropout_p=_dropout_p(r.get("_args", ""), r.get("_kwargs", ""))))
     else:
         for i, r in raw.iterrows():
@@ -240,8 +249,10 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
             rows.append(dict(row=i, name=str(r["op"]), op_type=str(r["op"]), module=module,
                              modules=[(module, "Attention" if _ATTN_RE.search(module) else "")] if module else [],
                              in_shapes=in_shapes, out_shape=tuple(out_shape) if out_shape else (tuple(in_shapes[0]) if in_shapes else None),
-                             dtype=str(r.get("dtype", "")), fw_us=float(r["fw_ms"]) * 1e3, bw_us=float(r["bw_ms"]) * 1e3,
-                             acc_us=0.0, in_layer0=False, count_given=int(r["count"]) if "count" in raw.columns else 1,
+                             dtype=str(r.get("dtype", "")), fw_us=_number(r["fw_ms"], "fw_ms", path, i) * 1e3,
+                             bw_us=_number(r["bw_ms"], "bw_ms", path, i) * 1e3,
+                             acc_us=0.0, in_layer0=False,
+                             count_given=int(_number(r["count"], "count", path, i)) if "count" in raw.columns else 1,
                              dropout_p=None))
 
     bad = [r for r in rows if not np.isfinite(r["fw_us"]) or not np.isfinite(r["bw_us"]) or r["fw_us"] < 0 or r["bw_us"] < 0]
@@ -250,7 +261,7 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
     has_layer = any(r["in_layer0"] for r in rows)
     if has_layer and num_layers is None:
         raise UserError(f"op table {str(path)!r} records one layer but not how many the model has: "
-                        f"put num_layer in {side.name} or pass num_layers")
+                        f"put num_layer (the model's layer count) in {side.name}, the step file beside it, as NeuSight writes it")
     # The dtype of the step: the most common floating dtype of its ops.
     floats = [r["dtype"].replace("torch.", "") for r in rows if _dtype_bytes(r["dtype"]) and "float" in r["dtype"] or r["dtype"] in ("bf16", "fp16", "fp32")]
     dtype = max(set(floats), key=floats.count) if floats else "float32"
