@@ -63,6 +63,7 @@ class Sources:
     train_bundles: list[tuple[Path, object]] = field(default_factory=list)  # (path, manifest) with scenario + step times
     notes: list[str] = field(default_factory=list)
     nccl_logs: list[Path] = field(default_factory=list)  # nccl-tests logs, for the NCCL model fit
+    nccl_collective: str | None = None  # --collective: what logs that do not name theirs measured
     device_props: list[dict] = field(default_factory=list)  # deviceProperties of the traced GPUs
     # measured time (µs) and kernels per op class whose ops carry no FLOPs or bytes
     unsized: dict[str, list[float]] = field(default_factory=dict)
@@ -254,6 +255,7 @@ def _read_nccl_tests(p: Path, src: Sources, topology: TopologySpec | None, colle
     src.devices += res.devices
     src.backends.append("nccl")
     src.nccl_logs.append(p)
+    src.nccl_collective = collective
     src.nccl_tests.append({"path": p, "hosts": hosts, "nranks": n})
 
 
@@ -618,7 +620,7 @@ def calibrate(
     if src.nccl_logs:
         from simulator.calibrate.nccl_fit import calibrate_nccl
 
-        ncal, nitems = calibrate_nccl(src.nccl_logs, topo, device, hbm, note=notes.add)
+        ncal, nitems = calibrate_nccl(src.nccl_logs, topo, device, hbm, note=notes.add, collective=src.nccl_collective)
         if ncal is not None:
             comm = comm.model_copy(update={"nccl": ncal})
             items += nitems

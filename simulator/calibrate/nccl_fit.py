@@ -76,11 +76,12 @@ class NcclLog:
     time_us: np.ndarray  # out-of-place column (median of the rows of a size)
 
 
-def read_log(path: str | Path, gpus_per_node: int) -> NcclLog:
+def read_log(path: str | Path, gpus_per_node: int, collective: str | None = None) -> NcclLog:
+    """One nccl-tests log; ``collective`` names what a log that does not say measured (--collective)."""
     from simulator.trace.nccl_tests import import_nccl_tests
 
     path = Path(path)
-    res = import_nccl_tests(path)
+    res = import_nccl_tests(path, collective=collective)
     t = res.table
     t = t[t["time_us"] > 0]
     n = int(res.nranks or t["nranks"].dropna().max())
@@ -379,7 +380,8 @@ def error_table(model: NcclModel, logs: list[NcclLog]) -> list[dict]:
     return rows
 
 
-def calibrate_nccl(paths: list[Path], topology, device: str, hbm_GBps: float | None, note=None):
+def calibrate_nccl(paths: list[Path], topology, device: str, hbm_GBps: float | None, note=None,
+                   collective: str | None = None):
     """(NcclCalibration, provenance items) from the nccl-tests logs of one system, or (None, [])
     when the device is not a GPU NCCL's model describes."""
     from simulator.profile import ProvenanceItem
@@ -387,7 +389,7 @@ def calibrate_nccl(paths: list[Path], topology, device: str, hbm_GBps: float | N
     system = NcclSystem.from_specs(topology.node, device)
     if system is None or not paths:
         return None, []
-    logs = [read_log(p, topology.node.gpus_per_node) for p in paths]
+    logs = [read_log(p, topology.node.gpus_per_node, collective) for p in paths]
     cal = fit_system(system, logs, hbm_GBps, topology.name, note=note)
     names = ", ".join(l.name for l in logs)
     src = f"fitted by simulator.calibrate.nccl_fit on {names} through topology {topology.name!r} (NCCL 2.28 tuner model)"
