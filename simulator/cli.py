@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -463,6 +464,17 @@ def main() -> None:
     Typer's standalone mode handles usage errors itself (exit 2); our UserError comes out of
     the command and is printed here as one line.
     """
+    seen: set[str] = set()
+
+    def one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+        # A warning is one line for the user, once per message: Python's default echoes the
+        # source line that raised it (and a findings pass may raise the same one dozens of times).
+        text = " ".join(str(message).split())
+        if text not in seen:
+            seen.add(text)
+            _stderr(f"warning: {text}")
+
+    warnings.showwarning = one_line_warning
     try:
         # Not standalone: click's usage errors (a bad flag, a value of the wrong type) come here, to be
         # printed as one line like every other bad input instead of a multi-line panel.

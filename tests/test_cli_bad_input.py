@@ -270,3 +270,16 @@ def test_flags_that_cancel_each_other_are_refused(tmp_path, tiny, flags, pattern
     p = clustersim(["simulate", tiny, *flags], tmp_path)
     assert_one_line_error(p, pattern)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["tiny.yaml"]
+
+
+def test_warnings_are_one_line_each_once(tmp_path):
+    """A profile fitted on small CPU ops extrapolates to a real model's: each class's warning is
+    one line, printed once (Python's default echoed the source line, once per re-simulation)."""
+    p = clustersim(["simulate", REPO / "tests" / "data" / "scenarios" / "small-llama.yaml", "--json", "--gpu",
+                    "cpu-gloo-host", "--network", "alpha-beta", "--findings-budget-s", "3"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.strip().splitlines()
+    warned = [l for l in lines if l.startswith("warning: profile 'cpu-gloo-host'")]
+    assert warned and len(warned) == len(set(warned))
+    assert all(l.startswith("warning: ") for l in lines), lines
+    assert "Warning:" not in p.stderr and "out[" not in p.stderr
