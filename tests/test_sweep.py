@@ -298,3 +298,11 @@ def test_cli_flags_alone_and_bad_flags():
     assert isinstance(res.exception, UserError) and "nothing to sweep" in str(res.exception)
     res = CliRunner().invoke(sweep_app, [str(TINY), "--executor", "dask"])
     assert isinstance(res.exception, UserError) and "--scheduler" in str(res.exception)
+    res = CliRunner().invoke(sweep_app, [str(TINY), "--scheduler", "tcp://h:8786"])
+    assert isinstance(res.exception, UserError) and "used only with --executor dask" in str(res.exception)
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        return
+    res = CliRunner().invoke(sweep_app, [str(TINY), "--executor", "dask", "--scheduler", "notanaddress", "--no-dashboard"])
+    assert isinstance(res.exception, UserError) and "is not a dask address" in str(res.exception)

@@ -126,6 +126,8 @@ def sweep_command(
         raise UserError(f"min_gpus={lo} is above max_gpus={hi}: every point would be pruned; lower --min-gpus or raise --max-gpus")
     if executor == Executor.dask and not scheduler:
         raise UserError("--executor dask needs --scheduler tcp://HOST:8786 (the address of a running dask scheduler)")
+    if scheduler and executor != Executor.dask:
+        raise UserError(f"--scheduler {scheduler!r} is used only with --executor dask: add it, or drop --scheduler")
     if top_k is not None and top_k < 1:
         raise UserError(f"--top-k {top_k} must be at least 1 (points to simulate); --estimate-only simulates none")
     if workers is not None and workers < 1:

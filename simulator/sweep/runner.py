@@ -335,6 +335,9 @@ class DaskExecutor:
                 self.client = Client(scheduler, timeout="20s")
             except OSError as exc:
                 raise UserError(f"cannot reach dask scheduler {scheduler!r} ({exc}): start one or fix --scheduler") from None
+            except (ValueError, TypeError) as exc:  # dask's parse of the address ("missing port number")
+                raise UserError(f"--scheduler {scheduler!r} is not a dask address ({exc}): give tcp://HOST:PORT, "
+                                "e.g. tcp://10.0.0.5:8786") from None
             self._own = True
         else:
             self.client = scheduler
