@@ -211,7 +211,7 @@ def simulate(
     nvlink_GBps: Optional[float] = typer.Option(None, "--nvlink-GBps", help="NVLink bandwidth per GPU, GByte/s, one direction (H100 SXM: 450).", rich_help_panel="Hardware what-ifs"),
     leaf_oversubscription: Optional[float] = typer.Option(None, "--leaf-oversubscription", help="Leaf switch down:up bandwidth ratio (1 = full bisection, 2 = 2:1).", rich_help_panel="Hardware what-ifs"),
     spine_oversubscription: Optional[float] = typer.Option(None, "--spine-oversubscription", help="Spine layer down:up bandwidth ratio towards the core (1 = full bisection).", rich_help_panel="Hardware what-ifs"),
-    peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="GPU peak dense TFLOP/s in the compute dtype (H100 SXM BF16: 989).", rich_help_panel="Hardware what-ifs"),
+    peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="GPU peak dense BF16 TFLOP/s, MFU's denominator (H100 SXM: 989); FP8 GEMMs run at the profile's FP8 peak.", rich_help_panel="Hardware what-ifs"),
     hbm_GBps: Optional[float] = typer.Option(None, "--hbm-GBps", help="GPU memory (HBM) bandwidth, GByte/s (H100 SXM: 3350).", rich_help_panel="Hardware what-ifs"),
     hbm_gib: Optional[float] = typer.Option(None, "--hbm-gib", help="GPU memory capacity, GiB (H100 SXM: 80).", rich_help_panel="Hardware what-ifs"),
     set_: list[str] = typer.Option([], "--set", help="Override any field, dotted: --set parallelism.grad_bucket_params=1e8, --set model.num_layers=4, --set cluster.topology.node.nic_gbps=200, --set cluster.gpu.compute.peak_tflops=500. Applied after the flags.", rich_help_panel="Hardware what-ifs"),
@@ -412,7 +412,9 @@ def print_summary(report, scenario=None, findings_s: float | None = None) -> Non
     t.add_row("step time", f"{report.step_time_s:.3f} s")
     t.add_row("throughput", f"{report.tokens_per_s:,.0f} tokens/s ({report.tokens_per_s_per_gpu:,.0f} per GPU)")
     t.add_row("model TFLOP/s per GPU", f"{report.model_tflops_per_gpu:.1f}")
-    t.add_row("MFU", f"{report.mfu:.1%}")
+    peak = report.model_tflops_per_gpu / report.mfu if report.mfu > 0 else 0.0
+    # Against the dense BF16 peak whatever the dtype, as torchtitan and Megatron report FP8 runs.
+    t.add_row("MFU", f"{report.mfu:.1%} of {peak:,.0f} TFLOP/s (peak_tflops: dense BF16)" if peak else f"{report.mfu:.1%}")
     # The idle share holds bubble and stage imbalance together; the breakdown below splits them.
     t.add_row("pipeline idle", f"{report.bubble_fraction:.1%} of the step (worst stage {report.bubble_fraction_worst:.1%})")
     from simulator.report.analysis import breakdown_lines, memory_parts_line

@@ -1288,7 +1288,7 @@ def summary_cards(rep: "Report") -> str:
         card("step time", f"{step:.3f} s", f"{rep.num_microbatches} microbatches"),
         card("MFU", f"{rep.mfu:.1%}", f"{rep.model_tflops_per_gpu:.0f} model TFLOP/s per GPU"),
         card("tokens / s", f"{rep.tokens_per_s:,.0f}", f"{rep.tokens_per_s_per_gpu:,.0f} per GPU"),
-        card("pipeline bubble", f"{rep.bubble_fraction:.1%}", bubble_sub),
+        card("pipeline idle", f"{rep.bubble_fraction:.1%}", bubble_sub),
         f'<div class="card"><div class="k">exposed communication</div><div class="v">{total_exposed:.3f} s</div>'
         f"<table>{exposed_rows}</table></div>",
         f'<div class="card{"" if rep.fits_in_memory else " bad"}"><div class="k">peak memory</div>'

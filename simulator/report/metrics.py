@@ -31,9 +31,11 @@ class Report(BaseModel):
     tokens_per_s: float
     tokens_per_s_per_gpu: float
     model_tflops_per_gpu: float
-    mfu: float
-    bubble_fraction: float
-    bubble_fraction_worst: float
+    mfu: float = Field(description="Model FLOP/s per GPU over the GPU's dense BF16 peak (profile compute.peak_tflops), "
+                                   "whatever the dtype: FP8 runs are reported against the BF16 peak, as torchtitan and Megatron do.")
+    bubble_fraction: float = Field(description="Pipeline idle share of the step, mean over pipeline ranks: the schedule's "
+                                   "bubble plus stage imbalance (step_breakdown_s splits them into bubble and imbalance).")
+    bubble_fraction_worst: float = Field(description="The same idle share on the idlest pipeline rank.")
     exposed_comm_s: dict[str, float]
     comm_bytes_per_gpu: dict[str, float] = Field(
         default_factory=dict, description="Bytes one GPU puts on the wire per step, per dimension (nccl-tests bus convention), mean over pipeline ranks.")
