@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -127,6 +128,10 @@ def _parse_set(values: list[str]) -> dict:
         if value is None:
             # Dropping it silently would simulate something the user did not ask for.
             raise UserError(f"--set {item!r} gives no value: write --set {key.strip()}=VALUE")
+        if isinstance(value, str) and re.fullmatch(r"[+-]?\d+(\.\d*)?[eE][+-]?\d+", value.strip()):
+            # YAML 1.1 reads 1e8 as a string; a user means the number (a whole one stays an int).
+            number = float(value)
+            value = int(number) if number.is_integer() and abs(number) < 2**63 else number
         out[key.strip()] = value
     return out
 
@@ -317,8 +322,13 @@ def simulate(
             from simulator.report.files import output_path
 
             phase("writing the dashboard")
-            # The scenario name is free text: a safe slug, inside dashboards/.
-            path = output_path(Path("dashboards"), sc.name, ".html") if explicit_dashboard is None else explicit_dashboard
+            # The scenario name is free text: a safe slug, inside dashboards/. A run changed by flags
+            # gets its own file (every what-if of one scenario wrote the same one, the last winning).
+            flags = [f"slow-gpu-{x}" for x in slow_gpu] + [f"slow-link-{x}" for x in slow_link] + \
+                [f"fail-node-{x}" for x in fail_node] + ([f"jitter{jitter}"] if jitter is not None else []) + \
+                ([f"seeds{seeds}"] if seeds is not None else [])
+            name = _variant_name(sc.name, overrides, scenario is not None, flags)
+            path = output_path(Path("dashboards"), name, ".html") if explicit_dashboard is None else explicit_dashboard
             write_atomic(path, build_dashboard_html(result, cdn=cdn))
         if perfetto is not None:
             from simulator.report.perfetto import perfetto_trace
@@ -338,6 +348,33 @@ def simulate(
         print(json.dumps(report.model_dump(mode="json")))
     else:
         print_summary(report, sc, findings_s=findings_s)
+
+
+# Short names of the flags a dashboard's file name records.
+_VARIANT_SHORT = {"parallelism.micro_batch_size": "mbs", "batch.micro_batch_size": "mbs", "batch.global_batch_size": "gbs",
+                  "batch.seq_length": "seq", "parallelism.sequence_parallel": "sp", "parallelism.async_tp": "async-tp",
+                  "parallelism.tp_comm_overlap": "tp-overlap", "dtype": "", "schedule": "", "network": "",
+                  "recompute": "recompute-", "cluster.gpus": "", "cluster.gpu": "", "cluster.topology": "", "model": ""}
+
+
+def _variant_name(base: str, overrides: dict, scenario_given: bool, flags: list[str]) -> str:
+    """The dashboard's name: the scenario's, plus what the command line changed (--tp 4, --set,
+    what-if flags), so variants of one scenario do not overwrite each other's dashboard. The
+    default scenario's name already says its model, GPU count and GPU."""
+    parts = []
+    for key, value in overrides.items():
+        if value is None or (not scenario_given and key in ("model", "cluster.gpus", "cluster.gpu")):
+            continue
+        if key == "schedule_file":
+            value = Path(str(value)).stem
+        short = _VARIANT_SHORT.get(key, key.rsplit(".", 1)[-1].replace("_", "-"))
+        if isinstance(value, bool):
+            parts.append(short if value else f"no-{short}")
+        else:
+            text = Path(str(value)).stem if key in ("model", "cluster.gpu", "cluster.topology") else str(value)
+            parts.append(f"{short}{text}")
+    parts += flags
+    return "-".join([base, *parts])
 
 
 def _gpu_topology_mismatch(sc) -> str:

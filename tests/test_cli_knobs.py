@@ -252,7 +252,7 @@ def test_json_writes_no_dashboard_unless_asked(tmp_path):
     res = clustersim("simulate", *SMALL, "--json", "--dashboard", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["name"] == "llama3-8b-16xh100"  # still exactly one JSON object
-    written = tmp_path / "dashboards" / "llama3-8b-16xh100.html"
+    written = tmp_path / "dashboards" / "llama3-8b-16xh100-tp4-pp2-gbs8-seq2048.html"
     assert written.exists() and f"dashboard: {Path('dashboards') / written.name}" in res.stderr
 
     res = clustersim("simulate", *SMALL, "--dashboard", "elsewhere/d.html", "--json", cwd=tmp_path)
@@ -269,14 +269,20 @@ def test_cdn_without_a_dashboard_says_it_did_nothing(tmp_path):
     res = clustersim("simulate", *SMALL, "--no-dashboard", "--cdn", cwd=tmp_path)
     assert res.returncode == 0 and "none was written (--no-dashboard)" in res.stderr
     res = clustersim("simulate", *SMALL, "--cdn", cwd=tmp_path)
-    assert res.returncode == 0 and "--cdn" not in res.stderr and (tmp_path / "dashboards" / "llama3-8b-16xh100.html").exists()
+    assert res.returncode == 0 and "--cdn" not in res.stderr and (tmp_path / "dashboards" / "llama3-8b-16xh100-tp4-pp2-gbs8-seq2048.html").exists()
 
 
 def test_without_json_a_dashboard_is_written_and_named(tmp_path):
     res = clustersim("simulate", *SMALL, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert (tmp_path / "dashboards" / "llama3-8b-16xh100.html").exists()
-    assert "dashboard: dashboards/llama3-8b-16xh100.html" in res.stderr
+    assert (tmp_path / "dashboards" / "llama3-8b-16xh100-tp4-pp2-gbs8-seq2048.html").exists()
+    assert "dashboard: dashboards/llama3-8b-16xh100-tp4-pp2-gbs8-seq2048.html" in res.stderr
+    # a what-if of the same run gets its own dashboard (they overwrote one another); --set takes 1e8
+    res = clustersim("simulate", *SMALL, "--slow-gpu", "3=0.8", "--set", "parallelism.grad_bucket_params=1e8",
+                     "--findings-budget-s", "0", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    names = sorted(p.name for p in (tmp_path / "dashboards").iterdir())
+    assert len(names) == 2 and "grad-bucket-params100000000-slow" in names[0] + names[1]
 
 
 # ------------------------------------------------------------------------------------ progress
