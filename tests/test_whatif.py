@@ -266,3 +266,14 @@ def test_example_scenario_file_loads_and_runs():
     sc = load_scenario(Path(__file__).parent / "data" / "scenarios" / "whatif-small.yaml")
     w = simulate(sc).report.whatif
     assert w["delta_s"] > 0 and w["distribution"]["seeds"] == 3 and w["failures"]["failed_nodes"] == [1]
+
+
+def test_few_seeds_say_their_percentiles_are_interpolated():
+    from simulator.whatif.summary import whatif_lines
+
+    def lines(n):
+        return whatif_lines({"distribution": {"seeds": n, "p50_s": 1.0, "p90_s": 1.1, "p99_s": 1.2, "mean_s": 1.0}})
+
+    assert any("P90 and P99 are interpolated between 5 draws" in l for l in lines(5))
+    assert any("P99 is interpolated between 20 draws" in l for l in lines(20))
+    assert not any("interpolated" in l for l in lines(100))

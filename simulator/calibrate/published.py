@@ -575,7 +575,7 @@ def print_published(v: PublishedValidation, max_rows: int | None = None) -> None
         t.add_row(*cells)
     con.print(t)
     if max_rows is not None and len(v.rows) > max_rows:
-        con.print(f"({len(v.rows) - max_rows} more rows; --json lists all)")
+        con.print(f"({len(v.rows) - max_rows} more rows: --rows 0 prints them all, --json lists them all)")
     if any(not r.stated for r in v.rows):
         con.print("* setup not fully stated by the source: shown, left out of the stated-setup MAPE and mean error")
     groups = v.feature_groups()

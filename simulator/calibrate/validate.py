@@ -308,6 +308,7 @@ def validate_command(
     published: Annotated[Optional[str], typer.Option("--published", help="Validate against a published table instead: megatron-2021, torchtitan-2024 or vtrain-single-node.")] = None,
     topology: Annotated[Optional[str], typer.Option("--topology", help="Topology to simulate on; default from the bundle's host kind.")] = None,
     scenario: Annotated[Optional[Path], typer.Option("--scenario", help="Scenario the measurement ran (needed for op tables and step files).")] = None,
+    rows: Annotated[int, typer.Option("--rows", min=0, help="--published: rows of the per-row table to print (0: all); the summary covers every row, --json lists them all.")] = 60,
 ) -> None:
     """Simulate what a measurement ran and compare: a captured bundle, a per-operator latency
     table (.csv, e.g. NeuSight's) or a step JSON with --scenario, or a published table."""
@@ -325,7 +326,7 @@ def validate_command(
         if as_json:
             print(json.dumps(result.to_json()))
         else:
-            print_published(result)
+            print_published(result, max_rows=rows or None)
         return
     if bundle is None:
         raise UserError("validate needs a BUNDLE (a traces/<name> folder) or --published NAME")

@@ -21,6 +21,11 @@ def whatif_lines(w: dict) -> list[str]:
     if dist:
         out.append(f"  step time over {dist['seeds']} seeds: P50 {dist['p50_s']:.4f} s, P90 {dist['p90_s']:.4f} s, "
                    f"P99 {dist['p99_s']:.4f} s (mean {dist['mean_s']:.4f} s)")
+        n = int(dist["seeds"])
+        if n < 100:
+            # A percentile needs draws beyond it: with n seeds, P(1 - 1/n) is the largest one.
+            which = "P90 and P99 are" if n < 10 else "P99 is"
+            out.append(f"  ({which} interpolated between {n} draws, not measured: --seeds 100 or more for a P99)")
     f = w.get("failures")
     if f:
         out.append(f"  failures ({f['policy']}, MTBF {f['mtbf_per_gpu_h']:,.0f} h/GPU): {f['failures_per_day']:.2f}/day, "
