@@ -272,7 +272,8 @@ def test_few_seeds_say_their_percentiles_are_interpolated():
     from simulator.whatif.summary import whatif_lines
 
     def lines(n):
-        return whatif_lines({"distribution": {"seeds": n, "p50_s": 1.0, "p90_s": 1.1, "p99_s": 1.2, "mean_s": 1.0}})
+        return whatif_lines({"clean_step_time_s": 1.0, "step_time_s": 1.0, "delta_s": 0.0, "delta_fraction": 0.0,
+                             "distribution": {"seeds": n, "p50_s": 1.0, "p90_s": 1.1, "p99_s": 1.2, "mean_s": 1.0}})
 
     assert any("P90 and P99 are interpolated between 5 draws" in l for l in lines(5))
     assert any("P99 is interpolated between 20 draws" in l for l in lines(20))
