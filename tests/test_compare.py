@@ -67,6 +67,12 @@ def test_compare_report_jsons(tmp_path):
     assert "+50.0%" in page and 'class="worse">+50.0%' in page
     assert "No timeline" in page
     assert "<b>x</b>" not in page and "slower &lt;b&gt;x&lt;/b&gt;" in page
+    # a report whose figures no simulation writes (edited by hand, NaN) is refused, not drawn
+    for bad in (-1.0, float("nan")):
+        (tmp_path / "c.json").write_text(ra.model_copy(update={"step_time_s": bad}).model_dump_json())
+        res = CliRunner().invoke(compare_app, [str(tmp_path / "a.json"), str(tmp_path / "c.json"), "-o", str(tmp_path / "c.html")])
+        assert isinstance(res.exception, UserError) and "step_time_s" in str(res.exception), res.output
+    assert not (tmp_path / "c.html").exists()
 
 
 def test_compare_bad_inputs(tmp_path, scenarios):

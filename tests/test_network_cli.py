@@ -90,3 +90,8 @@ def test_collective_without_gpu_meets_the_p5_log():
     assert out["gpu_profile"] == "h100-sxm-80gb-p5-efa"
     errs = [r["time_us"] / measured[r["size_bytes"]] - 1 for r in out["rows"]]
     assert len(errs) == 9 and max(abs(e) for e in errs) <= 0.10, errs
+
+
+def test_sizes_below_one_element_are_refused():
+    res = CliRunner().invoke(collective_app, ["all_reduce", "-g", "8", "-b", "1", "-e", "1", "-d", "double"])
+    assert res.exit_code == 2 and "less than one double element (8 bytes)" in res.output

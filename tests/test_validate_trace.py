@@ -255,3 +255,12 @@ def test_new_user_bad_inputs_one_line_exit_2(tmp_path):
     shutil.copy(table.with_suffix(".json"), plain)
     r = validate_trace(plain / table.name, SCN / "gpt2_large-h100-1024-4.yaml")
     assert r["mode"] == "self-consistency"
+
+
+@pytest.mark.parametrize("value,what", [(-5, "e2e_latency -5 is not a positive"), (0, "e2e_latency 0 is not a positive"),
+                                        ("fast", "e2e_latency 'fast' is not a positive")])
+def test_step_json_with_a_bad_latency_is_one_line(tmp_path, value, what):
+    step = tmp_path / "gpt2_large-train-1024-4-tp4.json"
+    step.write_text(json.dumps({"e2e_latency": value}))
+    with pytest.raises(UserError, match=what):
+        validate_trace(step, SCN / "gpt2_large-h100-1024-4-tp4.yaml")

@@ -409,8 +409,11 @@ def measured_from_path(path: Path) -> Measured:
         from simulator.errors import read_json
 
         j = read_json(path, "step file", fix="give a NeuSight step JSON")
-        if not isinstance(j, dict) or not isinstance(j.get("e2e_latency"), (int, float)):
+        if not isinstance(j, dict) or "e2e_latency" not in j:
             raise UserError(f"{str(path)!r} holds no e2e_latency: give a NeuSight step JSON, an op table CSV or a trace folder")
+        e2e = j["e2e_latency"]
+        if isinstance(e2e, bool) or not isinstance(e2e, (int, float)) or not math.isfinite(e2e) or e2e <= 0:
+            raise UserError(f"{str(path)!r}: e2e_latency {e2e!r} is not a positive number of milliseconds: fix the step file")
         m = _NEUSIGHT_STEP_RE.match(path.stem)
         layout = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1}
         world = 1

@@ -260,6 +260,9 @@ def collective_command(
                             "give a count in that range")
         # The sizes are checked (range, factor, count) before the topology is built.
         sizes(parse_size(min_bytes), parse_size(max_bytes), factor)
+        if parse_size(max_bytes) < DATATYPES[datatype]:
+            raise UserError(f"--maxbytes {max_bytes} is less than one {datatype} element ({DATATYPES[datatype]} bytes): "
+                            "no message to time; raise --maxbytes")
         name = normalise_op(op)
         profile = gpu
         assumed = ""

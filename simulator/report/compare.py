@@ -11,6 +11,7 @@ printed in the terminal as a table).
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from enum import Enum
@@ -95,6 +96,11 @@ def load_side(label: str, path: Path, mode: str, progress: Any = None) -> Side:
             where = ".".join(str(x) for x in first.get("loc", ())) or "top level"
             raise UserError(f"{label} = {str(path)!r} is not a report JSON written by clustersim simulate --report "
                             f"({where}: {first.get('msg', 'invalid')}): write one with --report, or pass the scenario YAML") from None
+        for field in ("step_time_s", "tokens_per_s", "mfu"):
+            v = getattr(report, field)
+            if not math.isfinite(v) or v < 0 or (field == "step_time_s" and v == 0):
+                raise UserError(f"{label} = {str(path)!r}: {field} {v!r} is not a figure a simulation writes "
+                                "(negative, zero or not finite): re-write the report with clustersim simulate --report")
         return Side(label, path, report)
     from simulator.scenario import load_scenario
     from simulator.simulate import simulate
