@@ -191,7 +191,8 @@ def test_cli_flags_and_errors(tmp_path):
     w = json.loads(out.stdout)["whatif"]
     assert w["delta_s"] > 0 and w["failures"]["failed_nodes"] == [1]
     for bad in (["--slow-gpu", "3=fast"], ["--slow-gpu", "3"], ["--slow-link", "nope=0.5"], ["--seeds", "5"],
-                ["--slow-gpu", "3=0"]):
+                ["--slow-gpu", "3=0"], ["--slow-gpu", "3=0.8", "--slow-gpu", "3=0.5"],
+                ["--slow-link", "nic:1=0.5", "--slow-link", "nic:1=0.7"]):
         r = subprocess.run(base + bad, capture_output=True, text=True, timeout=600)
         assert r.returncode == 2, (bad, r.stderr)
         assert r.stderr.startswith("error:") and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr

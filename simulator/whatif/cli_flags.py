@@ -45,10 +45,17 @@ def perturbations_from_flags(
             key = "rank"
         if not name.isdigit():
             raise UserError(f"--slow-gpu {item!r}: {name!r} is not a rank number; write RANK=SPEED or node:N=SPEED")
+        if any(g.get(key) == int(name) for g in gpus):
+            # Both would apply, one on top of the other: not what either flag says.
+            raise UserError(f"--slow-gpu names {key} {name} twice: give one SPEED for it")
         gpus.append({key: int(name), "speed": speed})
     if gpus:
         out["gpus"] = gpus
     links = [dict(zip(("name", "bandwidth"), _pair("--slow-link", item))) for item in slow_link]
+    seen = [l["name"] for l in links]
+    twice = sorted({n for n in seen if seen.count(n) > 1})
+    if twice:
+        raise UserError(f"--slow-link names {twice[0]} twice: give one BANDWIDTH for it")
     if links:
         out["links"] = links
     failures = {k: v for k, v in {
