@@ -99,15 +99,33 @@ def _replaces(out: Path, source: Path) -> bool:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file in the same folder, then rename: never a half-written file,
-    and never a device or folder replaced by a file (``check_output_path``)."""
+    and never a device or folder replaced by a file (``check_output_path``). A path ending in
+    .gz is written gzip-compressed (as its name says)."""
     check_output_path(path, "output")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        if Path(path).suffix.lower() == ".gz":
+            import gzip
+
+            with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", filename="", mtime=0) as f:
+                f.write(text.encode())
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; a dashboard is meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_text(path: Path) -> str:
+    """A file's text, gunzipped when its name ends in .gz (what write_atomic writes there)."""
+    path = Path(path)
+    if path.suffix.lower() == ".gz":
+        import gzip
+
+        with gzip.open(path, "rt", errors="replace") as f:
+            return f.read()
+    return path.read_text(errors="replace")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,15 @@ def test_compare_report_jsons(tmp_path):
         res = CliRunner().invoke(compare_app, [str(tmp_path / "a.json"), str(tmp_path / "c.json"), "-o", str(tmp_path / "c.html")])
         assert isinstance(res.exception, UserError) and "step_time_s" in str(res.exception), res.output
     assert not (tmp_path / "c.html").exists()
+    # a report written to a .gz name is gzip (it was plain JSON under a .gz name), and compare reads it
+    import gzip
+
+    from simulator.files import write_atomic
+
+    write_atomic(tmp_path / "a.json.gz", ra.model_dump_json())
+    assert json.loads(gzip.open(tmp_path / "a.json.gz", "rt").read())["name"] == ra.name
+    res = CliRunner().invoke(compare_app, [str(tmp_path / "a.json.gz"), str(tmp_path / "b.json"), "-o", str(out)])
+    assert res.exit_code == 0, res.output
 
 
 def test_compare_bad_inputs(tmp_path, scenarios):

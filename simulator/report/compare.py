@@ -78,14 +78,21 @@ def load_side(label: str, path: Path, mode: str, progress: Any = None) -> Side:
                         "(clustersim simulate --report out.json)")
     if path.is_dir():
         raise UserError(f"{label} = {str(path)!r} is a folder: give a scenario YAML or a report JSON file")
-    text_head = path.read_text(errors="replace")[:1].lstrip()
-    if path.suffix.lower() == ".json" or (path.suffix.lower() not in (".yaml", ".yml") and text_head.startswith("{")):
+    from simulator.files import read_text
+
+    try:
+        text = read_text(path)
+    except (OSError, EOFError) as exc:  # a truncated or corrupt .gz
+        raise UserError(f"{label} = {str(path)!r} cannot be read ({exc}): give a report JSON or a scenario YAML") from None
+    text_head = text[:1].lstrip()
+    json_name = path.suffix.lower() == ".json" or path.name.lower().endswith(".json.gz")
+    if json_name or (path.suffix.lower() not in (".yaml", ".yml") and text_head.startswith("{")):
         from pydantic import ValidationError
 
         from simulator.report.metrics import Report
 
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UserError(f"{label} = {str(path)!r} is not valid JSON ({exc.__class__.__name__}: "
                             f"{' '.join(str(exc).split())}): give a report JSON or a scenario YAML") from None
