@@ -234,7 +234,7 @@ def simulate(
     findings_budget_s: float = typer.Option(20.0, "--findings-budget-s", min=0.0, help="Seconds the findings may spend re-simulating their suggestions (0: none, findings from the model alone)."),
     # --- what-if (simulator.whatif; the scenario's perturbations: section) ---
     slow_gpu: list[str] = typer.Option([], "--slow-gpu", help="What-if: RANK=SPEED or node:N=SPEED (repeatable), SPEED relative to nominal compute speed (0.8: 20% slower; above 1: faster), e.g. 3=0.8."),
-    slow_link: list[str] = typer.Option([], "--slow-link", help="What-if: LINK=BANDWIDTH (repeatable), BANDWIDTH relative to nominal (0.5: half; above 1: more); LINK a link name, uplink:LEAF, nic:N, node:N, rail:R or tier:NAME, e.g. nic:3=0.5."),
+    slow_link: list[str] = typer.Option([], "--slow-link", help="What-if: LINK=BANDWIDTH (repeatable), BANDWIDTH relative to nominal (0.5: half; above 1: more); LINK a link name, uplink:LEAF, nic:N (NICs numbered across nodes; on one-NIC-per-GPU nodes, GPU N's), node:N, rail:R or tier:NAME, e.g. nic:3=0.5."),
     fail_node: list[int] = typer.Option([], "--fail-node", help="What-if: a node that fails (repeatable); goodput from --mtbf-hours etc."),
     failure_policy: Optional[str] = typer.Option(None, "--failure-policy", help="What-if: restart (from the last checkpoint; default) or spares (a hot spare node takes over)."),
     mtbf_hours: Optional[float] = typer.Option(None, "--mtbf-hours", help="What-if: MTBF of one GPU, hours (default 50,000, Llama 3)."),

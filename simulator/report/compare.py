@@ -301,7 +301,7 @@ def compare_command(
     b: Optional[Path] = typer.Argument(
         None, help="Scenario YAML or report JSON for B, compared against A. Omitted: A's perturbations (what-if) against A clean."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Dashboard HTML path (default dashboards/compare-<A>-vs-<B>.html)."),
+                                          help="Dashboard HTML path (default dashboards/compare-<A>-vs-<B>.html; with B omitted, compare-<A>-whatif.html)."),
     mode: CompareMode = typer.Option(CompareMode.reduced, "--mode", help="Simulation mode for scenario YAMLs."),
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
 ) -> None:

@@ -114,7 +114,7 @@ def _print_rich(info: dict[str, Any]) -> None:
     devs = sorted(set(info["devices"]))
     con.print(f"devices: {for_rich(', '.join(devs)) if devs else '? (not named in the input)'}")
     if info["op_classes"] and info["kind"] != "nccl-tests":  # one class, all of it communication
-        t = Table(title="op classes")
+        t = Table(title="op classes" + (f" (summed over the {len(ranks)} ranks)" if len(ranks) > 1 else ""))
         t.add_column("class")
         t.add_column("total ms", justify="right")
         total = sum(info["op_classes"].values()) or 1.0
