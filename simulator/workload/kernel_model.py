@@ -382,12 +382,6 @@ def spec_profile_for(device: str) -> Profile:
 
     name = _SPEC_FOR_DEVICE.get(device)
     if name is None:
-        from simulator.calibrate.physics import identify_gpu
-
-        try:
-            return identify_gpu(device).profile
-        except UserError:
-            pass
         raise UserError(f"no spec profile for device {device!r} (an op table's device is its folder's name, as NeuSight "
                         "lays them out): give the GPU's profile, --base PROFILE to calibrate or --profile PROFILE to "
                         "validate (a shipped name or a profile JSON)")
