@@ -24,6 +24,30 @@ from simulator.progress import progress, progress_wanted, with_progress
 from simulator.words import plural
 from simulator.files import HTML_SUFFIXES, check_outputs, write_atomic
 
+def _fold_long_option_names() -> None:
+    """--help wraps an option's names instead of cutting them (--tp,--tensor-model… at 80
+    columns): typer renders them in a table column with rich's default overflow, ellipsis."""
+    import typer.rich_utils as rich_utils
+
+    for attr in ("highlighter", "negative_highlighter"):
+        base = getattr(rich_utils, attr, None)
+        if base is None or getattr(base, "_folds", False):
+            continue
+
+        class Folding(type(base)):  # type: ignore[misc]
+            _folds = True
+
+            def __call__(self, text):
+                # a space after each comma lets the names wrap between aliases
+                out = super().__call__(text.replace(",", ", ") if isinstance(text, str) else text)
+                out.overflow = "fold"
+                return out
+
+        setattr(rich_utils, attr, Folding())
+
+
+_fold_long_option_names()
+
 app = typer.Typer(
     name="clustersim",
     help="Trace-driven simulator of GPU clusters for LLM training.",

@@ -149,6 +149,17 @@ def test_usage_errors_are_one_line(tmp_path, args, pattern):
 
 def test_help_version_and_no_arguments_keep_their_exit_status(tmp_path):
     assert clustersim(["simulate", "--help"], tmp_path).returncode == 0
+    # at 80 columns the long Megatron names wrap instead of being cut (--tp,--tensor-model…)
+    import os
+    import subprocess
+    import sys
+
+    from cli_helpers import REPO
+
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="80")
+    page = subprocess.run([sys.executable, "-m", "simulator.cli", "simulate", "--help"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120).stdout
+    assert "…" not in page and "--tensor-model-paral" in page and "--num-layers-per-vir" in page
     v = clustersim(["--version"], tmp_path)
     assert v.returncode == 0 and v.stdout.startswith("clustersim ")
     bare = clustersim([], tmp_path)
