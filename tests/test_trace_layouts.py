@@ -115,9 +115,13 @@ def test_nccl_tests_world_size_from_header(tmp_path):
     assert read_log(anon, 8, "all_reduce").op == "all_reduce"
     prof = tmp_path / "p5.json"
     out = CliRunner().invoke(app, ["calibrate", str(anon), "--collective", "all_reduce", "--base", "h100-sxm-80gb",
-                                   "--topology", "p5-efa", "--out", str(prof)])
+                                   "--topology", "p5-efa", "--out", str(prof), "--json"])
     assert out.exit_code == 0, out.output
     assert json.loads(prof.read_text())["comm"]["nccl"]["system"] == "p5-efa"
+    # --json: one object on stdout, the profile written and what calibrate noted
+    printed = json.loads(out.stdout)
+    assert printed["out"] == str(prof) and printed["profile"] == json.loads(prof.read_text())
+    assert isinstance(printed["notes"], list) and isinstance(printed["warnings"], list)
     # 4 processes x nGpus 4 by mpirun prefixes, a collective whose busbw does not tell n
     lines = ["[1,%d]<stdout>:# nThread 1 nGpus 4 minBytes 8 maxBytes 8 step: 2(factor)" % k for k in range(4)]
     lines += ["[1,0]<stdout>:#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",

@@ -23,6 +23,7 @@ def calibrate_command(
     no_host_fit: Annotated[bool, typer.Option("--no-host-fit", help="Do not fit the host overhead per kernel from train bundles' step times.")] = False,
     collective: Annotated[Optional[str], typer.Option("--collective", help="Collective of nccl-tests logs that do not name it (all_reduce, all_gather, ...).")] = None,
     scenario: Annotated[Optional[Path], typer.Option("--scenario", help="Scenario YAML whose parallel layout tells the groups of collectives the traces do not record.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout (the profile written, its path, the notes and warnings) instead of the tables.")] = False,
 ) -> None:
     """Fit a profile (compute, communication, overlap, provenance) from captured timings."""
     from simulator.calibrate.fit import calibrate
@@ -46,6 +47,9 @@ def calibrate_command(
         prof = calibrate_from_tables([load_op_table(i) for i in inputs], load_profile(base) if base else None)
         prof = prof.model_copy(update={"name": name or out.stem})
         write_atomic(out, prof.model_dump_json(indent=2, exclude_none=True) + "\n")
+        if as_json:
+            _print_json(prof, out, [], [])
+            return
         km = prof.compute.kernels
         print(f"{prof.name}: {prof.device}: GEMM efficiency {', '.join(f'{k} {v:.2f}' for k, v in km.gemm_efficiency.items())}, "
               f"K overhead {km.gemm_k_overhead:.1f} (per-tile cost, in elements of K), "
@@ -72,16 +76,27 @@ def calibrate_command(
         warnings.simplefilter("always")
         prof = calibrate(list(inputs), name or out.stem, base=base, topology=topology, fit_host=not no_host_fit,
                          host_cores=host_cores, notes=notes, mesh=mesh, collective=collective)
-    for line in notes.lines:
-        print(f"note: {line}", file=sys.stderr)
-    seen = set()
+    warned: list[str] = []
     for w in caught:
         msg = str(w.message)
-        if msg not in seen:  # one readable line each, never the source line
-            seen.add(msg)
-            print(f"warning: {msg}", file=sys.stderr)
+        if msg not in warned:  # one readable line each, never the source line
+            warned.append(msg)
     write_atomic(out, prof.model_dump_json(indent=2, exclude_none=True) + "\n")
+    if as_json:
+        _print_json(prof, out, notes.lines, warned)
+        return
+    for line in notes.lines:
+        print(f"note: {line}", file=sys.stderr)
+    for msg in warned:
+        print(f"warning: {msg}", file=sys.stderr)
     _summary(prof, out)
+
+
+def _print_json(prof, out: Path, notes: list[str], warned: list[str]) -> None:
+    import json
+
+    print(json.dumps({"out": str(out), "notes": list(notes), "warnings": warned,
+                      "profile": prof.model_dump(mode="json", exclude_none=True)}))
 
 
 def _summary(prof, out: Path) -> None:
@@ -89,13 +104,17 @@ def _summary(prof, out: Path) -> None:
     from rich.table import Table
 
     con = Console(stderr=True)
-    t = Table(title=f"{prof.name}: {prof.device}")
-    for c in ("op class", "basis", "ops", "overhead", "held-out error"):
-        t.add_column(c)
-    for cls, m in prof.compute.classes.items():
-        t.add_row(cls, m.basis, str(m.fit_samples or "-"), f"{m.overhead_us:.1f} us",
-                  "-" if m.fit_error is None else f"{m.fit_error:.1%}")
-    con.print(t)
+    fitted = {cls: m for cls, m in prof.compute.classes.items() if m.fit_samples}
+    if fitted:  # (from nccl-tests logs alone, every class is the base profile's: no table of them)
+        t = Table(title=f"{prof.name}: {prof.device}")
+        for c in ("op class", "basis", "ops", "overhead", "held-out error"):
+            t.add_column(c)
+        for cls, m in fitted.items():
+            t.add_row(cls, m.basis, str(m.fit_samples), f"{m.overhead_us:.1f} us",
+                      "-" if m.fit_error is None else f"{m.fit_error:.1%}")
+        con.print(t)
+    else:
+        con.print(f"{prof.name}: {prof.device}: compute as the base profile (the inputs time no compute ops)")
     if prof.comm.collectives:
         c = Table(title="collectives")
         for col in ("collective", "group", "tier", "alpha", "sizes", "held-out error"):
