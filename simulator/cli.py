@@ -319,10 +319,22 @@ def simulate(
         explicit_dashboard = None if dashboard in (None, _DASHBOARD_DEFAULT) else Path(dashboard)
         from simulator.scenario import scenario_input_files
 
+        write_dash = not no_dashboard and (dashboard is not None or not as_json)
+        # The scenario name is free text: a safe slug, inside dashboards/. A run changed by flags
+        # gets its own file (every what-if of one scenario wrote the same one, the last winning).
+        flags = [f"slow-gpu-{x}" for x in slow_gpu] + [f"slow-link-{x}" for x in slow_link] + \
+            [f"fail-node-{x}" for x in fail_node] + ([f"jitter{jitter}"] if jitter is not None else []) + \
+            ([f"seeds{seeds}"] if seeds is not None else [])
+        from simulator.report.files import output_path
+
+        default_dash = output_path(Path("dashboards"), _variant_name(sc.name, overrides, scenario is not None, flags), ".html")
+        default_key = "the dashboard (--dashboard PATH chooses another, --no-dashboard writes none)"
         check_outputs({"--perfetto": perfetto, "--report": report_json,
                        # as typed: a trailing slash names a folder (Path() would drop it)
-                       "--dashboard": None if explicit_dashboard is None else dashboard},
-                      scenario_input_files(scenario, overrides).items(), replaces_only={"--dashboard": HTML_SUFFIXES})
+                       "--dashboard": None if explicit_dashboard is None else dashboard,
+                       default_key: default_dash if write_dash and explicit_dashboard is None else None},
+                      scenario_input_files(scenario, overrides).items(),
+                      replaces_only={"--dashboard": HTML_SUFFIXES, default_key: HTML_SUFFIXES})
         from simulator.whatif.cli_flags import merge_perturbations, perturbations_from_flags
 
         sc = merge_perturbations(sc, perturbations_from_flags(
@@ -340,19 +352,11 @@ def simulate(
         t_findings = time.perf_counter()
         report = attach_findings(result, budget_s=findings_budget_s).report  # re-simulates cheap suggestions, time-boxed
         findings_s = time.perf_counter() - t_findings
-        write_dash = not no_dashboard and (dashboard is not None or not as_json)
         if write_dash:
             from simulator.report.dashboard import build_dashboard_html
-            from simulator.report.files import output_path
 
             phase("writing the dashboard")
-            # The scenario name is free text: a safe slug, inside dashboards/. A run changed by flags
-            # gets its own file (every what-if of one scenario wrote the same one, the last winning).
-            flags = [f"slow-gpu-{x}" for x in slow_gpu] + [f"slow-link-{x}" for x in slow_link] + \
-                [f"fail-node-{x}" for x in fail_node] + ([f"jitter{jitter}"] if jitter is not None else []) + \
-                ([f"seeds{seeds}"] if seeds is not None else [])
-            name = _variant_name(sc.name, overrides, scenario is not None, flags)
-            path = output_path(Path("dashboards"), name, ".html") if explicit_dashboard is None else explicit_dashboard
+            path = default_dash if explicit_dashboard is None else explicit_dashboard
             write_atomic(path, build_dashboard_html(result, cdn=cdn))
         if perfetto is not None:
             from simulator.report.perfetto import perfetto_trace
