@@ -24,6 +24,7 @@ from simulator.progress import progress, progress_wanted, with_progress
 from simulator.words import plural
 from simulator.files import HTML_SUFFIXES, check_outputs, write_atomic
 
+
 def _fold_long_option_names() -> None:
     """--help wraps an option's names instead of cutting them (--tp,--tensor-model… at 80
     columns): typer renders them in a table column with rich's default overflow, ellipsis."""
@@ -379,10 +380,10 @@ def simulate(
 
 
 # Short names of the flags a dashboard's file name records.
-_VARIANT_SHORT = {"parallelism.micro_batch_size": "mbs", "batch.micro_batch_size": "mbs", "batch.global_batch_size": "gbs",
+_VARIANT_SHORT = {"batch.micro_batch_size": "mbs", "batch.global_batch_size": "gbs",
                   "batch.seq_length": "seq", "parallelism.sequence_parallel": "sp", "parallelism.async_tp": "async-tp",
                   "parallelism.tp_comm_overlap": "tp-overlap", "dtype": "", "schedule": "", "network": "",
-                  "recompute": "recompute-", "cluster.gpus": "", "cluster.gpu": "", "cluster.topology": "", "model": ""}
+                  "recompute": "recompute-", "cluster.gpus": "gpus", "cluster.gpu": "", "cluster.topology": "", "model": ""}
 
 
 def _variant_name(base: str, overrides: dict, scenario_given: bool, flags: list[str]) -> str:
