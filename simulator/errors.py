@@ -132,6 +132,11 @@ def validation_error_line(exc, hide_loc: tuple[str, ...] = (), model=None) -> st
         line = f"got {value}: write a number"
     elif err["type"] in _WANTS_BOOL:
         line = f"got {value}: write true or false"
+    elif err["type"] == "finite_number":
+        line = f"got {value}: write a finite number"
+    elif err["type"] in ("dict_type", "model_type", "model_attributes_type"):
+        # (pydantic: "Input should be a valid dictionary or instance of BatchConfig")
+        line = f"got {value}: write a section of keys, e.g. {loc.rsplit('.', 1)[-1] or 'it'}: {{key: value}}"
     elif err["type"] in _BOUNDS and err.get("ctx"):
         key, words = _BOUNDS[err["type"]]
         line = f"got {value}: write a number {words} {_shown((err.get('ctx') or {}).get(key))}"

@@ -59,6 +59,8 @@ def test_unknown_key_without_a_near_miss_has_no_hint():
     ({"parallelism.tp": "two"}, r"parallelism\.tp: got 'two': write a whole number$"),
     ({"parallelism.zero": 1.5}, r"parallelism\.zero: got 1\.5: write a whole number$"),
     ({"flash_attention": "maybe"}, r"flash_attention: got 'maybe': write true or false$"),
+    ({"batch": [1, 2]}, r"batch: got \[1, 2\]: write a section of keys, e\.g\. batch: \{key: value\}$"),
+    ({"cluster.gpu.compute.peak_tflops": float("nan")}, r"peak_tflops: got nan: write a finite number$"),
 ])
 def test_bad_values_are_shown(override, pattern):
     with pytest.raises(UserError, match=pattern):
