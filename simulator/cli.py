@@ -200,7 +200,10 @@ class _OptionalValueCommand(typer.core.TyperCommand):
 def _megatron_vpp(sc, layers_per_chunk: int) -> int:
     """Megatron's --num-layers-per-virtual-pipeline-stage: vpp = num_layers / (pp x that)."""
     pp, layers = sc.parallelism.pp, sc.model.num_layers
-    if layers_per_chunk < 1 or layers % (pp * layers_per_chunk):
+    if layers_per_chunk < 1:
+        raise UserError(f"--num-layers-per-virtual-pipeline-stage {layers_per_chunk} must be at least 1 (layers per "
+                        "model chunk)")
+    if layers % (pp * layers_per_chunk):
         raise UserError(
             f"--num-layers-per-virtual-pipeline-stage {layers_per_chunk}: num_layers={layers} is not divisible by "
             f"pp*{layers_per_chunk}={pp * layers_per_chunk}: choose a divisor of {layers // pp if layers % pp == 0 else layers}"

@@ -225,7 +225,7 @@ def test_bad_inputs_give_one_line_errors(tmp_path: Path) -> None:
         calibrate([empty], "x")
     trace = tmp_path / "t.json"
     trace.write_text(json.dumps({"traceEvents": []}))
-    with pytest.raises(UserError, match="empty trace"):
+    with pytest.raises(UserError, match="holds no trace events"):
         calibrate([trace], "x")
     odd = tmp_path / "x.csv"
     odd.write_text("a,b\n")

@@ -18,7 +18,7 @@ DATA = Path(__file__).parent / "data" / "trace"
     ("truncated.json", r"is not valid JSON: file ends in the middle of a value \(truncated\?\) at character"),
     ("invalid.json", r"is not valid JSON: expected ',' or '\]' after event 1 at character 131"),
     ("not_kineto.json", r"has no traceEvents \(top-level keys: name, values\): it is not a Kineto/Chrome trace"),
-    ("empty_trace.json", r"is an empty trace \(traceEvents has no events\)"),
+    ("empty_trace.json", r"holds no trace events \(traceEvents is empty or holds no event objects\)"),
     ("no_ops.json", r"has 1 events but no GPU kernels and no CPU ops"),
     ("empty.json", r"empty\.json' is empty: expected a Kineto JSON trace"),
 ])
@@ -26,6 +26,13 @@ def test_bad_kineto_files(name, match):
     with pytest.raises(UserError, match=match) as info:
         import_kineto(DATA / name)
     assert "\n" not in str(info.value)
+
+
+def test_trace_events_that_are_not_a_list(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text('{"traceEvents": "nope"}')
+    with pytest.raises(UserError, match=r"traceEvents is a str, not a list of events: it is not a Kineto/Chrome trace"):
+        import_kineto(p)
 
 
 def test_bundle_without_manifest():

@@ -673,8 +673,13 @@ def _import_kineto(path: Path, rank: int | None) -> KinetoTrace:
     if K.TRACE_EVENTS not in top:
         keys = ", ".join(list(top)[:5]) or "none"
         raise UserError(f"{str(path)!r} has no traceEvents (top-level keys: {keys}): it is not a Kineto/Chrome trace")
+    events = top.get(K.TRACE_EVENTS)
+    if events is not None and not isinstance(events, list):
+        raise UserError(f"{str(path)!r}: traceEvents is a {type(events).__name__}, not a list of events: it is not a "
+                        "Kineto/Chrome trace")
     if n_events == 0:
-        raise UserError(f"{str(path)!r} is an empty trace (traceEvents has no events): re-run the profiler over at least one step")
+        raise UserError(f"{str(path)!r} holds no trace events (traceEvents is empty or holds no event objects): "
+                        "re-run the profiler over at least one step")
     warn: list[str] = []
     di = top.get(K.DISTRIBUTED_INFO) if isinstance(top.get(K.DISTRIBUTED_INFO), dict) else {}
     if rank is None and isinstance(di.get(K.DI_RANK), int):
