@@ -279,3 +279,17 @@ def test_few_seeds_say_their_percentiles_are_interpolated():
     assert any("P90 and P99 are interpolated between 5 draws" in l for l in lines(5))
     assert any("P99 is interpolated between 20 draws" in l for l in lines(20))
     assert not any("interpolated" in l for l in lines(100))
+
+
+def test_a_long_distribution_says_so_after_its_first_seed():
+    import warnings
+
+    from simulator.whatif.perturbations import Jitter
+    from simulator.whatif.run import LongRunWarning, _warn_if_long
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _warn_if_long(90.0, 100, Jitter(cv=0.05, seeds=100), dp=16)
+        _warn_if_long(0.5, 100, Jitter(cv=0.05, seeds=100), dp=16)  # 50 s in all: nothing to say
+    (w,) = [c for c in caught if issubclass(c.category, LongRunWarning)]
+    assert "other 99 take about 148 min" in str(w.message) and "about 16x cheaper" in str(w.message)

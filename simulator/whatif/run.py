@@ -19,6 +19,7 @@ orders events deterministically, so a seed gives the same step to the byte.
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -349,6 +350,24 @@ def seed_step_times(runner: "WhatIfRunner", seeds: list[int], workers: int = 1,
     return out
 
 
+class LongRunWarning(UserWarning):
+    """A what-if distribution that will take minutes: said once, after its first seed."""
+
+
+def _warn_if_long(first_s: float, n_seeds: int, jit, dp: int) -> None:
+    """After the first seed, the time the rest will take when it is over a minute (a run off a
+    terminal shows no progress), with the cheaper granularity where it applies."""
+    rest_s = first_s * (n_seeds - 1)
+    if rest_s < 60:
+        return
+    import warnings
+
+    cheaper = (f"; --jitter-granularity stage draws per pipeline rank, about {dp}x cheaper"
+               if jit is not None and jit.granularity == "group" and dp > 1 else "")
+    warnings.warn(f"what-if: the first seed took {first_s:.0f} s, so the other {n_seeds - 1} take about "
+                  f"{rest_s / 60:.0f} min{cheaper}; fewer --seeds shorten it", LongRunWarning, stacklevel=2)
+
+
 def simulate_whatif(sc, mode: str = "reduced", progress=None, workers: int = 1):
     """Simulate the clean step and the perturbed one; the result is the perturbed step with a
     ``whatif`` section in its report."""
@@ -378,7 +397,9 @@ def simulate_whatif(sc, mode: str = "reduced", progress=None, workers: int = 1):
             n_sim = len(runner.classes.reps) if runner.classes is not None else plan.mesh.world_size
             progress(f"what-if: {'; '.join(describe(pert))}: {n_sim} simulated ranks "
                      f"({'split' if runner.classes is not None else 'full'} mode), {len(seeds)} step(s)")
+        t_first = time.perf_counter()
         first = runner.run(seeds[0], record_waits=True)
+        _warn_if_long(time.perf_counter() - t_first, len(seeds), jit, sc.dp)
         times = [first.timeline.step_time_s] + seed_step_times(runner, seeds[1:], workers, progress, 1, len(seeds))
         perturbed_tl = first.timeline
         answer["simulated_ranks"] = len(first.timeline.ranks)
