@@ -431,6 +431,10 @@ def _gpu_topology_mismatch(sc) -> str:
         except UserError:
             same_part = False
         if same_part:
+            if load_profile(native).provenance.method != "spec":
+                # the same part, with NCCL constants fitted on that very system's nccl-tests log
+                return (f"topology {sc.cluster.topology_name} has a profile calibrated on its own nccl-tests log: "
+                        f"--gpu {native} simulates its collectives with those constants")
             return ""  # a variant of the node's GPU (H100 96GB HBM2e in an H100 node): a deliberate choice
         return (f"topology {sc.cluster.topology_name}'s nodes hold {native} GPUs but the GPU simulated is "
                 f"{sc.cluster.gpu_name}: --gpu {native} simulates that system")

@@ -219,3 +219,8 @@ def test_a_gpu_the_topology_does_not_hold_is_noted(tmp_path):
     assert p.returncode == 0 and "note: topology" not in p.stdout, p.stdout
     p = clustersim([*base, "--gpus", "64", "--gpu", "a100-sxm-80gb"], tmp_path)
     assert "note: topology dgx-h100-fattree's nodes hold h100-sxm-80gb GPUs" in " ".join(p.stdout.split())
+    # a system whose nccl-tests log calibrated a profile of its part: the note names that profile
+    p = clustersim([*base, "--gpus", "16", "--topology", "p5-efa"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert ("note: topology p5-efa has a profile calibrated on its own nccl-tests log: --gpu h100-sxm-80gb-p5-efa "
+            "simulates its collectives with those constants") in " ".join(p.stdout.split())
