@@ -258,3 +258,13 @@ def test_cli_prints_notes_as_lines(tmp_path):
                                            "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "note: nic_efficiency 0.24" in r.output and "warnings.warn" not in r.output and out.exists()
+
+
+
+def test_corrupt_device_memory_leaves_the_name_to_decide():
+    """deviceProperties with a negative or text totalGlobalMem (a traceback in calibrate): unknown."""
+    from simulator.calibrate.physics import identify_gpu
+
+    for mem in (-1, "80GB", float("nan"), True):
+        m = identify_gpu("NVIDIA A100-SXM4-80GB", mem)
+        assert m.profile.name == "a100-sxm-80gb" and m.memory_gib is None

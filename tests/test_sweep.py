@@ -298,6 +298,8 @@ def test_cli_flags_alone_and_bad_flags():
     assert isinstance(res.exception, UserError) and "nothing to sweep" in str(res.exception)
     res = CliRunner().invoke(sweep_app, [str(TINY), "--executor", "dask"])
     assert isinstance(res.exception, UserError) and "--scheduler" in str(res.exception)
+    res = CliRunner().invoke(sweep_app, [str(TINY), "--workers", "100000"])
+    assert isinstance(res.exception, UserError) and "--workers 100,000 is more than" in str(res.exception)
     res = CliRunner().invoke(sweep_app, [str(TINY), "--scheduler", "tcp://h:8786"])
     assert isinstance(res.exception, UserError) and "used only with --executor dask" in str(res.exception)
     try:

@@ -85,3 +85,43 @@ def test_stream_across_chunks(tmp_path, monkeypatch):
     got = []
     top, n = stream_trace(p, got.append)
     assert n == 200 and got == events and top["traceName"] == "x"
+
+
+
+def _mutated(tmp_path, change):
+    """tests/data/trace/nccl_devkernel_new.json with ``change(trace)`` applied."""
+    import json
+
+    trace = json.loads((DATA / "nccl_devkernel_new.json").read_text())
+    change(trace)
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(trace))
+    return p
+
+
+def _set_args(trace, key, value):
+    for e in trace["traceEvents"]:
+        if isinstance(e.get("args"), dict) and key in e["args"]:
+            e["args"][key] = value
+
+
+def test_corrupt_fields_do_not_raise_tracebacks(tmp_path):
+    """A huge 'Group size' (OverflowError) and a non-list 'Input type' (TypeError) import: the
+    group size is unknown, the dtype unread."""
+    t = import_kineto(_mutated(tmp_path, lambda tr: _set_args(tr, "Group size", 10**12)))
+    assert t.ops["group_size"].isna().all() or (t.ops["group_size"].dropna() <= 1 << 24).all()
+    assert len(import_kineto(_mutated(tmp_path, lambda tr: _set_args(tr, "Input type", 5))).ops) > 0
+
+
+@pytest.mark.parametrize("di, match", [
+    ({"rank": -1, "world_size": 16}, r"distributedInfo\.rank -1 is not a rank"),
+    ({"rank": 99, "world_size": 16}, r"distributedInfo\.rank 99 is not below its world_size 16"),
+    ({"rank": 0, "world_size": True}, r"distributedInfo\.world_size True is not a world size"),
+    ({"rank": 0, "world_size": 10**15}, r"distributedInfo\.world_size 1000000000000000 is not a world size"),
+])
+def test_impossible_distributed_info_is_one_line(tmp_path, di, match):
+    # (they were accepted: 'ranks: 1 [False]   world size: True', then 'set cluster.gpus: -8')
+    p = _mutated(tmp_path, lambda tr: tr.__setitem__("distributedInfo", di))
+    with pytest.raises(UserError, match=match) as info:
+        import_kineto(p)
+    assert "\n" not in str(info.value)

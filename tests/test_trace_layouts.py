@@ -186,3 +186,23 @@ def test_concurrent_same_size_calls_of_different_groups_are_not_merged():
     amb = _calls([0, 1, 2, 3], [0, 300, 10, 200], [400, 100, 290, 100], 4096)
     annotate_transfers(amb, mesh=Mesh(tp=2, cp=1, ep=1, dp=2, pp=1))
     assert set(amb["transfer_source"].astype(str)) == {"envelope"} and amb["transfer_us"].tolist() == [100.0] * 4
+
+
+
+def test_nccl_rows_no_run_measures_are_named(tmp_path):
+    """A time of 0 or 1e308 us, or a size past 1 PiB, is no measurement: the line is named (a zero
+    time raised ValueError in the fit, a huge size OverflowError)."""
+    src = (REF / "nccl-tests" / "p4de-2nodes-16gpu_all_reduce_perf.txt").read_text().splitlines()
+    rows = [i for i, l in enumerate(src) if l.split(":", 1)[-1].split() and l.split(":", 1)[-1].split()[0].isdigit()]
+    first = rows[0]
+    tok = src[first].split()
+    for what, edit, match in (("zero", lambda t: t[:6] + ["0.00"] + t[7:], r"time 0\.0 us is not a positive time"),
+                              ("huge", lambda t: t[:1] + ["9" * 26] + t[2:], r"size 9+ is outside")):
+        lines = list(src)
+        lines[first] = " ".join(edit(tok))
+        for i in rows[1:]:
+            lines[i] = ""
+        p = tmp_path / f"{what}_all_reduce_perf.txt"
+        p.write_text("\n".join(lines) + "\n")
+        with pytest.raises(UserError, match=match):
+            import_nccl_tests(p)

@@ -461,7 +461,9 @@ def calibrate(
     else:
         base_profile = None
     if src.device_props and mem_gib is None:
-        mems = [d.get("totalGlobalMem") for d in src.device_props if isinstance(d.get("totalGlobalMem"), (int, float))]
+        mems = [d.get("totalGlobalMem") for d in src.device_props
+                if isinstance(d.get("totalGlobalMem"), (int, float)) and not isinstance(d.get("totalGlobalMem"), bool)
+                and math.isfinite(d.get("totalGlobalMem")) and d.get("totalGlobalMem") > 0]  # (corrupt entries: unknown)
         mem_gib = min(mems) / (1 << 30) if mems else None
     if device and device.startswith("GPU ") and "unnamed" in device and base_profile is not None:
         device = base_profile.device  # the trace does not name it; --base does

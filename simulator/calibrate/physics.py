@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -89,6 +90,11 @@ def identify_gpu(name: str, total_mem_bytes: int | None = None, num_sms: int | N
     factor (SXM / PCIe; unnamed counts as SXM) and then the memory closest to totalGlobalMem.
     Raises UserError for a GPU no shipped profile describes."""
     model, form = _model_and_form(name)
+    if isinstance(total_mem_bytes, bool) or not isinstance(total_mem_bytes, (int, float)) \
+            or not math.isfinite(total_mem_bytes) or total_mem_bytes <= 0:
+        total_mem_bytes = None  # (a corrupt deviceProperties entry: the name decides)
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms <= 0:
+        num_sms = None
     mem_gib = total_mem_bytes / GIB if total_mem_bytes else None
     if model is None:
         raise UserError(

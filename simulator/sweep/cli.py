@@ -132,6 +132,11 @@ def sweep_command(
         raise UserError(f"--top-k {top_k} must be at least 1 (points to simulate); --estimate-only simulates none")
     if workers is not None and workers < 1:
         raise UserError(f"--workers {workers} must be at least 1")
+    max_workers = 4 * (os.cpu_count() or 1)
+    if workers is not None and workers > max_workers:
+        # one process each: beyond a few per core they only queue (and 100,000 never start)
+        raise UserError(f"--workers {workers:,} is more than {max_workers} (4 per core on this machine): lower it, "
+                        "or run a dask cluster (--executor dask)")
     if batch_size is not None and batch_size < 1:
         raise UserError(f"--batch-size {batch_size} must be at least 1 (scenarios per task)")
     store_path = store or Path("sweeps") / f"{spec.name}.sqlite"

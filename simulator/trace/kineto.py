@@ -120,7 +120,9 @@ def _numel_nested(x) -> int:
 
 
 def _first_dtype(types) -> str | None:
-    for t in types or ():
+    if not isinstance(types, (list, tuple)):
+        return None  # (a recorder that wrote something else: no dtype)
+    for t in types:
         dt = K.canonical_dtype(t) if isinstance(t, str) else None
         if dt is not None:
             return dt
@@ -256,7 +258,8 @@ def op_flops_bytes(name: str, cls: str, args: dict) -> tuple[float, float, str |
     Bytes are what the op reads and writes, each tensor once (see _rw_bytes); ``cls`` is the
     kernel class of the op (simulator.trace.kernel_classes)."""
     dims = args.get(K.ARG_INPUT_DIMS)
-    types = args.get(K.ARG_INPUT_TYPE) or []
+    types = args.get(K.ARG_INPUT_TYPE)
+    types = types if isinstance(types, list) else []  # (a corrupt record: no types)
     dtype = _first_dtype(types)
     itemsize = K.DTYPE_BYTES.get(dtype or "", 0)
     flops = math.nan
@@ -552,6 +555,9 @@ class _Coll:
     raw_name: str | None = None
 
 
+MAX_GROUP_RANKS = 1 << 24  # no job has more ranks in one process group; beyond it a group size is corrupt
+
+
 def _coll_from_args(args: dict, source: str) -> _Coll | None:
     """From record_param_comms args (or the copy Kineto puts on NCCL kernels)."""
     raw = args.get(K.ARG_COLL_NAME)
@@ -568,7 +574,8 @@ def _coll_from_args(args: dict, source: str) -> _Coll | None:
     if c.in_bytes is not None or c.out_bytes is not None:
         c.msg_bytes = max(b for b in (c.in_bytes, c.out_bytes) if b is not None)
     gs = args.get(K.ARG_GROUP_SIZE)
-    c.group_size = int(gs) if isinstance(gs, int) and gs > 0 else None
+    # (bool is an int; a group beyond 2^24 ranks is no real job's: a corrupt record, unknown)
+    c.group_size = int(gs) if isinstance(gs, int) and not isinstance(gs, bool) and 0 < gs <= MAX_GROUP_RANKS else None
     ranks = args.get(K.ARG_PG_RANKS)
     c.group_ranks = ranks if isinstance(ranks, str) else (str(ranks) if isinstance(ranks, list) else None)
     pg = args.get(K.ARG_PG_NAME)
@@ -584,7 +591,8 @@ def _coll_from_dims(name: str, args: dict, source: str, default_group: int | Non
     dtype_hint stands in where the types say only 'TensorList' (c10d ops taking tensor lists)."""
     c = _Coll(collective=K.normalise_collective(name), raw_name=name, source=source)
     dims = args.get(K.ARG_INPUT_DIMS)
-    types = args.get(K.ARG_INPUT_TYPE) or []
+    types = args.get(K.ARG_INPUT_TYPE)
+    types = types if isinstance(types, list) else []  # (a corrupt record: no types)
     if isinstance(dims, list) and dims:
         if input_index is not None and input_index < len(dims):
             numel = _numel_nested(dims[input_index])
@@ -682,9 +690,18 @@ def _import_kineto(path: Path, rank: int | None) -> KinetoTrace:
                         "re-run the profiler over at least one step")
     warn: list[str] = []
     di = top.get(K.DISTRIBUTED_INFO) if isinstance(top.get(K.DISTRIBUTED_INFO), dict) else {}
-    if rank is None and isinstance(di.get(K.DI_RANK), int):
-        rank = di[K.DI_RANK]
-    world = di.get(K.DI_WORLD_SIZE) if isinstance(di.get(K.DI_WORLD_SIZE), int) else None
+    di_rank, di_world = di.get(K.DI_RANK), di.get(K.DI_WORLD_SIZE)
+    for key, v, lo in ((K.DI_RANK, di_rank, 0), (K.DI_WORLD_SIZE, di_world, 1)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= MAX_GROUP_RANKS):
+            raise UserError(f"{str(path)!r}: distributedInfo.{key} {v!r} is not a {'rank' if lo == 0 else 'world size'} "
+                            f"(a whole number {lo}..{MAX_GROUP_RANKS:,}): fix the trace, or remove distributedInfo and "
+                            "name the rank in the path (rank_<k>/)")
+    if isinstance(di_rank, int) and isinstance(di_world, int) and di_rank >= di_world:
+        raise UserError(f"{str(path)!r}: distributedInfo.{K.DI_RANK} {di_rank} is not below its {K.DI_WORLD_SIZE} {di_world}: "
+                        "fix the trace")
+    if rank is None and isinstance(di_rank, int):
+        rank = di_rank
+    world = di_world if isinstance(di_world, int) else None
     props = top.get(K.DEVICE_PROPERTIES) if isinstance(top.get(K.DEVICE_PROPERTIES), list) else []
     base_ns = top.get(K.BASE_TIME_NS)
     # A corrupt base (NaN, infinite, beyond 64 bits) would shift every timestamp: count it, use 0.
@@ -1048,7 +1065,7 @@ def _coll_columns(colls: dict[int, _Coll], n: int, ts: np.ndarray, stream: np.nd
         msg[r] = c.msg_bytes if c.msg_bytes is not None else pd.NA
         inb[r] = c.in_bytes if c.in_bytes is not None else pd.NA
         outb[r] = c.out_bytes if c.out_bytes is not None else pd.NA
-        gsize[r] = c.group_size if c.group_size is not None else pd.NA
+        gsize[r] = c.group_size if c.group_size is not None and 0 < c.group_size <= MAX_GROUP_RANKS else pd.NA
         granks[r] = c.group_ranks
         pg[r] = c.pg_name
         seq[r] = c.seq if c.seq is not None else pd.NA

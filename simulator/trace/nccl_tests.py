@@ -6,6 +6,7 @@ so COLLECTIVE_TABLE_COLUMNS and busbw_factor are the shared definition of both.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,11 +111,12 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: i
     rank_lines: dict[int, tuple[str, str]] = {}
     has_root: bool | None = None
     bad_rows = 0
+    first_bad = ""
     procs_seen: set[int] = set()
     per_proc = None
     launched: int | None = None
     said: int | None = None
-    for raw in text.splitlines():
+    for lineno, raw in enumerate(text.splitlines(), 1):
         pm = _PREFIX.match(raw)
         if pm:
             procs_seen.add(int(pm.group(1) or pm.group(2)))
@@ -148,15 +150,24 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: i
             bad_rows += 1
             continue
         size, count, dtype, redop, halves = parsed
+        why = _implausible(size, halves)
+        if why:
+            # A row of the right shape with numbers no run measures (a corrupt or edited log).
+            bad_rows += 1
+            first_bad = first_bad or f"line {lineno}: {why}"
+            continue
         for in_place, (time_us, algbw, busbw) in zip((False, True), halves):
             rows.append({
                 "collective": coll, "size_bytes": size, "count": count, "dtype": dtype, "redop": redop,
                 "in_place": in_place, "time_us": time_us, "algbw_GBps": algbw, "busbw_GBps": busbw,
             })
     if not rows:
+        if first_bad:
+            raise UserError(f"{str(path)!r} has no usable nccl-tests result rows ({first_bad}): fix or re-run the log")
         raise UserError(f"{str(path)!r} has no nccl-tests result rows: expected lines 'size count type redop [root] time algbw busbw ...'")
     if bad_rows:
-        result.warnings.append(f"{path.name}: skipped {bad_rows} lines that look like rows but do not parse")
+        result.warnings.append(f"{path.name}: skipped {bad_rows} lines that look like rows but do not parse"
+                               + (f" ({first_bad})" if first_bad else ""))
     if coll is None:
         raise UserError(f"{str(path)!r}: the log does not say which collective it measured: pass --collective NAME (e.g. all_reduce)")
     if rank_lines:
@@ -173,6 +184,20 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: i
     df["nranks"] = result.nranks if result.nranks is not None else pd.NA
     result.table = df.astype(COLLECTIVE_TABLE_COLUMNS)[list(COLLECTIVE_TABLE_COLUMNS)]
     return result
+
+
+MAX_ROW_BYTES = 1 << 50  # 1 PiB: beyond any message a collective test times
+MAX_ROW_TIME_US = 1e12  # ~11.6 days for one call
+
+
+def _implausible(size: int, halves) -> str:
+    """Why a parsed row's numbers are no measurement ('' when they are)."""
+    if not 0 <= size <= MAX_ROW_BYTES:
+        return f"size {size} is outside 0..{MAX_ROW_BYTES}"
+    for time_us, _algbw, _busbw in halves:
+        if not (math.isfinite(time_us) and 0 < time_us <= MAX_ROW_TIME_US):
+            return f"time {time_us!r} us is not a positive time a call takes"
+    return ""
 
 
 def _num(s: str) -> float | None:
