@@ -108,9 +108,13 @@ def _set_args(trace, key, value):
 def test_corrupt_fields_do_not_raise_tracebacks(tmp_path):
     """A huge 'Group size' (OverflowError) and a non-list 'Input type' (TypeError) import: the
     group size is unknown, the dtype unread."""
-    t = import_kineto(_mutated(tmp_path, lambda tr: _set_args(tr, "Group size", 10**12)))
-    assert t.ops["group_size"].isna().all() or (t.ops["group_size"].dropna() <= 1 << 24).all()
-    assert len(import_kineto(_mutated(tmp_path, lambda tr: _set_args(tr, "Input type", 5))).ops) > 0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (its one unlinked kernel is said, as for the original)
+        t = import_kineto(_mutated(tmp_path, lambda tr: _set_args(tr, "Group size", 10**12)))
+        assert t.ops["group_size"].isna().all() or (t.ops["group_size"].dropna() <= 1 << 24).all()
+        assert len(import_kineto(_mutated(tmp_path, lambda tr: _set_args(tr, "Input type", 5))).ops) > 0
 
 
 @pytest.mark.parametrize("di, match", [
