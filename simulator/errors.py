@@ -232,6 +232,18 @@ def read_user_text(path, what: str, max_bytes: int = MAX_TEXT_FILE_BYTES) -> str
             raw = f.read(max_bytes + 1)
     except OSError as exc:
         raise UserError(f"{what} {shown!r} cannot be read ({exc.strerror}): check the path") from None
+    if raw[:2] == b"\x1f\x8b":  # gzip (a .json.gz report, say): its text, no more of it than a plain file
+        import gzip
+        import io
+        import zlib
+
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as z:
+                raw = z.read(max_bytes + 1)
+        except (OSError, EOFError, zlib.error):
+            raise UserError(f"{what} {shown!r} is a truncated or corrupt gzip file: re-write or re-copy it") from None
+        if len(raw) > max_bytes:
+            raise UserError(f"{what} {shown!r} holds more than the {_fmt_bytes(max_bytes)} such a file can be: check the path")
     for bom, encoding in (
         (codecs.BOM_UTF32_LE, "utf-32"),
         (codecs.BOM_UTF32_BE, "utf-32"),

@@ -119,13 +119,3 @@ def write_atomic(path: Path, text: str) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
 
-
-def read_text(path: Path) -> str:
-    """A file's text, gunzipped when its name ends in .gz (what write_atomic writes there)."""
-    path = Path(path)
-    if path.suffix.lower() == ".gz":
-        import gzip
-
-        with gzip.open(path, "rt", errors="replace") as f:
-            return f.read()
-    return path.read_text(errors="replace")

@@ -41,7 +41,7 @@ REDOPS = ("sum", "prod", "max", "min", "avg", "all")
 # p5 (EFA) and ndv4 take the profiles whose NCCL constants were fitted on their own nccl-tests
 # logs: the DGX H100 profile's NCCL defaults miss the p5 log by up to 52% (128 KiB-32 MiB), where
 # ideal links miss it by up to 155%; a100-sxm-40gb carries the Azure NDv4 fit (those logs ran on
-# A100-SXM4-40GB parts), which meets the 8-32 GPU logs within 9% where NCCL's defaults are 34-55% off.
+# A100-SXM4-40GB parts), which meets the 8-32 GPU logs within 9% where NCCL's defaults are 17-55% off.
 NODE_KIND_PROFILES = {"dgx-h100": "h100-sxm-80gb", "dgx-a100": "a100-sxm-80gb", "p4de": "a100-sxm-80gb",
                       "p5": "h100-sxm-80gb-p5-efa", "ndv4": "a100-sxm-40gb",
                       "dgx-h200": "h200-sxm-141gb", "dgx-b200": "b200", "gb200-nvl72": "gb200",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from simulator.errors import UserError
+from simulator.errors import UserError, read_user_text
 from simulator.vocabulary import DIM_NAMES
 from simulator.report.analysis import step_delta
 from simulator.report.dashboard import (
@@ -78,12 +78,7 @@ def load_side(label: str, path: Path, mode: str, progress: Any = None) -> Side:
                         "(clustersim simulate --report out.json)")
     if path.is_dir():
         raise UserError(f"{label} = {str(path)!r} is a folder: give a scenario YAML or a report JSON file")
-    from simulator.files import read_text
-
-    try:
-        text = read_text(path)
-    except (OSError, EOFError) as exc:  # a truncated or corrupt .gz
-        raise UserError(f"{label} = {str(path)!r} cannot be read ({exc}): give a report JSON or a scenario YAML") from None
+    text = read_user_text(path, label)  # (gunzipped where it is gzip: a --report x.json.gz)
     text_head = text[:1].lstrip()
     json_name = path.suffix.lower() == ".json" or path.name.lower().endswith(".json.gz")
     if json_name or (path.suffix.lower() not in (".yaml", ".yml") and text_head.startswith("{")):

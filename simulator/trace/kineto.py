@@ -119,10 +119,14 @@ def _numel_nested(x) -> int:
     return 0
 
 
+def _input_types(args: dict) -> list:
+    """An op's recorded input types; [] where the record holds something else (a corrupt trace)."""
+    types = args.get(K.ARG_INPUT_TYPE)
+    return types if isinstance(types, list) else []
+
+
 def _first_dtype(types) -> str | None:
-    if not isinstance(types, (list, tuple)):
-        return None  # (a recorder that wrote something else: no dtype)
-    for t in types:
+    for t in types or ():
         dt = K.canonical_dtype(t) if isinstance(t, str) else None
         if dt is not None:
             return dt
@@ -258,8 +262,7 @@ def op_flops_bytes(name: str, cls: str, args: dict) -> tuple[float, float, str |
     Bytes are what the op reads and writes, each tensor once (see _rw_bytes); ``cls`` is the
     kernel class of the op (simulator.trace.kernel_classes)."""
     dims = args.get(K.ARG_INPUT_DIMS)
-    types = args.get(K.ARG_INPUT_TYPE)
-    types = types if isinstance(types, list) else []  # (a corrupt record: no types)
+    types = _input_types(args)
     dtype = _first_dtype(types)
     itemsize = K.DTYPE_BYTES.get(dtype or "", 0)
     flops = math.nan
@@ -574,8 +577,7 @@ def _coll_from_args(args: dict, source: str) -> _Coll | None:
     if c.in_bytes is not None or c.out_bytes is not None:
         c.msg_bytes = max(b for b in (c.in_bytes, c.out_bytes) if b is not None)
     gs = args.get(K.ARG_GROUP_SIZE)
-    # (bool is an int; a group beyond 2^24 ranks is no real job's: a corrupt record, unknown)
-    c.group_size = int(gs) if isinstance(gs, int) and not isinstance(gs, bool) and 0 < gs <= MAX_GROUP_RANKS else None
+    c.group_size = int(gs) if isinstance(gs, int) and not isinstance(gs, bool) and gs > 0 else None
     ranks = args.get(K.ARG_PG_RANKS)
     c.group_ranks = ranks if isinstance(ranks, str) else (str(ranks) if isinstance(ranks, list) else None)
     pg = args.get(K.ARG_PG_NAME)
@@ -591,8 +593,7 @@ def _coll_from_dims(name: str, args: dict, source: str, default_group: int | Non
     dtype_hint stands in where the types say only 'TensorList' (c10d ops taking tensor lists)."""
     c = _Coll(collective=K.normalise_collective(name), raw_name=name, source=source)
     dims = args.get(K.ARG_INPUT_DIMS)
-    types = args.get(K.ARG_INPUT_TYPE)
-    types = types if isinstance(types, list) else []  # (a corrupt record: no types)
+    types = _input_types(args)
     if isinstance(dims, list) and dims:
         if input_index is not None and input_index < len(dims):
             numel = _numel_nested(dims[input_index])
@@ -1065,6 +1066,7 @@ def _coll_columns(colls: dict[int, _Coll], n: int, ts: np.ndarray, stream: np.nd
         msg[r] = c.msg_bytes if c.msg_bytes is not None else pd.NA
         inb[r] = c.in_bytes if c.in_bytes is not None else pd.NA
         outb[r] = c.out_bytes if c.out_bytes is not None else pd.NA
+        # (a group beyond MAX_GROUP_RANKS is no real job's, whichever record gave it: unknown)
         gsize[r] = c.group_size if c.group_size is not None and 0 < c.group_size <= MAX_GROUP_RANKS else pd.NA
         granks[r] = c.group_ranks
         pg[r] = c.pg_name
