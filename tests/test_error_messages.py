@@ -147,3 +147,17 @@ def test_prune_reasons_show_a_real_example_and_every_point_pruned_is_an_error(tm
                           r"^error: nothing to simulate: every point was pruned \(tp=3 does not divide "
                           r"num_attention_heads=32 \(16 points\)\)")
     assert not any(p.name.startswith("new.sqlite") for p in tmp_path.iterdir())
+
+
+def test_user_files_may_be_gzip_and_a_broken_one_is_one_line(tmp_path):
+    import gzip
+
+    from simulator.errors import read_user_text
+
+    good = tmp_path / "r.json.gz"
+    good.write_bytes(gzip.compress(b'{"a": 1}'))
+    assert read_user_text(good, "report") == '{"a": 1}'
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(good.read_bytes()[:-6])
+    with pytest.raises(UserError, match=r"report '.*cut\.json\.gz' is a truncated or corrupt gzip file"):
+        read_user_text(cut, "report")
