@@ -352,6 +352,43 @@ def _refuse_constant(name: str):
     raise ValueError(f"non-finite number {name}")
 
 
+# Top-level keys that tell what a user's JSON/YAML document is, for "this is X, not Y": a report
+# passed as --profile said "unknown key 'step_time_s': remove it", as if one key were the problem.
+# Each kind's keys are ones its writer always emits (report.SimulationReport, profile.Profile,
+# topology.TopologySpec, scenario.Scenario, torch.profiler, trace.bundle.Manifest, HF config.json).
+DOCUMENT_KINDS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("a simulate report (clustersim simulate --report/--json)", frozenset({"step_time_s", "tokens_per_s"})),
+    ("a GPU profile (clustersim calibrate --out)", frozenset({"device", "compute", "comm"})),
+    ("a topology", frozenset({"node", "fabric"})),
+    ("a scenario", frozenset({"model", "parallelism"})),
+    ("a Kineto trace (torch.profiler)", frozenset({"traceEvents"})),
+    ("a trace bundle manifest", frozenset({"tool_version", "workload", "world_size"})),
+    ("a HuggingFace model config", frozenset({"model_type", "hidden_size"})),
+)
+
+
+def document_kind(data) -> str | None:
+    """What a parsed document is, by the keys its writer always emits; None if it is none of them."""
+    if not isinstance(data, dict):
+        return None
+    for label, keys in DOCUMENT_KINDS:
+        if keys <= data.keys():
+            return label
+    return None
+
+
+def check_document_kind(data, what: str, shown: str, expected: str, fix: str) -> dict:
+    """Refuse a document that is not a mapping, or is a different kind of file than ``expected``
+    (a label in DOCUMENT_KINDS), in one line naming what it is and ``fix``. Returns the mapping."""
+    if not isinstance(data, dict):
+        holds = "is empty" if data is None else f"holds a {type(data).__name__}, not a mapping of fields"
+        raise UserError(f"{what} {shown!r} {holds}: {fix}")
+    kind = document_kind(data)
+    if kind is not None and kind != expected:
+        raise UserError(f"{what} {shown!r} is {kind}, not {expected}: {fix}")
+    return data
+
+
 def read_json(path, what: str, fix: str):
     """Parse a JSON file a user named; ``fix`` says what to do about a malformed one."""
     import json

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator.profile import Profile, load_profile
-from simulator.errors import UserError, Whole, did_you_mean, path_exists, read_json, read_yaml, validation_error_line
+from simulator.errors import UserError, Whole, check_document_kind, did_you_mean, path_exists, read_json, read_yaml, validation_error_line
 from simulator.topology.spec import TopologySpec, first_validation_error, load_topology
 from simulator.whatif.perturbations import Perturbations
 
@@ -550,8 +550,7 @@ HF_MODEL_TYPES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "
 
 def model_from_hf_config(path: Path) -> ModelConfig:
     cfg = read_json(path, "model config", fix="fix the file")
-    if not isinstance(cfg, dict):
-        raise UserError(f"model config {str(path)!r} is not a JSON object: give a HuggingFace config.json")
+    check_document_kind(cfg, "model config", str(path), "a HuggingFace model config", fix="give a HuggingFace config.json")
     mt = cfg.get("model_type")
     if mt not in HF_MODEL_TYPES:
         raise UserError(
@@ -656,8 +655,8 @@ def default_scenario_dict() -> dict[str, Any]:
 def load_scenario_dict(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     data = read_yaml(path, "scenario file")
-    if not isinstance(data, dict):
-        raise UserError(f"scenario file {str(path)!r} must hold a mapping of sections (model, parallelism, batch, cluster)")
+    check_document_kind(data, "scenario file", str(path), "a scenario",
+                        fix="give a scenario YAML: a mapping of sections (model, parallelism, batch, cluster)")
     # Paths inside a scenario file are relative to that file.
     base = path.parent
     slots = [(data, "model"), (data, "schedule_file")]

@@ -283,3 +283,68 @@ def test_warnings_are_one_line_each_once(tmp_path):
     assert warned and len(warned) == len(set(warned))
     assert all(l.startswith("warning: ") for l in lines), lines
     assert "Warning:" not in p.stderr and "out[" not in p.stderr
+
+
+# --- A file of the wrong kind, or given twice (round 19: left alone by round 18's fuzz pass) ---
+
+PROFILES = REPO / "simulator" / "data" / "profiles"
+TOPOLOGIES = REPO / "simulator" / "data" / "topologies"
+NDV4_LOG = DATA / "reference" / "nccl-tests" / "azure-ndv4-a100-40gb-16gpu_all_reduce_perf.txt"
+
+
+def _report(tmp_path: Path, tiny: Path) -> Path:
+    out = tmp_path / "rep.json"
+    p = clustersim(["simulate", tiny, "--no-dashboard", "--report", out], tmp_path)
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+def test_a_report_given_as_a_profile_is_named_as_a_report(tmp_path, tiny):
+    # Was "unknown key 'step_time_s': remove it or check its spelling", as if one key were wrong.
+    report = _report(tmp_path, tiny)
+    before = _files(tmp_path)
+    p = clustersim(["calibrate", NDV4_LOG, "--out", "p.json", "--base", report.name], tmp_path)
+    assert_one_line_error(p, r"^error: GPU profile 'rep\.json' is a simulate report \(clustersim simulate "
+                             r"--report/--json\), not a GPU profile \(clustersim calibrate --out\): give a profile JSON")
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["simulate", "--topology", PROFILES / "h100-sxm-80gb.json"],
+     r"topology file '.*h100-sxm-80gb\.json' is a GPU profile .*, not a topology: give a topology YAML"),
+    (["simulate", TOPOLOGIES / "p5-efa.yaml"],
+     r"scenario file '.*p5-efa\.yaml' is a topology, not a scenario: give a scenario YAML"),
+    (["compare", PROFILES / "h100-sxm-80gb.json"],
+     r"A = '.*h100-sxm-80gb\.json' is a GPU profile .*, not a simulate report .*: write one with --report"),
+])
+def test_a_file_of_another_kind_is_named_by_its_kind(tmp_path, args, pattern):
+    p = clustersim([*args, "--no-dashboard"] if args[0] == "simulate" else args, tmp_path)
+    assert_one_line_error(p, pattern)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("text, holds", [("- a\n- b\n", "holds a list, not a mapping of fields"), ("", "is empty")])
+def test_a_topology_that_is_not_a_mapping_is_one_line(tmp_path, text, holds):
+    # A list was pydantic's "Input should be a valid dictionary or instance of TopologySpec".
+    (tmp_path / "topo.yaml").write_text(text)
+    p = clustersim(["simulate", "--topology", "topo.yaml", "--no-dashboard"], tmp_path)
+    assert_one_line_error(p, rf"^error: topology file 'topo\.yaml' {holds}: give a topology YAML \(node:, fabric:\)")
+
+
+@pytest.mark.parametrize("second", ["same", "copy", "inside"])
+def test_calibrate_refuses_an_input_given_twice(tmp_path, second):
+    # Was a fit over the log's rows twice, weighted towards them, without a word.
+    (tmp_path / "logs").mkdir()
+    log = tmp_path / "logs" / "a.txt"
+    log.write_bytes(NDV4_LOG.read_bytes())
+    if second == "same":
+        inputs, pattern = ["logs/a.txt", "logs/../logs/a.txt"], r"input 'logs/\.\./logs/a\.txt' is given twice \(also as 'logs/a\.txt'\)"
+    elif second == "copy":
+        (tmp_path / "b.txt").write_bytes(NDV4_LOG.read_bytes())
+        inputs, pattern = ["logs/a.txt", "b.txt"], r"input 'b\.txt' holds the same bytes as 'logs/a\.txt'"
+    else:
+        inputs, pattern = ["logs", "logs/a.txt"], r"input 'logs/a\.txt' is inside the folder 'logs', also given"
+    before = _files(tmp_path)
+    p = clustersim(["calibrate", *inputs, "--out", "p.json"], tmp_path)
+    assert_one_line_error(p, pattern)
+    assert _files(tmp_path) == before

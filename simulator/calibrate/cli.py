@@ -38,6 +38,7 @@ def calibrate_command(
     from simulator.trace.nccl_tests import check_collective_name
 
     check_collective_name(collective)
+    _refuse_repeated_inputs(inputs)
     if inputs and all(Path(i).suffix == ".csv" for i in inputs):
         # Per-operator latency tables (NeuSight's or plain): fit the kernel model's constants.
         from simulator.workload.kernel_model import calibrate_from_tables
@@ -90,6 +91,51 @@ def calibrate_command(
     for msg in warned:
         print(f"warning: {msg}", file=sys.stderr)
     _summary(prof, out)
+
+
+def _refuse_repeated_inputs(inputs: list[Path]) -> None:
+    """One input given twice (the same path, a file inside a folder also given, or two files with
+    the same bytes: a copied log, overlapping globs) would count its samples twice and weight the
+    fit towards it, silently."""
+    import hashlib
+
+    seen: dict[Path, Path] = {}  # resolved -> as given
+    for given in inputs:
+        try:
+            resolved = Path(given).resolve()
+        except (OSError, RuntimeError):
+            continue  # an unreadable path is refused, by name, where it is read
+        if resolved in seen:
+            also = "" if str(seen[resolved]) == str(given) else f" (also as {str(seen[resolved])!r})"
+            raise UserError(f"input {str(given)!r} is given twice{also}: pass each trace or log once")
+        seen[resolved] = Path(given)
+    folders = {r for r, given in seen.items() if given.is_dir()}
+    for resolved, given in seen.items():
+        inside = next((f for f in resolved.parents if f in folders), None)
+        if inside is not None:
+            raise UserError(f"input {str(given)!r} is inside the folder {str(seen[inside])!r}, also given: "
+                            f"pass the folder or the files in it, not both")
+    by_size: dict[int, list[Path]] = {}
+    for given in seen.values():
+        try:
+            if given.is_file():
+                by_size.setdefault(given.stat().st_size, []).append(given)
+        except OSError:
+            continue
+    for same_size in by_size.values():
+        by_digest: dict[str, Path] = {}
+        for given in same_size if len(same_size) > 1 else ():
+            digest = hashlib.sha256()
+            try:
+                with open(given, "rb") as fh:
+                    for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                        digest.update(chunk)
+            except OSError:
+                continue
+            other = by_digest.setdefault(digest.hexdigest(), given)
+            if other is not given:
+                raise UserError(f"input {str(given)!r} holds the same bytes as {str(other)!r}: "
+                                f"pass each trace or log once (a copy counts its samples twice)")
 
 
 def _print_json(prof, out: Path, notes: list[str], warned: list[str]) -> None:

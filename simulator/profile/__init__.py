@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from simulator.data import data_dir
-from simulator.errors import UserError, path_exists, read_json, validation_error_line
+from simulator.errors import UserError, check_document_kind, path_exists, read_json, validation_error_line
 
 PROFILE_SCHEMA_VERSION = 1
 CALIBRATION_DIR = data_dir("profiles")
@@ -363,6 +363,8 @@ def load_profile(name_or_path: "str | Path | Profile") -> Profile:
     data = read_json(path, "GPU profile file", fix="fix or re-calibrate it")
     if isinstance(data, dict) and isinstance(data.get("schema_version"), int) and data["schema_version"] > PROFILE_SCHEMA_VERSION:
         raise UserError(f"GPU profile {str(path)!r} has schema_version {data['schema_version']}: upgrade clustersim")
+    check_document_kind(data, "GPU profile", str(path), "a GPU profile (clustersim calibrate --out)",
+                        fix=f"give a profile JSON or a shipped name ({', '.join(available_profiles())})")
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from simulator.errors import UserError, read_user_text
+from simulator.errors import UserError, check_document_kind, read_user_text
 from simulator.vocabulary import DIM_NAMES
 from simulator.report.analysis import step_delta
 from simulator.report.dashboard import (
@@ -91,6 +91,8 @@ def load_side(label: str, path: Path, mode: str, progress: Any = None) -> Side:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UserError(f"{label} = {str(path)!r} is not valid JSON ({exc.__class__.__name__}: "
                             f"{' '.join(str(exc).split())}): give a report JSON or a scenario YAML") from None
+        check_document_kind(data, f"{label} =", str(path), "a simulate report (clustersim simulate --report/--json)",
+                            fix="write one with --report, or pass the scenario YAML")
         try:
             report = Report.model_validate(data)
         except ValidationError as exc:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from simulator.data import data_dir
-from simulator.errors import UserError, path_exists, read_yaml, validation_error_line
+from simulator.errors import UserError, check_document_kind, path_exists, read_yaml, validation_error_line
 
 TOPOLOGY_DIR = data_dir("topologies")
 
@@ -181,6 +181,8 @@ def load_topology(name_or_path: "str | Path | TopologySpec") -> TopologySpec:
                 f"{', '.join(available_topologies())} or a path to a YAML file"
             )
     data = read_yaml(path, "topology file")
+    check_document_kind(data, "topology file", str(path), "a topology",
+                        fix=f"give a topology YAML (node:, fabric:) or a shipped name ({', '.join(available_topologies())})")
     try:
         return TopologySpec.model_validate(data)
     except ValidationError as exc:

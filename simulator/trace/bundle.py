@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from simulator.errors import UserError, read_json, validation_error_line
+from simulator.errors import UserError, check_document_kind, read_json, validation_error_line
 
 BUNDLE_SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -78,6 +78,7 @@ def load_manifest(bundle_dir: str | Path) -> Manifest:
     if not path.exists():
         raise UserError(f"{str(bundle_dir)!r} has no {MANIFEST_NAME}: it is not a trace bundle (capture one with 'clustersim capture')")
     data = read_json(path, "bundle manifest", fix="re-capture the bundle")
+    check_document_kind(data, "bundle manifest", str(path), "a trace bundle manifest", fix="re-capture the bundle")
     version = data.get("schema_version") if isinstance(data, dict) else None
     if isinstance(version, int) and version > BUNDLE_SCHEMA_VERSION:
         raise UserError(
