@@ -257,8 +257,8 @@ def simulate(
     dashboard: Optional[str] = typer.Option(None, "--dashboard", metavar="[PATH]", help="Write the HTML dashboard (to PATH, or dashboards/<name>.html). Written by default without --json."),
     no_dashboard: bool = typer.Option(False, "--no-dashboard", help="Write no dashboard."),
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
-    perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write a Perfetto / Chrome trace JSON to this path (open in ui.perfetto.dev)."),
-    report_json: Optional[Path] = typer.Option(None, "--report", help="Also write the full report JSON to this path (input to clustersim compare)."),
+    perfetto: Optional[str] = typer.Option(None, "--perfetto", metavar="PATH", help="Write a Perfetto / Chrome trace JSON to this path (open in ui.perfetto.dev)."),
+    report_json: Optional[str] = typer.Option(None, "--report", metavar="PATH", help="Also write the full report JSON to this path (input to clustersim compare)."),
     findings_budget_s: float = typer.Option(20.0, "--findings-budget-s", min=0.0, help="Seconds the findings may spend re-simulating their suggestions (0: none, findings from the model alone)."),
     # --- what-if (simulator.whatif; the scenario's perturbations: section) ---
     slow_gpu: list[str] = typer.Option([], "--slow-gpu", help="What-if: RANK=SPEED or node:N=SPEED (repeatable), SPEED relative to nominal compute speed (0.8: 20% slower; above 1: faster), e.g. 3=0.8."),
@@ -339,6 +339,9 @@ def simulate(
                        default_key: default_dash if write_dash and explicit_dashboard is None else None},
                       scenario_input_files(scenario, overrides).items(),
                       replaces_only={"--dashboard": HTML_SUFFIXES, default_key: HTML_SUFFIXES})
+        # (str until checked: a trailing slash names a folder, and Path() would drop it)
+        perfetto = None if perfetto is None else Path(perfetto)
+        report_json = None if report_json is None else Path(report_json)
         from simulator.whatif.cli_flags import merge_perturbations, perturbations_from_flags
 
         sc = merge_perturbations(sc, perturbations_from_flags(

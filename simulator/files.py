@@ -48,6 +48,8 @@ def check_output_path(path: Path, what: str) -> Path:
 # What an existing file must look like for an output to replace it: a dashboard replaces an earlier
 # dashboard, not a notes.txt or a scenario.yaml that happens to sit at the path given.
 HTML_SUFFIXES = (".html", ".htm")
+# The file an output flag writes, for the example in "names a folder: name a file inside it, e.g. ...".
+_EXAMPLE_SUFFIX = {"--report": ".json", "--perfetto": ".json", "--out": ".json", "--store": ".sqlite"}
 
 
 def check_outputs(outputs: dict[str, Path | str | None], inputs: Iterable[tuple[str, Path | str | None]] = (),
@@ -65,8 +67,8 @@ def check_outputs(outputs: dict[str, Path | str | None], inputs: Iterable[tuple[
         if path is None:
             continue
         if isinstance(path, str) and path.endswith(("/", os.sep)):
-            raise UserError(f"{flag} path {path!r} names a folder: name a file inside it, e.g. "
-                            f"{path + 'out' + (replaces_only or {}).get(flag, ('',))[0]!r}")
+            suffix = _EXAMPLE_SUFFIX.get(flag) or (replaces_only or {}).get(flag, ("",))[0]
+            raise UserError(f"{flag} path {path!r} names a folder: name a file inside it, e.g. {path + 'out' + suffix!r}")
         path = Path(path)
         check_output_path(path, flag)
         key = os.path.realpath(path)

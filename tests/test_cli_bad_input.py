@@ -348,3 +348,17 @@ def test_calibrate_refuses_an_input_given_twice(tmp_path, second):
     p = clustersim(["calibrate", *inputs, "--out", "p.json"], tmp_path)
     assert_one_line_error(p, pattern)
     assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("args, flag, example", [
+    (["simulate", "tiny.yaml", "--no-dashboard", "--report", "out/"], "--report", "out/out.json"),
+    (["simulate", "tiny.yaml", "--no-dashboard", "--perfetto", "out/"], "--perfetto", "out/out.json"),
+    (["compare", "tiny.yaml", "tiny.yaml", "-o", "out/"], "--output", "out/out.html"),
+    (["sweep", DATA / "sweep" / "tiny.yaml", "--store", "out/"], "--store", "out/out.sqlite"),
+])
+def test_an_output_path_ending_in_a_slash_names_a_folder(tmp_path, tiny, args, flag, example):
+    # Were exit 0 with a *file* named out (typer's Path drops the slash before we see it).
+    before = _files(tmp_path)
+    p = clustersim(args, tmp_path)
+    assert_one_line_error(p, rf"^error: {flag} path 'out/' names a folder: name a file inside it, e\.g\. '{example}'$")
+    assert _files(tmp_path) == before

@@ -297,7 +297,7 @@ def compare_command(
     a: Path = typer.Argument(..., help="Scenario YAML or report JSON (clustersim simulate --report) for A."),
     b: Optional[Path] = typer.Argument(
         None, help="Scenario YAML or report JSON for B, compared against A. Omitted: A's perturbations (what-if) against A clean."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o",
+    output: Optional[str] = typer.Option(None, "--output", "-o", metavar="PATH",
                                           help="Dashboard HTML path (default dashboards/compare-<A>-vs-<B>.html; with B omitted, compare-<A>-whatif.html)."),
     mode: CompareMode = typer.Option(CompareMode.reduced, "--mode", help="Simulation mode for scenario YAMLs."),
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
@@ -307,9 +307,9 @@ def compare_command(
     from simulator.progress import progress
 
     if b is None:
-        path = output or Path("dashboards") / f"compare-{_slug(a.stem)}-whatif.html"
+        path = Path(output) if output else Path("dashboards") / f"compare-{_slug(a.stem)}-whatif.html"
     else:
-        path = output or Path("dashboards") / f"compare-{_slug(a.stem)}-vs-{_slug(b.stem)}.html"
+        path = Path(output) if output else Path("dashboards") / f"compare-{_slug(a.stem)}-vs-{_slug(b.stem)}.html"
     if path.exists() and path.is_dir():
         raise UserError(f"--output {str(path)!r} is a folder: give a file path ending in .html")
     # Before simulating: a bad path never costs the result, and A or B is never written over.
@@ -320,7 +320,8 @@ def compare_command(
         # a scenario also reads the files it names (model config, schedule CSV, profile, topology)
         if side is not None and side.suffix in (".yaml", ".yml") and side.is_file():
             inputs += [(f"{what} of {label}", f) for what, f in scenario_input_files(side).items() if what != "scenario file"]
-    check_outputs({"--output": path}, inputs, replaces_only={"--output": HTML_SUFFIXES})
+    # (as typed: a trailing slash names a folder, and Path() would drop it)
+    check_outputs({"--output": output or path}, inputs, replaces_only={"--output": HTML_SUFFIXES})
     from simulator.report.findings import attach
 
     with progress("compare") as phase:

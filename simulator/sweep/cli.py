@@ -73,10 +73,10 @@ def sweep_command(
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address, tcp://HOST:8786."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes (default: all cores)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Scenarios per task (default: a few tasks per worker)."),
-    store: Optional[Path] = typer.Option(None, "--store", help="SQLite results store (default sweeps/<name>.sqlite); re-runs skip what it holds."),
+    store: Optional[str] = typer.Option(None, "--store", metavar="PATH", help="SQLite results store (default sweeps/<name>.sqlite); re-runs skip what it holds."),
     name: Optional[str] = typer.Option(None, "--name", help="Sweep name (default: the space file's name, or 'sweep')."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object."),
-    dashboard: Optional[Path] = typer.Option(None, "--dashboard", help="Dashboard HTML path (default dashboards/sweep-<name>.html)."),
+    dashboard: Optional[str] = typer.Option(None, "--dashboard", metavar="PATH", help="Dashboard HTML path (default dashboards/sweep-<name>.html)."),
     no_dashboard: bool = typer.Option(False, "--no-dashboard", help="Write no dashboard."),
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
@@ -139,12 +139,12 @@ def sweep_command(
                         "or run a dask cluster (--executor dask)")
     if batch_size is not None and batch_size < 1:
         raise UserError(f"--batch-size {batch_size} must be at least 1 (scenarios per task)")
-    store_path = store or Path("sweeps") / f"{spec.name}.sqlite"
+    store_path = Path(store) if store else Path("sweeps") / f"{spec.name}.sqlite"
     dash_path = best_path = None
     if not no_dashboard:
         from simulator.report.files import output_path
 
-        dash_path = dashboard or output_path(Path("dashboards"), spec.name, ".html", prefix="sweep-")
+        dash_path = Path(dashboard) if dashboard else output_path(Path("dashboards"), spec.name, ".html", prefix="sweep-")
         best_path = dash_path.with_name(dash_path.stem + "-best.html")
     from simulator.files import HTML_SUFFIXES, check_outputs, write_atomic
 
@@ -152,7 +152,10 @@ def sweep_command(
     inputs = [("space file", space), ("--model config", model)]
     for flag, values in (("--gpu", gpu), ("--topology", topology)):
         inputs += [(f"{flag} file", value.strip() or None) for value in (values or "").split(",")]
-    check_outputs({"--store": store_path, "--dashboard": dash_path, "the best point's dashboard": best_path}, inputs,
+    # (as typed: a trailing slash names a folder, and Path() would drop it)
+    check_outputs({"--store": store or store_path,
+                   "--dashboard": dashboard if dashboard and not no_dashboard else dash_path,
+                   "the best point's dashboard": best_path}, inputs,
                   replaces_only={"--dashboard": HTML_SUFFIXES, "the best point's dashboard": HTML_SUFFIXES})
 
     out = run_sweep(spec, store=store_path, executor=executor.value, workers=workers, scheduler=scheduler,
