@@ -23,6 +23,10 @@ from simulator.errors import RunFailed, UserError
 from simulator.progress import progress, progress_wanted, with_progress
 from simulator.words import plural
 from simulator.files import HTML_SUFFIXES, check_outputs, write_atomic
+from simulator.schedules.registry import schedule_names
+
+# (from the registry: a new schedule shows in --help without a second list to keep)
+_SCHEDULE_CHOICES = ", ".join(f"{n} (default)" if n == "1f1b" else n for n in schedule_names())
 
 
 def _fold_long_option_names() -> None:
@@ -237,7 +241,7 @@ def simulate(
     seq_length: Optional[int] = typer.Option(None, "--seq-length", help="Tokens per sequence. Default: the scenario's; built-in 8192.", rich_help_panel="Batch"),
     recompute: Optional[Recompute] = typer.Option(None, "--recompute", "--recompute-granularity", help="Activation recomputation: none (default), selective (Megatron: attention core), full (whole layers), selective-op (torchtitan per-op SAC) or selective-layer (torchtitan: every second layer).", rich_help_panel="Batch"),
     dtype: Optional[Dtype] = typer.Option(None, "--dtype", help="Compute precision: bf16 (default), fp16, fp32 or fp8 (recipe: --set fp8.recipe=...).", rich_help_panel="Batch"),
-    schedule: Optional[str] = typer.Option(None, "--schedule", help="Pipeline schedule: 1f1b (default), gpipe, interleaved-1f1b, zb-h1, zbv, dualpipe, dualpipev.", rich_help_panel="Batch"),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help=f"Pipeline schedule: {_SCHEDULE_CHOICES}.", rich_help_panel="Batch"),
     schedule_file: Optional[Path] = typer.Option(None, "--schedule-file", help="A torchtitan-style schedule CSV (overrides --schedule).", rich_help_panel="Batch"),
     # --- what-ifs on the hardware
     nic_gbps: Optional[float] = typer.Option(None, "--nic-gbps", help="Bandwidth of each scale-out NIC, Gbit/s, one direction (DGX H100: 400).", rich_help_panel="Hardware what-ifs"),

@@ -32,6 +32,7 @@ SHAPES = {
     "gpipe": (1, [(1, 1), (2, 3), (4, 4), (4, 9), (8, 16)]),
     "1f1b": (1, [(1, 2), (2, 1), (4, 2), (4, 4), (4, 9), (8, 16)]),
     "interleaved-1f1b": (2, [(2, 2), (2, 4), (4, 4), (4, 8), (4, 12), (8, 24)]),
+    "looped-bfs": (3, [(1, 1), (2, 3), (4, 4), (4, 9), (8, 16)]),
     "zb-h1": (1, [(1, 1), (2, 5), (4, 3), (4, 4), (4, 9), (8, 16)]),
     "zbv": (2, [(1, 1), (2, 3), (4, 4), (4, 7), (4, 9), (8, 16)]),
     "dualpipe": (1, [(2, 4), (4, 8), (4, 10), (6, 12), (8, 16), (8, 22)]),
@@ -50,7 +51,7 @@ def test_generated_schedules_are_complete_and_deadlock_free(name):
         s = build_schedule(name, pp, n, vpp)
         validate_schedule(s)
         assert s.num_ranks == pp and s.num_microbatches == n
-        per_rank = {"gpipe": 1, "1f1b": 1, "interleaved-1f1b": vpp, "zb-h1": 1}.get(name, 2)
+        per_rank = {"gpipe": 1, "1f1b": 1, "interleaved-1f1b": vpp, "looped-bfs": vpp, "zb-h1": 1}.get(name, 2)
         assert s.stages_per_rank == per_rank
         for r in range(pp):
             assert len(s.stages_of_rank(r)) == per_rank
@@ -338,3 +339,13 @@ def test_peak_activations_weights():
     # Megatron's interleaving costs the first rank pp * (1 + (pp-1)/(pp*vpp)) shares (Narayanan
     # et al. 2021), more than 1F1B's pp.
     assert per_share[0] == pytest.approx(pp * (1 + (pp - 1) / (pp * v)))
+
+
+def test_every_schedule_capture_runs_is_one_the_simulator_runs():
+    # A bundle captured with --schedule looped-bfs failed validate: "unknown pipeline schedule".
+    from simulator.calibrate.validate import _SCHEDULE_ALIASES
+    from simulator.capture.spec import SCHEDULES as CAPTURE_SCHEDULES
+
+    for name, (torch_class, _layout) in CAPTURE_SCHEDULES.items():
+        ours = _SCHEDULE_ALIASES.get(name, name)
+        assert SCHEDULES[ours].torch_class == torch_class, name

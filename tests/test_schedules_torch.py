@@ -109,6 +109,15 @@ def test_interleaved_1f1b_equals_torch(pp, vpp, rounds):
     assert tuple(placement[s] for s in range(pp * vpp)) == build_schedule("interleaved-1f1b", pp, n, vpp).stage_rank
 
 
+@pytest.mark.parametrize("pp", [2, 4, 8])
+@pytest.mark.parametrize("vpp", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, 3, 8, 13])
+def test_looped_bfs_equals_torch(pp, vpp, n):
+    order, placement = torch_multi_order(S.ScheduleLoopedBFS, pp, vpp, n)
+    assert order == ours("looped-bfs", pp, n, vpp)
+    assert tuple(placement[s] for s in range(pp * vpp)) == build_schedule("looped-bfs", pp, n, vpp).stage_rank
+
+
 @pytest.mark.parametrize("pp,vpp", [(2, 2), (4, 2), (4, 3), (8, 2)])
 def test_interleaved_1f1b_with_n_equal_pp_differs_by_design(pp, vpp):
     """With n == pp Megatron runs every forward before any backward (its "all warm-up" case);

@@ -101,4 +101,28 @@ def interleaved_1f1b(num_ranks: int, num_microbatches: int, vpp: int = 2) -> Pip
     return single_chain(name, p, n, looped_stage_rank(p, v), actions)
 
 
-__all__ = ["gpipe", "one_f_one_b", "interleaved_1f1b"]
+def looped_bfs(num_ranks: int, num_microbatches: int, vpp: int = 2) -> PipelineSchedule:
+    """Breadth-first pipeline parallelism (Lamy-Poirier 2022, arXiv 2211.05953), as
+    ``torch.distributed.pipelining.ScheduleLoopedBFS`` runs it.
+
+    Rank r holds stages ``r, r+pp, ..., r+(vpp-1)*pp`` (the loop placement). Forward: for each
+    local stage in order, every microbatch in order; backward: the local stages in reverse, each
+    over every microbatch in reverse order (torch's ``_calculate_single_rank_operations``). Like
+    GPipe it holds every microbatch's activations of each stage until its backward; unlike
+    interleaved 1F1B any microbatch count runs. vpp=1 is GPipe with the backwards reversed.
+    """
+    name = "looped-bfs"
+    check_counts(name, num_ranks, num_microbatches)
+    if isinstance(vpp, bool) or not isinstance(vpp, int) or vpp < 1:
+        raise UserError(f"schedule {name!r}: vpp={vpp!r} must be at least 1 (model chunks per rank)")
+    p, n, v = num_ranks, num_microbatches, vpp
+    actions = []
+    for r in range(p):
+        stages = [c * p + r for c in range(v)]
+        ops = [Action(s, "F", m) for s in stages for m in range(n)]
+        ops += [Action(s, "B", m) for s in reversed(stages) for m in reversed(range(n))]
+        actions.append(ops)
+    return single_chain(name, p, n, looped_stage_rank(p, v), actions)
+
+
+__all__ = ["gpipe", "one_f_one_b", "interleaved_1f1b", "looped_bfs"]

@@ -8,7 +8,7 @@ from typing import Callable
 from simulator.errors import UserError
 from simulator.schedules.base import PipelineSchedule
 from simulator.schedules.dualpipe import dualpipe, dualpipev
-from simulator.schedules.one_f_one_b import gpipe, interleaved_1f1b, one_f_one_b
+from simulator.schedules.one_f_one_b import gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
 from simulator.schedules.zero_bubble import zb_h1, zbv
 
 
@@ -25,6 +25,9 @@ SCHEDULES: dict[str, ScheduleInfo] = {
     "1f1b": ScheduleInfo(one_f_one_b, "one forward, one backward (PipeDream-Flush, Megatron)", "Schedule1F1B"),
     "interleaved-1f1b": ScheduleInfo(
         interleaved_1f1b, "Megatron's interleaved 1F1B, vpp >= 2 chunks per rank", "ScheduleInterleaved1F1B"
+    ),
+    "looped-bfs": ScheduleInfo(
+        looped_bfs, "breadth-first: each local chunk over all microbatches, vpp >= 1 chunks per rank", "ScheduleLoopedBFS"
     ),
     "zb-h1": ScheduleInfo(
         zb_h1, "zero bubble H1: split backward, W delayed into the bubble", "ScheduleInterleavedZeroBubble"
