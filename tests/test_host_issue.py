@@ -148,3 +148,17 @@ def test_a_host_bound_step_gets_a_finding_with_simulated_fixes():
     # Large kernels: no finding.
     big = attach(_report(build_scenario(vtrain_scenario(_row(8192, 1, 8))))).report
     assert not [f for f in big.findings if f["kind"] == "host-bound"]
+
+
+def test_the_host_finding_halves_tp_when_dp_is_left_to_be_derived():
+    # Was TypeError "p.dp * 2" (None * 2) whenever dp was not given: the CLI's default.
+    from simulator.report.findings import attach
+    from simulator.simulate import simulate
+
+    data = vtrain_scenario(_row(1024, 8, 1))
+    data["parallelism"] = {k: v for k, v in data["parallelism"].items() if k != "dp"}
+    sc = build_scenario(data)
+    assert sc.parallelism.dp is None and sc.dp == 1
+    host = [f for f in attach(simulate(sc)).report.findings if f["kind"] == "host-bound"]
+    halved = {s["label"]: s for s in host[0]["suggestions"]}["tp=4, dp=2"]
+    assert halved["overrides"] == {"parallelism.tp": 4, "parallelism.dp": 2} and halved["simulated"]

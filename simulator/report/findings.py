@@ -580,7 +580,8 @@ def host_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     p = sc.parallelism
     cands = [(f"micro_batch_size={sc.batch.micro_batch_size * 2}", {"batch.micro_batch_size": sc.batch.micro_batch_size * 2})]
     if p.tp >= 2:
-        cands.append((f"tp={p.tp // 2}, dp={p.dp * 2}", {"parallelism.tp": p.tp // 2, "parallelism.dp": p.dp * 2}))
+        # (sc.dp: the scenario may leave dp to be derived from the GPU count, p.dp None)
+        cands.append((f"tp={p.tp // 2}, dp={sc.dp * 2}", {"parallelism.tp": p.tp // 2, "parallelism.dp": sc.dp * 2}))
     sugg = _tried(budget, cands, lambda r: f"host {r.step_breakdown_s.get('host_launch', 0.0):.3f} s")
     tried = "; ".join(_sim_text(s, rep.step_time_s) + (f", {s.note}" if s.simulated and s.note else "") for s in sugg)
     msg = (f"host-bound: the GPU waits {waited:.3f} s ({waited / rep.step_time_s:.1%} of the step) for the host to issue "
