@@ -323,7 +323,19 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
                            mem_GBps=tn.mem_GBps, intra_ll_bw_scale=tn.intra_ll_bw_scale, cta_bound_intra=tn.cta_bound_intra,
                            net_step_us=tn.net_step_us, inter_simple_latency_scale=tn.inter_simple_latency_scale,
                            runtime_chunking=tn.runtime_chunking,
+                           channel_us_max_channels=fitted_max_channels(model, logs),
                            system=system_name, fit_error=worst)
+
+
+def fitted_max_channels(model: "NcclModel", logs: list[NcclLog]) -> int:
+    """The most channels a collective of ``logs`` launched: the fitted model's choice (NCCL's
+    channel rule, §3.7) at every logged size, i.e. what channel_us was measured over."""
+    most = 1
+    for l in logs:
+        if l.n_ranks > 1:
+            for size in l.size_bytes:
+                most = max(most, int(model.choose(l.op, float(size), l.n_ranks, l.n_nodes).channels))
+    return most
 
 
 def physics_checks(system: NcclSystem, cal: NcclCalibration, hbm_GBps: float | None = None,

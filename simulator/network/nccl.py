@@ -181,6 +181,8 @@ class NcclTuning:
     # A cost per channel (CTA) launched, µs, on top of NCCL's latency (which has none): measured,
     # see NcclCalibration.channel_us and docs/design-notes.md.
     channel_us: float = 0.0
+    # The most channels the fitted logs ran: channel_us is charged up to it (None: every channel).
+    channel_us_max_channels: int | None = None
     copy_latency_us: float | None = None  # a 1-rank copy's own start-up (None: added to the launch)
     # A per-byte cost that does not depend on the rank count, as GB/s (None: none). Measured on
     # one A100 node: Ring/Simple at 1 GiB takes 4.83, 6.68 and 7.58 ns/B at 2, 4 and 8 GPUs,
@@ -223,7 +225,9 @@ class NcclTuning:
                    intra_bw_scale=cal.intra_bw_scale, inter_bw_scale=cal.inter_bw_scale,
                    launch_us=cal.launch_us, copy_GBps=cal.copy_GBps,
                    ll_bw_scale=cal.ll_bw_scale, ll128_bw_scale=cal.ll128_bw_scale,
-                   channel_us=getattr(cal, "channel_us", 0.0), copy_latency_us=getattr(cal, "copy_latency_us", None),
+                   channel_us=getattr(cal, "channel_us", 0.0),
+                   channel_us_max_channels=getattr(cal, "channel_us_max_channels", None),
+                   copy_latency_us=getattr(cal, "copy_latency_us", None),
                    mem_GBps=getattr(cal, "mem_GBps", None), intra_ll_bw_scale=getattr(cal, "intra_ll_bw_scale", None),
                    cta_bound_intra=bool(getattr(cal, "cta_bound_intra", False)),
                    net_step_us=float(getattr(cal, "net_step_us", 0.0) or 0.0),
@@ -816,8 +820,12 @@ class NcclModel:
             # (only Simple has a fill: pipeline_fill_us gives LL and LL128 none)
             fill, unit, stages = pipeline_fill_us(g, algo, proto, top, size, n, n_nodes, ppn, nc, tn) if proto == "Simple" else _NO_FILL
             # the measured cost per channel launched (NcclCalibration.channel_us): NCCL's
-            # tuner has no such term, so more channels never cost it anything
-            ch_us = tn.channel_us * nc
+            # tuner has no such term, so more channels never cost it anything. Measured only up to
+            # the channels the fitted logs ran: a faster fabric's extra channels (e.g. the Azure
+            # A100 fit's 1.41 µs x 64 channels on 1,200 GB/s NVLink: 90 µs, which made all_gather
+            # slower than at 300 GB/s) are not charged a cost nobody timed.
+            cap = tn.channel_us_max_channels
+            ch_us = tn.channel_us * (nc if cap is None else min(nc, cap))
             # NCCL's chunking of each channel's share (§4.4): the proxy runs every network step
             # in turn; NCCL's latency covers one loop's steps, each further step costs
             # net_step_us (fitted; no network, no proxy: 0 inside one node)

@@ -205,6 +205,7 @@ class NcclCalibration(BaseModel):
     ll_bw_scale: float = Field(1.0, gt=0, le=1.0, description="Achieved / NCCL's LL protocol bandwidth.")
     ll128_bw_scale: float = Field(1.0, gt=0, le=1.0, description="Achieved / NCCL's LL128 protocol bandwidth.")
     channel_us: float = Field(0.0, ge=0, description="Cost per channel (CTA) a collective launches, µs; NCCL's tuner has none (measured: time steps of 1.3-1.8 µs per added channel on one A100 node).")
+    channel_us_max_channels: int | None = Field(None, ge=1, description="The most channels a collective of the fitted logs ran (NCCL's runtime channels over their shapes): channel_us is measured up to it and held there beyond, since a faster fabric's extra channels were never timed (None: no cap).")
     copy_latency_us: float | None = Field(None, ge=0, description="Start-up of a 1-rank collective's device copy, µs (None: the copy follows the launch).")
     mem_GBps: float | None = Field(None, gt=0, description="Rate of a pass over the buffer that the transfers do not hide, GB/s (None: none).")
     intra_ll_bw_scale: float | None = Field(None, gt=0, le=1.0, description="Achieved / NCCL's LL bandwidth inside one node, where it differs from across nodes (None: ll_bw_scale).")
