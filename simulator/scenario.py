@@ -703,7 +703,11 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     walked = []
     for key in parents:
         walked.append(key)
-        node = node.setdefault(key, {})
+        if node.get(key) is None:
+            # An absent or unset optional section (a profile's comm.nccl: None = NCCL's own
+            # constants) starts empty: its defaults, with this one key set.
+            node[key] = {}
+        node = node[key]
         if not isinstance(node, dict):
             where = ".".join(walked)
             raise UserError(

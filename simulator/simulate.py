@@ -106,7 +106,18 @@ def scenario_setup(sc: Scenario) -> dict:
             "sequence_parallel": p.sequence_parallel, "async_tp": p.async_tp, "tp_comm_overlap": p.tp_comm_overlap,
             "schedule": Path(sc.schedule_file).name if sc.schedule_file else sc.schedule,
             "micro_batch_size": b.micro_batch_size, "global_batch_size": b.global_batch_size, "seq_length": b.seq_length,
-            "dtype": sc.dtype, "fp8_recipe": sc.fp8.recipe if sc.dtype == "fp8" else None, "recompute": sc.recompute}
+            "dtype": sc.dtype, "fp8_recipe": sc.fp8.recipe if sc.dtype == "fp8" else None, "recompute": sc.recompute,
+            "fp8_peak_tflops": _fp8_peak_tflops(sc)}
+
+
+def _fp8_peak_tflops(sc: Scenario) -> float | None:
+    """The FP8 GEMMs' peak of an FP8 run (MXFP8's for that recipe), None otherwise: MFU is over the
+    BF16 peak, so an FP8 run can pass 100% of it; its share of this peak says how close it runs."""
+    if sc.dtype != "fp8":
+        return None
+    prof = load_profile(sc.cluster.gpu)
+    c = prof.compute
+    return c.peak_tflops_mxfp8 if sc.fp8.recipe == "mxfp8" and c.peak_tflops_mxfp8 else c.peak_tflops_fp8
 
 
 def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: PipelineSchedule,

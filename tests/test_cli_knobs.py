@@ -105,6 +105,23 @@ def test_slower_nics_slow_a_cross_node_data_parallel_step():
     assert slow["step_time_s"] > fast["step_time_s"]
 
 
+def test_a_latency_nccls_model_ignores_is_named_and_its_own_knob_works(monkeypatch):
+    # Found by a metamorphic pass: a 1 ms NIC latency left the step bit-identical without a word
+    # (NCCL's model times every transfer on a GPU with its own latencies).
+    args = ["--model", "llama3-8b", "--gpus", "16", "--tp", "8", "--pp", "1", "--global-batch-size", "4",
+            "--seq-length", "2048", "--zero", "0", "--findings-budget-s", "0"]
+    res = CliRunner().invoke(app, ["simulate", *args, "--no-dashboard", "--set", "cluster.topology.node.nic_latency_us=1000"])
+    assert res.exit_code == 0, res.output
+    notes = [line for line in res.stderr.splitlines() if "nic_latency_us" in line and line.startswith("note: ")]
+    assert notes and "is not used on NVIDIA H100 80GB HBM3" in notes[0] and "comm.nccl.net_latency_us" in notes[0]
+    # The knob it names reaches into the profile's unset comm.nccl section (was "'cluster.gpu.comm.nccl'
+    # is None, not a section") and slows the cross-node gradient all-reduce.
+    base, slow = simulate_json(args), simulate_json([*args, "--set", "cluster.gpu.comm.nccl.net_latency_us=1000"])
+    assert slow["exposed_comm_s"]["dp"] > base["exposed_comm_s"]["dp"] + 1e-3
+    sc = scenario_of([*args, "--set", "cluster.gpu.comm.nccl.net_latency_us=1000"], monkeypatch)
+    assert sc.cluster.gpu.comm.nccl.net_latency_us == 1000 and sc.cluster.gpu.comm.nccl.latency_scale == 1.0
+
+
 def test_set_reaches_into_a_named_profile(monkeypatch):
     sc = scenario_of([*SMALL, "--set", "cluster.gpu.compute.peak_tflops=500"], monkeypatch)
     prof = sc.cluster.gpu

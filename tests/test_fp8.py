@@ -91,3 +91,15 @@ def test_fp8_moe_experts_quantized():
     assert ops["experts_fc1.fp8_cast"].bytes > 0
     bf16 = simulate(sc.model_copy(update={"dtype": "bf16"})).report.step_time_s
     assert simulate(sc).report.step_time_s < bf16
+
+
+def test_an_fp8_report_names_its_share_of_the_fp8_peak():
+    # MFU is over the BF16 peak (torchtitan's and Megatron's convention), so an FP8 run can report
+    # more than 100% of it (70B ZeRO-3 on 8 H100: 104.6%); the setup carries the FP8 peak beside it.
+    from simulator.simulate import scenario_setup
+
+    assert scenario_setup(_sc("fp8"))["fp8_peak_tflops"] == load_profile("h100-sxm-80gb").compute.peak_tflops_fp8 == 1978.9
+    assert scenario_setup(_sc("bf16"))["fp8_peak_tflops"] is None
+    if load_profile("b200").compute.peak_tflops_mxfp8:
+        setup = scenario_setup(_sc("fp8", gpu="b200", topo="dgx-b200", recipe="mxfp8"))
+        assert setup["fp8_peak_tflops"] == load_profile("b200").compute.peak_tflops_mxfp8

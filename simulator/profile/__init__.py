@@ -164,9 +164,9 @@ class CommModel(BaseModel):
 
     nvlink_efficiency: float = Field(gt=0, le=1, description="Achieved bus bandwidth / NVLink bandwidth, large messages.")
     nic_efficiency: float = Field(gt=0, le=1, description="Achieved bus bandwidth / NIC bandwidth, large messages.")
-    intra_node_latency_us: float = Field(ge=0, description="Latency per algorithm step inside a node, µs.")
-    inter_node_latency_us: float = Field(ge=0, description="Latency per algorithm step across nodes, µs.")
-    launch_overhead_us: float = Field(0.0, ge=0, description="Fixed cost per collective call, µs.")
+    intra_node_latency_us: float = Field(ge=0, description="Latency per algorithm step inside a node, µs. Not read on a GPU NCCL's cost model describes (it takes NCCL's latencies: comm.nccl).")
+    inter_node_latency_us: float = Field(ge=0, description="Latency per algorithm step across nodes, µs. Not read on a GPU NCCL's cost model describes (it takes NCCL's latencies: comm.nccl).")
+    launch_overhead_us: float = Field(0.0, ge=0, description="Fixed cost per collective call, µs. Not read on a GPU NCCL's cost model describes (it takes NCCL's latencies: comm.nccl).")
     # Added by calibration: measured curves per collective x group size x tier. A network may use
     # them directly (simulator.calibrate.network.FittedNetwork); the efficiencies above are what
     # the flow-level fabric derives its link capacities from.

@@ -34,11 +34,11 @@ class NodeSpec(BaseModel):
     kind: str = Field(description="Node model, e.g. dgx-h100, dgx-a100, p4de, cpu-host.")
     gpus_per_node: int = Field(ge=1, le=1024, description="GPUs sharing one NVLink/NVSwitch domain.")
     nvlink_GBps: float = Field(gt=0, le=1e6, description="NVLink bandwidth per GPU, one direction, GB/s.")
-    nvlink_latency_us: float = Field(ge=0, description="GPU-to-GPU latency through the NVSwitch, µs.")
+    nvlink_latency_us: float = Field(ge=0, description="GPU-to-GPU latency through the NVSwitch, µs. Not read on a GPU NCCL's cost model describes (it takes NCCL's latencies: comm.nccl).")
     nics_per_node: int = Field(ge=1, le=1024, description="Scale-out NICs per node.")
     nic_gbps: float = Field(gt=0, le=1e6, description="Bandwidth of one NIC, one direction, Gbit/s.")
     nic_latency_us: float = Field(
-        ge=0, description="NIC-to-NIC latency through one (leaf) switch, µs; each higher switch hop adds fabric.switch_latency_us."
+        ge=0, description="NIC-to-NIC latency through one (leaf) switch, µs; each higher switch hop adds fabric.switch_latency_us. Not read on a GPU NCCL's cost model describes (it takes NCCL's latencies: comm.nccl)."
     )
     # Facts NCCL's tuning model reads (simulator.network.nccl); defaults keep older files valid.
     cpu_vendor: Literal["intel", "amd", "arm"] = Field(
@@ -98,7 +98,7 @@ class _ClosBase(BaseModel):
         description="GPUs under one spine layer (a pod). Default: as many leaves as one spine's "
         "radix reaches (a two-level leaf-spine); more GPUs add a core level between pods.",
     )
-    switch_latency_us: float = Field(0.3, ge=0, description="Latency added by each switch-to-switch hop, µs.")
+    switch_latency_us: float = Field(0.3, ge=0, description="Latency added by each switch-to-switch hop, µs. Not read on a GPU NCCL's cost model describes (it takes NCCL's latencies: comm.nccl).")
 
 
 class FatTreeFabric(_ClosBase):
