@@ -122,6 +122,16 @@ def test_a_latency_nccls_model_ignores_is_named_and_its_own_knob_works(monkeypat
     assert sc.cluster.gpu.comm.nccl.net_latency_us == 1000 and sc.cluster.gpu.comm.nccl.latency_scale == 1.0
 
 
+def test_a_nic_faster_than_its_pcie_path_does_not_slow_the_step():
+    # Was 0.31375 -> 0.31552 -> 0.31747 s at 800 -> 1,000 -> 1,200 Gb/s (64 H100, TP2 PP4 DP8): the
+    # flows ran past the GPU-NIC PCIe path NCCL's time stops at, and the byte scaling that matches
+    # them to NCCL's time inflated the collectives' NVLink phases against TP.
+    scenario = str(REPO / "tests" / "data" / "scenarios" / "small-llama.yaml")
+    steps = [simulate_json([scenario, "--findings-budget-s", "0", "--no-dashboard", "--nic-gbps", str(g)])["step_time_s"]
+             for g in (400, 800, 1000, 1600)]
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(steps, steps[1:])), steps
+
+
 def test_set_reaches_into_a_named_profile(monkeypatch):
     sc = scenario_of([*SMALL, "--set", "cluster.gpu.compute.peak_tflops=500"], monkeypatch)
     prof = sc.cluster.gpu

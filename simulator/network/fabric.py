@@ -374,7 +374,16 @@ class FlowNetwork:
         self._req_plans: dict[int, tuple] = {}
         self._req_adds_n = 0  # link-byte values the request cache holds
         eff = np.where(graph.link_class == LINK_INTRA, self.nvlink_efficiency, self.nic_efficiency)
-        self.capacity_Bps = graph.link_capacity_GBps * 1e9 * eff
+        link_GBps = graph.link_capacity_GBps
+        if nccl is not None and graph.link_kind.size:
+            # A NIC reaches its GPU over PCIe: no faster than the GPU-NIC path NCCL's graph counts
+            # (node.pcie_GBps, else the generation's x16). Uncapped, a NIC beyond it (800 Gb/s on
+            # PCIe gen5's 48 GB/s) shortened the flows' isolated time while NCCL's stayed at the
+            # path's, so the byte scaling below (NCCL time / flow time) grew every phase of the
+            # collective, its NVLink phases included: a faster NIC slowed TP (metamorphic test).
+            nic_links = np.isin(graph.link_kind, [LINK_KINDS.index("nic->leaf"), LINK_KINDS.index("leaf->nic")])
+            link_GBps = np.where(nic_links, np.minimum(link_GBps, nccl.system.pcie_GBps), link_GBps)
+        self.capacity_Bps = link_GBps * 1e9 * eff
         # The healthy fabric's capacities: NCCL's model prices a collective on healthy links, so a
         # degraded link (what-if) must slow the flows, not be normalised away by the NCCL scaling.
         self.nominal_capacity_Bps = self.capacity_Bps.copy()
