@@ -323,7 +323,7 @@ def simulate(
             # Megatron interleaves whenever vpp > 1; plain 1F1B has one chunk per rank.
             sc = load_scenario(scenario, dict(overrides, schedule="interleaved-1f1b"))
             _stderr(f"note: vpp={sc.parallelism.vpp}: using schedule interleaved-1f1b, as Megatron does; --schedule chooses another")
-        _note_unused_latencies(sc, overrides)
+        _note_unused_comm_inputs(sc, overrides)
         # Checked before simulating, so a bad output path never costs the result.
         explicit_dashboard = None if dashboard in (None, _DASHBOARD_DEFAULT) else Path(dashboard)
         from simulator.scenario import scenario_input_files
@@ -397,16 +397,16 @@ _VARIANT_SHORT = {"batch.micro_batch_size": "mbs", "batch.global_batch_size": "g
                   "recompute": "recompute-", "cluster.gpus": "gpus", "cluster.gpu": "", "cluster.topology": "", "model": ""}
 
 
-def _note_unused_latencies(sc, overrides: dict) -> None:
+def _note_unused_comm_inputs(sc, overrides: dict) -> None:
     """A latency override the active collective model does not read gets one note, not silence."""
-    from simulator.network.nccl import NCCL_UNUSED_LATENCY_KEYS, unused_latency_note
+    from simulator.network.nccl import NCCL_UNUSED_KEYS, unused_comm_note
 
-    keys = [k for k in overrides if k in NCCL_UNUSED_LATENCY_KEYS]
+    keys = [k for k in overrides if k in NCCL_UNUSED_KEYS]
     if keys:
         from simulator.profile import load_profile
         from simulator.topology.spec import load_topology
 
-        note = unused_latency_note(keys, load_topology(sc.cluster.topology).node, load_profile(sc.cluster.gpu))
+        note = unused_comm_note(keys, load_topology(sc.cluster.topology).node, load_profile(sc.cluster.gpu))
         if note:
             _stderr(f"note: {note}")
 

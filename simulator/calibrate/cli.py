@@ -169,8 +169,13 @@ def _summary(prof, out: Path) -> None:
             c.add_row(f.collective, str(f.group_size), f.tier, f"{f.alpha_us:.1f} us", str(len(f.table_bytes)),
                       "-" if f.fit_error is None else f"{f.fit_error:.1%}")
         con.print(c)
+    from simulator.network.nccl import gpu_generation
+
+    # (on a GPU NCCL's model describes, simulate times collectives with it: the efficiencies are not read)
+    unread = " (link efficiencies not read on this GPU: collectives take NCCL's model, comm.nccl)" \
+        if gpu_generation(prof.device) is not None else ""
     con.print(f"nvlink_efficiency {prof.comm.nvlink_efficiency:.3f}, nic_efficiency {prof.comm.nic_efficiency:.3f}, "
-              f"overlap_slowdown {prof.compute.overlap_slowdown:.3f}")
+              f"overlap_slowdown {prof.compute.overlap_slowdown:.3f}{unread}")
     if prof.comm.nccl is not None:
         n = prof.comm.nccl
         con.print(f"NCCL model ({n.system}): " + ", ".join(f"{k} {v:.3g}" for k, v in n.model_dump(exclude={"system", "fit_error"}).items() if v is not None)

@@ -932,26 +932,27 @@ def collective_time_s(op: str, size_bytes: float, group: Any, topology: Any, pro
     return model.time_s(op, float(size_bytes), np.asarray(group))
 
 
-# Latency inputs that NCCL's cost model does not read: on a GPU it describes, every collective and
-# point-to-point transfer takes NCCL's own latencies (base, per hop, per protocol), scaled by the
-# profile's comm.nccl calibration, so these change nothing there (they serve CPU/gloo profiles and
-# the alpha-beta terms of systems NCCL's model does not cover). Found by a metamorphic test: a
-# 1 ms NIC latency left every step bit-identical without a word.
-NCCL_UNUSED_LATENCY_KEYS = (
+# Inputs that NCCL's cost model does not read: on a GPU it describes, every collective and
+# point-to-point transfer takes NCCL's own latencies and bandwidths (base, per hop, per protocol,
+# per channel), scaled by the profile's comm.nccl calibration, so these change nothing there (they
+# serve CPU/gloo profiles and tori). Found by a metamorphic test: a 1 ms NIC latency left every
+# step bit-identical without a word.
+NCCL_UNUSED_KEYS = (
     "cluster.topology.node.nic_latency_us", "cluster.topology.node.nvlink_latency_us",
     "cluster.topology.fabric.switch_latency_us", "cluster.gpu.comm.intra_node_latency_us",
     "cluster.gpu.comm.inter_node_latency_us", "cluster.gpu.comm.launch_overhead_us",
+    "cluster.gpu.comm.nic_efficiency", "cluster.gpu.comm.nvlink_efficiency",
 )
 
 
-def unused_latency_note(keys: "Iterable[str]", node: Any, profile: Any) -> str | None:
+def unused_comm_note(keys: "Iterable[str]", node: Any, profile: Any) -> str | None:
     """One line naming the overridden ``keys`` that NCCL's model ignores on this node and GPU,
     and the knobs it does read; None when there are none or NCCL's model does not apply."""
-    unused = [k for k in keys if k in NCCL_UNUSED_LATENCY_KEYS]
+    unused = [k for k in keys if k in NCCL_UNUSED_KEYS]
     if not unused or NcclSystem.from_specs(node, getattr(profile, "device", "")) is None:
         return None
     return (f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used on {profile.device}: collectives and "
-            "transfers take NCCL's own latencies (its tuner's base and per-hop terms); set "
-            "cluster.gpu.comm.nccl.net_latency_us (added per network hop) or cluster.gpu.comm.nccl.latency_scale "
-            "instead, or calibrate them from nccl-tests logs (clustersim calibrate)")
+            "transfers take NCCL's own latencies and bandwidths (its tuner's terms); set "
+            "cluster.gpu.comm.nccl.net_latency_us (added per network hop), latency_scale, inter_bw_scale or "
+            "intra_bw_scale instead, or calibrate them from nccl-tests logs (clustersim calibrate)")
 

@@ -162,8 +162,8 @@ class ComputeModel(BaseModel):
 class CommModel(BaseModel):
     model_config = _STRICT
 
-    nvlink_efficiency: float = Field(gt=0, le=1, description="Achieved bus bandwidth / NVLink bandwidth, large messages.")
-    nic_efficiency: float = Field(gt=0, le=1, description="Achieved bus bandwidth / NIC bandwidth, large messages.")
+    nvlink_efficiency: float = Field(gt=0, le=1, description="Achieved bus bandwidth / NVLink bandwidth, large messages. Not read on a GPU NCCL's cost model describes (it takes NCCL's bandwidths: comm.nccl).")
+    nic_efficiency: float = Field(gt=0, le=1, description="Achieved bus bandwidth / NIC bandwidth, large messages. Not read on a GPU NCCL's cost model describes (it takes NCCL's bandwidths: comm.nccl).")
     intra_node_latency_us: float = Field(ge=0, description="Latency per algorithm step inside a node, µs. Not read on a GPU NCCL's cost model describes (it takes NCCL's latencies: comm.nccl).")
     inter_node_latency_us: float = Field(ge=0, description="Latency per algorithm step across nodes, µs. Not read on a GPU NCCL's cost model describes (it takes NCCL's latencies: comm.nccl).")
     launch_overhead_us: float = Field(0.0, ge=0, description="Fixed cost per collective call, µs. Not read on a GPU NCCL's cost model describes (it takes NCCL's latencies: comm.nccl).")
