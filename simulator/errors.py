@@ -354,7 +354,7 @@ def _refuse_constant(name: str):
 
 # Top-level keys that tell what a user's JSON/YAML document is, for "this is X, not Y": a report
 # passed as --profile said "unknown key 'step_time_s': remove it", as if one key were the problem.
-# Each kind's keys are ones its writer always emits (report.SimulationReport, profile.Profile,
+# Each kind's keys are ones its writer always emits (report.metrics.Report, profile.Profile,
 # topology.TopologySpec, scenario.Scenario, torch.profiler, trace.bundle.Manifest, HF config.json).
 DOCUMENT_KINDS: tuple[tuple[str, frozenset[str]], ...] = (
     ("a simulate report (clustersim simulate --report/--json)", frozenset({"step_time_s", "tokens_per_s"})),

@@ -385,7 +385,7 @@ class FlowNetwork:
             # A NIC reaches its GPU over PCIe: no faster than the GPU-NIC path NCCL's graph counts
             # (node.pcie_GBps, else the generation's x16). Uncapped, a NIC beyond it (800 Gb/s on
             # PCIe gen5's 48 GB/s) shortened the flows' isolated time while NCCL's stayed at the
-            # path's, so the byte scaling below (NCCL time / flow time) grew every phase of the
+            # path's, so the byte scaling (_nccl_scaled_new: NCCL time / flow time) grew every phase of the
             # collective, its NVLink phases included: a faster NIC slowed TP (metamorphic test).
             nic_links = np.isin(graph.link_kind, [LINK_KINDS.index("nic->leaf"), LINK_KINDS.index("leaf->nic")])
             link_GBps = np.where(nic_links, np.minimum(link_GBps, nccl.system.pcie_GBps), link_GBps)
