@@ -685,7 +685,9 @@ class Engine:
             del self.rdv[key]
             start = self.env.now
             net_ev = self.net.start(self.env, req)
-            net_ev.callbacks.append(lambda _e, done=rv.done, s=start: done.succeed(s))
+            # (when the transfer started, and who arrived last: a member's wait before it is
+            # waiting on that peer's compute, not communication)
+            net_ev.callbacks.append(lambda _e, done=rv.done, s=(start, rank): done.succeed(s))
         return rv.done
 
     def _start_copy(self, rank: int, ins: Collective, code: int) -> simpy.Event:
@@ -721,19 +723,22 @@ class Engine:
             if before is not None and not before.triggered:
                 yield before  # a transfer started in place still runs: the stream is FIFO
             t0 = env.now
+            met = None
             # An instruction may chain collectives; they run back to back on this stream. Its
             # NCCL kernel holds SMs from launch (waiting for peers included) to completion.
             for i, (dim, op, size_bytes) in enumerate(ins.steps):
                 ctas = ins.sms if i == 0 else collective_ctas(op)
                 if not (counted and i == 0):
                     self._take_sms(rank, ctas)
-                yield self._collective(rank, dim, op, size_bytes)
+                v = yield self._collective(rank, dim, op, size_bytes)
+                if i == 0 and type(v) is tuple:  # (a network's own event may carry a value of its own)
+                    met = (t0,) + v  # (arrived, transfer start, last member) of the first step
                 self._take_sms(rank, -ctas)
                 self.n_events += 2
             rows = self.rows
             rows.code.append(code); rows.rank.append(rank); rows.t0.append(t0); rows.t1.append(env.now)
             outstanding[stream] -= 1
-            done.succeed()
+            done.succeed(met)
 
     def _send_stream(self, rank: int, stream: Stream, store: "_Queue"):
         env = self.env
@@ -947,17 +952,32 @@ class Engine:
                 if not outstanding[ins.stream] and len(ins.steps) == 1:
                     # The stream is idle and compute blocks on it anyway: run the collective in
                     # place (same timing, a third of the events of a hand-over).
-                    yield self._collective(rank, dim, op, size_bytes)
+                    met = yield self._collective(rank, dim, op, size_bytes)
+                    met = (t0,) + met if type(met) is tuple else None
                     self.n_events += 2
                     row_code(code); row_rank(rank); row_t0(t0); row_t1(env.now)
                 else:
                     ev = env.event()
                     self._issue(rank, ins.stream, (ins, ev, code), ins.sms)
-                    yield ev
+                    met = yield ev
                 now = env.now
-                exposed[ins.exposed_dim or base_dim_of[dim]] += now - t0
-                if now > t0:  # the wait, as waited() records it (its code was made with the plan's)
-                    w_code(wcode); w_rank(rank); w_t0(t0); w_t1(now); w_issued(t0); w_src(-1)
+                cause_dim = ins.exposed_dim or base_dim_of[dim]
+                if met is not None and met[1] > met[0] and met[2] != rank:
+                    # Arrived at met[0], the last member (met[2]) at met[1]: that stretch is
+                    # waiting on another rank's compute (a pipeline's drain before the step's pp
+                    # all-reduces, a straggler), bubble as a pp receipt's wait before its
+                    # transfer is; the rest (a queue on the stream, the transfer) is exposed.
+                    arrived, start, last = met
+                    exposed[cause_dim] += (arrived - t0) + (now - start)
+                    if arrived > t0:
+                        w_code(wcode); w_rank(rank); w_t0(t0); w_t1(arrived); w_issued(t0); w_src(-1)
+                    record_wait(rank, arrived, start, "bubble", float("nan"), last, ins)
+                    if now > start:
+                        w_code(wcode); w_rank(rank); w_t0(start); w_t1(now); w_issued(start); w_src(-1)
+                else:
+                    exposed[cause_dim] += now - t0
+                    if now > t0:  # the wait, as waited() records it (its code was made with the plan's)
+                        w_code(wcode); w_rank(rank); w_t0(t0); w_t1(now); w_issued(t0); w_src(-1)
             elif t is Wait:
                 ev = handles[ins.handle]
                 if not ev.triggered:

@@ -218,10 +218,11 @@ class SplitEngine(Engine):
                 m = self.collective_jitter(int(req.groups.shape[0]))
                 if m > 1.0:
                     extra = (m - 1.0) * self.net.collective_time_s(req)
+            # (as Engine._collective: when the transfer started and who arrived last)
             if extra > 0:
-                def _late(_e, done=rv.done, s=start, x=extra):
+                def _late(_e, done=rv.done, s=(start, rank), x=extra):
                     env.timeout(x).callbacks.append(lambda _t: done.succeed(s))
                 net_ev.callbacks.append(_late)
             else:
-                net_ev.callbacks.append(lambda _e, done=rv.done, s=start: done.succeed(s))
+                net_ev.callbacks.append(lambda _e, done=rv.done, s=(start, rank): done.succeed(s))
         return rv.done
