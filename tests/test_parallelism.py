@@ -167,6 +167,38 @@ def test_tp_without_sp_keeps_the_replicated_10sbh():
     assert activation_bytes_per_layer(sc) == pytest.approx(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)), rel=0.05)
 
 
+def _mixtral_pp4_ep8():
+    return build_scenario({
+        "model": "mixtral-8x7b", "parallelism": {"tp": 1, "pp": 4, "ep": 8}, "network": "alpha-beta",
+        "batch": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 2048},
+        "cluster": {"gpus": 64, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"},
+    })
+
+
+def test_moe_activations_are_kept_once_per_routed_expert():
+    # Was one dense-width MLP per token whatever top_k (Mixtral top-1, top-2 and top-8 all 9.06 GiB
+    # on its first stage); each routed copy keeps its permuted input and its expert's fc1 /
+    # activation outputs (Megatron's MoE layer: permute, grouped fc1, SwiGLU, grouped fc2).
+    from simulator.workload.memory import layer_activation_sbh
+
+    base = _mixtral_pp4_ep8()
+    assert base.model.top_k == 2
+    m = base.model
+    h, f = m.hidden_size, m.expert_ffn / m.hidden_size
+    dense_c, _ = layer_activation_sbh(base)
+    for k in (1, 2, 8):
+        sc = base.model_copy(update={"model": m.model_copy(update={"top_k": k})})
+        c, _ = layer_activation_sbh(sc, moe=True)
+        assert c - dense_c == pytest.approx((k - 1) * (2 + 6 * f) + 2 * 4 * m.num_experts / h)
+    narrow = base.model_copy(update={"model": m.model_copy(update={"num_experts": 32, "moe_ffn_hidden_size": m.expert_ffn // 4})})
+    assert layer_activation_sbh(narrow, moe=True)[0] < layer_activation_sbh(base, moe=True)[0]
+    # The whole stage: top-2 keeps ~1.6x the activations of a dense-width count, not the same.
+    res = simulate(base)
+    first = res.memory.per_rank_gib[0]["activations_gib"] * 1024**3
+    assert first == pytest.approx(4 * 8 * activation_bytes_per_layer(base, moe=True) + 2 * 2048 * h, rel=0.02)
+    assert activation_bytes_per_layer(base, moe=True) / activation_bytes_per_layer(base) == pytest.approx(59.0 / 36.0, rel=0.01)
+
+
 def test_zero_stages_shard_model_state_memory():
     gib = []
     for z in (0, 1, 2, 3):

@@ -32,26 +32,43 @@ GIB = 1024**3
 RUNTIME_RESERVE_BYTES = 1.0 * GIB
 
 
-def layer_activation_sbh(sc: Scenario) -> tuple[float, float]:
+def layer_activation_sbh(sc: Scenario, moe: bool = False) -> tuple[float, float]:
     """(per-layer constant c, scores coefficient k): activations = s·b·h·(c + k·a·s/h)
-    before any tensor-parallel division; returns the parts as Korthikanti splits them."""
+    before any tensor-parallel division; returns the parts as Korthikanti splits them.
+
+    ``moe``: an expert layer. Every token's MLP activations are kept once per expert it is routed
+    to (its permuted copy as fc1 input and the expert's fc1 / activation outputs, at the expert's
+    own width), plus the shared experts' and the router's fp32 logits and probabilities; a
+    dense-width MLP once per token under-counted Mixtral's top-2 by ~37% and ignored top_k."""
     m = sc.model
     h = m.hidden_size
     r = m.kv_heads / m.num_attention_heads * (m.dim_head * m.num_attention_heads / h)
     attn = 7 + 4 * r  # QKV input 2, Q 2, K 2r, V 2r, out-proj input 2, dropout mask 1
-    f = m.ffn_hidden_size / h
-    mlp = 3 + (4 * f if m.mlp == "gelu" else 6 * f)  # fc1 input 2, dropout mask 1, fc1 / act outputs
+    per_f = 4 if m.mlp == "gelu" else 6  # fc1 / activation outputs per unit of inner width
+    fp8 = sc.dtype == "fp8"
+    if moe and m.is_moe:
+        f = m.expert_ffn / h
+        copies = m.top_k + (1 if m.num_shared_experts else 0)  # routed copies, and the shared experts' input
+        width = m.top_k * f + m.num_shared_experts * f  # inner width kept per token, over its experts
+        mlp = 1 + 2 * copies + per_f * width + 2 * 4 * m.num_experts / h  # dropout mask; router fp32
+        if fp8:
+            # FP8 linears save their inputs as FP8 copies: each fc1 input and each fc2 input.
+            mlp -= copies + width
+    else:
+        f = m.ffn_hidden_size / h
+        mlp = 3 + per_f * f  # fc1 input 2, dropout mask 1, fc1 / act outputs
+        if fp8:
+            mlp -= 1 + f
     norms = 4
-    if sc.dtype == "fp8":
+    if fp8:
         # FP8 linears save their inputs for the weight gradient as FP8 copies (1 byte, not 2):
-        # the QKV, out-projection and fc1 inputs (1 each) and the fc2 input (f).
+        # the QKV and out-projection inputs (1 each); the MLP's above.
         attn -= 2
-        mlp -= 1 + f
     return attn + mlp + norms, 5.0
 
 
-def activation_bytes_per_layer(sc: Scenario) -> float:
-    """Bytes one layer keeps for one microbatch on one GPU."""
+def activation_bytes_per_layer(sc: Scenario, moe: bool = False) -> float:
+    """Bytes one layer keeps for one microbatch on one GPU (``moe``: an expert layer)."""
     m, p = sc.model, sc.parallelism
     t = p.tp
     sp = p.sequence_parallel and t > 1
@@ -64,12 +81,13 @@ def activation_bytes_per_layer(sc: Scenario) -> float:
     if sc.recompute == "selective-layer":
         # Every second layer keeps only its input; the others keep everything.
         full = 2 * sbh / (t if sp else 1)
-        return (full + activation_bytes_per_layer(sc.model_copy(update={"recompute": "none"}))) / 2
+        return (full + activation_bytes_per_layer(sc.model_copy(update={"recompute": "none"}), moe)) / 2
     if sc.recompute == "selective-op":
         # torchtitan's per-op SAC keeps only its save list's outputs and the block input.
         layer_ops = build_layer_ops(sc)
-        return selective_op_saved_bytes(sc, layer_ops.get("dense") or layer_ops["moe"])
-    c, k = layer_activation_sbh(sc)
+        ops = layer_ops.get("moe") if moe else None
+        return selective_op_saved_bytes(sc, ops or layer_ops.get("dense") or layer_ops["moe"])
+    c, k = layer_activation_sbh(sc, moe)
     scores = 0.0 if (sc.flash_attention or sc.recompute == "selective") else k * a * s / h
     if t == 1:
         return sbh * (c + scores)
@@ -120,10 +138,12 @@ def stage_activation_bytes(sc: Scenario, prog: Program) -> list[float]:
     sp = p.sequence_parallel and t > 1
     s = sc.batch.seq_length / p.cp
     b = sc.batch.micro_batch_size
-    per_layer = activation_bytes_per_layer(sc)
+    dense_layer = activation_bytes_per_layer(sc)
+    moe_layer = activation_bytes_per_layer(sc, moe=True) if m.is_moe else dense_layer
     position_bytes = []
     for pos, layers in enumerate(prog.position_layers):
-        act = len(layers) * per_layer
+        n_moe = sum(1 for L in layers if m.is_moe and L >= m.num_dense_layers)
+        act = (len(layers) - n_moe) * dense_layer + n_moe * moe_layer
         if pos == 0:
             act += 2 * s * b * m.hidden_size / (t if sp else 1)  # embedding output
         if pos == len(prog.position_layers) - 1:
