@@ -52,7 +52,8 @@ def test_overflow_with_fsdp_units_kept_gathered_tries_resharding_first():
     first = f["suggestions"][0]
     assert first["label"] == "fsdp_reshard_after_forward=true"
     gathered = rep.per_pp_rank[0]["memory_gib"]["gathered_parameters_gib"]
-    assert first["predicted_peak_gib"] == pytest.approx(rep.peak_memory_gib - gathered, abs=0.05)
+    # (resharded, the unit computing and the one prefetched stay whole: far less than every unit)
+    assert rep.peak_memory_gib - gathered < first["predicted_peak_gib"] < rep.peak_memory_gib - gathered / 4
 
 
 def test_bubble_finding_simulates_lower_bubble_schedules():

@@ -180,8 +180,10 @@ def test_torchtitan_stated_rows_error_as_measured():
     h200 = [r for r in v.rows if "h200" in r.features]
     assert [r.published_memory_gib for r in h200] == [47.96, 46.97]
     assert all(r.memory_error == pytest.approx(r.predicted_memory_gib / r.published_memory_gib - 1) for r in v.rows)
-    assert v.memory_mape == pytest.approx(0.131, abs=0.02)
-    assert v.memory_mean_signed_error == pytest.approx(-0.131, abs=0.02)
+    # (0.131 before FSDP's gathered working set was counted: the root module's embedding and head,
+    # and the unit computing with the one prefetched, beside the shard)
+    assert v.memory_mape == pytest.approx(0.096, abs=0.02)
+    assert v.memory_mean_signed_error == pytest.approx(-0.096, abs=0.02)
     j = v.to_json()
     assert j["memory_rows"] == 6 and j["rows"][0]["published_memory_gib"] is not None
 

@@ -206,6 +206,23 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             # A bucket never holds more than the rank's own gradients (fp32, 4 bytes each).
             "buffers_gib": (min(buffers, 2 * 4 * (dense + expert)) + RUNTIME_RESERVE_BYTES) / GIB,
         }
+        if z >= 3 and p.fsdp_reshard_after_forward and shard > 1:
+            # Resharded after forward: the unit computing and the fsdp_prefetch units gathered
+            # ahead of it are whole at once (beside the rank's shard), the largest of them at the
+            # worst moment. torchtitan also wraps the embedding, final norm and output head in
+            # the root module (parallelize_llama apply_fsdp: fully_shard(model)), whose forward
+            # and backward span the whole step, so those stay gathered throughout.
+            last = len(prog.position_layers) - 1
+            units = [L for q in positions for L in ([-1] if q == 0 else []) + list(prog.position_layers[q])
+                     + ([m.num_layers] if q == last else [])]
+
+            def unit_bytes(L: int) -> float:
+                return prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes)
+
+            root = [L for L in units if L in (-1, m.num_layers)] if sc.framework == "torchtitan" else []
+            rest = sorted((unit_bytes(L) for L in units if L not in root), reverse=True)
+            working = sum(unit_bytes(L) for L in root) + sum(rest[:1 + p.fsdp_prefetch])
+            row["gathered_parameters_gib"] = working * (1 - 1 / shard) / GIB
         if z >= 3 and not p.fsdp_reshard_after_forward and shard > 1:
             # Not resharded after forward: every unit the rank ran forward stays gathered until its
             # backward, so at the turn from forward to backward the rank holds all of them (the
