@@ -176,6 +176,14 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     z = p.zero
     shard, expert_shard = optimizer_shards(z, dp, p.ep, p.fsdp_shard_size, cp=p.cp)
     buffers = 2 * prog.grad_bucket_bytes
+    # Recomputation re-materialises one layer at a time in backward: beside the checkpoints, the
+    # layer being recomputed holds what it would have kept without recomputation (Chen et al.
+    # 2016, "Training Deep Nets with Sublinear Memory Cost": memory = checkpoints + one segment).
+    recompute_extra = {}
+    if sc.recompute != "none":
+        kept = sc.model_copy(update={"recompute": "none"})
+        for moe in ((False, True) if m.is_moe else (False,)):
+            recompute_extra[moe] = max(0.0, activation_bytes_per_layer(kept, moe) - activation_bytes_per_layer(sc, moe))
     rows = []
     last_position = len(prog.position_layers) - 1
     for r in range(sched.num_ranks):
@@ -206,6 +214,11 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             # A bucket never holds more than the rank's own gradients (fp32, 4 bytes each).
             "buffers_gib": (min(buffers, 2 * 4 * (dense + expert)) + RUNTIME_RESERVE_BYTES) / GIB,
         }
+        if recompute_extra:
+            layers = [L for q in positions for L in prog.position_layers[q]]
+            kinds = {m.is_moe and L >= m.num_dense_layers for L in layers}
+            if kinds:
+                row["recompute_working_set_gib"] = max(recompute_extra[k] for k in kinds) / GIB
         if z >= 3 and p.fsdp_reshard_after_forward and shard > 1:
             # Resharded after forward: the unit computing and the fsdp_prefetch units gathered
             # ahead of it are whole at once (beside the rank's shard), the largest of them at the
