@@ -14,7 +14,9 @@ The constant 34 is 11 (attention) + 19 (GELU MLP with 4h) + 4 (two LayerNorms); 
 here from the model's own widths so GQA and SwiGLU models get their own value (for GPT-3 it is
 exactly 34). FlashAttention stores no s x s scores, which removes the 5·a·s/h term, as
 selective recomputation does. Each stage holds as many microbatches as its schedule keeps in
-flight (1F1B: p on the first rank).
+flight (1F1B: p on the first rank). An expert layer keeps each routed copy's MLP activations at
+the expert's width (``layer_activation_sbh(moe=True)``). Beside them: the layer recomputation
+re-materialises in backward, and under FSDP resharding after forward the gathered working set.
 """
 
 from __future__ import annotations
