@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from simulator.scenario import Scenario
 from simulator.schedules.analysis import peak_activations
 from simulator.workload.plan import optimizer_shards
-from simulator.workload.ops import build_layer_ops
+from simulator.workload.ops import build_layer_ops, sp_regathers_input
 from simulator.workload.program import Program, selective_op_saved_bytes
 
 GIB = 1024**3
@@ -94,7 +94,13 @@ def activation_bytes_per_layer(sc: Scenario, moe: bool = False) -> float:
     if t == 1:
         return sbh * (c + scores)
     if sp:
-        return sbh * (c + scores) / t
+        kept = sbh * (c + scores) / t
+        if not sp_regathers_input(sc):
+            # torchtitan's DTensor TP saves the column-parallel linears' gathered inputs whole
+            # (autograd keeps F.linear's input; Megatron keeps its 1/tp slice and re-gathers it):
+            # attention's and the MLP's, 1 byte each for FP8 linears as c counts them.
+            kept += sbh * 2 * (1 if sc.dtype == "fp8" else 2) * (1 - 1 / t)
+        return kept
     replicated = 10.0  # norm inputs, dropout masks, QKV and fc1 inputs (Korthikanti Sec. 4.2.1)
     return sbh * (replicated + (c - replicated) / t + scores / t)
 
