@@ -206,3 +206,18 @@ def test_fa2_attention_kernel_is_slower_on_hopper_only():
         # FA2 reaches 0.34 of Hopper's peak (Dao 2023) against 0.55 for the default kernel;
         # A100's attention figures are FA2's already (the launch floor is shared).
         assert times["fa2"] / times["default"] == pytest.approx(ratio, rel=0.01), gpu
+
+
+def test_torchtitan_pipelines_split_the_local_batch_into_one_microbatch_a_stage():
+    # torchtitan of Dec 2024 defaulted n_microbatches to the number of pipeline stages; the
+    # 405B rows state neither it nor the virtual stages. Was one sequence a microbatch (32 for
+    # the 1F1B row: bubble 7/39 of the step where the default's is 7/15).
+    from simulator.calibrate.published import read_table, torchtitan_scenario
+
+    rows = {r["table"]: r for r in read_table("torchtitan-2024")}
+    one_f, missing, _ = torchtitan_scenario(rows["Table 5 (1F1B)"])
+    inter, _, _ = torchtitan_scenario(rows["Table 5 (Interleaved 1F1B)"])
+    assert int(rows["Table 5 (1F1B)"]["local_batch_size"]) == 32
+    assert one_f["batch"]["micro_batch_size"] == 4 and one_f["parallelism"]["pp"] == 8  # 8 stages
+    assert inter["batch"]["micro_batch_size"] == 2 and inter["parallelism"]["vpp"] == 2  # 16 stages
+    assert any("microbatch count" in m for m in missing)  # still a row whose setup is not stated

@@ -340,9 +340,9 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
                         # all-gather per microbatch): distributed/fsdp.py (0.3.0) policy "default" =
                         # not pp_enabled.
                         "fsdp_reshard_after_forward": pp == 1},
-        # FSDP: every DP rank takes local_batch sequences; a pipeline splits them into
-        # microbatches of one sequence (torchtitan's default n_microbatches = pp stages).
-        "batch": {"micro_batch_size": 1 if pp > 1 else local, "global_batch_size": local * dp, "seq_length": seq},
+        # FSDP: every DP rank takes local_batch sequences; a pipeline splits them into as many
+        # microbatches as it has stages (set below), torchtitan's default of the time.
+        "batch": {"micro_batch_size": local, "global_batch_size": local * dp, "seq_length": seq},
         "recompute": recompute,
         "schedule": "interleaved-1f1b" if "Interleaved" in sched else "1f1b",
         "dtype": "fp8" if fp8 else "bf16",
@@ -371,6 +371,13 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
         sc["fp8"] = fp8_cfg
     if pp > 1 and "Interleaved" in sched:
         sc["parallelism"]["vpp"] = 2
+    if pp > 1:
+        # torchtitan of Dec 2024 (build_pipeline_schedule): n_microbatches =
+        # experimental.pipeline_parallel_microbatches, "the number of pipeline stages, if
+        # unspecified" (pp x stages per rank); the source states none. Was one sequence a
+        # microbatch (32 of them for the 405B 1F1B row: bubble 7/39 where the default's is 7/15).
+        stages = pp * sc["parallelism"].get("vpp", 1)
+        sc["batch"]["micro_batch_size"] = max(1, local // stages) if local % stages == 0 else 1
     return sc, missing, notes
 
 
