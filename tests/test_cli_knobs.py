@@ -144,6 +144,17 @@ def test_link_efficiencies_do_not_move_a_step_nccls_model_times():
     assert slower > steps[1.0]
 
 
+def test_oversubscribed_leaves_slow_a_data_parallel_step_nccl_times():
+    # Was the same step at 1:1 and 32:1 (0.7650 s): NCCL's time assumes a non-blocking fabric,
+    # and the flows were normalised to it on the oversubscribed one. 32 nodes, DP over 4+ leaves.
+    args = ["--model", "llama3-8b", "--gpus", "256", "--tp", "8", "--pp", "1", "--global-batch-size", "256",
+            "--seq-length", "4096", "--zero", "1", "--findings-budget-s", "0", "--no-dashboard"]
+    steps = [simulate_json([*args, "--leaf-oversubscription", str(o)]) for o in (1, 8, 32)]
+    dp = [s["exposed_comm_s"]["dp"] for s in steps]
+    assert steps[0]["step_time_s"] < steps[1]["step_time_s"] < steps[2]["step_time_s"]
+    assert dp[0] < dp[1] < dp[2] and dp[2] > 5 * dp[0]
+
+
 def test_set_reaches_into_a_named_profile(monkeypatch):
     sc = scenario_of([*SMALL, "--set", "cluster.gpu.compute.peak_tflops=500"], monkeypatch)
     prof = sc.cluster.gpu

@@ -393,6 +393,20 @@ class FlowNetwork:
         # The healthy fabric's capacities: NCCL's model prices a collective on healthy links, so a
         # degraded link (what-if) must slow the flows, not be normalised away by the NCCL scaling.
         self.nominal_capacity_Bps = self.capacity_Bps.copy()
+        # ... and on a non-blocking fabric: its tuner knows a node's NICs, not the switch trunks,
+        # so oversubscribed trunks must slow the flows too. The NCCL scaling is taken on the
+        # healthy fabric with every trunk at its downstream NICs' capacity (oversubscription 1);
+        # normalised on the oversubscribed one, a 32:1 leaf left every collective and step as
+        # at 1:1 (metamorphic test).
+        self.reference_capacity_Bps = self.nominal_capacity_Bps.copy()
+        fab = getattr(graph.spec, "fabric", None)
+        if nccl is not None and graph.link_kind.size and fab is not None:
+            leaf_o = float(getattr(fab, "leaf_oversubscription", 1.0) or 1.0)
+            spine_o = float(getattr(fab, "spine_oversubscription", 1.0) or 1.0)
+            kinds = graph.link_kind
+            for names, factor in ((("leaf->spine", "spine->leaf"), leaf_o), (("spine->core", "core->spine"), leaf_o * spine_o)):
+                trunk = np.isin(kinds, [LINK_KINDS.index(n) for n in names])
+                self.reference_capacity_Bps[trunk] *= max(1.0, factor)
         self._plans: dict[tuple, list] = {}  # (op, groups) -> candidate Plans, routed as used (_RPlan)
         self._level_cache: dict[tuple, tuple[np.ndarray, tuple]] = {}
         self._level_cache_members = 0  # coflows over the cache's keys
@@ -544,8 +558,8 @@ class FlowNetwork:
         bw_s = max(choice.bw_time_us, 0.0) * 1e-6
         tau_s = plan.tau_s
         # only this plan's links matter (comparing the whole fabric costs 66K compares per plan at 16K GPUs)
-        if not np.array_equal(self.capacity_Bps[plan.links], self.nominal_capacity_Bps[plan.links]):
-            tau_s = sum(self._isolated(ph.inc, ph.coef, self.nominal_capacity_Bps)[0] for ph in plan.phases)
+        if not np.array_equal(self.capacity_Bps[plan.links], self.reference_capacity_Bps[plan.links]):
+            tau_s = sum(self._isolated(ph.inc, ph.coef, self.reference_capacity_Bps)[0] for ph in plan.phases)
         if tau_s <= 0 or size <= 0:
             lat_us, eff = choice.time_us, 0.0
         else:
@@ -639,7 +653,10 @@ class FlowNetwork:
     def collective_time_s(self, req: CollectiveRequest) -> float:
         choice = self.nccl_choice(req)
         if choice is not None:
-            return choice.time_us * 1e-6
+            # NCCL's time where the fabric is as its tuner assumes (non-blocking, healthy);
+            # slower where the flows, at NCCL's rate, cross oversubscribed or degraded links.
+            plan, size = self._nccl_scaled(req)
+            return max(choice.time_us * 1e-6, plan.time_s(size))
         return self.plan_for(req).time_s(float(req.size_bytes))
 
     def links_of(self, req: CollectiveRequest) -> np.ndarray | None:
