@@ -95,3 +95,24 @@ def test_collective_without_gpu_meets_the_p5_log():
 def test_sizes_below_one_element_are_refused():
     res = CliRunner().invoke(collective_app, ["all_reduce", "-g", "8", "-b", "1", "-e", "1", "-d", "double"])
     assert res.exit_code == 2 and "less than one double element (8 bytes)" in res.output
+
+
+def test_a_forced_nccl_algorithm_keeps_the_profiles_model():
+    # Was: --algorithm dropped NCCL's model ("no NCCL model: give --gpu" with --gpu given) and
+    # timed ideal links, so forcing the tree NCCL had picked came out 2.4x faster than the pick.
+    def busbw(*extra):
+        res = CliRunner().invoke(collective_app, ["all_reduce", "--gpus", "16", "--topology", "dgx-a100-fattree",
+                                                  "--gpu", "a100-sxm-80gb", "-b", "8G", "-e", "8G", "--json", *extra])
+        assert res.exit_code == 0, res.output
+        (row,) = json.loads(res.stdout)["rows"]
+        return row["busbw_GBps"], row["algorithm"]
+
+    picked, algo = busbw()
+    assert algo.startswith("tree/")
+    assert busbw("--algorithm", "tree") == (picked, algo)  # NCCL_ALGO=Tree: NCCL's own pick
+    ring, ring_algo = busbw("--algorithm", "ring")
+    assert ring_algo.startswith("ring/") and ring <= picked  # NCCL picked the faster of the two
+    # An algorithm NCCL does not have stays the flow model's, and --explain says so.
+    res = CliRunner().invoke(collective_app, ["all_reduce", "--gpus", "16", "--topology", "dgx-a100-fattree", "--gpu",
+                                              "a100-sxm-80gb", "-b", "8G", "-e", "8G", "--algorithm", "hierarchical", "--explain"])
+    assert res.exit_code == 0 and "the flow model: NCCL has no such algorithm here" in res.stdout

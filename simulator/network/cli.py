@@ -218,7 +218,8 @@ def format_explain(op: str, gpus: int, rows: list[dict], model: Any = None) -> s
         c = r.get("nccl")
         if c is None:
             lines.append(f"{r['size_bytes']:14d} {r['algorithm']:>15} {'-':>6} {'-':>3} {'-':>4} {'-':>9} {'-':>8} {'-':>6} {'-':>8} {'-':>11} {'-':>10} "
-                         f"{r['time_us']:10.1f} {r['busbw_GBps']:8.2f} {'-':>8} {'-':>8} {'-':>8}   (no NCCL model: give --gpu)")
+                         f"{r['time_us']:10.1f} {r['busbw_GBps']:8.2f} {'-':>8} {'-':>8} {'-':>8}   "
+                         f"{'(the flow model: NCCL has no such algorithm here)' if model is not None else '(no NCCL model: give --gpu)'}")
             continue
         others = sorted((t, f"{a}/{p}") for (a, p), t in c.table.items() if (a, p) != (c.algorithm, c.protocol))
         runner = f"{others[0][1]} {others[0][0]:.1f} us" if others else "-"
@@ -276,7 +277,8 @@ def collective_command(
         extra = {"algorithms": {OPS[name]: algorithm}} if algorithm else {}
         rows, net, note = simulate_sweep(name, gpus, topology, profile, parse_size(min_bytes), parse_size(max_bytes), factor,
                                          type_bytes=DATATYPES[datatype], **extra)
-        ran = sorted({r["algorithm"] for r in rows} - {algorithm}) if algorithm else []
+        # (NCCL's choices read "ring/Simple": the algorithm is the part before the protocol)
+        ran = sorted({r["algorithm"].split("/")[0] for r in rows} - {algorithm}) if algorithm else []
         if ran:
             # The fabric falls back to its default where a forced algorithm does not apply (torus off a
             # torus, tree inside one node, any but pairwise for alltoall): a table under the asked name would mislead.

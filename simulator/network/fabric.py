@@ -187,6 +187,12 @@ def _labels(parent: list[int]) -> tuple[int, list[int]]:
 # testing each one's link bitset; beyond, from a link -> owner array (see _virtual_owners).
 _SCAN_VIRTUALS_MAX = 64
 
+# Forced algorithms (FlowNetwork ``algorithms``, collective --algorithm) that are NCCL's own: they
+# restrict NCCL's pick as NCCL_ALGO does, keeping its protocols, latencies and calibration; the
+# rest (hierarchical, torus, pairwise) are the flow model's own plans on the topology's links.
+NCCL_FORCEABLE = ("ring", "tree")
+
+
 def _incidence(flow: np.ndarray, link: np.ndarray, n_flows: int, n_links: int) -> sp.csc_matrix:
     """links x flows, 1 where the flow crosses the link (``Routes.incidence``, built straight
     into CSC: plans are built per group in full mode, tens of thousands at 16,384 GPUs)."""
@@ -493,7 +499,8 @@ class FlowNetwork:
 
     def nccl_choice(self, req: CollectiveRequest):
         """NCCL's choice (simulator.network.nccl.Choice) for this collective, or None without the model."""
-        if self.nccl is None or req.op in self.algorithms or req.group_size <= 1:
+        forced = self.algorithms.get(req.op)
+        if self.nccl is None or req.group_size <= 1 or (forced is not None and forced not in NCCL_FORCEABLE):
             return None
         groups = req.groups if isinstance(req.groups, np.ndarray) else np.asarray(req.groups, dtype=np.int64)
         gk = self._groups_key(groups)
@@ -503,7 +510,9 @@ class FlowNetwork:
         # Groups issued together end together (one coflow): the slowest shape sets the time. (A
         # ring of send/recv pairs on 16 GPUs has pairs inside a node and pairs across nodes; the
         # first pair alone priced it at NVLink speed.)
-        choices = [self.nccl.choose(req.op, float(req.size_bytes), n, m, ppn) for n, m, ppn in shapes]
+        choices = [self.nccl.choose(req.op, float(req.size_bytes), n, m, ppn, algorithm=forced) for n, m, ppn in shapes]
+        if any(c is None for c in choices):
+            return None  # NCCL runs no such algorithm on this group: the flow model's, as asked
         return choices[0] if len(choices) == 1 else max(choices, key=lambda c: c.time_us)
 
     def _group_shapes(self, groups: np.ndarray) -> list[tuple[int, int, int]]:

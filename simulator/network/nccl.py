@@ -766,20 +766,23 @@ class NcclModel:
         return n, n_nodes, max(1, math.ceil(n / max(n_nodes, 1)))
 
     def choose(self, op: str, size_bytes: float, n: int, n_nodes: int, ppn: int | None = None,
-               gpus_per_thread: int | None = None) -> Choice:
+               gpus_per_thread: int | None = None, algorithm: str | None = None) -> Choice:
+        """NCCL's (algorithm, protocol) and time for one collective; ``algorithm`` restricts the
+        pick to it, as NCCL_ALGO does (None: where the group runs no such algorithm)."""
         ppn = ppn or max(1, math.ceil(n / n_nodes))
         gpus_per_thread = gpus_per_thread or self.gpus_per_thread
-        key = (op, float(size_bytes), n, n_nodes, ppn, gpus_per_thread)
+        key = (op, float(size_bytes), n, n_nodes, ppn, gpus_per_thread, algorithm)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        c = self._choose(op, float(size_bytes), n, n_nodes, ppn, gpus_per_thread)
+        c = self._choose(op, float(size_bytes), n, n_nodes, ppn, gpus_per_thread, algorithm)
         if len(self._cache) > 100_000:
             self._cache.clear()
         self._cache[key] = c
         return c
 
-    def _choose(self, op: str, size: float, n: int, n_nodes: int, ppn: int, gpt: int) -> Choice:
+    def _choose(self, op: str, size: float, n: int, n_nodes: int, ppn: int, gpt: int,
+                algorithm: str | None = None) -> Choice | None:
         tn = self.tuning
         # The host launches one kernel per GPU it drives (launch_us each); the next iteration's
         # launches overlap this one's kernels, so a run takes max(G x launch, the collective)
@@ -806,6 +809,8 @@ class NcclModel:
         times = {}
         system = self.system
         for algo, proto, e, o, g in self._candidates(top, n, n_nodes, ppn):
+            if algorithm is not None and algo != algorithm:
+                continue
             t, lat, bw = algo_time_us(system, top, size, n, n_nodes, algo, proto, e[0], e[1], g.runtime_ch)
             rank = t if o is e else algo_time_us(system, top, size, n, n_nodes, algo, proto, o[0], o[1], g.runtime_ch)[0]
             nc, nt = _launch_shape(g.runtime_ch, algo, proto, top, size, n, system.gen)
@@ -852,6 +857,8 @@ class NcclModel:
             times[(algo, proto)] = floor if floor > t_floored else t_floored  # max(), without the call
             if best is None or rank < best[0]:
                 best = (rank, t, lat, bw, algo, proto, nc, nt, (fill, unit, stages), ch_us, ck, extra_steps, st_us)
+        if best is None:
+            return None  # (a forced algorithm this group does not run)
         _, t, lat, bw, algo, proto, nc, nt, pipe, ch_us, ck, extra_steps, st_us = best
         c = Choice(op, size, n, n_nodes, algo, proto, t + stagger, lat + stagger, bw, nc, nt, times, *pipe,
                    channel_cost_us=ch_us, chunk_bytes=float(ck.chunk_bytes), net_steps=extra_steps, step_cost_us=st_us)
