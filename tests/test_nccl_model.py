@@ -452,3 +452,19 @@ def test_faster_nvlink_never_slows_a_calibrated_collective(profile):
                 node = spec.node.model_copy(update={"nvlink_GBps": nvl})
                 times.append(NcclModel(NcclSystem.from_specs(node, prof.device), tn).choose(op, float(size), n, 1).time_us)
             assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:])), (op, n, size, times)
+
+
+@pytest.mark.parametrize("topology,gpu", [("dgx-b200", "b200"), ("dgx-h100-nvls", "h100-sxm-80gb"),
+                                          ("dgx-h100-fattree", "h100-sxm-80gb"), ("dgx-a100-fattree", "a100-sxm-80gb")])
+@pytest.mark.parametrize("nodes", [2, 4, 8])
+def test_a_multi_node_all_reduce_never_beats_the_nics(topology, gpu, nodes):
+    """Each node's reduced buffer leaves through its NICs, 2(m-1)/m of it over m nodes: algbw <=
+    egress x m / (2(m-1)). NCCL's tuner doubles nvls_tree's inter-node bandwidth at <= 2 nodes
+    (§5.1), which put B200 on 2 nodes at 408 GB/s of algbw over 8 x 50 GB/s of NICs."""
+    node = load_topology(topology).node
+    m = NcclModel.from_specs(node, load_profile(gpu))
+    egress = node.nics_per_node * min(node.nic_GBps, m.system.pcie_GBps)
+    for size in (1 << 26, 1 << 30, 1 << 33):
+        c = m.choose("all_reduce", float(size), nodes * node.gpus_per_node, nodes)
+        algbw = size / (c.time_us * 1e-6) / 1e9
+        assert algbw <= egress * nodes / (2 * (nodes - 1)) * (1 + 1e-9), (c.algorithm, c.protocol, algbw)

@@ -519,6 +519,15 @@ def _tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: Nccl
                 algbw = bus * 0.5
             else:
                 algbw = bus
+            if n_nodes > 1 and op == "all_reduce":
+                # Physics over NCCL's rules (nvls_tree doubles bwInter at <= 2 nodes, §5.1): each
+                # node's reduced data leaves through its NICs, at least 2(m-1)/m of the buffer
+                # over m nodes (S once where the switch reduces: CollNet/SHARP), so algbw <= the
+                # node's NIC egress x m / (2(m-1)). B200 on 2 nodes: 408 GB/s over 8 x 50.
+                nics = max(1, round(sys.nics_per_node * min(ppn, sys.gpus_per_node) / sys.gpus_per_node))
+                egress = nics * min(sys.nic_GBps, sys.pcie_GBps)
+                crossings = 1.0 if algo.startswith("collnet") or algo == "nvls" else 2 * (n_nodes - 1) / n_nodes
+                algbw = min(algbw, egress / crossings)
             if algbw <= 0:
                 continue
             # latency (§3.3): NCCL's tables (scaled by latency_scale) plus the plugin's network
