@@ -65,3 +65,14 @@ def test_unphysical_samples_are_dropped_and_counted():
 def test_missing_reference_data_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="NeuSight"):
         S.neusight_tables(tmp_path)
+
+
+def test_profiles_of_one_die_order_their_memory_as_the_datasheets_do():
+    # GB200's 186 GB and DGX B200's 180 GB are one die's; counted one as the driver's MiB and the
+    # other as decimal GB, a job that fit a B200 did not fit a GB200 (164.9 GiB: 170.1 vs 164.5
+    # usable). Both now count as the driver does: 183,359 MiB for 180 GB, scaled by 186/180.
+    from simulator.profile import load_profile
+
+    b200, gb200 = load_profile("b200"), load_profile("gb200")
+    assert gb200.hbm_gib / b200.hbm_gib == pytest.approx(186 / 180, rel=2e-3)
+    assert load_profile("h200-sxm-141gb").hbm_gib > load_profile("h100-sxm-80gb").hbm_gib
