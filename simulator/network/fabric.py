@@ -500,7 +500,9 @@ class FlowNetwork:
     def nccl_choice(self, req: CollectiveRequest):
         """NCCL's choice (simulator.network.nccl.Choice) for this collective, or None without the model."""
         forced = self.algorithms.get(req.op)
-        if self.nccl is None or req.group_size <= 1 or (forced is not None and forced not in NCCL_FORCEABLE):
+        if forced is not None and (forced not in NCCL_FORCEABLE or req.op in ("all_to_all", "send_recv")):
+            return None  # (NCCL picks no algorithm for its point-to-point collectives)
+        if self.nccl is None or req.group_size <= 1:
             return None
         groups = req.groups if isinstance(req.groups, np.ndarray) else np.asarray(req.groups, dtype=np.int64)
         gk = self._groups_key(groups)
