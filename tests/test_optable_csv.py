@@ -77,3 +77,13 @@ def test_layer_table_without_layer_count(tmp_path):
     with pytest.raises(UserError, match="num_layer"):
         load_op_table(p)
     assert load_op_table(p, num_layers=36).num_layers == 36
+
+
+def test_a_table_named_from_inside_its_folder_keeps_its_device(monkeypatch):
+    # Was "no spec profile for device ''": the folder of 'x.csv' is '.', whose name is empty.
+    from simulator.trace.optable_csv import load_op_table
+
+    folder = Path(__file__).resolve().parent / "data" / "reference" / "neusight" / "NVIDIA_H100_80GB_HBM3"
+    monkeypatch.chdir(folder)
+    assert load_op_table(Path("gpt2_large-train-1024-4.csv")).device == "NVIDIA H100 80GB HBM3"
+    assert load_op_table(Path("./gpt2_large-train-1024-4.csv")).device == "NVIDIA H100 80GB HBM3"

@@ -264,3 +264,23 @@ def test_step_json_with_a_bad_latency_is_one_line(tmp_path, value, what):
     step.write_text(json.dumps({"e2e_latency": value}))
     with pytest.raises(UserError, match=what):
         validate_trace(step, SCN / "gpt2_large-h100-1024-4-tp4.yaml")
+
+
+def test_a_trace_with_no_world_size_is_not_called_a_job_of_one(tmp_path):
+    # Was "come from a job of 1: set cluster.gpus: 1" for a rank-0 trace of a 16-GPU job whose
+    # distributedInfo was stripped and whose name carries no rank<k>of<N>.
+    import gzip
+
+    with gzip.open(KINETO, "rt") as f:
+        d = json.load(f)
+    d.pop("distributedInfo", None)
+    bare = tmp_path / "trace.json.gz"
+    with gzip.open(bare, "wt") as f:
+        json.dump(d, f)
+    with pytest.raises(UserError, match=r"record no world size .* which of the scenario's 16 GPUs they are is unknown: "
+                                        r"name each file rank<k>of16\.json\(\.gz\)"):
+        validate_trace(bare, ROOT / "tests" / "data" / "scenarios" / "hta16-a100.yaml", "a100-sxm-80gb")
+    # Named as the error says, it validates as the original does.
+    named = tmp_path / "rank0of16.json.gz"
+    bare.rename(named)
+    assert validate_trace(named, ROOT / "tests" / "data" / "scenarios" / "hta16-a100.yaml", "a100-sxm-80gb")["mode"] == "predict"

@@ -673,6 +673,11 @@ def measured_from_trace_set(path: Path, sc) -> Measured:
     ops = ts.ops
     if ops.empty:
         raise UserError(f"{str(path)!r} holds no timed GPU ops: give Kineto traces with CUDA activities")
+    if ts.world_size is None and sc.cluster.gpus != len(ts.ranks):
+        # (not "a job of 1": a trace that records no world size says nothing of the job's)
+        raise UserError(f"the traces in {str(path)!r} record no world size (no distributedInfo, no rank<k>of<N> in their "
+                        f"names), so which of the scenario's {sc.cluster.gpus} GPUs they are is unknown: name each file "
+                        f"rank<k>of{sc.cluster.gpus}.json(.gz), or profile with torch.distributed initialised")
     world = ts.world_size or len(ts.ranks)
     if sc.cluster.gpus != world:
         raise UserError(f"scenario runs on {sc.cluster.gpus} GPUs but the traces in {str(path)!r} come from a job of "

@@ -220,7 +220,8 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
             for key, name in (("e2e_latency", "e2e"), ("fw_latency", "fw"), ("bwall_latency", "bw")):
                 if isinstance(j.get(key), (int, float)) and j[key] > 0:
                     step_ms[name] = float(j[key])
-    device = path.parent.name.replace("_", " ") if neusight else "unknown"
+    # (resolved: a table given as a bare name from inside its folder has parent '.', named '')
+    device = path.resolve().parent.name.replace("_", " ") if neusight else "unknown"
 
     rows = []
     if neusight:
