@@ -202,6 +202,14 @@ def test_calibrate_cli_on_op_table(tmp_path):
     # Physics: fp32 GEMMs below the FP32 peak, HBM below the datasheet.
     assert 0.5 < km.gemm_efficiency["fp32"] <= 1.0 and all(v <= 0.92 for v in km.mem_efficiency.values())
     assert "gpt2_large-train-1024-4.csv" in km.fit_source
+    # One provenance item per number, the fitted one replacing the base's (fp32 only: the table's
+    # dtype), and the summary names only what was fitted.
+    items = {i.field: i for i in prof.provenance.items}
+    assert len([i for i in prof.provenance.items if i.field == "compute.kernels.gemm_efficiency.fp32"]) == 1
+    assert items["compute.kernels.gemm_efficiency.fp32"].value == pytest.approx(km.gemm_efficiency["fp32"], abs=1e-4)
+    assert "fitted on" in items["compute.kernels.gemm_efficiency.fp32"].source
+    assert "fitted on" not in items["compute.kernels.gemm_efficiency.bf16"].source
+    assert "GEMM efficiency fp32 " in p.stderr and "bf16" not in p.stderr.split("GEMM efficiency")[1].split(",")[0]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert p.returncode == 2 and "already exists" in p.stderr
 

@@ -45,14 +45,19 @@ def calibrate_command(
         from simulator.profile import load_profile
         from simulator.trace.optable_csv import load_op_table
 
-        prof = calibrate_from_tables([load_op_table(i) for i in inputs], load_profile(base) if base else None)
+        from simulator.workload.kernel_model import normalize_dtype
+
+        tables = [load_op_table(i) for i in inputs]
+        prof = calibrate_from_tables(tables, load_profile(base) if base else None)
+        fitted_dtypes = {normalize_dtype(t.dtype) for t in tables}
         prof = prof.model_copy(update={"name": name or out.stem})
         write_atomic(out, prof.model_dump_json(indent=2, exclude_none=True) + "\n")
         if as_json:
             _print_json(prof, out, [], [])
             return
         km = prof.compute.kernels
-        print(f"{prof.name}: {prof.device}: GEMM efficiency {', '.join(f'{k} {v:.2f}' for k, v in km.gemm_efficiency.items())}, "
+        # (only the dtypes the tables timed: the others are the base's, not fitted)
+        print(f"{prof.name}: {prof.device}: GEMM efficiency {', '.join(f'{k} {v:.2f}' for k, v in km.gemm_efficiency.items() if k in fitted_dtypes)}, "
               f"K overhead {km.gemm_k_overhead:.1f} (per-tile cost, in elements of K), "
               f"launch floor {km.launch_floor_us:.1f} us, HBM efficiency {', '.join(f'{k} {v:.2f}' for k, v in km.mem_efficiency.items())}; "
               f"median |op error| {', '.join(f'{k} {v:.0%}' for k, v in (km.fit_error or {}).items())}; wrote {out}", file=sys.stderr)

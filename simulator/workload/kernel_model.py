@@ -399,10 +399,17 @@ def calibrate_from_tables(tables: list, base: Profile | None = None) -> Profile:
 
     from simulator.profile import ProvenanceItem
 
-    items = list(base.provenance.items) + [
-        ProvenanceItem(field=f"compute.kernels.{k}", value=str(v), source=f"fitted on {km.fit_source}")
-        for k, v in (("gemm_efficiency", km.gemm_efficiency), ("gemm_k_overhead", round(km.gemm_k_overhead, 2)),
-                     ("launch_floor_us", round(km.launch_floor_us, 2)), ("mem_efficiency", km.mem_efficiency))]
+    # One item per fitted number, replacing the base's item for it (the base's "gemm_efficiency.fp32
+    # 0.82" stood beside the fitted fp32 0.40, the profile contradicting itself); the dtypes and
+    # classes the tables do not hold keep the base's numbers and items.
+    dtypes = sorted({normalize_dtype(t.dtype) for t in tables})
+    mem_keys = sorted({_variant_key(k) for t in tables for _, _, k in t.kernels if k.kind == "mem"})
+    fitted = [(f"gemm_efficiency.{d}", round(km.gemm_efficiency[d], 4)) for d in dtypes if d in km.gemm_efficiency]
+    fitted += [("gemm_k_overhead", round(km.gemm_k_overhead, 2)), ("launch_floor_us", round(km.launch_floor_us, 2))]
+    fitted += [(f"mem_efficiency.{c}", round(km.mem_efficiency[c], 4)) for c in mem_keys if c in km.mem_efficiency]
+    names = {f"compute.kernels.{k}" for k, _ in fitted}
+    items = [i for i in base.provenance.items if i.field not in names] + [
+        ProvenanceItem(field=f"compute.kernels.{k}", value=v, source=f"fitted on {km.fit_source}") for k, v in fitted]
     prov = base.provenance.model_copy(update={"method": "mixed", "created": date.today().isoformat(), "items": items})
     return base.model_copy(update={"name": f"{base.name}-fitted", "compute": base.compute.model_copy(update={"kernels": km}),
                                    "provenance": prov})
