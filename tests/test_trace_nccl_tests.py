@@ -99,3 +99,25 @@ def test_not_nccl_tests(tmp_path):
     p.write_text("hello\nworld\n")
     with pytest.raises(UserError, match=r"has no nccl-tests result rows"):
         import_nccl_tests(p)
+
+
+def test_a_log_whose_bandwidths_disagree_with_its_times_is_said_to(tmp_path):
+    # Times x2 with algbw/busbw kept was fitted exactly as a consistent x2 log, without a word.
+    src = Path(__file__).parent / "data" / "reference" / "nccl-tests" / "p4de-2nodes-16gpu_all_reduce_perf.txt"
+    out = []
+    for line in src.read_text().splitlines():
+        tok = line.split()
+        o = 1 if tok and tok[0].endswith(":") else 0  # (an MPI launcher's "0:" prefix)
+        if len(tok) >= 13 + o and tok[o].isdigit():
+            # new layout: size count type redop root | time algbw busbw #wrong | time algbw busbw #wrong
+            tok[5 + o] = f"{float(tok[5 + o]) * 2:.1f}"
+            tok[9 + o] = f"{float(tok[9 + o]) * 2:.1f}"
+            line = "  ".join(tok)
+        out.append(line)
+    edited = tmp_path / "edited_all_reduce_perf.txt"
+    edited.write_text("\n".join(out) + "\n")
+    from simulator.trace.nccl_tests import import_nccl_tests
+
+    res = import_nccl_tests(edited)
+    assert any("algbw column is 2.00x size / time" in w for w in res.warnings), res.warnings
+    assert not any("algbw column" in w for w in import_nccl_tests(src).warnings)

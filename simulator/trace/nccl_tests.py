@@ -178,12 +178,29 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: i
                 hosts.append(rank_lines[r][0])
         result.hosts = hosts
     df = pd.DataFrame(rows)
+    _check_algbw(df, path.name, result.warnings)
     if result.nranks is None:
         result.nranks = _world_size(df, coll, rank_lines, per_proc, procs_seen, path.name, result.warnings,
                                     said if said is not None else launched)
     df["nranks"] = result.nranks if result.nranks is not None else pd.NA
     result.table = df.astype(COLLECTIVE_TABLE_COLUMNS)[list(COLLECTIVE_TABLE_COLUMNS)]
     return result
+
+
+def _check_algbw(df: pd.DataFrame, name: str, warned: list[str]) -> None:
+    """nccl-tests prints algbw = size / time (GB/s, two decimals). A log whose algbw column
+    disagrees with its own sizes and times on most rows was edited on one side (times x2 with the
+    bandwidths kept was fitted without a word); the times are what the fit uses, say so."""
+    sized = df[df["algbw_GBps"] >= 1.0]  # (below 1 GB/s the two decimals are too coarse to compare)
+    if len(sized) < 4:
+        return
+    implied = sized["size_bytes"] / (sized["time_us"] * 1e3)
+    ratio = sized["algbw_GBps"] / implied
+    off = (ratio - 1.0).abs() > 0.05
+    if off.sum() > len(sized) / 2:
+        warned.append(f"{name}: its algbw column is {float(ratio[off].median()):.2f}x size / time on {int(off.sum())} of "
+                      f"{len(sized)} rows, where nccl-tests prints them equal: the times or the bandwidths were edited; "
+                      "the times are used")
 
 
 MAX_ROW_BYTES = 1 << 50  # 1 PiB: beyond any message a collective test times
