@@ -45,6 +45,7 @@ system's constants; each log weighs the same whatever its number of rows.
 from __future__ import annotations
 
 import math
+import warnings
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -392,6 +393,31 @@ def error_table(model: NcclModel, logs: list[NcclLog]) -> list[dict]:
     return rows
 
 
+# Two logs of one collective and group shape that differ by more than this at the same sizes are
+# not one system (run-to-run spread of nccl-tests is a few percent): one fit over both sits between.
+LOG_DISAGREEMENT = 1.25
+
+
+def disagreeing_logs(logs: list[NcclLog]) -> list[str]:
+    """One line per pair of logs of the same collective and shape (ranks, nodes) whose times at
+    their common sizes from 1 MiB are more than LOG_DISAGREEMENT apart (median ratio)."""
+    out = []
+    for i, a in enumerate(logs):
+        for b in logs[i + 1:]:
+            if (a.op, a.n_ranks, a.n_nodes) != (b.op, b.n_ranks, b.n_nodes):
+                continue
+            common, ia, ib = np.intersect1d(a.size_bytes, b.size_bytes, return_indices=True)
+            big = common >= (1 << 20)
+            if big.sum() < 2:
+                continue
+            r = float(np.median(b.time_us[ib][big] / a.time_us[ia][big]))
+            if max(r, 1 / r) > LOG_DISAGREEMENT:
+                out.append(f"{a.name} and {b.name} time {a.op} on {a.n_ranks} GPUs ({a.n_nodes} node(s)) {max(r, 1 / r):.2f}x "
+                           f"apart at the same sizes: not one system's runs; one fit over both sits between them "
+                           f"(calibrate each on its own, or keep the one that matches your system)")
+    return out
+
+
 def calibrate_nccl(paths: list[Path], topology, device: str, hbm_GBps: float | None, note=None,
                    collective: str | None = None):
     """(NcclCalibration, provenance items) from the nccl-tests logs of one system, or (None, [])
@@ -402,6 +428,8 @@ def calibrate_nccl(paths: list[Path], topology, device: str, hbm_GBps: float | N
     if system is None or not paths:
         return None, []
     logs = [read_log(p, topology.node.gpus_per_node, collective) for p in paths]
+    for line in disagreeing_logs(logs):
+        note(line) if note is not None else warnings.warn(line, stacklevel=2)
     cal = fit_system(system, logs, hbm_GBps, topology.name, note=note)
     names = ", ".join(l.name for l in logs)
     src = f"fitted by simulator.calibrate.nccl_fit on {names} through topology {topology.name!r} (NCCL 2.28 tuner model)"
