@@ -334,7 +334,7 @@ def test_a_topology_that_is_not_a_mapping_is_one_line(tmp_path, text, holds):
     assert_one_line_error(p, rf"^error: topology file 'topo\.yaml' {holds}: give a topology YAML \(node:, fabric:\)")
 
 
-@pytest.mark.parametrize("second", ["same", "copy", "inside"])
+@pytest.mark.parametrize("second", ["same", "copy", "inside", "gzipped"])
 def test_calibrate_refuses_an_input_given_twice(tmp_path, second):
     # Was a fit over the log's rows twice, weighted towards them, without a word.
     (tmp_path / "logs").mkdir()
@@ -344,7 +344,12 @@ def test_calibrate_refuses_an_input_given_twice(tmp_path, second):
         inputs, pattern = ["logs/a.txt", "logs/../logs/a.txt"], r"input 'logs/\.\./logs/a\.txt' is given twice \(also as 'logs/a\.txt'\)"
     elif second == "copy":
         (tmp_path / "b.txt").write_bytes(NDV4_LOG.read_bytes())
-        inputs, pattern = ["logs/a.txt", "b.txt"], r"input 'b\.txt' holds the same bytes as 'logs/a\.txt'"
+        inputs, pattern = ["logs/a.txt", "b.txt"], r"input 'b\.txt' holds the same content as 'logs/a\.txt'"
+    elif second == "gzipped":
+        import gzip
+
+        (tmp_path / "b.txt.gz").write_bytes(gzip.compress(NDV4_LOG.read_bytes()))
+        inputs, pattern = ["logs/a.txt", "b.txt.gz"], r"input 'b\.txt\.gz' holds the same content as 'logs/a\.txt'"
     else:
         inputs, pattern = ["logs", "logs/a.txt"], r"input 'logs/a\.txt' is inside the folder 'logs', also given"
     before = _files(tmp_path)

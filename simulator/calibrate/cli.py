@@ -120,11 +120,26 @@ def _refuse_repeated_inputs(inputs: list[Path]) -> None:
         if inside is not None:
             raise UserError(f"input {str(given)!r} is inside the folder {str(seen[inside])!r}, also given: "
                             f"pass the folder or the files in it, not both")
+    import gzip
+
+    def gzipped(path: Path) -> bool:
+        with open(path, "rb") as fh:
+            return fh.read(2) == b"\x1f\x8b"
+
+    def content_size(path: Path) -> int:
+        # The bytes a reader sees: a gzip file's ISIZE (its last 4 bytes: the content's size mod
+        # 2^32), so trace.json and trace.json.gz of one trace meet; hashed only on a match.
+        if gzipped(path):
+            with open(path, "rb") as fh:
+                fh.seek(-4, 2)
+                return int.from_bytes(fh.read(4), "little")
+        return path.stat().st_size
+
     by_size: dict[int, list[Path]] = {}
     for given in seen.values():
         try:
             if given.is_file():
-                by_size.setdefault(given.stat().st_size, []).append(given)
+                by_size.setdefault(content_size(given), []).append(given)
         except OSError:
             continue
     for same_size in by_size.values():
@@ -132,14 +147,14 @@ def _refuse_repeated_inputs(inputs: list[Path]) -> None:
         for given in same_size if len(same_size) > 1 else ():
             digest = hashlib.sha256()
             try:
-                with open(given, "rb") as fh:
+                with (gzip.open(given, "rb") if gzipped(given) else open(given, "rb")) as fh:
                     for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
                         digest.update(chunk)
-            except OSError:
+            except (OSError, EOFError, gzip.BadGzipFile):
                 continue
             other = by_digest.setdefault(digest.hexdigest(), given)
             if other is not given:
-                raise UserError(f"input {str(given)!r} holds the same bytes as {str(other)!r}: "
+                raise UserError(f"input {str(given)!r} holds the same content as {str(other)!r}: "
                                 f"pass each trace or log once (a copy counts its samples twice)")
 
 
