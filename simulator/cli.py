@@ -398,7 +398,7 @@ _VARIANT_SHORT = {"batch.micro_batch_size": "mbs", "batch.global_batch_size": "g
 
 
 def _note_unused_comm_inputs(sc, overrides: dict) -> None:
-    """A latency override the active collective model does not read gets one note, not silence."""
+    """A communication override the active collective model does not read gets one note, not silence."""
     from simulator.network.nccl import NCCL_UNUSED_KEYS, unused_comm_note
 
     keys = [k for k in overrides if k in NCCL_UNUSED_KEYS]
@@ -406,7 +406,10 @@ def _note_unused_comm_inputs(sc, overrides: dict) -> None:
         from simulator.profile import load_profile
         from simulator.topology.spec import load_topology
 
-        note = unused_comm_note(keys, load_topology(sc.cluster.topology).node, load_profile(sc.cluster.gpu))
+        topo = load_topology(sc.cluster.topology)
+        if getattr(topo.fabric, "kind", "") == "torus":
+            return  # (no NCCL model on a torus: the links' latencies and efficiencies time it)
+        note = unused_comm_note(keys, topo.node, load_profile(sc.cluster.gpu))
         if note:
             _stderr(f"note: {note}")
 

@@ -114,6 +114,12 @@ def test_a_latency_nccls_model_ignores_is_named_and_its_own_knob_works(monkeypat
     assert res.exit_code == 0, res.output
     notes = [line for line in res.stderr.splitlines() if "nic_latency_us" in line and line.startswith("note: ")]
     assert notes and "is not used on NVIDIA H100 80GB HBM3" in notes[0] and "comm.nccl.net_latency_us" in notes[0]
+    # On a torus there is no NCCL model: the links' latencies time it, and no note says otherwise.
+    res = CliRunner().invoke(app, ["simulate", "--model", "llama3-8b", "--gpus", "64", "--tp", "2", "--pp", "1",
+                                   "--global-batch-size", "64", "--seq-length", "2048", "--findings-budget-s", "0",
+                                   "--topology", "torus-3d", "--no-dashboard", "--set", "cluster.topology.node.nic_latency_us=1000"])
+    assert res.exit_code == 0, res.output
+    assert "is not used on" not in res.stderr
     # The knob it names reaches into the profile's unset comm.nccl section (was "'cluster.gpu.comm.nccl'
     # is None, not a section") and slows the cross-node gradient all-reduce.
     base, slow = simulate_json(args), simulate_json([*args, "--set", "cluster.gpu.comm.nccl.net_latency_us=1000"])
