@@ -334,7 +334,7 @@ def test_a_topology_that_is_not_a_mapping_is_one_line(tmp_path, text, holds):
     assert_one_line_error(p, rf"^error: topology file 'topo\.yaml' {holds}: give a topology YAML \(node:, fabric:\)")
 
 
-@pytest.mark.parametrize("second", ["same", "copy", "inside", "gzipped"])
+@pytest.mark.parametrize("second", ["same", "copy", "inside", "gzipped", "respaced"])
 def test_calibrate_refuses_an_input_given_twice(tmp_path, second):
     # Was a fit over the log's rows twice, weighted towards them, without a word.
     (tmp_path / "logs").mkdir()
@@ -345,6 +345,13 @@ def test_calibrate_refuses_an_input_given_twice(tmp_path, second):
     elif second == "copy":
         (tmp_path / "b.txt").write_bytes(NDV4_LOG.read_bytes())
         inputs, pattern = ["logs/a.txt", "b.txt"], r"input 'b\.txt' holds the same content as 'logs/a\.txt'"
+    elif second == "respaced":
+        # the same rows with other spacing: no byte check sees it, the parsed measurements do
+        (tmp_path / "b_all_reduce_perf.txt").write_text(
+            "\n".join("  ".join(line.split()) for line in NDV4_LOG.read_text().splitlines()) + "\n")
+        inputs = ["logs/a.txt", "b_all_reduce_perf.txt", "--collective", "all_reduce",
+                  "--base", "a100-sxm-40gb", "--topology", "azure-ndv4"]
+        pattern = r"nccl-tests logs a\.txt and b_all_reduce_perf\.txt hold the same measurements"
     elif second == "gzipped":
         import gzip
 

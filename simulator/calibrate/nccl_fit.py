@@ -45,13 +45,14 @@ system's constants; each log weighs the same whatever its number of rows.
 from __future__ import annotations
 
 import math
-import warnings
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from simulator.errors import UserError
 from simulator.profile import NcclCalibration
 from simulator.network.nccl import NcclModel, NcclSystem, NcclTuning
 
@@ -398,6 +399,18 @@ def error_table(model: NcclModel, logs: list[NcclLog]) -> list[dict]:
 LOG_DISAGREEMENT = 1.25
 
 
+def _refuse_repeated_logs(logs: list[NcclLog]) -> None:
+    """Two logs with the same measurements (a copy re-spaced or re-columned, which the CLI's
+    byte check cannot see) would weight the fit twice towards one run: one line, which ones."""
+    seen: dict[tuple, str] = {}
+    for log in logs:
+        key = (log.op, log.n_ranks, log.n_nodes, log.size_bytes.tobytes(), np.round(log.time_us, 3).tobytes())
+        if key in seen:
+            raise UserError(f"nccl-tests logs {seen[key]} and {log.name} hold the same measurements (every size and "
+                            f"time): pass each run once (a copy counts its samples twice)")
+        seen[key] = log.name
+
+
 def disagreeing_logs(logs: list[NcclLog]) -> list[str]:
     """One line per pair of logs of the same collective and shape (ranks, nodes) whose times at
     their common sizes from 1 MiB are more than LOG_DISAGREEMENT apart (median ratio)."""
@@ -428,6 +441,7 @@ def calibrate_nccl(paths: list[Path], topology, device: str, hbm_GBps: float | N
     if system is None or not paths:
         return None, []
     logs = [read_log(p, topology.node.gpus_per_node, collective) for p in paths]
+    _refuse_repeated_logs(logs)
     for line in disagreeing_logs(logs):
         note(line) if note is not None else warnings.warn(line, stacklevel=2)
     cal = fit_system(system, logs, hbm_GBps, topology.name, note=note)
