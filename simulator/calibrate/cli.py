@@ -122,18 +122,16 @@ def _refuse_repeated_inputs(inputs: list[Path]) -> None:
                             f"pass the folder or the files in it, not both")
     import gzip
 
-    def gzipped(path: Path) -> bool:
-        with open(path, "rb") as fh:
-            return fh.read(2) == b"\x1f\x8b"
+    from simulator.trace.jsonstream import GZIP_MAGIC, open_bytes
 
     def content_size(path: Path) -> int:
         # The bytes a reader sees: a gzip file's ISIZE (its last 4 bytes: the content's size mod
         # 2^32), so trace.json and trace.json.gz of one trace meet; hashed only on a match.
-        if gzipped(path):
-            with open(path, "rb") as fh:
-                fh.seek(-4, 2)
-                return int.from_bytes(fh.read(4), "little")
-        return path.stat().st_size
+        with open(path, "rb") as fh:
+            if fh.read(2) != GZIP_MAGIC:
+                return path.stat().st_size
+            fh.seek(-4, 2)
+            return int.from_bytes(fh.read(4), "little")
 
     by_size: dict[int, list[Path]] = {}
     for given in seen.values():
@@ -147,7 +145,7 @@ def _refuse_repeated_inputs(inputs: list[Path]) -> None:
         for given in same_size if len(same_size) > 1 else ():
             digest = hashlib.sha256()
             try:
-                with (gzip.open(given, "rb") if gzipped(given) else open(given, "rb")) as fh:
+                with open_bytes(given) as fh:
                     for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
                         digest.update(chunk)
             except (OSError, EOFError, gzip.BadGzipFile):

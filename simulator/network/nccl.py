@@ -330,6 +330,11 @@ def graphs(sys: NcclSystem, n_nodes: int, ppn: int, tuning: NcclTuning | None = 
     return _graphs(sys, n_nodes, ppn)
 
 
+def _group_nics(sys: NcclSystem, ppn: int) -> int:
+    """The NICs of each node a group with ``ppn`` GPUs a node gets: those local to its GPUs (see _graphs)."""
+    return max(1, round(sys.nics_per_node * min(ppn, sys.gpus_per_node) / sys.gpus_per_node))
+
+
 @lru_cache(maxsize=1024)
 def _graphs(sys: NcclSystem, n_nodes: int, ppn: int) -> dict[str, Graph]:
     """Per-algorithm graph (§4.2, §6.1-6.4, §8.1), simplified from search.cc: the best speed of the
@@ -359,7 +364,7 @@ def _graphs(sys: NcclSystem, n_nodes: int, ppn: int) -> dict[str, Graph]:
         # a group with fewer GPUs per node than the node has (Megatron's DP group under TP: one
         # GPU per node at tp8) shares the node's NICs with the sibling groups that run at the same
         # time (every TP rank reduces its gradients together), each on its own rails.
-        nics = max(1, round(sys.nics_per_node * min(ppn, sys.gpus_per_node) / sys.gpus_per_node))
+        nics = _group_nics(sys, ppn)
         best = None
         for s in ladder:
             c = min(MAX_SEARCH_CHANNELS, nics * int(nic // s + 1e-9), int(nvl // s))
@@ -524,7 +529,7 @@ def _tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: Nccl
                 # node's reduced data leaves through its NICs, at least 2(m-1)/m of the buffer
                 # over m nodes (S once where the switch reduces: CollNet/SHARP), so algbw <= the
                 # node's NIC egress x m / (2(m-1)). B200 on 2 nodes: 408 GB/s over 8 x 50.
-                nics = max(1, round(sys.nics_per_node * min(ppn, sys.gpus_per_node) / sys.gpus_per_node))
+                nics = _group_nics(sys, ppn)
                 egress = nics * min(sys.nic_GBps, sys.pcie_GBps)
                 crossings = 1.0 if algo.startswith("collnet") or algo == "nvls" else 2 * (n_nodes - 1) / n_nodes
                 algbw = min(algbw, egress / crossings)

@@ -227,31 +227,26 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             kinds = {m.is_moe and L >= m.num_dense_layers for L in layers}
             if kinds:
                 row["recompute_working_set_gib"] = max(recompute_extra[k] for k in kinds) / GIB
-        if z >= 3 and p.fsdp_reshard_after_forward and shard > 1:
-            # Resharded after forward: the unit computing and the fsdp_prefetch units gathered
-            # ahead of it are whole at once (beside the rank's shard), the largest of them at the
-            # worst moment. torchtitan also wraps the embedding, final norm and output head in
-            # the root module (parallelize_llama apply_fsdp: fully_shard(model)), whose forward
-            # and backward span the whole step, so those stay gathered throughout.
+        if z >= 3 and shard > 1:
+            # The FSDP units the rank holds (-1: the embedding, num_layers: the head), each gathered
+            # whole (bf16; 1 byte for FP8 linears under the FP8 all-gather) beside its shard.
             last = len(prog.position_layers) - 1
             units = [L for q in positions for L in ([-1] if q == 0 else []) + list(prog.position_layers[q])
                      + ([m.num_layers] if q == last else [])]
-
-            def unit_bytes(L: int) -> float:
-                return prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes)
-
-            root = [L for L in units if L in (-1, m.num_layers)] if sc.framework == "torchtitan" else []
-            rest = sorted((unit_bytes(L) for L in units if L not in root), reverse=True)
-            working = sum(unit_bytes(L) for L in root) + sum(rest[:1 + p.fsdp_prefetch])
-            row["gathered_parameters_gib"] = working * (1 - 1 / shard) / GIB
-        if z >= 3 and not p.fsdp_reshard_after_forward and shard > 1:
-            # Not resharded after forward: every unit the rank ran forward stays gathered until its
-            # backward, so at the turn from forward to backward the rank holds all of them (the
-            # gather's bytes: bf16, 1 byte for FP8 linears under the FP8 all-gather) beside its shard.
-            last = len(prog.position_layers) - 1
-            units = [L for q in positions for L in ([-1] if q == 0 else []) + list(prog.position_layers[q])
-                     + ([m.num_layers] if q == last else [])]  # -1: the embedding, num_layers: the head
-            gathered = sum(prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes) for L in units)
+            unit_bytes = {L: prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes) for L in units}
+            if p.fsdp_reshard_after_forward:
+                # Resharded after forward: the unit computing and the fsdp_prefetch units gathered
+                # ahead of it are whole at once, the largest of them at the worst moment. torchtitan
+                # also wraps the embedding, final norm and output head in the root module
+                # (parallelize_llama apply_fsdp: fully_shard(model)), whose forward and backward
+                # span the whole step, so those stay gathered throughout.
+                root = [L for L in units if L in (-1, m.num_layers)] if sc.framework == "torchtitan" else []
+                rest = sorted((b for L, b in unit_bytes.items() if L not in root), reverse=True)
+                gathered = sum(unit_bytes[L] for L in root) + sum(rest[:1 + p.fsdp_prefetch])
+            else:
+                # Not resharded after forward: every unit the rank ran forward stays gathered until
+                # its backward, so at the turn from forward to backward the rank holds all of them.
+                gathered = sum(unit_bytes.values())
             row["gathered_parameters_gib"] = gathered * (1 - 1 / shard) / GIB
         if sc.framework == "torchtitan" and last_position in positions:
             # The loss's backward working set beside what it keeps (loss_bytes_per_logit),
