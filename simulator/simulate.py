@@ -142,6 +142,7 @@ def _steady_timeline(sc: Scenario, profile: Profile, topo: TopologySpec, sched: 
         engine = Engine(prog_s, make_network(sc, topo, profile), mode="reduced", plan=build_plan(prog_s),
                         sm_count=profile.compute.sm_count,
                         contention_scale=measured_excess_scale(profile.compute.overlap_fits, profile.compute.sm_count))
+        engine.describe_waits = rows  # (rows=False: extend reads the waits' times and causes only)
         out = run_short(engine, short, cut, rows=rows)
         if out is not None or tried:
             return out
