@@ -709,18 +709,18 @@ class FlowNetwork:
 
     def _log_isolated_bytes(self, plan: _RPlan, size: float) -> None:
         """The link bytes of a collective that ran alone (its isolated schedule): each phase puts
-        ``size * link_coef`` on its links, so only its byte count is summed here, and the links get
-        ``sum * link_coef`` when link_bytes is read. Per collective that is one addition per phase,
-        not a value per link: in full mode one collective stands for every replica's flows, and
-        logging per link made the loop's cost per event grow with the world (16,384 GPUs: ~0.2 s of
-        a 0.36 s loop). The link totals equal the per-collective sums to float rounding (~1e-16)."""
-        acc = self._phase_bytes
-        for ph in plan.phases:
-            hit = acc.get(id(ph))
-            if hit is None:
-                acc[id(ph)] = [ph, size]  # (holds the phase: its id stays its own)
-            else:
-                hit[1] += size
+        ``size * link_coef`` on its links, so only its byte count is summed here, per plan (each
+        phase belongs to one plan, so every phase sums the same sizes in the same order as a sum
+        per phase did), and the links get ``sum * link_coef`` when link_bytes is read. Per
+        collective that is one addition, not a value per link: in full mode one collective stands
+        for every replica's flows, and logging per link made the loop's cost per event grow with
+        the world (16,384 GPUs: ~0.2 s of a 0.36 s loop). The link totals equal the
+        per-collective sums to float rounding (~1e-16)."""
+        hit = self._phase_bytes.get(id(plan))
+        if hit is None:
+            self._phase_bytes[id(plan)] = [plan, size]  # (holds the plan: its id stays its own)
+        else:
+            hit[1] += size
 
     def start(self, env: simpy.Environment, req: CollectiveRequest) -> simpy.Event:
         _, plan, size, time_s = self._resolved(env, req)
@@ -846,7 +846,7 @@ class FlowNetwork:
         # (link ids, bytes) added to _link_bytes later, in this order (see _flush_bytes)
         self._bytes_log: list[tuple[np.ndarray, np.ndarray]] = []
         self._bytes_log_n = 0  # values in it
-        # id(phase) -> [phase, bytes]: the sizes of the collectives run alone, per phase (see
+        # id(plan) -> [plan, bytes]: the sizes of the collectives run alone, per plan (see
         # _log_isolated_bytes); added to _link_bytes by _flush_bytes
         self._phase_bytes: dict[int, list] = {}
         self._t_first: float | None = None
@@ -1095,8 +1095,9 @@ class FlowNetwork:
         acc = self._phase_bytes
         if acc:
             lb = self._link_bytes
-            for ph, size in acc.values():
-                lb[ph.link_ids] += size * ph.link_coef  # (a phase's link ids are distinct)
+            for plan, size in acc.values():
+                for ph in plan.phases:
+                    lb[ph.link_ids] += size * ph.link_coef  # (a phase's link ids are distinct)
             acc.clear()
         log = self._bytes_log
         if len(log) == 1:
