@@ -175,9 +175,9 @@ def plan_cut(full: PipelineSchedule, build: Callable[[int], PipelineSchedule]) -
 NO_REPEAT_TRIES = 12
 # The most microbatches the short runs of one step simulate together, as a fraction of the
 # step's: short runs that do not verify cost at most this much of a plain run on top of it.
-# 3/4 rather than 1/2: an interleaved 1F1B step needs warm-up, one settling period, two
-# observed periods and cool-down simulated, about 2(v+1)/v + 3 periods of pp microbatches,
-# and the published rows have 8 or 9 periods (Megatron 310.1B: 96 of 144, 529.6B: 210 of 280).
+# 3/4 rather than 1/2: an interleaved 1F1B step needs warm-up, two observed periods and
+# cool-down simulated (about 5 periods of pp microbatches; round 19 also a settling period),
+# and the published rows have 7 to 9 periods (Megatron 310.1B: 80 of 144, 529.6B: 175 of 280).
 MAX_SHORT_FRACTION = 0.75
 
 # An action label's microbatch (group 3) or "mb<n>" (group 4).
