@@ -125,5 +125,7 @@ def test_idle_share_falls_while_bubble_time_grows():
     rb = ra.model_copy(update={"bubble_fraction": ra.bubble_fraction * 0.8,
                                "step_breakdown_s": {**ra.step_breakdown_s, "bubble": bubble_s * 1.2}})
     rows = {label: (change, cls) for label, _, _, change, cls in metric_rows(ra, rb)}
-    assert rows["pipeline idle, share of step"] == ("-20.0%", "better")
+    # a share's change in percentage points, then relative
+    points = 100 * (rb.bubble_fraction - ra.bubble_fraction)
+    assert rows["pipeline idle, share of step"] == (f"{points:+.1f} points (-20.0%)", "better")
     assert rows["bubble time"] == ("+20.0%", "worse")

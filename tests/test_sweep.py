@@ -273,6 +273,7 @@ def test_cli_json_table_and_escaped_dashboard(tmp_path, reference):
     assert res.exit_code == 0, res.output
     obj = json.loads(res.stdout)
     assert obj["simulated"] == 3 and obj["newly_simulated"] == 0
+    assert obj["store"] == str(store)
     assert len(obj["top"]) == 3 and obj["top"][0]["rank"] == 1
     assert any("<img src=x" in r for r in obj["pruned"])
     assert obj["agreement"]["n"] == 3
@@ -285,6 +286,8 @@ def test_cli_json_table_and_escaped_dashboard(tmp_path, reference):
     res = CliRunner().invoke(sweep_app, args + ["--no-dashboard"])
     assert res.exit_code == 0, res.output
     assert "top 3 by simulated tokens_per_s" in res.stdout and "pruned before simulation" in res.stdout
+    # the store a re-run reuses is named (it is written whether or not --store was given)
+    assert f"results store: {store} " in res.stdout
 
 
 def test_cli_flags_alone_and_bad_flags():

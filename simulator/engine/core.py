@@ -138,12 +138,13 @@ class _Queue:
 class _Rendezvous:
     """Collects the simulated members of a group; the last arrival starts the collective."""
 
-    __slots__ = ("needed", "arrived", "done")
+    __slots__ = ("needed", "arrived", "done", "arrivals")
 
     def __init__(self, needed: int, done: simpy.Event):
         self.needed = needed
         self.arrived = 0
         self.done = done
+        self.arrivals: list[tuple[int, float]] = []  # (rank, time), kept only for a wait log
 
 
 class _Rows:
@@ -720,9 +721,19 @@ class Engine:
             rv = _Rendezvous(needed, self.env.event())
             self.rdv[key] = rv
         rv.arrived += 1
+        log = self.wait_log
+        if log is not None:
+            rv.arrivals.append((rank, self.env.now))
         if rv.arrived == rv.needed:
             del self.rdv[key]
             start = self.env.now
+            if log is not None:
+                # Each earlier member waited on the last one (what-if's "who waits on whom"
+                # subtracts these clean-run waits, as SplitEngine logs the perturbed run's).
+                base = BASE_DIM[dim]
+                for r, t in rv.arrivals[:-1]:
+                    if start > t:
+                        log.append((r, rank, base, start - t))
             net_ev = self.net.start(self.env, req)
             # (when the transfer started, and who arrived last: a member's wait before it is
             # waiting on that peer's compute, not communication)

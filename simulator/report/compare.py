@@ -135,6 +135,10 @@ def metric_rows(a: "Report", b: "Report") -> list[tuple[str, str, str, str, str]
                 continue  # a dimension neither side uses
             rel = (vb - va) / abs(va) if va else float("inf")
             change = f"{rel:+.1%}" if va else "new"
+            if fmt.endswith("%}"):
+                # A share's change in percentage points first: "-11.2%" of an MFU of 30.6% reads
+                # as 11 points; it is 3.4.
+                change = f"{100 * (vb - va):+.1f} points" + (f" ({rel:+.1%})" if va else "")
             cls = ""
             if direction and abs(rel) >= REL_TOL:
                 cls = "better" if (rel > 0) == (direction > 0) else "worse"

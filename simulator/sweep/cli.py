@@ -179,9 +179,12 @@ def sweep_command(
     if as_json:
         obj = out.to_json()
         obj["dashboard"] = str(dash_path) if dash_path else None
+        obj["store"] = str(store_path)
         print(json.dumps(_finite(obj)))
     else:
         print_sweep(out)
+        # (the store is written whether or not asked for: say where, and what it is for)
+        print(f"results store: {store_path} (a re-run reuses its points; --store PATH to put it elsewhere)")
         if dash_path:
             print(f"dashboard: {dash_path}")
     if out.crashes:

@@ -13,7 +13,7 @@ def whatif_lines(w: dict) -> list[str]:
         out.append("  exposed comm change: " + ", ".join(f"{d} {v:+.4f} s" for d, v in deltas.items()))
     chain = w.get("wait_chain") or []
     if chain:
-        out.append("  who waits on whom (from the perturbed ranks outward):")
+        out.append("  who waits on whom, beyond the clean step (from the perturbed ranks outward):")
         for h in chain[:8]:
             out.append(f"    {'  ' * (h['depth'] - 1)}rank {h['rank']} (x{h['ranks']}) waited {h['wait_s']:.4f} s on rank "
                        f"{h['waited_on']} in {h['dim']}")
