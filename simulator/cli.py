@@ -8,6 +8,7 @@ logs go to stderr.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -250,7 +251,7 @@ def simulate(
     spine_oversubscription: Optional[float] = typer.Option(None, "--spine-oversubscription", help="Spine layer down:up bandwidth ratio towards the core (1 = full bisection).", rich_help_panel="Hardware what-ifs"),
     peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="GPU peak dense BF16 TFLOP/s, MFU's denominator (H100 SXM: 989); FP8 GEMMs run at the profile's FP8 peak.", rich_help_panel="Hardware what-ifs"),
     hbm_GBps: Optional[float] = typer.Option(None, "--hbm-GBps", help="GPU memory (HBM) bandwidth, GByte/s (H100 SXM: 3350).", rich_help_panel="Hardware what-ifs"),
-    hbm_gib: Optional[float] = typer.Option(None, "--hbm-gib", help="GPU memory capacity, GiB (H100 SXM: 80).", rich_help_panel="Hardware what-ifs"),
+    hbm_gib: Optional[float] = typer.Option(None, "--hbm-gib", help="GPU memory capacity, GiB (H100 SXM 80 GB: 79.6, what the driver reports).", rich_help_panel="Hardware what-ifs"),
     set_: list[str] = typer.Option([], "--set", help="Override any field, dotted: --set parallelism.grad_bucket_params=1e8, --set model.num_layers=4, --set cluster.topology.node.nic_gbps=200, --set cluster.gpu.compute.peak_tflops=500. Applied after the flags.", rich_help_panel="Hardware what-ifs"),
     # --- how and what to write
     network: Optional[str] = typer.Option(None, "--network", help="flow (default: flows sharing links max-min fairly) or alpha-beta (per-tier formulas, faster)."),
@@ -300,6 +301,12 @@ def simulate(
     what_ifs = dict(nic_gbps=nic_gbps, nvlink_GBps=nvlink_GBps, leaf_oversubscription=leaf_oversubscription,
                     spine_oversubscription=spine_oversubscription, peak_tflops=peak_tflops, hbm_GBps=hbm_GBps,
                     hbm_gib=hbm_gib)
+    for k, v in what_ifs.items():
+        # Checked here so the error names the flag, not the topology/profile field it sets.
+        low, what = (1.0, "at least 1 (1 = non-blocking)") if k.endswith("oversubscription") else (0.0, "a positive number")
+        if v is not None and (not math.isfinite(v) or v < low or (low == 0.0 and v == 0.0)):
+            flag = "--" + k.replace("_", "-")
+            raise UserError(f"{flag} {v:g}: give {what}")
     overrides.update({WHAT_IF_FIELDS[k]: v for k, v in what_ifs.items()})
     overrides.update(_parse_set(set_))
     if scenario is not None and not scenario.exists():

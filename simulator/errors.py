@@ -36,6 +36,17 @@ def did_you_mean(word: str, choices) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def did_you_mean_name(word: str, names) -> str:
+    """' (did you mean ...?)' for a name typed short or in another case: the shipped names it
+    begins (h100 -> h100-hbm2e-96gb, h100-sxm-80gb, ...; H100 the same), else a near miss."""
+    names = [str(n) for n in names]
+    w = str(word).strip().lower()
+    starts = [n for n in names if w and n.lower().startswith(w)] or [n for n in names if w and w in n.lower()]
+    if len(starts) == 1 or (starts and len(starts) <= 4):
+        return f" (did you mean {' or '.join(repr(n) for n in starts)}?)"
+    return did_you_mean(w, names)
+
+
 def _models_in(annotation) -> list:
     """Pydantic model classes an annotation allows (through Optional, unions, Annotated, lists)."""
     import types

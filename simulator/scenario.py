@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator.profile import Profile, load_profile
-from simulator.errors import UserError, Whole, check_document_kind, did_you_mean, path_exists, read_json, read_yaml, validation_error_line
+from simulator.errors import UserError, Whole, check_document_kind, did_you_mean, did_you_mean_name, path_exists, read_json, read_yaml, validation_error_line
 from simulator.topology.spec import TopologySpec, first_validation_error, load_topology
 from simulator.whatif.perturbations import Perturbations
 
@@ -541,7 +541,8 @@ def resolve_model(name_or_path: str) -> ModelConfig:
     if path.suffix == ".json" or path_exists(path):
         return model_from_hf_config(path)
     raise UserError(
-        f"unknown model {name_or_path!r}: use a preset ({', '.join(MODEL_PRESETS)}) or a path to a HuggingFace config.json"
+        f"unknown model {name_or_path!r}{did_you_mean_name(str(name_or_path), MODEL_PRESETS)}: use a preset "
+        f"({', '.join(MODEL_PRESETS)}) or a path to a HuggingFace config.json"
     )
 
 

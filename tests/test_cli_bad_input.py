@@ -377,3 +377,18 @@ def test_an_output_path_ending_in_a_slash_names_a_folder(tmp_path, tiny, args, f
     p = clustersim(args, tmp_path)
     assert_one_line_error(p, rf"^error: {flag} path 'out/' names a folder: name a file inside it, e\.g\. '{example}'$")
     assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--nic-gbps", "-1"], r"--nic-gbps -1: give a positive number$"),
+    (["--nvlink-GBps", "0"], r"--nvlink-GBps 0: give a positive number$"),
+    (["--leaf-oversubscription", "0.5"], r"--leaf-oversubscription 0.5: give at least 1 \(1 = non-blocking\)$"),
+    (["--slow-gpu", "3=0"], r"--slow-gpu 3=0: got 0\.0: write a number at least 0\.01$"),
+    (["--slow-link", "uplink:0=0"], r"--slow-link uplink:0=0: got 0\.0: write a number at least 0\.01$"),
+])
+def test_bad_flag_values_are_named_as_typed(tmp_path, tiny, flags, match):
+    # Were named by the field they set: "scenario: cluster.topology: node.nic_gbps: Input should
+    # be greater than 0", "what-if flags: perturbations.gpus.0.speed: ...".
+    p = clustersim(["simulate", tiny, "--no-dashboard", *flags], tmp_path)
+    assert_one_line_error(p, match)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["tiny.yaml"]

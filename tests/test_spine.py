@@ -164,7 +164,11 @@ def test_huggingface_configs_resolve(name, layers, experts):
     ({"model": str(DATA / "hf" / "bert.json")}, r"model_type 'bert' in .* is not supported: supported are gpt2, llama"),
     ({"model": str(DATA / "hf" / "truncated.json")}, r"is not valid JSON \(.*\): fix the file"),
     ({"model": str(DATA / "hf" / "llama_missing_key.json")}, r"lacks 'intermediate_size': add it or use a preset"),
-    ({"cluster": {"gpus": 64, "gpu": "b300"}}, r"unknown GPU profile 'b300': use one of a100-.*h100-sxm-80gb.* or a path to a profile JSON"),
+    ({"cluster": {"gpus": 64, "gpu": "b300"}}, r"unknown GPU profile 'b300' \(did you mean 'b200'\?\): use one of a100-.*h100-sxm-80gb.* or a path to a profile JSON"),
+    # a name typed short or in capitals: the shipped names it begins
+    ({"cluster": {"gpus": 64, "gpu": "H100"}}, r"unknown GPU profile 'H100' \(did you mean 'h100-hbm2e-96gb' or 'h100-sxm-80gb' or 'h100-sxm-80gb-p5-efa'\?\)"),
+    ({"cluster": {"gpus": 64, "gpu": "h200"}}, r"unknown GPU profile 'h200' \(did you mean 'h200-sxm-141gb'\?\)"),
+    ({"model": "llama-70b"}, r"unknown model 'llama-70b' \(did you mean 'llama3-70b'\?\)"),
 ])
 def test_bad_scenarios_name_the_value_and_the_fix(over, match):
     with pytest.raises(UserError, match=match):

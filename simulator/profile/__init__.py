@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from simulator.data import data_dir
-from simulator.errors import UserError, check_document_kind, path_exists, read_json, validation_error_line
+from simulator.errors import UserError, check_document_kind, did_you_mean_name, path_exists, read_json, validation_error_line
 
 PROFILE_SCHEMA_VERSION = 1
 CALIBRATION_DIR = data_dir("profiles")
@@ -359,7 +359,8 @@ def load_profile(name_or_path: "str | Path | Profile") -> Profile:
                             f"(.json): give the path of a profile .json, or a shipped name ({', '.join(available_profiles())})")
         if not path_exists(path):
             raise UserError(
-                f"unknown GPU profile {str(name_or_path)!r}: use one of {', '.join(available_profiles())} or a path to a profile JSON"
+                f"unknown GPU profile {str(name_or_path)!r}{did_you_mean_name(str(name_or_path), available_profiles())}: "
+                f"use one of {', '.join(available_profiles())} or a path to a profile JSON"
             )
     data = read_json(path, "GPU profile file", fix="fix or re-calibrate it")
     if isinstance(data, dict) and isinstance(data.get("schema_version"), int) and data["schema_version"] > PROFILE_SCHEMA_VERSION:

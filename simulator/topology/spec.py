@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from simulator.data import data_dir
-from simulator.errors import UserError, check_document_kind, path_exists, read_yaml, validation_error_line
+from simulator.errors import UserError, check_document_kind, did_you_mean_name, path_exists, read_yaml, validation_error_line
 
 TOPOLOGY_DIR = data_dir("topologies")
 
@@ -177,7 +177,7 @@ def load_topology(name_or_path: "str | Path | TopologySpec") -> TopologySpec:
                             f"({', '.join(available_topologies())})")
         if not path_exists(path):
             raise UserError(
-                f"unknown topology {str(name_or_path)!r}: use one of "
+                f"unknown topology {str(name_or_path)!r}{did_you_mean_name(str(name_or_path), available_topologies())}: use one of "
                 f"{', '.join(available_topologies())} or a path to a YAML file"
             )
     data = read_yaml(path, "topology file")

@@ -96,4 +96,17 @@ def merge_perturbations(sc, flags: dict[str, Any]):
     try:
         return Scenario.model_validate(data).check()
     except ValidationError as exc:
-        raise UserError(f"what-if flags: {validation_message(exc, Scenario)}") from None
+        msg = validation_message(exc, Scenario)
+        loc = exc.errors()[0].get("loc", ()) if exc.errors() else ()
+        # Name the flag the user typed (--slow-gpu 515=0), not the list entry it became
+        # (perturbations.gpus.0.speed); entries the scenario file already had come first.
+        if len(loc) >= 3 and loc[0] == "perturbations" and loc[1] in ("gpus", "links") and isinstance(loc[2], int):
+            before = len((sc.model_dump(mode="json").get("perturbations") or {}).get(loc[1]) or [])
+            i = loc[2] - before
+            if 0 <= i < len(flags.get(loc[1], [])):
+                entry = flags[loc[1]][i]
+                typed = (f"--slow-gpu {'node:' if 'node' in entry else ''}{entry.get('node', entry.get('rank'))}={entry['speed']:g}"
+                         if loc[1] == "gpus" else f"--slow-link {entry['name']}={entry['bandwidth']:g}")
+                field = ".".join(str(x) for x in loc)
+                raise UserError(f"{typed}: {msg.replace(field + ': ', '', 1)}") from None
+        raise UserError(f"what-if flags: {msg}") from None
