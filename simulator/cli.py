@@ -170,6 +170,29 @@ def _parse_set(values: list[str]) -> dict:
 # simulate
 # ---------------------------------------------------------------------------------------------
 
+
+def _note_uneven_layer_split(sc) -> None:
+    """Say so when the layers do not split evenly over the pipeline positions (pp x vpp) and no
+    split was given: the first and last positions get fewer (split_layers), which Megatron's
+    --num-layers-per-virtual-pipeline-stage would refuse and which shows up as stage imbalance."""
+    p = sc.parallelism
+    positions = p.pp * p.vpp
+    if positions <= 1 or p.pp_layer_split is not None or p.account_for_embedding_in_pipeline_split \
+            or p.account_for_loss_in_pipeline_split or sc.schedule_file:
+        return
+    layers = sc.model.num_layers
+    if layers % positions == 0:
+        return
+    from simulator.workload.program import split_layers
+
+    counts = [len(x) for x in split_layers(layers, positions)]
+    shown = str(counts) if positions <= 32 else f"{min(counts)} to {max(counts)} each"
+    even = [v for v in range(2, layers // p.pp + 1) if layers % (p.pp * v) == 0] if layers % p.pp == 0 else []
+    names = [str(v) for v in even[:4]]
+    other = f"vpp {names[0] if len(names) == 1 else ', '.join(names[:-1]) + ' or ' + names[-1]} splits evenly, or " if names else ""
+    _stderr(f"note: {layers} layers do not split evenly over pp x vpp = {positions} pipeline positions: {shown} "
+            f"layers, the ends short; {other}--set parallelism.pp_layer_split=[...] chooses the split")
+
 # First-class what-if flags -> the topology / profile field they override (the same path works
 # with --set; a named topology or profile becomes a mapping before the change).
 WHAT_IF_FIELDS = {
@@ -330,6 +353,7 @@ def simulate(
             # Megatron interleaves whenever vpp > 1; plain 1F1B has one chunk per rank.
             sc = load_scenario(scenario, dict(overrides, schedule="interleaved-1f1b"))
             _stderr(f"note: vpp={sc.parallelism.vpp}: using schedule interleaved-1f1b, as Megatron does; --schedule chooses another")
+        _note_uneven_layer_split(sc)
         _note_unused_comm_inputs(sc, overrides)
         # Checked before simulating, so a bad output path never costs the result.
         explicit_dashboard = None if dashboard in (None, _DASHBOARD_DEFAULT) else Path(dashboard)

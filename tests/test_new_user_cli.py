@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from simulator.calibrate.published import PUBLISHED, published_set_name
 from simulator.errors import UserError
 from simulator.scenario import load_scenario, model_from_hf_config
 
-from cli_helpers import REPO, assert_one_line_error, clustersim
+from cli_helpers import REPO, TINY_SCENARIO as TINY, assert_one_line_error, clustersim
 
 DATA = REPO / "tests" / "data"
 NCCL_LOG = DATA / "reference" / "nccl-tests" / "p4de-2nodes-16gpu_all_reduce_perf.txt"
@@ -224,3 +225,22 @@ def test_a_gpu_the_topology_does_not_hold_is_noted(tmp_path):
     assert p.returncode == 0, p.stderr
     assert ("note: topology p5-efa has a profile calibrated on its own nccl-tests log: --gpu h100-sxm-80gb-p5-efa "
             "simulates its collectives with those constants") in " ".join(p.stdout.split())
+
+
+def test_uneven_layer_split_is_said(tmp_path):
+    # 6 layers over pp 2 x vpp 2 = 4 positions: the ends get one. Was silent (Megatron's
+    # --num-layers-per-virtual-pipeline-stage refuses such a split; it shows up as imbalance).
+    sc = dict(TINY, model=dict(TINY["model"], num_layers=6), parallelism=dict(TINY["parallelism"], vpp=2),
+              schedule="interleaved-1f1b", batch=dict(TINY["batch"], global_batch_size=16))
+    path = tmp_path / "uneven.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    p = clustersim(["simulate", path, "--no-dashboard"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    note = [line for line in p.stderr.splitlines() if "do not split evenly" in line]
+    assert note == ["note: 6 layers do not split evenly over pp x vpp = 4 pipeline positions: [1, 2, 2, 1] layers, "
+                    "the ends short; vpp 3 splits evenly, or --set parallelism.pp_layer_split=[...] chooses the split"]
+    even = dict(sc, parallelism=dict(sc["parallelism"], vpp=3))
+    path.write_text(yaml.safe_dump(even))
+    p = clustersim(["simulate", path, "--no-dashboard"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "do not split evenly" not in p.stderr
