@@ -410,17 +410,19 @@ class Engine:
             env.process(self._replay(r))
         # The cyclic collector's passes over millions of live rows cost ~20% of the loop's CPU
         # and find next to nothing (cyclic_gc_paused).
-        with cyclic_gc_paused():
-            t_loop = time.perf_counter()
-            env.run()
-            loop_wall_s = time.perf_counter() - t_loop
-        # A stream loop left waiting on its queue holds the engine (its frame's ``self``) from an
-        # event the engine holds: a reference cycle over every plan instruction and event of the
-        # run (2.2 M objects on Megatron 529.6B) that only the cyclic collector could free, and
-        # whose first pass after the run (cyclic_gc_paused) took 0.4 s. Closed, they are freed
-        # by reference counting with the engine.
-        for loop in stream_loops:
-            loop.close()
+        try:
+            with cyclic_gc_paused():
+                t_loop = time.perf_counter()
+                env.run()
+                loop_wall_s = time.perf_counter() - t_loop
+        finally:
+            # A stream loop left waiting on its queue holds the engine (its frame's ``self``) from
+            # an event the engine holds: a reference cycle over every plan instruction and event
+            # of the run (2.2 M objects on Megatron 529.6B) that only the cyclic collector could
+            # free, and whose first pass after the run (cyclic_gc_paused) took 0.4 s. Closed (also
+            # when a run is stopped early), they are freed by reference counting with the engine.
+            for loop in stream_loops:
+                loop.close()
         if len(self.finished) < len(self.ranks):
             stuck = [r for r in self.ranks if r not in self.finished]
             detail = "; ".join(f"rank {r} (pp {int(self.coords[r, 0])}) waits on {self._waiting(r)}" for r in stuck[:6])
@@ -639,6 +641,8 @@ class Engine:
         ev = self.events.get(key)
         if ev is None:
             self.events[key] = _TRIGGERED
+        elif ev.triggered:  # (as succeed() refuses it: a plan that delivers one input twice)
+            raise RuntimeError(f"pipeline event {key} triggered twice")
         elif ev.callbacks:
             ev.succeed()
         else:
