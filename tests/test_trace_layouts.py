@@ -165,7 +165,7 @@ def _calls(rank, start, dur, size, ranks=None, gsize=2, coll="all_reduce"):
     return make_optable({
         "rank": np.asarray(rank, dtype=np.int32), "op_class": pd.Categorical(["communication"] * n),
         "collective": pd.Categorical([coll] * n), "msg_bytes": pd.array([size] * n, dtype="Int64"),
-        "group_size": pd.array([gsize] * n, dtype="Int32"),
+        "group_size": pd.array([gsize if gsize else pd.NA] * n, dtype="Int32"),
         "group_ranks": pd.Categorical(ranks if ranks else [None] * n),
         "start_us": np.asarray(start, float), "dur_us": np.asarray(dur, float)}, n)
 
@@ -187,6 +187,50 @@ def test_concurrent_same_size_calls_of_different_groups_are_not_merged():
     annotate_transfers(amb, mesh=Mesh(tp=2, cp=1, ep=1, dp=2, pp=1))
     assert set(amb["transfer_source"].astype(str)) == {"envelope"} and amb["transfer_us"].tolist() == [100.0] * 4
 
+
+
+def _p2p(rank, coll, peer, start, dur, size=16384):
+    n = len(rank)
+    return make_optable({
+        "rank": np.asarray(rank, dtype=np.int32), "op_class": pd.Categorical(["communication"] * n),
+        "collective": pd.Categorical(coll), "msg_bytes": pd.array([size] * n, dtype="Int64"),
+        "peer": pd.array(peer, dtype="Int32"), "start_us": np.asarray(start, float), "dur_us": np.asarray(dur, float)}, n)
+
+
+def test_send_recv_pair_with_their_peer_on_the_pipeline_group():
+    # pp=4 (ranks 0..3 one pipeline): stage 1 sends forward to 2 and backward to 0, same size; the
+    # peer (c10d dst/src, an index into the group) tells which recv is whose. The forward send is
+    # eager (ends before its recv starts): the transfer runs from the later start to the recv's end.
+    ops = _p2p([1, 2, 1, 0], ["send", "recv", "send", "recv"], [2, 1, 0, 1],
+               [100, 150, 500, 300], [20, 30, 400, 250])
+    annotate_transfers(ops, mesh=Mesh(tp=1, cp=1, ep=1, dp=1, pp=4))
+    assert set(ops["transfer_source"].astype(str)) == {"instance"} and ops["group_size"].tolist() == [2] * 4
+    assert ops["coll_instance"].tolist()[0] == ops["coll_instance"].tolist()[1] != ops["coll_instance"].tolist()[2]
+    # 1->2: recv 150..180, so 30; 1->0: send starts at 500, recv ends at 550, so 50 (rank 0 waited 200)
+    assert ops["transfer_us"].tolist() == [20.0, 30.0, 50.0, 50.0]
+    assert ops["wait_us"].tolist() == [0.0, 0.0, 350.0, 200.0]
+    # without the peer, a 4-rank group cannot say whose recv a send is: the envelope, and why
+    blind = _p2p([1, 2, 1, 0], ["send", "recv", "send", "recv"], [None] * 4, [100, 150, 500, 300], [20, 30, 400, 250])
+    annotate_transfers(blind, mesh=Mesh(tp=1, cp=1, ep=1, dp=1, pp=4))
+    assert set(blind["transfer_source"].astype(str)) == {"envelope"} and set(blind["transfer_why"].astype(str)) == {"ambiguous"}
+
+
+def test_layout_groups_are_checked_against_the_calls_and_pg_config():
+    # tp=2 x pp=2 layout: an all-reduce of unknown size is TP's (pipeline groups carry point-to-point only)
+    ops = _calls([0, 1, 2, 3], [0, 300, 10, 200], [400, 100, 290, 100], 4096, gsize=None)
+    annotate_transfers(ops, mesh=Mesh(tp=2, cp=1, ep=1, dp=1, pp=2))
+    assert ops["coll_instance"].nunique() == 2 and ops["group_size"].tolist() == [2] * 4
+    # calls of an inferred group that never ran together (rank 0 ended before rank 1 started)
+    # are not one instance: the layout is not the job's
+    apart = _calls([0, 1, 2, 3], [0, 300, 10, 200], [100, 100, 290, 100], 4096, gsize=None)
+    annotate_transfers(apart, mesh=Mesh(tp=2, cp=1, ep=1, dp=1, pp=2))
+    assert apart["transfer_why"].tolist()[:2] == ["unmatched"] * 2 and apart["transfer_why"][2:].isna().all()
+    assert apart["transfer_source"].astype(str).tolist() == ["envelope", "envelope", "instance", "instance"]
+    # pg_config lists every group a rank is in: a layout group none of them is was not the job's
+    pg = {r: {"0": (0, 1, 2, 3), "1": (r % 2, r % 2 + 2)} for r in range(4)}
+    other = _calls([0, 1, 2, 3], [0, 300, 10, 200], [400, 100, 290, 100], 4096, gsize=None)
+    annotate_transfers(other, pg, mesh=Mesh(tp=2, cp=1, ep=1, dp=1, pp=2))
+    assert set(other["transfer_why"].astype(str)) == {"not_in_layout"}
 
 
 def test_nccl_rows_no_run_measures_are_named(tmp_path):

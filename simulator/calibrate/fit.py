@@ -40,6 +40,7 @@ from simulator.profile import (
 from simulator.errors import UserError
 from simulator.network.base import CollectiveRequest
 from simulator.topology.spec import TopologySpec, load_topology
+from simulator.trace.collectives import AMBIGUOUS, MEMBERS_MISSING, NO_GROUP, NOT_IN_LAYOUT, UNMATCHED
 
 # compute.parquet 'op' -> op class (the names simulator.workload.ops gives the same work).
 COMPUTE_OP_CLASS = {
@@ -168,7 +169,8 @@ def _read_dir(p: Path, src: Sources, topology: TopologySpec | None, mesh=None) -
             par = m.scenario.get("parallelism", {})
             dims = [d for d in (par.get("tp", 1), par.get("dp", 1) or 1) if d > 1]
             default_group = dims[0] if len(dims) == 1 else None
-        _read_traces(p, src, topology, record=None, ranks_per_host=ranks_per_host, default_group=default_group)
+        # (the --scenario layout, if given, else load_trace takes the bundle's own)
+        _read_traces(p, src, topology, record=None, ranks_per_host=ranks_per_host, default_group=default_group, mesh=mesh)
 
 
 def _read_traces(p: Path, src: Sources, topology: TopologySpec | None, record: dict | None,
@@ -224,12 +226,37 @@ def _read_traces(p: Path, src: Sources, topology: TopologySpec | None, record: d
             ranks_per_host = gpn
         coll["tier"] = np.where(coll["group_size"] <= ranks_per_host, "intra", "inter")
         src.comm.append(coll[["collective", "group_size", "tier", "size_bytes", "time_us"]])
-        n_env = int((coll["source"] == "envelope").sum())
-        if n_env:
-            why = "one rank only" if ops["rank"].nunique() == 1 else "groups not all in the set or not known"
-            src.notes.append(
-                f"{p.name}: {n_env} collective size(s) timed by the lower envelope of their calls ({why}): "
-                "the waiting a single rank cannot see may remain (pass the other ranks' traces, or --scenario for the groups)")
+        note = _envelope_note(p.name, ops, coll)
+        if note:
+            src.notes.append(note)
+
+
+# Why calls were timed by their lower envelope (simulator.trace.collectives.WHY) -> what to do.
+_ENVELOPE_WHY = {
+    NO_GROUP: "their calls record no process group (gloo records none): pass --scenario with the layout the job ran",
+    AMBIGUOUS: "the layout cannot tell their groups (or peers) apart, as several of its dimensions could hold them: "
+               "capture with dimensions of different sizes, or on NCCL, which records each call's group",
+    NOT_IN_LAYOUT: "the layout has no group of their kind and size among the ranks' process groups: "
+                   "give the --scenario the job ran",
+    MEMBERS_MISSING: "their groups' other ranks are not in the set: pass every rank's trace of the job",
+    UNMATCHED: "their calls do not pair up across the group's members (some cut off by the profiling window, or "
+               "a layout that is not the job's): profile whole steps on every rank, and give the --scenario the job ran",
+}
+
+
+def _envelope_note(name: str, ops: pd.DataFrame, coll: pd.DataFrame) -> str | None:
+    """One line when some fitted collective sizes could not be timed from matched instances: how
+    many, why, and what would match them; None when every fitted size came from instances."""
+    env = coll[coll["source"] == "envelope"]
+    c = ops[(ops["op_class"] == "communication") & ops["msg_bytes"].notna() & ops["collective"].notna()
+            & (ops["transfer_source"] == "envelope")]
+    # (calls of one-rank groups wait for nobody: their envelope misses nothing, and no reason is set)
+    whys = [w for w in _ENVELOPE_WHY if w in set(c["transfer_why"].dropna().astype(str))]
+    if env.empty or not whys:
+        return None
+    sizes = len(env[["collective", "size_bytes", "group_size"]].drop_duplicates())
+    return (f"{name}: {sizes} collective size(s) timed by the lower envelope of their calls, so waiting no single rank "
+            f"sees may remain: " + "; ".join(dict.fromkeys(_ENVELOPE_WHY[w] for w in whys)))
 
 
 def _read_nccl_tests(p: Path, src: Sources, topology: TopologySpec | None, collective: str | None = None) -> None:

@@ -535,7 +535,7 @@ class _Collector:
 
 _COLL_ARG_KEYS = (
     K.ARG_COLL_NAME, K.ARG_COLL_DTYPE, K.ARG_IN_NELEMS, K.ARG_OUT_NELEMS, K.ARG_GROUP_SIZE,
-    K.ARG_PG_NAME, K.ARG_PG_RANKS, K.ARG_SEQ, K.ARG_INPUT_DIMS, K.ARG_INPUT_TYPE,
+    K.ARG_PG_NAME, K.ARG_PG_RANKS, K.ARG_SEQ, K.ARG_INPUT_DIMS, K.ARG_INPUT_TYPE, K.ARG_CONCRETE_INPUTS,
 )
 
 
@@ -554,6 +554,7 @@ class _Coll:
     group_ranks: str | None = None
     pg_name: str | None = None
     seq: int | None = None
+    peer: int | None = None  # send/recv: the other side, as its index in the call's process group
     source: str | None = None
     raw_name: str | None = None
 
@@ -606,6 +607,7 @@ def _coll_from_dims(name: str, args: dict, source: str, default_group: int | Non
         if size and numel:
             c.in_bytes = numel * size
     c.group_size = default_group
+    c.peer = _peer_from_args(name, args)
     # The *_base_ c10d ops record both buffers, whose ratio is the group size.
     if name in _C10D_OUT_IN and isinstance(dims, list) and len(dims) >= 2:
         n_out, n_in = _numel_nested(dims[0]), _numel_nested(dims[1])
@@ -625,6 +627,23 @@ def _coll_from_dims(name: str, args: dict, source: str, default_group: int | Non
             elif c.collective in ("all_reduce", "all_to_all", "broadcast"):
                 c.out_bytes = c.in_bytes
     return c
+
+
+# c10d point-to-point ops: (tensors, process_group, dstRank / srcRank, tag). The peer is the other
+# side's rank within the call's process group (torch.distributed.send converts the global rank).
+_C10D_PEER_INDEX = {"c10d::send": 2, "c10d::recv_": 2}
+
+
+def _peer_from_args(name: str, args: dict) -> int | None:
+    k = _C10D_PEER_INDEX.get(name)
+    vals = args.get(K.ARG_CONCRETE_INPUTS)
+    if k is None or not isinstance(vals, list) or k >= len(vals):
+        return None
+    try:
+        v = int(str(vals[k]))
+    except ValueError:
+        return None  # not recorded ("" without record_shapes)
+    return v if v >= 0 else None
 
 
 # c10d ops take (output, input, ...) for these; the rest take the input tensor list first.
@@ -660,7 +679,7 @@ def _merge(primary: _Coll | None, fallback: _Coll | None) -> _Coll | None:
         return fallback
     if fallback is None:
         return primary
-    for f in ("collective", "dtype", "in_bytes", "out_bytes", "msg_bytes", "group_size", "group_ranks", "pg_name", "seq"):
+    for f in ("collective", "dtype", "in_bytes", "out_bytes", "msg_bytes", "group_size", "group_ranks", "pg_name", "seq", "peer"):
         if getattr(primary, f) is None and getattr(fallback, f) is not None:
             setattr(primary, f, getattr(fallback, f))
     return primary
@@ -1093,6 +1112,7 @@ def _coll_columns(colls: dict[int, _Coll], n: int, ts: np.ndarray, stream: np.nd
     granks = [None] * n
     pg = [None] * n
     seq = [pd.NA] * n
+    peer = [pd.NA] * n
     src = [None] * n
     for r, c in colls.items():
         collective[r] = c.collective
@@ -1104,6 +1124,7 @@ def _coll_columns(colls: dict[int, _Coll], n: int, ts: np.ndarray, stream: np.nd
         granks[r] = c.group_ranks
         pg[r] = c.pg_name
         seq[r] = c.seq if c.seq is not None else pd.NA
+        peer[r] = c.peer if c.peer is not None else pd.NA
         src[r] = c.source
     # Without a recorded Seq, number each stream's collectives in start order.
     missing = [r for r in colls if colls[r].seq is None]
@@ -1120,7 +1141,7 @@ def _coll_columns(colls: dict[int, _Coll], n: int, ts: np.ndarray, stream: np.nd
         "collective": collective, "msg_bytes": pd.array(msg, dtype="Int64"),
         "in_msg_bytes": pd.array(inb, dtype="Int64"), "out_msg_bytes": pd.array(outb, dtype="Int64"),
         "group_size": pd.array(gsize, dtype="Int32"), "group_ranks": granks, "pg_name": pg,
-        "seq": pd.array(seq, dtype="Int64"), "coll_source": src,
+        "seq": pd.array(seq, dtype="Int64"), "coll_source": src, "peer": pd.array(peer, dtype="Int32"),
     }
 
 
@@ -1155,11 +1176,16 @@ def _span_issuers(col: _Collector, span_idx: np.ndarray, c10d_idx: np.ndarray, p
     with an identical signature, which carry the same metadata anyway.
     """
     h_ts, h_name = _np(col.h_ts, np.float64), _np(col.h_name, np.int64)
+    h_end = h_ts + _np(col.h_dur, np.float64)
     flags = col.name_flags
     ops = []
     for i in c10d_idx.tolist():
         p = int(parent[i])
-        while p >= 0 and not flags[h_name[p]] & col.F_C10D:
+        # A gloo:send/recv span stays open on the calling thread until its work is waited on, so
+        # the next c10d op (batch_isend_irecv's recv_ after its send) nests in it and, through
+        # it, under the c10d op that issued it although that op had returned: only a c10d op
+        # still running at this one's start issued it.
+        while p >= 0 and not (flags[h_name[p]] & col.F_C10D and h_end[p] >= h_ts[i]):
             p = int(parent[p])
         if p >= 0:
             continue  # issued by an enclosing c10d op, which is the one that pairs

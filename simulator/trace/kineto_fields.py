@@ -62,6 +62,8 @@ ARG_DEVICE = "device"
 ARG_GRID = "grid"
 ARG_INPUT_DIMS = "Input Dims"
 ARG_INPUT_TYPE = "Input type"
+# Scalar arguments of an op as strings ("" for tensors and objects), with record_shapes.
+ARG_CONCRETE_INPUTS = "Concrete Inputs"
 ARG_FLOPS = "flops"
 ARG_SEQUENCE_NUMBER = "Sequence number"
 ARG_RECORD_FUNCTION_ID = "Record function id"

@@ -39,6 +39,26 @@ class TraceSet:
         return float((self.ops["start_us"] + self.ops["dur_us"]).max() - self.ops["start_us"].min())
 
 
+def layout_of_manifest(manifest: Manifest | None):
+    """The parallel layout (placement.Mesh) of the scenario a bundle ran, or None.
+
+    gloo records no process group per collective call, so a capture's groups come from the
+    layout its manifest records (the capture checks torch's device mesh against this Mesh)."""
+    from simulator.topology.placement import DEFAULT_ORDER, Mesh
+
+    par = (manifest.scenario or {}).get("parallelism") if manifest is not None else None
+    if not isinstance(par, dict):
+        return None
+    try:
+        tp, cp, ep, pp = (int(par.get(d) or 1) for d in ("tp", "cp", "ep", "pp"))
+        dp = par.get("dp")
+        dp = int(dp) if dp else manifest.world_size // max(1, tp * cp * pp)
+        mesh = Mesh(tp=tp, cp=cp, ep=ep, dp=dp, pp=pp, order=str(par.get("mesh_order") or DEFAULT_ORDER))
+    except (TypeError, ValueError, UserError):
+        return None  # a layout that is not one: the groups stay unknown, and the note says so
+    return mesh if mesh.world_size == manifest.world_size else None
+
+
 def is_trace_file(p: Path) -> bool:
     return p.is_file() and p.name.endswith(_TRACE_SUFFIXES)
 
@@ -132,7 +152,8 @@ def load_trace(path: str | Path, mesh=None) -> TraceSet:
     torch.profiler's tensorboard_trace_handler output, rank_k/ or worker_k/ subfolders, ...).
 
     mesh (simulator.topology.placement.Mesh): the job's parallel layout, which tells the groups
-    of collectives whose records name none (see simulator.trace.collectives)."""
+    of collectives whose records name none (see simulator.trace.collectives); a bundle's own
+    scenario gives it when none is given."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{str(path)!r} does not exist: give a trace bundle, a Kineto trace file or a folder of them")
@@ -214,7 +235,11 @@ def load_trace(path: str | Path, mesh=None) -> TraceSet:
         # Transfer vs waiting per collective call; groups from the calls' own process-group
         # records, each rank's distributedInfo.pg_config, else the layout (mesh) given.
         pg_by_rank = {t.rank: pg_ranks_from_config([t.distributed_info]) for t in traces}
-        annotate_transfers(ops, pg_by_rank, mesh)
+        world = manifest.world_size if manifest else max((t.world_size for t in traces if t.world_size), default=None)
+        if mesh is not None and world and mesh.world_size != world:
+            raise UserError(f"the scenario's layout has {mesh.world_size} ranks but the traces in {str(path)!r} come from a "
+                            f"job of {world}: give the --scenario that job ran")
+        annotate_transfers(ops, pg_by_rank, mesh if mesh is not None else layout_of_manifest(manifest))
     warn = ([skip_line] if skip_line else []) + [w for t in traces for w in t.warnings]
     for w in warn:
         warnings.warn(w, TraceImportWarning, stacklevel=2)

@@ -45,6 +45,9 @@ OPTABLE_COLUMNS: dict[str, str] = {
     "pg_name": "category",
     "seq": "Int64",               # collective sequence number (Kineto 'Seq', else per rank+stream order)
     "coll_source": "category",    # where the collective metadata came from
+    # send/recv: the other side as the call names it, its index in the call's process group
+    # (c10d::send dstRank, c10d::recv_ srcRank); <NA> elsewhere or unrecorded
+    "peer": "Int32",
     # Collectives only (NaN elsewhere), filled by simulator.trace.collectives when a set is loaded:
     # the transfer part of the call (the instance's last member's start to its end with all ranks;
     # the lower envelope per (collective, size, group) otherwise) and the rest, spent waiting.
@@ -52,6 +55,8 @@ OPTABLE_COLUMNS: dict[str, str] = {
     "wait_us": "float64",
     "coll_instance": "Int64",     # id of the matched instance across ranks (<NA>: not matched)
     "transfer_source": "category",  # "instance" (all members found) or "envelope"
+    # envelope rows: why no instance (simulator.trace.collectives.WHY); <NA> for instances
+    "transfer_why": "category",
     "external_id": "int64",
     "correlation": "int64",
     # CTAs the kernel launched (product of Kineto's args.grid; <NA> where the trace has none): an
