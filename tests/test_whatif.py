@@ -117,6 +117,39 @@ def test_split_symmetry_agrees_with_full_mode_on_256_gpus():
     for d, v in full.report.exposed_comm_s.items():
         assert split.report.exposed_comm_s[d] == pytest.approx(v, rel=1e-3, abs=1e-9)
     assert split.report.bubble_fraction == pytest.approx(full.report.bubble_fraction, rel=1e-3)
+    for k in ("bubble", "imbalance"):  # (measured per replica: the classes' replicas are full mode's)
+        assert split.report.step_breakdown_s[k] == pytest.approx(full.report.step_breakdown_s[k], rel=1e-3, abs=1e-9)
+
+
+def test_slow_gpu_shows_in_its_pp_rank_and_its_replica_alone_is_imbalanced():
+    # tp2 pp4 dp2: rank 5 is pp rank 1 of replica 0. Halved, it makes pp rank 1 the slowest stage
+    # (the clean run's is pp rank 3, with the head) in its own replica only; the other replica
+    # waits for it at the DP reduction. Imbalance was measured against the slowest rank of the
+    # world, so every rank's idle time became imbalance (bubble 3.17 -> 1.61 ms), the pp rank 1
+    # row held one rank in eight, and the finding named pp rank 3.
+    from simulator.report.analysis import BREAKDOWN_KEYS
+    from simulator.report.findings import find
+
+    par = {"tp": 2, "pp": 4, "zero": 1}
+    batch = {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024}
+    res = simulate(_scenario({"gpus": [{"rank": 5, "speed": 0.5}]}, model={**SMALL_MODEL, "num_layers": 8},
+                             parallelism=par, batch=batch, gpus=16))
+    rep, clean = res.report, res.clean.report
+    assert tuple(res.program.mesh.coords[5, :2]) == (1, 0)  # pp rank 1, replica 0
+    row = rep.per_pp_rank[1]
+    assert row["slowest"]["rank"] == 5 and row["slowest"]["ranks"] == 1
+    clean_compute_s = clean.per_pp_rank[1]["compute_s"]
+    assert row["slowest"]["compute_s"] == pytest.approx(clean_compute_s / 0.5, rel=0.02)
+    assert row["compute_s"] < 1.5 * clean_compute_s  # the mean over the pp rank's four ranks
+    bd = rep.step_breakdown_s
+    assert sum(bd[k] for k in BREAKDOWN_KEYS) == pytest.approx(rep.step_time_s, rel=1e-12)
+    assert abs(bd["unattributed"]) < 1e-12
+    # A slower stage lengthens its replica's fill and drain: the bubble does not shrink.
+    assert bd["bubble"] >= clean.step_breakdown_s["bubble"]
+    imbalance = next(f for f in find(res, budget_s=0) if f.kind == "imbalance")
+    assert imbalance.message.startswith("imbalance: pp rank 1 ") and "rank 5" in imbalance.message
+    split = imbalance.suggestions[0].overrides["parallelism.pp_layer_split"]
+    assert split[1] < 2  # layers move off the slow GPU's stage (2 layers a stage now)
 
 
 def test_no_perturbation_classes_are_the_pipeline_ranks():
@@ -242,6 +275,8 @@ def test_split_equals_full_across_parallelisms(model, par, gpus, seq, schedule):
                    batch={"micro_batch_size": 1, "global_batch_size": 32, "seq_length": seq})
     split, full = simulate(sc, mode="reduced"), simulate(sc, mode="full")
     assert split.timeline.step_time_s == pytest.approx(full.timeline.step_time_s, rel=1e-9)
+    for k in ("bubble", "imbalance"):
+        assert split.report.step_breakdown_s[k] == pytest.approx(full.report.step_breakdown_s[k], rel=1e-6, abs=1e-12)
     assert split.report.whatif["delta_s"] > 0
 
 

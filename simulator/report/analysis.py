@@ -9,7 +9,8 @@ is, at every instant of the step, in exactly one of these states, so the parts s
     bubble      waiting on another stage's compute (pipeline fill/drain), or idle after the
                 rank finished while slower ranks still run
     imbalance   the part of that idle time a perfectly balanced pipeline would not have: the
-                slowest rank's compute minus this rank's (capped at its idle time)
+                slowest stage's compute minus this rank's stage's (capped at its idle time); in
+                a what-if run (``stages``), the slowest stage of this rank's own model replica
 
 Every part is measured on its own (compute rows, recorded waits, the tail after the rank's end);
 ``unattributed`` is the step minus their sum and stays ~0 when the engine accounts for every wait.
@@ -34,6 +35,7 @@ from simulator.engine.steady import row_totals
 
 if TYPE_CHECKING:
     from simulator.engine.core import Timeline
+    from simulator.whatif.split import Stages
 
 DIMS = ("tp", "cp", "ep", "pp", "dp")
 CAUSES = ("bubble",) + DIMS
@@ -43,10 +45,13 @@ BREAKDOWN_KEYS = ("compute", "host_launch") + tuple(f"exposed_{d}" for d in DIMS
 EPS_S = 1e-12
 
 
-def rank_breakdown(tl: "Timeline", host_wait_s: dict[int, float] | None = None) -> dict[int, dict[str, float]]:
+def rank_breakdown(tl: "Timeline", host_wait_s: dict[int, float] | None = None,
+                   stages: Stages | None = None) -> dict[int, dict[str, float]]:
     """Per simulated rank: the parts of BREAKDOWN_KEYS (seconds) and ``unattributed``.
     ``host_wait_s``: per pipeline rank, the part of its compute time spent waiting for the host
-    to issue kernels (the plan's, simulator.workload.program.host_launch_wait_s); 0 if None."""
+    to issue kernels (the plan's, simulator.workload.program.host_launch_wait_s); 0 if None.
+    ``stages``: where ranks of one pipeline rank differ (what-if runs), each rank's stage and
+    replica (``simulator.whatif.split.stage_groups``); None: every replica alike, each rank its own stage."""
     step = tl.step_time_s
     waits = getattr(tl, "waits", None)
     ends = getattr(tl, "end_time_s", None) or {}
@@ -67,10 +72,26 @@ def rank_breakdown(tl: "Timeline", host_wait_s: dict[int, float] | None = None) 
         row = {"compute": compute, **{f"exposed_{d}": v for d, v in exposed.items()}, "idle": idle, "optimizer": opt}
         out[r] = row
     max_c = max((row["compute"] for row in out.values()), default=0.0)
+    stage_c: dict[int, float] = {}
+    if stages is not None:
+        # A slow GPU makes its stage peers wait inside every layer (exposed tp/cp/ep, already
+        # counted), so a stage computes as long as its slowest member; and only the stages of
+        # its own replica wait for it through the pipeline (other replicas wait at the DP
+        # reduction, exposed dp). Against the slowest rank of the world every replica's idle
+        # time turned into imbalance, and the tp peers' too.
+        stage_c = {r: max(out[q]["compute"] for q in stages.stage[r] if q in out) for r in out}
+    replica_max: dict[tuple[int, ...], float] = {}  # (full mode: every rank of a replica shares it)
     for r, row in out.items():
         idle = row.pop("idle")
         # (a rank issuing kernels is as busy as one running them: imbalance compares the two together)
-        imb = min(idle, max(0.0, max_c - row["compute"]))
+        if stages is None:
+            imb = min(idle, max(0.0, max_c - row["compute"]))
+        else:
+            peers = stages.replica[r]
+            slowest = replica_max.get(peers)
+            if slowest is None:
+                slowest = replica_max[peers] = max(stage_c[q] for q in peers if q in out)
+            imb = min(idle, max(0.0, slowest - stage_c[r]))
         row["imbalance"] = imb
         row["bubble"] = idle - imb
         waited = host_wait_s.get(tl.pp_rank_of.get(r, 0), 0.0) if host_wait_s else 0.0

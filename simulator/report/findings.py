@@ -342,9 +342,10 @@ def layer_costs(result: "SimulationResult") -> np.ndarray | None:
     return out
 
 
-def best_split(costs: np.ndarray, parts: int) -> list[int]:
+def best_split(costs: np.ndarray, parts: int, factors: Sequence[float] | None = None) -> list[int]:
     """Contiguous split of ``costs`` into ``parts`` non-empty groups minimising the largest group
-    sum (dynamic programming, O(parts · n²))."""
+    sum (dynamic programming, O(parts · n²)); ``factors``: group k's sum counts factors[k] times
+    (a stage on a slower GPU)."""
     n = len(costs)
     pre = np.concatenate([[0.0], np.cumsum(costs)])
     inf = float("inf")
@@ -354,7 +355,7 @@ def best_split(costs: np.ndarray, parts: int) -> list[int]:
     for k in range(1, parts + 1):
         for i in range(k, n - (parts - k) + 1):
             j = np.arange(k - 1, i)
-            vals = np.maximum(best[k - 1, j], pre[i] - pre[j])
+            vals = np.maximum(best[k - 1, j], pre[i] - pre[j] if factors is None else (pre[i] - pre[j]) * factors[k - 1])
             a = int(np.argmin(vals))
             best[k, i], cut[k, i] = vals[a], j[a]
     counts, i = [], n
@@ -365,32 +366,37 @@ def best_split(costs: np.ndarray, parts: int) -> list[int]:
     return counts[::-1]
 
 
-def rank_loads(costs: np.ndarray, counts: Sequence[int], rank_of_position: Sequence[int], ranks: int) -> np.ndarray:
+def rank_loads(costs: np.ndarray, counts: Sequence[int], rank_of_position: Sequence[int], ranks: int,
+               factors: Sequence[float] | None = None) -> np.ndarray:
     """Per pipeline rank, the compute of the layers its positions hold: position i takes the next
-    ``counts[i]`` layers in order and runs on rank ``rank_of_position[i]``."""
+    ``counts[i]`` layers in order and runs on rank ``rank_of_position[i]``; ``factors``: per
+    rank, how many times slower its slowest GPU computes them."""
     edges = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     pre = np.concatenate([[0.0], np.cumsum(costs)])
     loads = np.zeros(ranks)
     np.add.at(loads, np.asarray(rank_of_position), pre[edges[1:]] - pre[edges[:-1]])
-    return loads
+    return loads if factors is None else loads * np.asarray(factors)
 
 
 def balance_positions(costs: np.ndarray, counts: Sequence[int], rank_of_position: Sequence[int], ranks: int,
-                      microbatches: int) -> list[int]:
+                      microbatches: int, factors: Sequence[float] | None = None) -> list[int]:
     """Layers per position (contiguous, in order, each >= 1) for a pipeline where a rank holds
     several positions (interleaved chunks, V shapes), lowering m x (slowest rank's compute per
     microbatch) + (ranks - 1) x (slowest position's): 1F1B's (m + p - 1) x stage time with the
     fill and drain paid per position, so evening out ranks does not pay for a lopsided chunk
     (with one position per rank it is best_split's objective). From ``counts``, repeatedly move
     one layer from one position to another (those between shift by one layer) where that lowers
-    (objective, sum of squared rank loads); stops when no move does. A local search."""
+    (objective, sum of squared rank loads); stops when no move does. A local search.
+    ``factors``: per rank, as in :func:`rank_loads`."""
     cur = list(counts)
     pre = np.concatenate([[0.0], np.cumsum(costs)])
+    slower = None if factors is None else np.asarray(factors)[np.asarray(rank_of_position)]
 
     def score(c: list[int]) -> tuple[float, float]:
-        loads = rank_loads(costs, c, rank_of_position, ranks)
+        loads = rank_loads(costs, c, rank_of_position, ranks, factors)
         edges = np.concatenate([[0], np.cumsum(c)]).astype(np.int64)
-        longest = float((pre[edges[1:]] - pre[edges[:-1]]).max())
+        held = pre[edges[1:]] - pre[edges[:-1]]
+        longest = float((held if slower is None else held * slower).max())
         return microbatches * float(loads.max()) + (ranks - 1) * longest, float((loads ** 2).sum())
 
     best = score(cur)
@@ -432,28 +438,37 @@ def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | 
     if sorted(rank_of) != list(range(positions)) or len(set(rank_of.values())) != sched.num_ranks:
         return None
     rank_of_position = [rank_of[i] for i in range(positions)]
-    comp = [r["breakdown_s"]["compute"] for r in rep.per_pp_rank]
+    # A what-if row's mean dilutes a slow GPU among its pp rank's replicas; the step waits for the
+    # slowest replica of each stage, and max over stages of max over replicas is the slowest stage
+    # of any pipeline, so the stages compare by their slowest ranks.
+    loaded = [r.get("slowest", r) for r in rep.per_pp_rank]
+    comp = [r["breakdown_s"]["compute"] for r in loaded]
     mean = sum(comp) / len(comp)
     slow = int(np.argmax(comp))
     if comp[slow] < (1 + IMBALANCE_SHARE) * mean:
         return None
     costs = layer_costs(result)
+    factors = _stage_slowdowns(result)
     current = [len(x) for x in prog.position_layers]
     if positions == sched.num_ranks and rank_of_position == list(range(positions)):
-        split = best_split(costs, p.pp)
+        split = best_split(costs, p.pp, factors)
     else:
-        split = balance_positions(costs, current, rank_of_position, sched.num_ranks, sc.num_microbatches)
-    now_max = float(rank_loads(costs, current, rank_of_position, sched.num_ranks).max())
-    new_max = float(rank_loads(costs, split, rank_of_position, sched.num_ranks).max())
+        split = balance_positions(costs, current, rank_of_position, sched.num_ranks, sc.num_microbatches, factors)
+    now_max = float(rank_loads(costs, current, rank_of_position, sched.num_ranks, factors).max())
+    new_max = float(rank_loads(costs, split, rank_of_position, sched.num_ranks, factors).max())
     excess = comp[slow] / mean - 1
-    head = f"imbalance: pp rank {slow} computes {excess:.1%} more than the mean ({comp[slow]:.3f} s vs {mean:.3f} s)"
+    row = rep.per_pp_rank[slow]
+    who = (f"; each pp rank's slowest GPU, here rank {loaded[slow]['rank']}, where pp rank {slow}'s mean is "
+           f"{row['breakdown_s']['compute']:.3f} s" if "slowest" in row and comp[slow] > row["breakdown_s"]["compute"] * (1 + 1e-6) else "")
+    head = f"imbalance: pp rank {slow} computes {excess:.1%} more than the mean ({comp[slow]:.3f} s vs {mean:.3f} s{who})"
     if split == current or new_max >= now_max * 0.99:
         return Finding("imbalance", f"{head}; no layer split lowers the slowest stage "
                                     f"(split {current} is already the best for these layer costs).", excess, [])
     over = {"parallelism.pp_layer_split": split}
     s = _fill(Suggestion(f"pp_layer_split={split}", over,
                          note=f"slowest stage {new_max * 1e3:.1f} ms instead of {now_max * 1e3:.1f} ms per microbatch "
-                              "(program's per-layer compute; not simulated)"), budget.simulate(over))
+                              f"(program's per-layer compute{'' if factors is None else ', each stage at its slowest GPU'}; "
+                              "not simulated)"), budget.simulate(over))
     unit = "layers" if positions == sched.num_ranks else "layers; positions are virtual stages, chunk by chunk"
     moved = ", ".join(f"{'pp' if positions == sched.num_ranks else 'position'} {i} {c:+d}"
                       for i, c in enumerate(np.array(split) - np.array(current)) if c)
@@ -468,6 +483,20 @@ def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | 
         msg = (f"{head}Move layers ({moved} {unit}): pp_layer_split {current} → {split}, slowest stage {stages}; "
                f"{_sim_text(s, rep.step_time_s)}.")
     return Finding("imbalance", msg, excess, [s])
+
+
+def _stage_slowdowns(result: "SimulationResult") -> list[float] | None:
+    """Per pipeline rank, its slowest rank's compute over the clean step's (what-if runs: a slow
+    GPU's stage runs its layers that many times slower); None where the ranks are alike."""
+    rows = result.report.per_pp_rank
+    clean = result.clean.report.per_pp_rank if result.clean is not None else []
+    if not rows or len(clean) != len(rows) or any("slowest" not in r for r in rows):
+        return None
+    out = []
+    for r, c in zip(rows, clean):
+        nominal = c["breakdown_s"]["compute"]
+        out.append(r["slowest"]["breakdown_s"]["compute"] / nominal if nominal > 0 else 1.0)
+    return out
 
 
 def _nodes_spanned(result: "SimulationResult", dim: str) -> int:

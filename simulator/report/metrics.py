@@ -14,13 +14,16 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.engine.core import DIMS, Timeline
 from simulator.workload.memory import MemoryReport
 from simulator.workload.program import Program, host_launch_wait_s, host_wait_shares
+
+if TYPE_CHECKING:
+    from simulator.whatif.split import Stages
 
 
 class Report(BaseModel):
@@ -51,7 +54,10 @@ class Report(BaseModel):
     events: int
     mode: str
     setup: dict[str, Any] = Field(default_factory=dict, description="What was simulated (model, GPUs, GPU, topology, layout, schedule, batch, dtype, recompute, TP overlap), so a report read alone (compare a.json b.json) says what it is (set by simulate()).")
-    per_pp_rank: list[dict[str, Any]] = Field(default_factory=list)
+    per_pp_rank: list[dict[str, Any]] = Field(
+        default_factory=list, description="Per pipeline rank: means over its ranks (compute_s, bubble_fraction, exposed_comm_s, "
+        "breakdown_s), memory. What-if runs add slowest: the most loaded simulated rank of that pipeline rank (rank, "
+        "ranks it stands for, compute_s, breakdown_s), since the mean dilutes one slow GPU among its replicas.")
     busiest_links: list[dict[str, Any]] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     step_breakdown_s: dict[str, float] = Field(
@@ -92,15 +98,19 @@ def rank_bubble_fraction(tl: Timeline, rank: int) -> float:
 
 
 def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak_tflops: float, gpus: int,
-                 rank_weight: dict[int, int] | None = None, with_critical_path: bool = True) -> Report:
+                 rank_weight: dict[int, int] | None = None, with_critical_path: bool = True,
+                 stages: "Stages | None" = None) -> Report:
     """``rank_weight``: how many ranks each simulated rank stands for (what-if split mode), so
     means over a pipeline rank weigh each class by its size; default 1 each.
+    ``stages``: where ranks of one pipeline rank differ (what-if), each simulated rank's stage and
+    replica (``simulator.whatif.split.stage_groups``): imbalance is then measured inside each replica, and each
+    ``per_pp_rank`` row gets ``slowest``, its most loaded simulated rank.
     ``with_critical_path``: False leaves ``critical_path`` empty (its walk can cost more than a
     fast-path run's event loop; a findings re-simulation needs only the step's figures)."""
     from simulator.report.analysis import critical_path, rank_breakdown, split_host_launch, summarize_path
 
     step = tl.step_time_s
-    per_rank_bd = rank_breakdown(tl, dict(enumerate(host_launch_wait_s(prog))))
+    per_rank_bd = rank_breakdown(tl, dict(enumerate(host_launch_wait_s(prog))), stages=stages)
     per_pp: dict[int, dict[str, Any]] = {}
     wt = rank_weight or {}
     for r in tl.ranks:
@@ -116,6 +126,11 @@ def build_report(name: str, prog: Program, tl: Timeline, mem: MemoryReport, peak
         for k, v in per_rank_bd[r].items():
             acc[k] = acc.get(k, 0.0) + float(v) * w
         row["compute_s"] += busy * w
+        # The row's figures stay means over the pp rank's ranks (split mode weighs its classes so
+        # they equal full mode's means): one slow GPU moves them by 1 / (ranks of the pp rank),
+        # so the most loaded rank is given beside them, not in their place.
+        if stages is not None and busy > row.get("slowest", {}).get("compute_s", -1.0):
+            row["slowest"] = {"rank": int(r), "ranks": int(w), "compute_s": busy, "breakdown_s": dict(per_rank_bd[r])}
         row["bubble_fraction"] += bubble * w
         for d in DIMS:
             row["exposed_comm_s"][d] += exposed[d] * w

@@ -32,7 +32,7 @@ from simulator.vocabulary import GROUP_DIMS, CollectiveOp, Dim
 from simulator.whatif.goodput import FailurePolicy, goodput
 from simulator.whatif.links import link_factors
 from simulator.whatif.perturbations import Jitter, Perturbations
-from simulator.whatif.split import Classes, SplitEngine, group_index, refine_classes
+from simulator.whatif.split import Classes, SplitEngine, group_index, refine_classes, stage_groups
 from simulator.workload.plan import Compute, Plan
 
 # Lower clip of a normal multiplier: a kernel never takes (near) zero time.
@@ -410,12 +410,16 @@ def simulate_whatif(sc, mode: str = "reduced", progress=None, workers: int = 1):
         if jit is not None:
             answer["distribution"] = distribution(times, jit.seed)
     mem = memory_report(sc, prog, profile.hbm_gib, profile.usable_memory_fraction)
-    weights = None
-    if pert.changes_step and runner.classes is not None:
-        cl = runner.classes
-        weights = {int(r): int(cl.sizes[cl.labels[r]]) for r in cl.reps}
+    weights = stages = None
+    if pert.changes_step:
+        rep_of = np.arange(plan.mesh.world_size)
+        if runner.classes is not None:
+            cl = runner.classes
+            weights = {int(r): int(cl.sizes[cl.labels[r]]) for r in cl.reps}
+            rep_of = cl.reps[cl.labels]
+        stages = stage_groups(plan.mesh, rep_of, perturbed_tl.ranks)
     report = build_report(sc.name, prog, perturbed_tl, mem, profile.compute.peak_tflops, sc.cluster.gpus,
-                          rank_weight=weights)
+                          rank_weight=weights, stages=stages)
     answer["step_time_s"] = perturbed_tl.step_time_s
     answer["delta_s"] = perturbed_tl.step_time_s - clean.timeline.step_time_s
     answer["delta_fraction"] = answer["delta_s"] / clean.timeline.step_time_s

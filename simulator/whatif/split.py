@@ -20,6 +20,7 @@ the classes are the pipeline ranks: reduced mode exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import simpy
@@ -97,6 +98,36 @@ class Classes:
         reps = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
         np.minimum.at(reps, labels, np.arange(labels.size))
         return cls(labels, reps, np.bincount(labels, minlength=n))
+
+
+class Stages(NamedTuple):
+    """Per simulated rank, the simulated ranks (representatives) standing for its *stage* (its
+    TP x CP x EP group: ranks that meet every layer, so the slowest sets the stage's pace) and
+    for its *replica* (every stage of its pipelines: the ranks between which idle time is a
+    pipeline's, short of the DP reduction that ends the step)."""
+    stage: dict[int, tuple[int, ...]]
+    replica: dict[int, tuple[int, ...]]
+
+
+def stage_groups(mesh: Any, rep_of: np.ndarray, simulated: Sequence[int]) -> Stages:
+    """:class:`Stages` of the ``simulated`` ranks; ``rep_of[rank]``: the simulated rank that stands
+    for each rank of the world (what-if split mode: its class's representative). A replica is
+    one data-parallel index of the dense model (dp // ep: EP groups tie the dp ranks of one expert
+    group together every MoE layer)."""
+    c = mesh.coords  # pp, dp, cp, tp, ep
+    rep = np.asarray(rep_of, dtype=np.int64)
+    replica = c[:, 1] // mesh.ep
+    stage = c[:, 0] * (int(replica.max()) + 1) + replica
+
+    def members(key: np.ndarray) -> dict[int, tuple[int, ...]]:
+        out: dict[int, list[int]] = {}
+        for k, r in np.unique(np.stack([key, rep], axis=1), axis=0).tolist():
+            out.setdefault(k, []).append(r)
+        return {k: tuple(v) for k, v in out.items()}
+
+    by_stage, by_replica = members(stage), members(replica)
+    return Stages({int(r): by_stage[int(stage[r])] for r in simulated},
+                  {int(r): by_replica[int(replica[r])] for r in simulated})
 
 
 class _Rendezvous:
