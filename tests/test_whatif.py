@@ -344,3 +344,20 @@ def test_wait_chain_counts_waits_beyond_the_clean_step():
     assert w["wait_chain"], "the perturbed run logs waits"
     # (before: 0.9-1.5 ms a hop, 7-13% of the step, the drain on pp rank 0)
     assert max(h["wait_s"] for h in w["wait_chain"]) <= 2 * w["delta_s"]
+
+
+def test_dp_finding_of_a_slow_gpu_names_the_wait_not_buckets():
+    # Replicas waiting at the gradient all-reduce for a slowed one showed as exposed dp, and the
+    # finding suggested halving or doubling the gradient buckets, which cannot shorten that wait.
+    from simulator.report.findings import find
+
+    par = {"tp": 1, "pp": 1, "zero": 1, "overlap_grad_reduce": True}
+    batch = {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024}
+    slow = simulate(_scenario({"gpus": [{"rank": 5, "speed": 0.5}]}, parallelism=par, batch=batch, gpus=8))
+    w = slow.report.whatif
+    extra = slow.report.exposed_comm_s["dp"] - w["clean_exposed_comm_s"]["dp"]
+    assert extra > 0.5 * slow.report.exposed_comm_s["dp"]
+    dp = [f for f in find(slow, budget_s=0) if f.kind == "exposed-dp"]
+    assert len(dp) == 1 and dp[0].suggestions == []
+    assert f"{extra:.3f} s of it beyond the clean step" in dp[0].message
+    assert "grad_bucket_params" not in dp[0].message

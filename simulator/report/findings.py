@@ -573,6 +573,15 @@ def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     exposed = rep.exposed_comm_s.get("dp", 0.0)
     if sc.dp < 2 or exposed < DP_SHARE * rep.step_time_s:
         return None
+    clean = (rep.whatif or {}).get("clean_exposed_comm_s", {}).get("dp")
+    if clean is not None and exposed - clean > 0.5 * exposed:
+        # A what-if whose perturbation made most of it: the replicas wait at the gradient
+        # reduction for the perturbed one; bucket sizes would not change that.
+        extra = exposed - clean
+        return Finding("exposed-dp", f"exposed dp: {exposed:.3f} s ({exposed / rep.step_time_s:.1%} of the step), "
+                       f"{extra:.3f} s of it beyond the clean step: the other replicas waiting at the gradient "
+                       "reduction for the perturbed one (who waits on whom, below); no bucket size shortens that.",
+                       exposed / rep.step_time_s, [])
     cands: list[tuple[str, dict[str, Any]]] = []
     if not p.overlap_grad_reduce:
         cands.append(("overlap_grad_reduce=true", {"parallelism.overlap_grad_reduce": True}))
