@@ -187,9 +187,8 @@ def _note_uneven_layer_split(sc) -> None:
 
     counts = [len(x) for x in split_layers(layers, positions)]
     shown = str(counts) if positions <= 32 else f"{min(counts)} to {max(counts)} each"
-    even = [v for v in range(2, layers // p.pp + 1) if layers % (p.pp * v) == 0] if layers % p.pp == 0 else []
-    names = [str(v) for v in even[:4]]
-    other = f"vpp {names[0] if len(names) == 1 else ', '.join(names[:-1]) + ' or ' + names[-1]} splits evenly, or " if names else ""
+    even = [str(v) for v in range(2, layers // p.pp + 1) if layers % (p.pp * v) == 0][:4]
+    other = f"vpp {' or '.join(filter(None, [', '.join(even[:-1]), even[-1]]))} splits evenly, or " if even else ""
     _stderr(f"note: {layers} layers do not split evenly over pp x vpp = {positions} pipeline positions: {shown} "
             f"layers, the ends short; {other}--set parallelism.pp_layer_split=[...] chooses the split")
 
@@ -326,10 +325,10 @@ def simulate(
                     hbm_gib=hbm_gib)
     for k, v in what_ifs.items():
         # Checked here so the error names the flag, not the topology/profile field it sets.
-        low, what = (1.0, "at least 1 (1 = non-blocking)") if k.endswith("oversubscription") else (0.0, "a positive number")
-        if v is not None and (not math.isfinite(v) or v < low or (low == 0.0 and v == 0.0)):
-            flag = "--" + k.replace("_", "-")
-            raise UserError(f"{flag} {v:g}: give {what}")
+        ratio = k.endswith("oversubscription")
+        if v is not None and not (math.isfinite(v) and (v >= 1 if ratio else v > 0)):
+            raise UserError(f"--{k.replace('_', '-')} {v:g}: give "
+                            + ("at least 1 (1 = non-blocking)" if ratio else "a positive number"))
     overrides.update({WHAT_IF_FIELDS[k]: v for k, v in what_ifs.items()})
     overrides.update(_parse_set(set_))
     if scenario is not None and not scenario.exists():

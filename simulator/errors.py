@@ -42,7 +42,7 @@ def did_you_mean_name(word: str, names) -> str:
     names = [str(n) for n in names]
     w = str(word).strip().lower()
     starts = [n for n in names if w and n.lower().startswith(w)] or [n for n in names if w and w in n.lower()]
-    if len(starts) == 1 or (starts and len(starts) <= 4):
+    if 0 < len(starts) <= 4:
         return f" (did you mean {' or '.join(repr(n) for n in starts)}?)"
     return did_you_mean(w, names)
 

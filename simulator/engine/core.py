@@ -136,7 +136,8 @@ class _Queue:
 
 
 class _Rendezvous:
-    """Collects the simulated members of a group; the last arrival starts the collective."""
+    """Collects the simulated members of a group; the last arrival starts the collective.
+    Shared by Engine and SplitEngine (simulator.whatif.split)."""
 
     __slots__ = ("needed", "arrived", "done", "arrivals")
 
@@ -144,7 +145,26 @@ class _Rendezvous:
         self.needed = needed
         self.arrived = 0
         self.done = done
-        self.arrivals: list[tuple[int, float]] = []  # (rank, time), kept only for a wait log
+        self.arrivals: list[tuple[int, float]] | None = None  # (rank, time), only for a wait log
+
+    def arrive(self, rank: int, now: float, log: list | None) -> bool:
+        """Count an arrival (kept with its time where waits are logged); True for the last."""
+        self.arrived += 1
+        if log is not None:
+            if self.arrivals is None:
+                self.arrivals = []
+            self.arrivals.append((rank, now))
+        return self.arrived == self.needed
+
+    def log_waits(self, log: list | None, start: float, last: int, dim: str) -> None:
+        """Each earlier member waited on the last one from its arrival to ``start`` (what-if's
+        "who waits on whom", in the clean run and the perturbed one alike)."""
+        if log is None or not self.arrivals:
+            return
+        base = BASE_DIM[dim]
+        for r, t in self.arrivals[:-1]:
+            if start > t:
+                log.append((r, last, base, start - t))
 
 
 class _Rows:
@@ -724,20 +744,11 @@ class Engine:
         if rv is None:
             rv = _Rendezvous(needed, self.env.event())
             self.rdv[key] = rv
-        rv.arrived += 1
-        log = self.wait_log
-        if log is not None:
-            rv.arrivals.append((rank, self.env.now))
-        if rv.arrived == rv.needed:
+        if rv.arrive(rank, self.env.now, self.wait_log):
             del self.rdv[key]
             start = self.env.now
-            if log is not None:
-                # Each earlier member waited on the last one (what-if's "who waits on whom"
-                # subtracts these clean-run waits, as SplitEngine logs the perturbed run's).
-                base = BASE_DIM[dim]
-                for r, t in rv.arrivals[:-1]:
-                    if start > t:
-                        log.append((r, rank, base, start - t))
+            # (what-if subtracts the clean run's waits from the perturbed run's)
+            rv.log_waits(self.wait_log, start, rank, dim)
             net_ev = self.net.start(self.env, req)
             # (when the transfer started, and who arrived last: a member's wait before it is
             # waiting on that peer's compute, not communication)

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
-import simpy
 
-from simulator.engine.core import BASE_DIM, Engine
+from simulator.engine.core import Engine, _Rendezvous
 from simulator.network.base import CollectiveRequest
 from simulator.vocabulary import GROUP_DIMS, CollectiveOp, Dim
 from simulator.workload.plan import Plan
@@ -130,16 +129,6 @@ def stage_groups(mesh: Any, rep_of: np.ndarray, simulated: Sequence[int]) -> Sta
                   {int(r): by_replica[int(replica[r])] for r in simulated})
 
 
-class _Rendezvous:
-    __slots__ = ("needed", "arrived", "done", "arrivals")
-
-    def __init__(self, needed: int, done: simpy.Event):
-        self.needed = needed
-        self.arrived = 0
-        self.done = done
-        self.arrivals: list[tuple[int, float]] = []
-
-
 class SplitEngine(Engine):
     """Reduced mode generalised to arbitrary classes: one simulated representative per class.
 
@@ -229,18 +218,10 @@ class SplitEngine(Engine):
         if rv is None:
             rv = _Rendezvous(self._sig_classes[gkey], env.event())
             self.rdv[key] = rv
-        rv.arrived += 1
-        log = self.wait_log
-        if log is not None:
-            rv.arrivals.append((rank, env.now))
-        if rv.arrived == rv.needed:
+        if rv.arrive(rank, env.now, self.wait_log):
             del self.rdv[key]
             start = env.now
-            if log is not None:
-                base = BASE_DIM[dim]
-                for r, t in rv.arrivals[:-1]:
-                    if start > t:
-                        log.append((r, rank, base, start - t))
+            rv.log_waits(self.wait_log, start, rank, dim)
             net_ev = self.net.start(env, req)
             extra = 0.0
             if self.collective_jitter is not None:
