@@ -1,6 +1,7 @@
 """What-if at scale: slow GPUs, degraded links, jitter, failures; split symmetry against full mode."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -150,6 +151,13 @@ def test_slow_gpu_shows_in_its_pp_rank_and_its_replica_alone_is_imbalanced():
     assert imbalance.message.startswith("imbalance: pp rank 1 ") and "rank 5" in imbalance.message
     split = imbalance.suggestions[0].overrides["parallelism.pp_layer_split"]
     assert split[1] < 2  # layers move off the slow GPU's stage (2 layers a stage now)
+    # The slow GPU's own share is named as the perturbation's, with the GPU as the first remedy.
+    beyond = bd["imbalance"] - clean.step_breakdown_s["imbalance"]
+    assert beyond > 0
+    assert f"{beyond:.3f} s of it beyond the clean step" in imbalance.message
+    assert re.search(r"runs its layers (1\.9\d|2\.0\d)x as long \(replacing or draining that GPU", imbalance.message)
+    clean_imbalance = [f for f in find(res.clean, budget_s=0) if f.kind == "imbalance"]
+    assert all("beyond the clean step" not in f.message for f in clean_imbalance)
 
 
 def test_no_perturbation_classes_are_the_pipeline_ranks():

@@ -472,7 +472,15 @@ def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | 
     unit = "layers" if positions == sched.num_ranks else "layers; positions are virtual stages, chunk by chunk"
     moved = ", ".join(f"{'pp' if positions == sched.num_ranks else 'position'} {i} {c:+d}"
                       for i, c in enumerate(np.array(split) - np.array(current)) if c)
-    head += f"; imbalance costs {rep.step_breakdown_s.get('imbalance', 0.0):.3f} s of the step. "
+    head += f"; imbalance costs {rep.step_breakdown_s.get('imbalance', 0.0):.3f} s of the step"
+    if factors is not None and factors[slow] > 1 + 1e-6 and result.clean is not None:
+        # A what-if's slow GPU: the first remedy is the GPU (replace or drain it); moving layers
+        # off its stage only works around it, and would be wrong once the GPU is healthy again.
+        beyond = rep.step_breakdown_s.get("imbalance", 0.0) - result.clean.report.step_breakdown_s.get("imbalance", 0.0)
+        head += (f", {beyond:.3f} s of it beyond the clean step: pp rank {slow}'s slowest GPU runs its layers "
+                 f"{factors[slow]:.2f}x as long (replacing or draining that GPU removes this part; a layer split "
+                 "only works around it)")
+    head += ". "
     stages = (f"{'' if positions == sched.num_ranks else '(pp rank) '}{now_max * 1e3:.1f} → {new_max * 1e3:.1f} ms "
               "per microbatch")
     if s.simulated and s.predicted_step_s is not None and s.predicted_step_s > rep.step_time_s * (1 - NO_GAIN_SHARE):
