@@ -262,3 +262,8 @@ def test_a_suggestion_not_simulated_says_why():
     rep = attach(res, budget_s=0).report
     notes = [s.get("note") for f in rep.findings for s in f["suggestions"]]
     assert notes and not any("over the time budget" in (n or "") for n in notes)
+    # and the reason reaches the suggestion and its line (it was dropped: "async_tp=true: not simulated.")
+    unsimulated = [s for f in rep.findings for s in f["suggestions"] if not s.get("simulated")]
+    assert unsimulated and all(s.get("note") for s in unsimulated)
+    assert any(s.get("note") == "not simulated (--findings-budget-s 0)" for s in unsimulated)
+    assert any("not simulated (--findings-budget-s 0)" in n for n in rep.notes), rep.notes

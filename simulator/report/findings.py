@@ -167,7 +167,7 @@ class _Budget:
 def _fill(s: Suggestion, rep: "Report | None", why_not: str = "") -> Suggestion:
     """``s`` with the re-simulated figures of ``rep``; where there is none, ``why_not`` (the
     budget's reason) as its note unless it has one."""
-    if rep is None and why_not and s.note is None:
+    if rep is None and why_not and not s.note:  # (a Suggestion's note is "" until set)
         s.note = why_not
     if rep is not None:
         s.predicted_step_s = rep.step_time_s
