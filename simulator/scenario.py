@@ -67,6 +67,12 @@ class ModelConfig(BaseModel):
     # HuggingFace architecture whose eager kernels `implementation: hf-eager` replays (gpt2, opt).
     hf_model_type: str | None = Field(None, description="HuggingFace model_type (gpt2, opt) for hf-eager kernels; None: generic.")
     attention_dropout: float = Field(0.1, ge=0, lt=1, description="Dropout on attention probabilities (hf-eager; 0 launches no kernel).")
+    # Read from a HuggingFace config so that `simulate` can say it is not modelled; excluded from
+    # the dump (the sweep store's keys, reports) because nothing simulated depends on it.
+    sliding_window: Whole | None = Field(
+        None, ge=1, exclude=True,
+        description="Sliding-window attention span in tokens, from a HuggingFace config (not modelled: attention is "
+                    "simulated full-causal over seq_length; simulate notes it when seq_length exceeds it).")
 
     @property
     def kv_heads(self) -> int:
@@ -633,6 +639,10 @@ def model_from_hf_config(path: Path) -> ModelConfig:
             num_kv_heads=opt("num_key_value_heads"), head_dim=opt("head_dim"), vocab_size=need("vocab_size"),
             mlp="swiglu", tied_embeddings=flag("tie_word_embeddings", False),
         )
+        # Sliding-window attention: HF Mistral / Mixtral apply config.sliding_window whenever it is set,
+        # Qwen2 / Qwen3 (and their MoE) only with use_sliding_window (on layers from max_window_layers).
+        if mt in ("mistral", "mixtral") or (mt.startswith("qwen") and flag("use_sliding_window", False)):
+            common["sliding_window"] = opt("sliding_window")
         if mt == "mixtral":
             common.update(num_experts=need("num_local_experts"), top_k=need("num_experts_per_tok"))
         elif mt in ("qwen2_moe", "qwen3_moe"):

@@ -64,3 +64,19 @@ def test_deepseek_moe_layer_freq_is_refused_in_one_line(tmp_path):
     assert_one_line_error(p, r"moe_layer_freq=2 puts dense layers between the expert layers, which is not modelled "
                              r".*: set moe_layer_freq to 1")
     assert sorted(x.name for x in tmp_path.iterdir()) == [path.name]
+
+
+def test_sliding_window_is_said_to_be_not_modelled(tmp_path):
+    # Was ignored silently: Mistral-7B-v0.1's 4,096-token window simulated as full attention at 8,192.
+    path = _variant(tmp_path, "mistral", sliding_window=4096)
+    assert resolve_model(str(path)).sliding_window == 4096
+    # Qwen's window only applies with use_sliding_window (Qwen2.5-7B ships it false)
+    assert resolve_model(str(HF / "qwen25-7b.json")).sliding_window is None
+    base = ["simulate", "--model", path, "--gpus", "8", "--tp", "8", "--pp", "1", "--global-batch-size", "1",
+            "--no-dashboard", "--findings-budget-s", "0", "--json"]
+    p = clustersim(base + ["--seq-length", "8192"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert ("note: sliding_window=4096 in the model config is not modelled: attention is simulated full-causal over "
+            "seq_length=8192 tokens") in p.stderr
+    p = clustersim(base + ["--seq-length", "4096"], tmp_path)
+    assert p.returncode == 0 and "sliding_window" not in p.stderr
