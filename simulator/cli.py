@@ -192,6 +192,16 @@ def _note_uneven_layer_split(sc) -> None:
     _stderr(f"note: {layers} layers do not split evenly over pp x vpp = {positions} pipeline positions: {shown} "
             f"layers, the ends short; {other}--set parallelism.pp_layer_split=[...] chooses the split")
 
+def _note_sliding_window(sc) -> None:
+    """Say so when the model's config asks for sliding-window attention over fewer tokens than a
+    sequence: attention is simulated full-causal (its time and model FLOPs over-counted there)."""
+    w = sc.model.sliding_window
+    if w is not None and sc.batch.seq_length > w:
+        _stderr(f"note: sliding_window={w} in the model config is not modelled: attention is simulated full-causal over "
+                f"seq_length={sc.batch.seq_length} tokens, so its time and FLOPs are over-counted (seq_length ≤ {w} "
+                "is unaffected)")
+
+
 # First-class what-if flags -> the topology / profile field they override (the same path works
 # with --set; a named topology or profile becomes a mapping before the change).
 WHAT_IF_FIELDS = {
@@ -353,6 +363,7 @@ def simulate(
             sc = load_scenario(scenario, dict(overrides, schedule="interleaved-1f1b"))
             _stderr(f"note: vpp={sc.parallelism.vpp}: using schedule interleaved-1f1b, as Megatron does; --schedule chooses another")
         _note_uneven_layer_split(sc)
+        _note_sliding_window(sc)
         _note_unused_comm_inputs(sc, overrides)
         # Checked before simulating, so a bad output path never costs the result.
         explicit_dashboard = None if dashboard in (None, _DASHBOARD_DEFAULT) else Path(dashboard)

@@ -67,6 +67,12 @@ class ModelConfig(BaseModel):
     # HuggingFace architecture whose eager kernels `implementation: hf-eager` replays (gpt2, opt).
     hf_model_type: str | None = Field(None, description="HuggingFace model_type (gpt2, opt) for hf-eager kernels; None: generic.")
     attention_dropout: float = Field(0.1, ge=0, lt=1, description="Dropout on attention probabilities (hf-eager; 0 launches no kernel).")
+    # Read from a HuggingFace config so that `simulate` can say it is not modelled; excluded from
+    # the dump (the sweep store's keys, reports) because nothing simulated depends on it.
+    sliding_window: Whole | None = Field(
+        None, ge=1, exclude=True,
+        description="Sliding-window attention span in tokens, from a HuggingFace config (not modelled: attention is "
+                    "simulated full-causal over seq_length; simulate notes it when seq_length exceeds it).")
 
     @property
     def kv_heads(self) -> int:
@@ -549,6 +555,28 @@ def resolve_model(name_or_path: str) -> ModelConfig:
 HF_MODEL_TYPES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3", "opt")
 
 
+def _qwen_moe_dense_layers(cfg: dict[str, Any], path: str, layers: int) -> int:
+    """Qwen2-MoE / Qwen3-MoE: the dense layers as num_dense_layers. HF's Qwen2MoeDecoderLayer and
+    Qwen3MoeDecoderLayer use experts where ``layer_idx not in mlp_only_layers and (layer_idx + 1) %
+    decoder_sparse_step == 0``, a dense MLP of intermediate_size elsewhere. ModelConfig holds dense
+    layers first only (num_dense_layers, as DeepSeek's first_k_dense_replace), so any other pattern is
+    refused rather than simulated as all-expert layers (which miscounts parameters and FLOPs)."""
+    step = cfg.get("decoder_sparse_step", 1)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise UserError(f"model config {path!r}: 'decoder_sparse_step' is {step!r}; write a whole number of at least 1")
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers for i in only):
+        raise UserError(f"model config {path!r}: 'mlp_only_layers' is {only!r}; write a list of layer indices "
+                        f"0..{layers - 1}")
+    dense = [i for i in range(layers) if i in only or (i + 1) % step]
+    if dense != list(range(len(dense))):
+        raise UserError(
+            f"model config {path!r}: decoder_sparse_step={step} and mlp_only_layers={only} put dense layers "
+            f"{dense[:8]}{' ...' if len(dense) > 8 else ''} between the expert layers, which is not modelled (only "
+            "the first layers can be dense): set decoder_sparse_step to 1 and list only first layers in mlp_only_layers")
+    return len(dense)
+
+
 def model_from_hf_config(path: Path) -> ModelConfig:
     cfg = read_json(path, "model config", fix="fix the file")
     check_document_kind(cfg, "model config", str(path), "a HuggingFace model config", fix="give a HuggingFace config.json")
@@ -611,15 +639,28 @@ def model_from_hf_config(path: Path) -> ModelConfig:
             num_kv_heads=opt("num_key_value_heads"), head_dim=opt("head_dim"), vocab_size=need("vocab_size"),
             mlp="swiglu", tied_embeddings=flag("tie_word_embeddings", False),
         )
+        # Sliding-window attention: HF Mistral / Mixtral apply config.sliding_window whenever it is set,
+        # Qwen2 / Qwen3 (and their MoE) only with use_sliding_window (on layers from max_window_layers).
+        if mt in ("mistral", "mixtral") or (mt.startswith("qwen") and flag("use_sliding_window", False)):
+            common["sliding_window"] = opt("sliding_window")
         if mt == "mixtral":
             common.update(num_experts=need("num_local_experts"), top_k=need("num_experts_per_tok"))
         elif mt in ("qwen2_moe", "qwen3_moe"):
             common.update(num_experts=need("num_experts"), top_k=need("num_experts_per_tok"),
-                          moe_ffn_hidden_size=need("moe_intermediate_size"))
+                          moe_ffn_hidden_size=need("moe_intermediate_size"),
+                          num_dense_layers=_qwen_moe_dense_layers(cfg, str(path), common["num_layers"]))
             shared = opt("shared_expert_intermediate_size")
             if shared:
                 common["num_shared_experts"] = max(1, shared // common["moe_ffn_hidden_size"])
         elif mt == "deepseek_v3":
+            freq = cfg.get("moe_layer_freq", 1)
+            if freq != 1:
+                # HF DeepseekV3DecoderLayer: a layer is MoE where layer_idx >= first_k_dense_replace and
+                # layer_idx % moe_layer_freq == 0; only the first layers can be dense here.
+                raise UserError(
+                    f"model config {str(path)!r}: moe_layer_freq={freq!r} puts dense layers between the expert layers, "
+                    "which is not modelled (only the first first_k_dense_replace layers can be dense): set "
+                    "moe_layer_freq to 1")
             common.update(num_experts=need("n_routed_experts"), top_k=need("num_experts_per_tok"),
                           moe_ffn_hidden_size=need("moe_intermediate_size"),
                           num_shared_experts=opt("n_shared_experts", 0),

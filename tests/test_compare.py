@@ -83,6 +83,11 @@ def test_compare_report_jsons(tmp_path):
     assert json.loads(gzip.open(tmp_path / "a.json.gz", "rt").read())["name"] == ra.name
     res = CliRunner().invoke(compare_app, [str(tmp_path / "a.json.gz"), str(tmp_path / "b.json"), "-o", str(out)])
     assert res.exit_code == 0, res.output
+    # --dashboard names the page as it does for simulate and sweep (was "No such option: --dashboard")
+    res = CliRunner().invoke(compare_app, [str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--dashboard",
+                                           str(tmp_path / "d.html")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "d.html").read_text().count("B vs A") >= 1
 
 
 def test_compare_bad_inputs(tmp_path, scenarios):

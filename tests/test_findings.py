@@ -105,6 +105,31 @@ def test_tp_group_crossing_nodes_is_named():
     assert "slow-link" not in _kinds(rep8)
 
 
+def test_ep_group_across_nodes_is_checked_against_memory_before_it_is_advised():
+    # Was "use ep ≤ 8" whatever the experts a GPU would then hold: Qwen3-235B with ep 16 over two
+    # nodes needs 97 GiB a GPU at ep 8. The finding says so and offers hiding the all-to-all instead.
+    sc = build_scenario(dict(BASE, model="qwen3-235b-a22b", parallelism={"tp": 1, "pp": 4, "ep": 16, "zero": 1},
+                             recompute="full", batch={"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 4096}))
+    rep = attach(simulate(sc), budget_s=0).report
+    f = _kinds(rep)["slow-link"]
+    assert "EP group of 16 GPUs spans 2 nodes" in f["message"]
+    assert re.search(r"ep=8 would need \d+\.\d GiB of the usable 75\.6 GiB \(memory model\): it does not fit",
+                     f["message"]), f["message"]
+    assert "use ep ≤ 8" not in f["message"]
+    by = {s["label"]: s for s in f["suggestions"]}
+    assert by["ep=8"]["fits"] is False and by["ep=8"]["predicted_peak_gib"] > rep.memory_capacity_gib
+    assert by["moe.overlap_dispatch=true"]["overrides"] == {"moe.overlap_dispatch": True}
+
+
+def test_tp_group_across_nodes_names_the_fitting_size_and_its_step():
+    rep = attach(simulate(build_scenario(dict(BASE, parallelism={"tp": 16, "pp": 1, "zero": 1}))), budget_s=10).report
+    f = _kinds(rep)["slow-link"]
+    (s,) = f["suggestions"]
+    assert s["label"] == "tp=8" and s["fits"] and s["simulated"] and s["predicted_step_s"] < rep.step_time_s
+    assert re.search(r"tp=8 fits \(\d+\.\d GiB, memory model\); tp=8: step \d\.\d+ s \(-\d+\.\d%, simulated\)",
+                     f["message"]), f["message"]
+
+
 def test_exposed_tp_inside_a_node_suggests_async_tp_and_simulates_it():
     sc = build_scenario(dict(BASE, parallelism={"tp": 8, "pp": 1, "zero": 1}))
     res = simulate(sc)
@@ -237,3 +262,8 @@ def test_a_suggestion_not_simulated_says_why():
     rep = attach(res, budget_s=0).report
     notes = [s.get("note") for f in rep.findings for s in f["suggestions"]]
     assert notes and not any("over the time budget" in (n or "") for n in notes)
+    # and the reason reaches the suggestion and its line (it was dropped: "async_tp=true: not simulated.")
+    unsimulated = [s for f in rep.findings for s in f["suggestions"] if not s.get("simulated")]
+    assert unsimulated and all(s.get("note") for s in unsimulated)
+    assert any(s.get("note") == "not simulated (--findings-budget-s 0)" for s in unsimulated)
+    assert any("not simulated (--findings-budget-s 0)" in n for n in rep.notes), rep.notes

@@ -301,7 +301,8 @@ def compare_command(
     a: Path = typer.Argument(..., help="Scenario YAML or report JSON (clustersim simulate --report) for A."),
     b: Optional[Path] = typer.Argument(
         None, help="Scenario YAML or report JSON for B, compared against A. Omitted: A's perturbations (what-if) against A clean."),
-    output: Optional[str] = typer.Option(None, "--output", "-o", metavar="PATH",
+    # --dashboard as simulate and sweep name the same path (a user going from one to the other typed it)
+    output: Optional[str] = typer.Option(None, "--output", "-o", "--dashboard", metavar="PATH",
                                           help="Dashboard HTML path (default dashboards/compare-<A>-vs-<B>.html; with B omitted, compare-<A>-whatif.html)."),
     mode: CompareMode = typer.Option(CompareMode.reduced, "--mode", help="Simulation mode for scenario YAMLs."),
     cdn: bool = typer.Option(False, "--cdn", help="Load plotly.js from its CDN (small HTML)."),

@@ -8,7 +8,9 @@ concrete changes (scenario overrides) with their predicted effect:
 - a large pipeline bubble: interleaving, zero-bubble schedules, more microbatches;
 - stage imbalance: the ``pp_layer_split`` that minimises the slowest stage, from the program's
   per-layer compute times;
-- TP, CP or EP groups that cross the node's NVLink domain onto NICs;
+- TP, CP or EP groups that cross the node's NVLink domain onto NICs: the largest size inside a
+  node with its memory-model peak (and simulated step where it fits), or, for EP that does not
+  fit, overlapped dispatch / combine;
 - exposed DP communication: bucket size, overlap, FSDP prefetch;
 - exposed TP communication inside a node: async TP (torch) or Megatron's TP comm overlap (TE).
 
@@ -165,7 +167,7 @@ class _Budget:
 def _fill(s: Suggestion, rep: "Report | None", why_not: str = "") -> Suggestion:
     """``s`` with the re-simulated figures of ``rep``; where there is none, ``why_not`` (the
     budget's reason) as its note unless it has one."""
-    if rep is None and why_not and s.note is None:
+    if rep is None and why_not and not s.note:  # (a Suggestion's note is "" until set)
         s.note = why_not
     if rep is not None:
         s.predicted_step_s = rep.step_time_s
@@ -513,10 +515,35 @@ def _nodes_spanned(result: "SimulationResult", dim: str) -> int:
     return len(set((np.asarray(g) // result.topology.node.gpus_per_node).tolist()))
 
 
-def slow_link_findings(result: "SimulationResult") -> list[Finding]:
+def _inside_node(result: "SimulationResult", budget: _Budget, dim: str, size: int) -> tuple[Suggestion | None, str]:
+    """The largest size of ``dim`` within one node that makes a valid scenario, its memory from the
+    memory model and, where it fits, its simulated step; with the sentence that says so. Shrinking
+    a group into a node multiplies what each GPU holds of that dimension's shard (experts under ep,
+    layers' widths under tp), so the advice is checked against memory before it is given
+    (DeepSeek-V3 with ep 64 across nodes was told "use ep ≤ 8", which needs several times the HBM)."""
+    node = result.topology.node.gpus_per_node
+    rep = result.report
+    for v in range(min(node, size - 1), 0, -1):
+        if size % v:
+            continue  # (the placement packs whole groups into a domain: 64 of an NVL72's 72 GPUs hold ep=64)
+        over = {f"parallelism.{dim}": v}
+        mem = budget.memory(over)
+        if mem is None:
+            continue
+        s = Suggestion(f"{dim}={v}", over, predicted_peak_gib=mem.peak_gib, fits=mem.fits)
+        if not mem.fits:
+            return s, (f"{dim}={v} would need {mem.peak_gib:.1f} GiB of the usable {mem.capacity_gib:.1f} GiB "
+                       f"(memory model): it does not fit, so the {dim} groups cannot move inside a node here")
+        _fill(s, budget.simulate(over), budget.why_not)
+        return s, f"{dim}={v} fits ({mem.peak_gib:.1f} GiB, memory model); {_sim_text(s, rep.step_time_s)}"
+    return None, ""
+
+
+def slow_link_findings(result: "SimulationResult", budget: _Budget) -> list[Finding]:
     rep = result.report
     mesh = result.program.mesh
     node = result.topology.node
+    sc = result.scenario
     out = []
     for dim in ("tp", "cp", "ep"):
         size = getattr(mesh, dim)
@@ -528,11 +555,27 @@ def slow_link_findings(result: "SimulationResult") -> list[Finding]:
             continue
         msg = (f"slow links: each {dim.upper()} group of {size} GPUs spans {nodes} nodes, so its collectives cross "
                f"NICs at {node.nic_GBps_per_gpu:.0f} GB/s per GPU instead of NVLink at {node.nvlink_GBps:.0f} GB/s; "
-               f"exposed {dim} is {exposed:.3f} s ({exposed / rep.step_time_s:.1%} of the step). Keep the {dim} groups "
-               + (f"inside a node: {dim}={size} exceeds the {node.gpus_per_node} GPUs of a node, use {dim} ≤ {node.gpus_per_node}."
-                  if size > node.gpus_per_node else
-                  f"inside a node: put {dim} innermost in mesh_order (now {mesh.order})."))
-        out.append(Finding("slow-link", msg, exposed / rep.step_time_s, []))
+               f"exposed {dim} is {exposed:.3f} s ({exposed / rep.step_time_s:.1%} of the step). ")
+        sugg: list[Suggestion] = []
+        if size <= node.gpus_per_node:
+            msg += f"Keep the {dim} groups inside a node: put {dim} innermost in mesh_order (now {mesh.order})."
+        else:
+            s, said = _inside_node(result, budget, dim, size)
+            if s is None:
+                msg += (f"Keep the {dim} groups inside a node: {dim}={size} exceeds the {node.gpus_per_node} GPUs of "
+                        f"a node, use {dim} ≤ {node.gpus_per_node}.")
+            else:
+                sugg.append(s)
+                msg += f"{dim}={size} exceeds the {node.gpus_per_node} GPUs of a node: {said}."
+                if not s.fits and dim == "ep" and not sc.moe.overlap_dispatch and not sc.schedule.startswith("dualpipe"):
+                    # Hiding the all-to-all is what is left: overlapped dispatch / combine (DualPipe's pairing
+                    # does it by its schedule), as DeepSeek-V3 runs ep 64 over 8 nodes (V3 report, Sec. 3.2).
+                    over = {"moe.overlap_dispatch": True}
+                    h = _fill(Suggestion("moe.overlap_dispatch=true", over), budget.simulate(over), budget.why_not)
+                    sugg.append(h)
+                    msg += (f" Overlapping the dispatch / combine all-to-all with compute hides it instead: "
+                            f"{_sim_text(h, rep.step_time_s)}.")
+        out.append(Finding("slow-link", msg, exposed / rep.step_time_s, sugg))
     return out
 
 
@@ -647,7 +690,7 @@ def find(result: "SimulationResult", budget_s: float = RESIM_BUDGET_S) -> list[F
         f = check(result, budget)
         if f is not None:
             out.append(f)
-    out += slow_link_findings(result)
+    out += slow_link_findings(result, budget)
     return out
 
 

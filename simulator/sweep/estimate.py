@@ -561,6 +561,9 @@ class Estimator:
                 view = dataclasses.replace(
                     tab.program, scenario=sc, mesh=mesh, schedule=sched, position_layers=layers,
                     stage_params=[float(x) for x in pos_params], zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
+                    # the expert share of this layout's positions (the reference's is per layer): memory_report
+                    # shards it over edp, the rest over dp; without it an expert model's optimizer state read as dense
+                    stage_expert_params=[float(x) for x in pos_eparams],
                     grad_bucket_bytes=p.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero), param_bytes=param_bytes,
                 )
             else:
