@@ -20,6 +20,7 @@ from simulator.schedules import build_schedule, load_schedule_csv, validate_sche
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology import TopologySpec, load_topology
 from simulator.workload.memory import MemoryReport, memory_report
+from simulator.workload.ops import active_parameters, total_parameters
 from simulator.workload.plan import Plan, build_plan
 from simulator.workload.program import Program, build_program
 
@@ -107,7 +108,9 @@ def scenario_setup(sc: Scenario) -> dict:
             "schedule": Path(sc.schedule_file).name if sc.schedule_file else sc.schedule,
             "micro_batch_size": b.micro_batch_size, "global_batch_size": b.global_batch_size, "seq_length": b.seq_length,
             "dtype": sc.dtype, "fp8_recipe": sc.fp8.recipe if sc.dtype == "fp8" else None, "recompute": sc.recompute,
-            "fp8_peak_tflops": _fp8_peak_tflops(sc)}
+            "fp8_peak_tflops": _fp8_peak_tflops(sc),
+            # the whole model's, unsharded; active: what one token passes through (MoE: top_k experts)
+            "parameters": total_parameters(sc), "active_parameters": active_parameters(sc)}
 
 
 def _fp8_peak_tflops(sc: Scenario) -> float | None:

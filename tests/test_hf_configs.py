@@ -14,7 +14,7 @@ import pytest
 
 from simulator.errors import UserError
 from simulator.scenario import load_scenario, resolve_model
-from simulator.workload.ops import total_parameters
+from simulator.workload.ops import active_parameters, total_parameters
 
 from cli_helpers import REPO, assert_one_line_error, clustersim
 
@@ -29,6 +29,23 @@ def test_released_configs_count_the_published_parameters(name, published_b):
     sc = load_scenario(None, {"model": str(HF / f"{name}.json"), "cluster.gpus": 8, "parallelism.tp": 1,
                               "parallelism.pp": 1})
     assert total_parameters(sc) / 1e9 == pytest.approx(published_b, rel=0.005)
+
+
+# Active (per-token) parameters as published: Mixtral paper 12.9B (13B "active"), Qwen3 model card
+# 3.3B activated, DeepSeek-V3 report 37B activated; a dense model's are all of its parameters.
+@pytest.mark.parametrize("name,active_b,rel", [("mixtral", 12.9, 0.005), ("qwen3-30b-a3b", 3.3, 0.02),
+                                               ("deepseek-v3", 37.0, 0.02), ("llama31-8b", 8.03, 0.005)])
+def test_released_configs_count_the_published_active_parameters(name, active_b, rel):
+    sc = load_scenario(None, {"model": str(HF / f"{name}.json"), "cluster.gpus": 8, "parallelism.tp": 1,
+                              "parallelism.pp": 1})
+    assert active_parameters(sc) / 1e9 == pytest.approx(active_b, rel=rel)
+
+
+def test_the_layout_line_gives_total_and_active_parameters(tmp_path):
+    out = clustersim(["simulate", "--model", HF / "mixtral.json", "--gpus", "16", "--tp", "1", "--pp", "1",
+                      "--ep", "8", "--global-batch-size", "16", "--seq-length", "1024", "--no-dashboard"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "(46.7B parameters, 12.9B active) · TP1 PP1 DP16 EP8" in out.stdout
 
 
 def _variant(tmp_path, base: str, **fields):

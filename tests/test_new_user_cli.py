@@ -265,3 +265,6 @@ def test_readme_sample_of_the_default_run_is_current():
         "  + exposed tp": share(b["exposed_tp"]), "  + exposed pp": share(b["exposed_pp"]),
         "  + bubble": share(b["bubble"]), "  + stage imbalance": share(b["imbalance"]),
     }
+    from simulator.cli import layout_line
+
+    assert f"\n{layout_line(load_scenario(None, {}))}\n" in text

@@ -1387,8 +1387,13 @@ def links_html(rep: "Report", limit: int = 10) -> str:
 def scenario_line(result: "SimulationResult") -> str:
     sc = result.scenario
     p = sc.parallelism
+    setup = result.report.setup or {}
+    size = ""
+    if setup.get("parameters"):
+        total, active = setup["parameters"], setup.get("active_parameters", setup["parameters"])
+        size = f" ({total / 1e9:.1f}B parameters" + (f", {active / 1e9:.1f}B active)" if active < total else ")")
     parts = [
-        f"{sc.model.name}", f"{sc.cluster.gpus:,} × {sc.cluster.gpu_name}", f"topology {sc.cluster.topology_name}",
+        f"{sc.model.name}{size}", f"{sc.cluster.gpus:,} × {sc.cluster.gpu_name}", f"topology {sc.cluster.topology_name}",
         f"TP{p.tp} PP{p.pp}" + (f" VPP{p.vpp}" if p.vpp > 1 else "") + f" DP{sc.dp}" + (f" CP{p.cp}" if p.cp > 1 else "")
         + (f" EP{p.ep}" if p.ep > 1 else "") + f" ZeRO-{p.zero}",
         f"schedule {sc.schedule_file or sc.schedule}",

@@ -752,6 +752,18 @@ def total_parameters(sc: Scenario) -> float:
     return kinds["embedding"].params + sum(per_layer) + kinds["head"].params
 
 
+def active_parameters(sc: Scenario) -> float:
+    """Parameters one token passes through: every dense parameter, and of each MoE layer's routed
+    experts the top_k it is sent to (the usual "active" count: Mixtral 8x7B 12.9B of 46.7B)."""
+    total = total_parameters(sc)
+    m = sc.model
+    if not m.is_moe:
+        return total
+    flat = sc.model_copy(update={"parallelism": sc.parallelism.model_copy(update={"tp": 1, "cp": 1, "ep": 1, "pp": 1})})
+    routed = sum(o.params for o in build_layer_ops(flat)["moe"].forward if o.name in ("experts_fc1", "experts_fc2"))
+    return total - (m.num_layers - m.num_dense_layers) * routed * (1 - m.top_k / m.num_experts)
+
+
 def sp_regathers_input(sc: Scenario) -> bool:
     """Whether a column-parallel GEMM's weight gradient gathers its sequence-parallel input again
     in backward. Megatron keeps only its 1/tp slice and re-gathers it
