@@ -16,7 +16,7 @@ import numpy as np
 
 from simulator.profile import Profile
 from simulator.errors import UserError
-from simulator.scenario import Scenario
+from simulator.scenario import MEGATRON_GRAD_BUCKET_PARAMS, Scenario
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
 from simulator.workload.ops import (Comm, LayerOps, Op, build_layer_ops, fp8_recompute_cast_op, fsdp_gather_bytes, moe_dropped_fraction,
@@ -90,7 +90,7 @@ class Program:
     fsdp_shard_size: int | None = None  # HSDP shard group size (None: the whole dp group)
     stage_expert_params: list[float] = field(default_factory=list)  # the expert share of stage_params (sharded over edp)
     overlap_grad_reduce: bool = True
-    grad_bucket_bytes: float = 40e6 * GRAD_REDUCE_BYTES
+    grad_bucket_bytes: float = float(MEGATRON_GRAD_BUCKET_PARAMS) * GRAD_REDUCE_BYTES
     param_bytes: int = 2
     notes: list[str] = field(default_factory=list)
     step_collectives: list[StepCollective] = field(default_factory=list)
