@@ -53,6 +53,9 @@ class Op:
     name: str
     op_class: str  # gemm | attention | elementwise | norm | optimizer | other
     phase: Phase
+    # Memory-bound ops' FLOP counts (5 a norm element, 8 a GELU, 6 a logit...) are nominal, without
+    # a source: those ops are timed by their bytes (kernel model), or by max(FLOPs, bytes) on the
+    # class curves, where the bytes bind by ~100x.
     exec_flops: float = 0.0
     model_flops: float = 0.0
     bytes: float = 0.0
