@@ -113,6 +113,12 @@ class ModelConfig(BaseModel):
         return self
 
 
+# megatron-core 0.16.1 distributed/distributed_data_parallel.py: bucket_size defaults to
+# max(40000000, 1000000 * dp) parameters; the 40M floor is taken here (dp > 40 gets larger buckets
+# there, not here).
+MEGATRON_GRAD_BUCKET_PARAMS = 40_000_000
+
+
 class ParallelConfig(BaseModel):
     model_config = _STRICT
 
@@ -181,7 +187,7 @@ class ParallelConfig(BaseModel):
         "(Megatron-LM 2021 and megatron-core without the fusion: main_grad.add_(grad); PyTorch AccumulateGrad).",
     )
     overlap_grad_reduce: bool = Field(True, description="Overlap the DP gradient reduction with backward (DDP/Megatron buckets).")
-    grad_bucket_params: Whole = Field(40_000_000, ge=1, description="Parameters per DP gradient bucket (Megatron default 40M).")
+    grad_bucket_params: Whole = Field(MEGATRON_GRAD_BUCKET_PARAMS, ge=1, description="Parameters per DP gradient bucket (Megatron default 40M).")
 
 
 class MoEConfig(BaseModel):

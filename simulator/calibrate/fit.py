@@ -661,14 +661,14 @@ def calibrate(
         items.append(ProvenanceItem(field="hbm_gib", value=_host_memory_gib(device),
                                     source="nominal, not measured: the bundles do not record the device's memory"))
     if base_profile is None:
-        items.append(ProvenanceItem(field="usable_memory_fraction", value=0.95,
+        items.append(ProvenanceItem(field="usable_memory_fraction", value=DEFAULT_USABLE_MEMORY_FRACTION,
                                     source="calibrate's default for a profile without a base, as the GPU spec profiles "
                                            "(judgement: 5% kept for allocator fragmentation)"))
     prof_kw = dict(
         name=name,
         device=device,
         hbm_gib=round(mem_gib, 2) if mem_gib is not None else (base_profile.hbm_gib if base_profile is not None else _host_memory_gib(device)),
-        usable_memory_fraction=base_profile.usable_memory_fraction if base_profile is not None else 0.95,
+        usable_memory_fraction=base_profile.usable_memory_fraction if base_profile is not None else DEFAULT_USABLE_MEMORY_FRACTION,
         compute=compute,
         comm=comm,
     )
@@ -695,6 +695,9 @@ def calibrate(
 
 # A collective latency above this is not launch + hops; it is waiting left in the samples.
 ALPHA_SUSPECT_US = 100.0
+# usable_memory_fraction of a profile fitted without a base: judgement (5% kept for allocator
+# fragmentation), the figure the GPU spec profiles carry; no measured source.
+DEFAULT_USABLE_MEMORY_FRACTION = 0.95
 # A link efficiency below this says the inputs and the topology describe different fabrics.
 LOW_EFFICIENCY = 0.5
 # Only 16-bit (and 8-bit) matrix work sets the tensor-core curves the simulator uses; FP32 GEMMs

@@ -349,10 +349,11 @@ def _graphs(sys: NcclSystem, n_nodes: int, ppn: int) -> dict[str, Graph]:
             c = min(MAX_SEARCH_CHANNELS, int(nvl // s))
             if c >= 1 and (best is None or c * s > best[0] * best[1] + 1e-9):
                 best = (c, s)
-            if best is not None and s < 0.49 * best[1]:
+            if best is not None and s < 0.49 * best[1]:  # search.cc's 0.49 stop (NCCL-MODEL.md §6.2)
                 break
         c, s = best or (1, ladder[-1] if ladder else nvl)
         ring = _dup(Graph(c, s, s, 0), gen)
+        # Runtime channels = 2 x search channels, at most 64 (connect.cc ncclTopoPostset; NCCL-MODEL.md §4.1 item 3).
         ring = Graph(ring.n_ch, ring.bw_intra, ring.bw_inter, min(64, 2 * ring.n_ch))
         out["ring"] = out["tree"] = ring
     else:
@@ -481,6 +482,7 @@ def _tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: Nccl
             # Calibrated: what the links deliver of NCCL's graph bandwidth (NICs once the
             # collective crosses nodes, NVLink inside one); NCCL's protocol caps stay as they are.
             bus = g.n_ch * bw * (tuning.inter_bw_scale if n_nodes > 1 else tuning.intra_bw_scale)
+            # NCCL's protocol factors, tuning.cc (NCCL-MODEL.md §3.2 item 3, §1.3).
             if algo == "ring" and proto == "LL":
                 bus = min(ll_max, 0.5 * bus)
             elif algo == "ring" and proto == "LL128":
@@ -514,7 +516,7 @@ def _tune(sys: NcclSystem, op: str, n: int, n_nodes: int, ppn: int, tuning: Nccl
                     f -= (f - 1) / 2
                     bus /= max(f, 1.0)
                     if gen >= _HOPPER:
-                        bus *= 0.85
+                        bus *= 0.85  # CollNet Direct AllReduce, Hopper+ (NCCL-MODEL.md §3.2 item 3)
             # algorithm bandwidth (§3.2 item 4)
             if algo == "ring":
                 algbw = bus * n / nsteps
@@ -569,7 +571,7 @@ def _latency(sys: NcclSystem, op: str, algo: str, proto: str, pi: int, n: int, n
     elif algo == "tree":
         lat += 2 * ((ppn - 1) * intra_lat + int(math.log2(n_nodes)) * inter_lat)
     elif algo == "collnet_direct":
-        lat += 2 * (min(1, ppn - 1) * intra_lat + (ppn - 1) * 0.4) + inter_lat
+        lat += 2 * (min(1, ppn - 1) * intra_lat + (ppn - 1) * 0.4) + inter_lat  # 0.4 µs arity serialization (§3.3)
     elif algo == "collnet_chain":
         lat += 2 * (ppn - 1) * intra_lat + inter_lat
     elif algo == "nvls":
@@ -577,7 +579,7 @@ def _latency(sys: NcclSystem, op: str, algo: str, proto: str, pi: int, n: int, n
     elif algo == "nvls_tree":
         lat += intra_lat + 2 * int(math.log2(n_nodes)) * inter_lat
     elif algo == "pat":
-        lat += int(math.log2(n_nodes)) * inter_lat / 3.5 + 2.8 * n
+        lat += int(math.log2(n_nodes)) * inter_lat / 3.5 + 2.8 * n  # tuning.cc PAT latency (§3.3, §5.3)
     return lat
 
 
@@ -590,7 +592,7 @@ def algo_time_us(sys: NcclSystem, op: str, size: float, n: int, n_nodes: int, al
         if i <= 22:
             bw *= TREE_CORRECTION[proto][i]
     if algo == "ring" and proto == "Simple" and n_nodes > 1 and op == "all_reduce" and size / (runtime_ch * n) >= 64:
-        lat *= 1.4 if sys.gen >= _AMPERE else 1.9  # the "plateau effect of ring"
+        lat *= 1.4 if sys.gen >= _AMPERE else 1.9  # the "plateau effect of ring" (tuning.cc; §3.4)
     return lat + size / (1000.0 * bw), lat, bw
 
 
@@ -650,6 +652,7 @@ def chunking(algo: str, proto: str, op: str, bytes_per_channel: float, n: int, n
     else:
         chunk = SIMPLE_STEP_BYTES * chunk_steps
     if algo == "tree" and proto == "LL128":
+        # calcCollChunking's Tree/LL128 halving, floors 128 KiB then 32 KiB (NCCL-MODEL.md §4.4 table)
         nsteps_ll128 = 1 + int(math.log2(max(1, n_nodes))) + 0.1 * ppn  # log2i: floor
         while bytes_per_channel / chunk < nsteps_ll128 * 64 / ppn and chunk > 131072:
             chunk //= 2
@@ -736,7 +739,7 @@ _NO_FILL = (0.0, 0.0, 0.0)
 def _launch_shape(runtime_ch: int, algo: str, proto: str, op: str, size: float, n: int, gen: int) -> tuple[int, int]:
     """§3.7: channels (CTAs) and threads per CTA NCCL launches for this size, with the graph's
     runtime channels."""
-    if algo.startswith("nvls"):
+    if algo.startswith("nvls"):  # 640 threads: NCCL-MODEL.md §3.7, §5.1
         return NVLS_CHANNELS[gen], 640
     nt = 640 if algo in ("tree", "pat") else MAX_THREADS[proto]
     nc = max(1, runtime_ch)
@@ -746,7 +749,7 @@ def _launch_shape(runtime_ch: int, algo: str, proto: str, op: str, size: float, 
             nc -= 1
         while algo == "ring" and nt % 128 == 0 and nt > 128 and size < nc * nt * thr:
             nt //= 2
-    if proto == "Simple":
+    if proto == "Simple":  # Ring Simple 512 + 32, Tree 640 (NCCL-MODEL.md §3.7 and its summary table)
         nt += 32 if algo == "ring" else (128 if algo == "tree" else 0)
     return nc, min(nt, 640)
 

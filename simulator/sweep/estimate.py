@@ -47,7 +47,7 @@ from simulator.schedules.base import Action
 from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim
 from simulator.workload.plan import (
     GradBuckets, grad_reduce_bytes, communication_groups, emit_action, hsdp_shard_of, linear_replay,
-    ADAM_BYTES_PER_PARAM, optimizer_state_bytes, pp_message_bytes,
+    ADAM_BYTES_PER_PARAM, adam_tensor_count, optimizer_state_bytes, pp_message_bytes,
 )
 from simulator.workload.ops import optimizer_time_s
 from simulator.workload.program import Program, build_program, split_layers
@@ -541,7 +541,7 @@ class Estimator:
             dense = float(sum(pos_params[stage_pos[st]] for st in stages)) - eparams
             opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, eparams, p.zero, dp, p.ep, p.fsdp_shard_size, cp=p.cp))
         # The program's own optimizer model (multi-tensor Adam launches by shape, or the class curve).
-        opt_s = optimizer_time_s(prof, opt_bytes / ADAM_BYTES_PER_PARAM, 12 * max(1, sc.model.num_layers // max(1, p.pp)) + 4,
+        opt_s = optimizer_time_s(prof, opt_bytes / ADAM_BYTES_PER_PARAM, adam_tensor_count(sc.model.num_layers, p.pp),
                                  ADAM_BYTES_PER_PARAM, sc)
 
         step = start_s + pipeline + exposed["pp"] + end_dp + opt_s

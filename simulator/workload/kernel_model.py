@@ -44,6 +44,13 @@ DTYPES = ("fp32", "bf16", "fp16", "fp8")
 # Streaming kernels (BabelStream copy/triad) reach 0.85-0.92 of the datasheet HBM bandwidth on
 # A100 and H100 (Deakin et al., BabelStream results; NVIDIA's STREAM figures): the fit's bound.
 MAX_MEM_EFFICIENCY = 0.92
+# HBM efficiency of a memory-bound kernel whose class a kernel model lacks and that has no
+# 'default' entry either. No measured source: every shipped GPU profile carries 'default' and
+# 'gemm' (spec_sources.py measures them), so only hand-written profiles reach this.
+FALLBACK_MEM_EFFICIENCY = 0.8
+# The least efficiency (GEMM or HBM) a fit may return: a search bound, no source; a fitted value
+# there is flagged low confidence.
+MIN_FIT_EFFICIENCY = 0.05
 
 
 def normalize_dtype(dtype: str) -> str:
@@ -78,6 +85,8 @@ def kernel_model_of(profile: Profile) -> KernelModel:
     mem["default"] = cls.get("elementwise", g).bandwidth_efficiency
     return KernelModel(gemm_efficiency={"bf16": eff, "fp16": eff, "fp8": eff, "fp32": eff}, mem_efficiency=mem,
                        attention_efficiency=cls.get("attention", g).peak_efficiency,
+                       # Old profiles (no compute.kernels) only; neither the 0.8 backward/forward
+                       # ratio nor the 1 µs least floor has a measured source.
                        attention_bwd_efficiency=0.8 * cls.get("attention", g).peak_efficiency,
                        launch_floor_us=max(g.overhead_us, 1.0))
 
@@ -96,8 +105,8 @@ def gemm_time_s(profile: Profile, batch, m, n, k, dtype: str, km: KernelModel | 
     eff = km.gemm_efficiency.get(d) or km.gemm_efficiency.get("bf16") or next(iter(km.gemm_efficiency.values()))
     sms = _sm_count(profile)
     per_sm = peak_flops(profile, d) / sms
-    hbm = profile.compute.hbm_GBps * 1e9 * km.mem_efficiency.get("gemm", km.mem_efficiency.get("default", 0.8))
-    elem = 4 if d == "fp32" else (1 if d in ("fp8", "mxfp8") else 2)
+    hbm = profile.compute.hbm_GBps * 1e9 * km.mem_efficiency.get("gemm", km.mem_efficiency.get("default", FALLBACK_MEM_EFFICIENCY))
+    elem = 4 if d == "fp32" else (1 if d in ("fp8", "mxfp8") else 2)  # bytes an element of the dtype
     best = np.full(M.shape, np.inf)
     for tm, tn in km.gemm_tiles:
         tile_eff = min(1.0, (tm * tn / (tm + tn)) / _REF_INTENSITY)
@@ -129,7 +138,7 @@ def mem_time_s(profile: Profile, op_class, bytes_, km: KernelModel | None = None
     km = km or kernel_model_of(profile)
     b = np.asarray(bytes_, dtype=float)
     cls = np.broadcast_to(np.asarray(op_class), b.shape)
-    eff = np.array([km.mem_efficiency.get(str(c), km.mem_efficiency.get("default", 0.8)) for c in cls.ravel()]).reshape(b.shape)
+    eff = np.array([km.mem_efficiency.get(str(c), km.mem_efficiency.get("default", FALLBACK_MEM_EFFICIENCY)) for c in cls.ravel()]).reshape(b.shape)
     return b / (profile.compute.hbm_GBps * 1e9 * eff) + (km.launch_floor_us * 1e-6 if with_floor else 0.0)
 
 
@@ -283,9 +292,11 @@ def fit_kernel_model(profile: Profile, tables: list, base: KernelModel | None = 
     mem_classes = sorted({_variant_key(k) for t in tables for _, _, k in t.kernels if k.kind == "mem"})
     names = ["gemm_eff", "k_overhead", "floor_us"] + [f"mem:{c}" for c in mem_classes]
     x0 = np.array([base.gemm_efficiency.get(dtype, 0.7), base.gemm_k_overhead, base.launch_floor_us]
-                  + [base.mem_efficiency.get(c, base.mem_efficiency.get(c.split(":")[0], base.mem_efficiency.get("default", 0.8)))
+                  + [base.mem_efficiency.get(c, base.mem_efficiency.get(c.split(":")[0], base.mem_efficiency.get("default", FALLBACK_MEM_EFFICIENCY)))
                      for c in mem_classes])
-    lo = np.array([0.05, 0.0, 0.0] + [0.05] * len(mem_classes))
+    # MIN_FIT_EFFICIENCY and the upper k_overhead 512 / floor 50 µs are search limits, not
+    # physics (no source); a fit at one of them (k_overhead's upper aside) is flagged low confidence.
+    lo = np.array([MIN_FIT_EFFICIENCY, 0.0, 0.0] + [MIN_FIT_EFFICIENCY] * len(mem_classes))
     # Physics: no kernel beats the datasheet; streaming kernels reach ~90% of HBM bandwidth at
     # best (BabelStream on A100/H100: 0.85-0.92 of the datasheet figure).
     hi = np.array([1.0, 512.0, 50.0] + [MAX_MEM_EFFICIENCY] * len(mem_classes))
@@ -368,7 +379,7 @@ def _match_class_totals(profile: Profile, tables: list, km: KernelModel, mem_key
             meas += sum(fw_m[r] * count[r] for r in rows["fw"]) + sum(bw_m[r] * count[r] for r in rows["bw"])
         target_mem = pred_mem + (meas - pred)
         if pred_mem > 0 and target_mem > 0 and key in mem:
-            mem[key] = float(min(MAX_MEM_EFFICIENCY, max(0.05, mem[key] * pred_mem / target_mem)))
+            mem[key] = float(min(MAX_MEM_EFFICIENCY, max(MIN_FIT_EFFICIENCY, mem[key] * pred_mem / target_mem)))
     return km.model_copy(update={"mem_efficiency": mem})
 
 

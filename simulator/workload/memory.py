@@ -31,6 +31,7 @@ from simulator.workload.program import Program, selective_op_saved_bytes
 
 GIB = 1024**3
 # cuBLAS / NCCL workspaces, CUDA context and allocator fragmentation held aside on every GPU.
+# A round figure with no measured source (docs/design-notes.md "Memory" states it, no more).
 RUNTIME_RESERVE_BYTES = 1.0 * GIB
 
 
@@ -61,11 +62,12 @@ def layer_activation_sbh(sc: Scenario, moe: bool = False) -> tuple[float, float]
         mlp = 3 + per_f * f  # fc1 input 2, dropout mask 1, fc1 / act outputs
         if fp8:
             mlp -= 1 + f
-    norms = 4
+    norms = 4  # the two norms' inputs, 2 each (Korthikanti et al. 2022, Sec. 4.1: 34 = 11 + 19 + 4)
     if fp8:
         # FP8 linears save their inputs for the weight gradient as FP8 copies (1 byte, not 2):
         # the QKV and out-projection inputs (1 each); the MLP's above.
         attn -= 2
+    # Scores: QK^T softmax output 2, dropout mask 1, dropout output 2 (Korthikanti Sec. 4.1: 5as/h).
     return attn + mlp + norms, 5.0
 
 
@@ -183,7 +185,7 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     param_bytes, optim_bytes = (4, 8) if sc.framework == "torchtitan" else (2, 12)
     z = p.zero
     shard, expert_shard = optimizer_shards(z, dp, p.ep, p.fsdp_shard_size, cp=p.cp)
-    buffers = 2 * prog.grad_bucket_bytes
+    buffers = 2 * prog.grad_bucket_bytes  # the factor 2: no source found
     # Recomputation re-materialises one layer at a time in backward: beside the checkpoints, the
     # layer being recomputed holds what it would have kept without recomputation (Chen et al.
     # 2016, "Training Deep Nets with Sublinear Memory Cost": memory = checkpoints + one segment).

@@ -207,6 +207,17 @@ def grad_reduce_bytes(dtype: str, zero: int) -> int:
     return 2 if dtype == "fp16" and zero < 3 else GRAD_REDUCE_BYTES
 # Adam step per parameter: read fp32 master, grad, m, v; write master, m, v; write bf16 copy.
 ADAM_BYTES_PER_PARAM = 30
+# Parameter tensors the multi-tensor Adam walks (its launches: kernels.adam_kernels), a GPT layer's
+# 12 (QKV, out, fc1, fc2 weights and biases, two LayerNorms' weight and bias) and 4 outside the
+# layers (word and position embeddings, final norm weight and bias). Counted for GPT; a Llama
+# layer has 9 (no biases, RMSNorm weights only): the count sets only how many launches pay the floor.
+ADAM_TENSORS_PER_LAYER = 12
+ADAM_TENSORS_OUTSIDE_LAYERS = 4
+
+
+def adam_tensor_count(num_layers: int, pp: int) -> int:
+    """Parameter tensors of one pipeline rank's Adam step (ADAM_TENSORS_PER_LAYER)."""
+    return ADAM_TENSORS_PER_LAYER * max(1, num_layers // max(1, pp)) + ADAM_TENSORS_OUTSIDE_LAYERS
 
 
 def pp_message_bytes(micro_batch_size: int, seq_length: int, cp: int, hidden_size: int, dtype_bytes: int, tp: int,

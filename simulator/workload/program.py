@@ -16,14 +16,15 @@ import numpy as np
 
 from simulator.profile import Profile
 from simulator.errors import UserError
-from simulator.scenario import Scenario
+from simulator.scenario import MEGATRON_GRAD_BUCKET_PARAMS, Scenario
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
 from simulator.workload.ops import (Comm, LayerOps, Op, build_layer_ops, fp8_recompute_cast_op, fsdp_gather_bytes, moe_dropped_fraction,
                                    moe_load_factor, op_durations_s, optimizer_time_s)
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
-    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, grad_reduce_bytes, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
+    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, adam_tensor_count, grad_reduce_bytes, optimizer_shards,
+    optimizer_state_bytes, pp_message_bytes,
 )
 
 
@@ -89,7 +90,7 @@ class Program:
     fsdp_shard_size: int | None = None  # HSDP shard group size (None: the whole dp group)
     stage_expert_params: list[float] = field(default_factory=list)  # the expert share of stage_params (sharded over edp)
     overlap_grad_reduce: bool = True
-    grad_bucket_bytes: float = 40e6 * GRAD_REDUCE_BYTES
+    grad_bucket_bytes: float = float(MEGATRON_GRAD_BUCKET_PARAMS) * GRAD_REDUCE_BYTES
     param_bytes: int = 2
     notes: list[str] = field(default_factory=list)
     step_collectives: list[StepCollective] = field(default_factory=list)
@@ -662,9 +663,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, expert, p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp))
     opt_params_max = opt_bytes / ADAM_BYTES_PER_PARAM
     shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)
-    # Parameter tensors per layer (about 12: QKV, out, fc1, fc2 weights and biases, two norms x 2).
-    optimizer_s = optimizer_time_s(profile, opt_params_max, 12 * max(1, m.num_layers // max(1, p.pp)) + 4,
-                                   ADAM_BYTES_PER_PARAM, sc)
+    optimizer_s = optimizer_time_s(profile, opt_params_max, adam_tensor_count(m.num_layers, p.pp), ADAM_BYTES_PER_PARAM, sc)
 
     step = step_terms(sc, profile, stage_params, opt_params_max, shard)
     return Program(
