@@ -200,6 +200,9 @@ CONJUGATE: dict[str, str | None] = {
 # collectives); backward arange, float, rsub, gather, sub, index_put, mul_, and the fp16 cast of
 # the logits' gradient = 8.
 MEGATRON_CROSS_ENTROPY_LAUNCHES = {"launches": 18, "bwd_launches": 8}
+# Its bytes a logit (the [tokens, vocab/tp] passes; the per-token ones are negligible), from the same code.
+MEGATRON_CROSS_ENTROPY_BYTES_PER_LOGIT = 38
+MEGATRON_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT = 14
 # pretrain_gpt.py loss_func: loss_mask * losses, two sums, div; average_losses_across_data_parallel
 # _group: clone, cat, div (its all-reduce is loss_dp_allreduce); fp16 loss scaling: mul = 8.
 # Backward: the div's, the mul's, and the scaling's = 4 (the sums' backward is an expand).
@@ -481,12 +484,20 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     # The embedding table's gradient is a scatter-add; give the lookup's backward the table's
     # parameters so the DP gradient bucket sees them.
     head_ops = [norm("final_norm"), *tp_in("head_in"), gemm("lm_head", T, h, V // t)]
-    # Vocab-parallel cross-entropy over fp32 logits: max, exp-sum, loss, softmax grad. The 3 fp32
-    # passes forward (backward: 2x) are an estimate with no source: megatron-core 0.16.1
-    # tensor_parallel/cross_entropy.py moves ~38 B a logit forward (float 2+4, max 4, sub_ 4+4,
-    # exp 4+4, sum 4, div_ 4+4) and ~8 backward (mul_ 4+4), 46 against the 36 charged.
-    head_ops.append(Op("cross_entropy", "elementwise", "F", 6.0 * T * V / t, 0.0, 3 * T * (V / t) * 4,
-                       **(MEGATRON_CROSS_ENTROPY_LAUNCHES if megatron_path else {})))
+    # Vocab-parallel cross-entropy over fp32 logits: max, exp-sum, loss, softmax grad.
+    if megatron_path:
+        # Megatron's own, byte for byte (megatron-core 0.16.1 tensor_parallel/cross_entropy.py;
+        # 2021 mpu/cross_entropy.py runs the same in-place passes on `output.float()`):
+        # forward float cast 2+4, max 4, sub_ 4+4, exp 4+4, sum 4, div_ 4+4 = 38 B a logit;
+        # backward mul_ 4+4 and the cast of the gradient back to fp16 4+2 = 14.
+        head_ops.append(Op("cross_entropy", "elementwise", "F", 6.0 * T * V / t, 0.0,
+                           MEGATRON_CROSS_ENTROPY_BYTES_PER_LOGIT * T * (V / t),
+                           bwd_bytes=MEGATRON_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT * T * (V / t),
+                           **MEGATRON_CROSS_ENTROPY_LAUNCHES))
+    else:
+        # Other frameworks (torch F.cross_entropy over .float() logits): 3 fp32 passes forward,
+        # 2x backward, an estimate with no source.
+        head_ops.append(Op("cross_entropy", "elementwise", "F", 6.0 * T * V / t, 0.0, 3 * T * (V / t) * 4))
     if megatron_path:
         head_ops.append(Op("loss_func", "elementwise", "F", 0.0, 0.0, 3 * T * 4, **MEGATRON_LOSS_FUNC_LAUNCHES))
         if sc.parallelism.pp > 1:
