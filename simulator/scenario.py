@@ -114,9 +114,14 @@ class ModelConfig(BaseModel):
 
 
 # megatron-core 0.16.1 distributed/distributed_data_parallel.py: bucket_size defaults to
-# max(40000000, 1000000 * dp) parameters; the 40M floor is taken here (dp > 40 gets larger buckets
-# there, not here).
+# max(40000000, 1000000 * dp) parameters ("if using very large dp_sizes, make buckets larger to
+# ensure that chunks used in NCCL ring-reduce implementations are large enough to remain
+# bandwidth-bound"; dp is its dp_group, without context parallelism).
 MEGATRON_GRAD_BUCKET_PARAMS = 40_000_000
+MEGATRON_GRAD_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+# DeepSpeed 0.9.5 runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE: the pipeline engine's ReduceGrads
+# all-reduces ZeRO-0 gradients after the backward in buffers of 500M elements.
+DEEPSPEED_ALLREDUCE_BUCKET_PARAMS = 500_000_000
 
 
 class ParallelConfig(BaseModel):
@@ -187,7 +192,10 @@ class ParallelConfig(BaseModel):
         "(Megatron-LM 2021 and megatron-core without the fusion: main_grad.add_(grad); PyTorch AccumulateGrad).",
     )
     overlap_grad_reduce: bool = Field(True, description="Overlap the DP gradient reduction with backward (DDP/Megatron buckets).")
-    grad_bucket_params: Whole = Field(MEGATRON_GRAD_BUCKET_PARAMS, ge=1, description="Parameters per DP gradient bucket (Megatron default 40M).")
+    grad_bucket_params: Whole | None = Field(
+        None, ge=1, description="Parameters per DP gradient bucket. None: the framework's default; megatron-core's "
+        "(framework generic) is max(40M, 1M x dp), and it buckets only the first model chunk of the first pipeline "
+        "rank (the others reduce their gradients in one piece, off the critical path); other frameworks 40M.")
 
 
 class MoEConfig(BaseModel):
@@ -365,6 +373,30 @@ class Scenario(BaseModel):
     def dp(self) -> int:
         p = self.parallelism
         return p.dp if p.dp is not None else self.cluster.gpus // (p.tp * p.cp * p.pp)
+
+    @property
+    def grad_bucket_params(self) -> int:
+        """Parameters per DP gradient bucket: the field, or the framework's default (megatron-core's
+        grows with dp; the 2021 Megatron-LM, DeepSpeed and torchtitan rows keep 40M, as before)."""
+        p = self.parallelism
+        if p.grad_bucket_params is not None:
+            return p.grad_bucket_params
+        if self.framework == "generic":
+            return max(MEGATRON_GRAD_BUCKET_PARAMS, MEGATRON_GRAD_BUCKET_PARAMS_PER_DP_RANK * self.dp)
+        if self.framework == "megatron-deepspeed" and not p.overlap_grad_reduce:
+            return DEEPSPEED_ALLREDUCE_BUCKET_PARAMS
+        return MEGATRON_GRAD_BUCKET_PARAMS
+
+    @property
+    def grad_reduce_in_one_piece(self) -> bool:
+        """Gradients reduced after the backward (no overlap) in one collective per stage, not in
+        buckets: megatron-core sets bucket_size to None without overlap_grad_reduce
+        (distributed_data_parallel.py), and Megatron-LM 2021's DDP all-reduces its contiguous
+        gradient buffer (or one flattened bucket per dtype) at once (megatron/model/distributed.py
+        allreduce_gradients)."""
+        p = self.parallelism
+        return (not p.overlap_grad_reduce and p.grad_bucket_params is None
+                and self.framework in ("generic", "megatron-2021"))
 
     @property
     def num_microbatches(self) -> int:

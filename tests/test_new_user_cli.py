@@ -108,7 +108,8 @@ def test_imbalance_split_that_does_not_shorten_the_simulated_step_is_not_advised
     res = simulate(build_scenario(base))
     step = res.report.step_time_s
     worse = SimpleNamespace(step_time_s=step * 1.01, tokens_per_s=res.report.tokens_per_s / 1.01,
-                            peak_memory_gib=res.report.peak_memory_gib, fits_in_memory=True)
+                            peak_memory_gib=res.report.peak_memory_gib, fits_in_memory=True,
+                            exposed_comm_s=res.report.exposed_comm_s)
     monkeypatch.setattr(F._Budget, "simulate", lambda self, overrides: worse)
     f = {x["kind"]: x for x in F.attach(res, budget_s=10).report.findings}["imbalance"]
     assert "but not the step" in f["message"] and "keep pp_layer_split [5, 9, 9, 9]" in f["message"]

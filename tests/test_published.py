@@ -119,15 +119,16 @@ def test_megatron_2021_small_rows_pinned():
 
 
 def test_vtrain_every_24th_row_pinned():
-    # 60 of the 1,440 layouts (every 24th). Measured 2026-11-23: MAPE 8.0%, mean signed +2.0%
-    # (-0.4% before the measured 7 us launch floor, contention only while a collective runs and
+    # 60 of the 1,440 layouts (every 24th). Measured 2026-11-29: MAPE 8.2%, mean signed +2.7%
+    # (+2.0% before Megatron's cross-entropy moved the bytes its code moves, 38 + 14 a logit;
+    # -0.4% before the measured 7 us launch floor, contention only while a collective runs and
     # the A100 NCCL fit on the Azure NDv4 logs;
     # the full set's figures are in the bench and docs/design-notes.md). A change that moves
     # them must say why.
     v = _subset("vtrain-single-node", read_table("vtrain-single-node")[::24])
     assert len(v.rows) == 60
-    assert v.mape == pytest.approx(0.080, abs=0.005)
-    assert v.mean_signed_error == pytest.approx(0.020, abs=0.005)
+    assert v.mape == pytest.approx(0.082, abs=0.005)
+    assert v.mean_signed_error == pytest.approx(0.027, abs=0.005)
 
 
 def test_group_errors_groups_stated_rows_by_layout():

@@ -639,8 +639,9 @@ def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     if p.zero >= 3:
         cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 1}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 1}))
         cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 2}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 2}))
-    cands.append((f"grad_bucket_params={p.grad_bucket_params // 2:,}", {"parallelism.grad_bucket_params": p.grad_bucket_params // 2}))
-    cands.append((f"grad_bucket_params={p.grad_bucket_params * 2:,}", {"parallelism.grad_bucket_params": p.grad_bucket_params * 2}))
+    bucket = sc.grad_bucket_params
+    cands.append((f"grad_bucket_params={bucket // 2:,}", {"parallelism.grad_bucket_params": bucket // 2}))
+    cands.append((f"grad_bucket_params={bucket * 2:,}", {"parallelism.grad_bucket_params": bucket * 2}))
     sugg = _tried(budget, cands, lambda r: f"exposed dp {r.exposed_comm_s.get('dp', 0.0):.3f} s")
     waits = result.timeline.waits
     where = ""

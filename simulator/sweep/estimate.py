@@ -46,7 +46,7 @@ from simulator.contention import collective_ctas, compute_slowdown, measured_exc
 from simulator.schedules.base import Action
 from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim
 from simulator.workload.plan import (
-    GradBuckets, grad_reduce_bytes, communication_groups, emit_action, hsdp_shard_of, linear_replay,
+    GradBuckets, bucketed_stages, grad_reduce_bytes, communication_groups, emit_action, hsdp_shard_of, linear_replay,
     ADAM_BYTES_PER_PARAM, adam_tensor_count, optimizer_state_bytes, pp_message_bytes,
 )
 from simulator.workload.ops import optimizer_time_s
@@ -492,14 +492,16 @@ class Estimator:
                 if pos_eparams[0] > 0 and use_edp:
                     start_s += coll(Dim.EDP, CollectiveOp.ALL_GATHER, float(pos_eparams[0]) * param_bytes)
         if dp_cp > 1 or use_edp:
-            bucket_bytes = p.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero)
+            bucket_bytes = sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero)
             # The tail differs by the stages a rank holds: the first and last ranks hold the
             # embedding and the head, every middle rank the same layers (up to uneven splits).
             for r in sorted({0, p.pp // 2, p.pp - 1}):
                 stages = rank_stages[r]
                 tail_actions = self._tail_actions(skey, sched, r)
+                bucketed = bucketed_stages(sched, r, sc.framework == "generic")
                 tkey = (id(tab), ckey, tuple((k, bounds[q], g, blk) for k, q, g, blk, _ in tail_actions),
-                        tuple(bounds[stage_pos[st]] for st in stages), p.zero, bucket_bytes, p.overlap_grad_reduce, use_edp)
+                        tuple(bounds[stage_pos[st]] for st in stages), p.zero, bucket_bytes, p.overlap_grad_reduce, use_edp,
+                        None if bucketed is None else tuple(sorted(bucketed)), sc.grad_reduce_in_one_piece)
                 tail = self._tails.get(tkey)
                 if tail is None:
                     # The plan's own buckets over the last backward of each stage, replayed alone:
@@ -511,7 +513,7 @@ class Estimator:
                         handles[0] += 1
                         return handles[0]
 
-                    gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp_cp > 1, use_edp, hsdp)
+                    gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp_cp > 1, use_edp, hsdp, bucketed)
                     bare_s = 0.0  # the same actions without buckets: the tail is the difference
                     if p.overlap_grad_reduce:
                         # From the first of the rank's last backwards to the end, as the plan runs it.
@@ -528,7 +530,8 @@ class Estimator:
                     else:
                         for st in stages:
                             lo, hi = bounds[stage_pos[st]]
-                            gb.split(float(tab.grad_bytes[lo:hi].sum()), float(tab.expert_grad_bytes[lo:hi].sum()), "grads")
+                            gb.split(float(tab.grad_bytes[lo:hi].sum()), float(tab.expert_grad_bytes[lo:hi].sum()), "grads",
+                                     sc.grad_reduce_in_one_piece)
                     gb.join()
                     # What the buckets add: their exposed wait and the compute their kernels slow.
                     lc = linear_replay(out, coll, prof.compute.sm_count, _contention_scale(prof))
@@ -553,7 +556,7 @@ class Estimator:
 
         # Memory: the simulation's own model, on this layout (shared by points that differ only
         # in what memory does not see: topology, network, GPU count at equal dp...).
-        mkey = (id(tab), skey, dp, p.zero, p.grad_bucket_params, p.pp_layer_split and tuple(p.pp_layer_split))
+        mkey = (id(tab), skey, dp, p.zero, sc.grad_bucket_params, p.pp_layer_split and tuple(p.pp_layer_split))
         mem = self._memory.get(mkey)
         if mem is None:
             if tab.per_layer:
@@ -564,7 +567,7 @@ class Estimator:
                     # the expert share of this layout's positions (the reference's is per layer): memory_report
                     # shards it over edp, the rest over dp; without it an expert model's optimizer state read as dense
                     stage_expert_params=[float(x) for x in pos_eparams],
-                    grad_bucket_bytes=p.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero), param_bytes=param_bytes,
+                    grad_bucket_bytes=sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero), param_bytes=param_bytes,
                 )
             else:
                 view = tab.program

@@ -291,14 +291,34 @@ def communication_groups(mesh: Mesh, hsdp_shard: int | None) -> dict[Dim, np.nda
     return groups
 
 
+def bucketed_stages(sched, pp_rank: int, first_chunk_only: bool) -> set[int] | None:
+    """The stages of ``pp_rank`` whose gradients are reduced in buckets as backward produces them
+    (None: all). megatron-core's DDP buckets only the first model chunk of the first pipeline rank:
+    "Turn off bucketing if we are on a pipeline stage that is not the first (since data-parallel
+    communication on these stages is not on the critical path)", and Megatron-LM's get_model passes
+    disable_bucketing for model chunks after the first (megatron-core 0.16.1
+    distributed/distributed_data_parallel.py). Their gradients are reduced in one piece when the
+    stage's last backward ends."""
+    if not first_chunk_only:
+        return None
+    if pp_rank != 0:
+        return set()
+    stages = sched.stages_of_rank(0)
+    first = min(stages, key=lambda st: sched.stage_position[st])
+    return {first}
+
+
 class GradBuckets:
     """Gradient buckets: filled as backward produces gradients, reduced when full (DDP/Megatron)
     or when an FSDP unit's gradients are complete; dense over dp (or HSDP), expert over edp."""
 
     def __init__(self, out: list, new_handle, zero: int, bucket_bytes: float, use_dp: bool, use_edp: bool,
-                 hsdp_shard: int | None):
+                 hsdp_shard: int | None, bucketed: set[int] | None = None):
         self.out, self.new_handle = out, new_handle
         self.zero, self.bucket_bytes, self.hsdp_shard = zero, bucket_bytes, hsdp_shard
+        # Stages whose gradients go in buckets (None: all); the others reduce theirs in one piece
+        # when their last backward ends (``bucketed_stages``).
+        self.bucketed = bucketed
         self.on = (use_dp, use_edp)
         self.fill = [0.0, 0.0]  # dense, expert bytes waiting
         self.pending: list[int] = []
@@ -319,12 +339,14 @@ class GradBuckets:
         # FSDP reduces per unit; DDP/ZeRO-1/2 per bucket.
         unit_done = self.zero >= 3 and (last or int(seg.layer[j + 1]) != int(seg.layer[j]))
         total = self.fill[0] + self.fill[1]
-        if total >= self.bucket_bytes or (unit_done and total > 0):
+        full = total >= self.bucket_bytes and (self.bucketed is None or a.stage in self.bucketed)
+        if full or (unit_done and total > 0):
             self.flush(f"grads stage {a.stage}")
 
-    def split(self, dense: float, expert: float, label: str) -> None:
-        """Reduce ``dense`` + ``expert`` bytes in equal buckets (no overlap with backward)."""
-        n_buckets = max(1, int(np.ceil((dense + expert) / self.bucket_bytes)))
+    def split(self, dense: float, expert: float, label: str, one_piece: bool = False) -> None:
+        """Reduce ``dense`` + ``expert`` bytes in equal buckets (no overlap with backward), or in one
+        collective each (``Scenario.grad_reduce_in_one_piece``)."""
+        n_buckets = 1 if one_piece else max(1, int(np.ceil((dense + expert) / self.bucket_bytes)))
         for _ in range(n_buckets):
             self.fill[0], self.fill[1] = dense / n_buckets, expert / n_buckets
             self.flush(label)
@@ -511,7 +533,8 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     zero3 = prog.zero >= 3
     hsdp_shard = _hsdp_shard(prog)
     use_edp = mesh.edp * mesh.cp > 1
-    buckets = GradBuckets(out, new_handle, prog.zero, prog.grad_bucket_bytes, use_dp, use_edp, hsdp_shard)
+    buckets = GradBuckets(out, new_handle, prog.zero, prog.grad_bucket_bytes, use_dp, use_edp, hsdp_shard,
+                          bucketed_stages(sched, pp_rank, prog.bucket_first_chunk_only))
 
     # ZeRO-1/2: the updated parameters are all-gathered; Megatron overlaps that with the next
     # step's forward, so a stage's first forward waits for its own gather.
@@ -689,7 +712,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
             w = prog.segments[(sched.stage_position[st], "W")]
             dense = float(w.grad_bytes.sum())
             expert = float(w.expert_grad_bytes.sum()) if w.expert_grad_bytes is not None else 0.0
-            buckets.split(dense, expert, f"grads stage {st}")
+            buckets.split(dense, expert, f"grads stage {st}", prog.scenario.grad_reduce_in_one_piece)
     buckets.join()
     # Step-level work between the backward and the optimizer (simulator.workload.program
     # StepCollective): the tied-embedding all-reduce (first and last stage only), the
