@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.scenario import Scenario
+from simulator.scenario import MEGATRON_GRAD_BUCKET_PARAMS, Scenario
 from simulator.schedules.analysis import peak_activations
-from simulator.workload.plan import optimizer_shards
+from simulator.workload.plan import grad_reduce_bytes, optimizer_shards
 from simulator.workload.ops import build_layer_ops, sp_regathers_input
 from simulator.workload.program import Program, selective_op_saved_bytes
 
@@ -185,7 +185,11 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     param_bytes, optim_bytes = (4, 8) if sc.framework == "torchtitan" else (2, 12)
     z = p.zero
     shard, expert_shard = optimizer_shards(z, dp, p.ep, p.fsdp_shard_size, cp=p.cp)
-    buffers = 2 * prog.grad_bucket_bytes  # the factor 2: no source found
+    # The factor 2: no source found. Sized by the scenario's bucket where one is given, else by
+    # the 40M-parameter bucket it was set with: megatron-core's dp-grown buckets are views of its
+    # contiguous gradient buffer (counted under gradients), not allocations of their own.
+    bucket_params = p.grad_bucket_params if p.grad_bucket_params is not None else MEGATRON_GRAD_BUCKET_PARAMS
+    buffers = 2 * bucket_params * grad_reduce_bytes(sc.dtype, p.zero)
     # Recomputation re-materialises one layer at a time in backward: beside the checkpoints, the
     # layer being recomputed holds what it would have kept without recomputation (Chen et al.
     # 2016, "Training Deep Nets with Sublinear Memory Cost": memory = checkpoints + one segment).
