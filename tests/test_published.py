@@ -109,26 +109,29 @@ def _subset(name: str, rows) -> "object":
 def test_megatron_2021_small_rows_pinned():
     # The five runs with pp <= 2 (1.7B-39B; the whole table takes minutes: bench/
     # bench_validate_published.py, whose figures are in docs/design-notes.md). Measured
-    # 2026-11-23: MAPE 0.9%, mean signed -0.4%, worst 2.3% (1.7% / +0.5% before the measured 7 us
+    # 2026-11-29: MAPE 0.6%, mean signed -0.3%, worst 1.5% (0.9% / -0.4% / 2.3% before Megatron's
+    # cross-entropy bytes, its gradient buffer reduced in one piece and classic attention's layout
+    # copies, round 21; 1.7% / +0.5% before the measured 7 us
     # launch floor, contention only while a collective runs, and the A100 NCCL fit on the Azure
     # NDv4 logs). A change that moves them must say why.
     v = _subset("megatron-2021", read_table("megatron-2021")[:5])
-    assert v.mape == pytest.approx(0.009, abs=0.005)
-    assert v.mean_signed_error == pytest.approx(-0.004, abs=0.005)
+    assert v.mape == pytest.approx(0.006, abs=0.005)
+    assert v.mean_signed_error == pytest.approx(-0.003, abs=0.005)
     assert max(abs(r.error) for r in v.rows) < 0.03
 
 
 def test_vtrain_every_24th_row_pinned():
-    # 60 of the 1,440 layouts (every 24th). Measured 2026-11-29: MAPE 8.2%, mean signed +2.7%
-    # (+2.0% before Megatron's cross-entropy moved the bytes its code moves, 38 + 14 a logit;
+    # 60 of the 1,440 layouts (every 24th). Measured 2026-11-29: MAPE 8.0%, mean signed +4.1%
+    # (+2.7% before classic attention's layout copies, +2.0% before Megatron's cross-entropy moved
+    # the bytes its code moves, 38 + 14 a logit;
     # -0.4% before the measured 7 us launch floor, contention only while a collective runs and
     # the A100 NCCL fit on the Azure NDv4 logs;
     # the full set's figures are in the bench and docs/design-notes.md). A change that moves
     # them must say why.
     v = _subset("vtrain-single-node", read_table("vtrain-single-node")[::24])
     assert len(v.rows) == 60
-    assert v.mape == pytest.approx(0.082, abs=0.005)
-    assert v.mean_signed_error == pytest.approx(0.027, abs=0.005)
+    assert v.mape == pytest.approx(0.080, abs=0.005)
+    assert v.mean_signed_error == pytest.approx(0.041, abs=0.005)
 
 
 def test_group_errors_groups_stated_rows_by_layout():

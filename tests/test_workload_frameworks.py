@@ -120,3 +120,19 @@ def test_megatron_softmax_falls_back_unfused_where_its_kernel_refuses(micro_batc
     assert fwd.bytes / scores == pytest.approx(11.0 if fused else 43.0), fwd.bytes / scores
     assert bwd.bytes / scores == pytest.approx(22.0 if fused else 54.0), bwd.bytes / scores
     assert (fwd.launches, bwd.launches) == ((2, 4) if fused else (6, 7))
+
+
+def test_classic_attention_pays_megatron_layout_copies_and_flash_does_not():
+    """Megatron's classic attention copies the context [b, np, sq, hn] -> [sq, b, np, hn]
+    (permute(...).contiguous(), read + write) and, in backward, cats the q, k, v gradients of its
+    torch.split (read + write); the fused FlashAttention path has neither."""
+    sc = _sc(parallelism={"tp": 2, "sequence_parallel": False}, flash_attention=False)
+    dense = build_layer_ops(sc)["dense"]
+    (copy,) = [o for o in dense.forward if o.name == "attn_layout_copies"]
+    tokens, h, kv = 4096, 4096, 8 * 128  # llama3-8b: 32 heads, 8 key/value heads of 128
+    assert copy.bytes == 2 * tokens * (h // 2) * 2  # context on one of 2 TP ranks, bf16, read + write
+    (bwd,) = [o for o in dense.backward()[0] if o.name == "attn_layout_copies.bwd"]
+    assert bwd.bytes == 2 * tokens * ((h + 2 * kv) // 2) * 2  # the fused QKV output's gradient
+    assert bwd.launches == 1
+    flash = build_layer_ops(_sc(parallelism={"tp": 2, "sequence_parallel": False}))["dense"]
+    assert not any(o.name.startswith("attn_layout_copies") for o in flash.forward + flash.backward()[0])
