@@ -193,9 +193,11 @@ class ParallelConfig(BaseModel):
     )
     overlap_grad_reduce: bool = Field(True, description="Overlap the DP gradient reduction with backward (DDP/Megatron buckets).")
     grad_bucket_params: Whole | None = Field(
-        None, ge=1, description="Parameters per DP gradient bucket. None: the framework's default; megatron-core's "
-        "(framework generic) is max(40M, 1M x dp), and it buckets only the first model chunk of the first pipeline "
-        "rank (the others reduce their gradients in one piece, off the critical path); other frameworks 40M.")
+        None, ge=1, description="Parameters per DP gradient bucket. None: the framework's own rule. megatron-core "
+        "(framework generic): max(40M, 1M x dp), buckets only on the first model chunk of the first pipeline rank "
+        "(the other stages reduce their gradients in one piece after their last backward), one piece without "
+        "overlap_grad_reduce; megatron-2021: one piece (no overlap); megatron-deepspeed without overlap: 500M; "
+        "otherwise 40M. A number here is the bucket on the stages the framework buckets.")
 
 
 class MoEConfig(BaseModel):
