@@ -110,3 +110,21 @@ def test_reduced_and_full_modes_agree_on_symmetric_scenarios_up_to_256_gpus(gpus
         assert full.report.exposed_comm_s[dim] == pytest.approx(red.report.exposed_comm_s[dim], rel=1e-3, abs=1e-7)
     assert full.report.bubble_fraction == pytest.approx(red.report.bubble_fraction, rel=1e-3, abs=1e-6)
     assert len(full.timeline.ranks) == gpus
+
+
+@pytest.mark.parametrize("schedule", ["dualpipe", "dualpipev", "zbv", "zb-h1", "1f1b"])
+def test_every_stage_of_a_rank_reduces_all_its_gradients(schedule):
+    # DualPipe's first (and, for dualpipe, last) rank ends one of its stages with a full B while it
+    # splits others into I and W; the planner took only W as a stage's last gradient action on such
+    # a rank, so that stage's gradients were never reduced (dualpipev rank 0: 357.6 of 715.2 MB).
+    prog, plan = plan_of(model={"name": "s", "num_layers": 16, "hidden_size": 2048, "ffn_hidden_size": 7168,
+                                "num_attention_heads": 16, "num_kv_heads": 8, "vocab_size": 32000, "mlp": "swiglu"},
+                         parallelism={"tp": 2, "pp": 4, "zero": 1}, batch={"global_batch_size": 64}, schedule=schedule,
+                         cluster={"gpus": 32})
+    sched = plan.schedule
+    for rp in plan.ranks:
+        reduced = sum(sum(s[2] for s in i.steps) for i in rp.instrs
+                      if type(i) is Collective and i.stream == Stream.DP and "grads" in i.name)
+        expected = sum(float(prog.segments[(sched.stage_position[st], "W")].grad_bytes.sum())
+                       for st in sched.stages_of_rank(rp.pp_rank))
+        assert reduced == pytest.approx(expected, rel=1e-9), (schedule, rp.pp_rank, reduced, expected)

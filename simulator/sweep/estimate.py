@@ -126,7 +126,7 @@ class Estimator:
         self._scheds: dict[tuple, PipelineSchedule | UserError] = {}
         self._sched_info: dict[tuple, tuple[np.ndarray, int]] = {}
         self._tables: dict[str, _Table] = {}
-        self._replays: dict[tuple, tuple[float, float]] = {}
+        self._replays: dict[tuple, tuple[float, tuple[float, ...]]] = {}
         self._splits: dict[tuple, np.ndarray] = {}
         self._costs: dict[tuple, tuple[dict[str, np.ndarray], np.ndarray]] = {}
         self._coll: dict[tuple, float] = {}
@@ -204,18 +204,19 @@ class Estimator:
                 for leaf in a.leaves:
                     if leaf.kind in ("B", "W"):
                         last_grad[leaf.stage] = idx
-            zb = any(a.kind == "W" for a in actions)
             hit = []
             for idx in range(min(last_grad.values(), default=len(actions)), len(actions)):
                 a = actions[idx]
                 for leaf in a.leaves:
-                    g = last_grad.get(leaf.stage) == idx and leaf.kind in (("W",) if zb else ("B", "W"))
+                    g = last_grad.get(leaf.stage) == idx and leaf.kind in ("B", "W")  # (the plan's rule)
                     hit.append((leaf.kind, sched.stage_position[leaf.stage], g, a.kind != "FB", leaf.stage))
             self._tails_of[tkey] = hit
         return hit
 
-    def _replay(self, key: tuple, sched: PipelineSchedule, rb: float, rw: float, rfb: float | None = None) -> float:
-        """Makespan of the schedule with F=1, B=rb, W=rw (and an overlapped F&B pair rfb), in units of F."""
+    def _replay(self, key: tuple, sched: PipelineSchedule, rb: float, rw: float,
+                rfb: float | None = None) -> tuple[float, tuple[float, ...]]:
+        """Makespan of the schedule with F=1, B=rb, W=rw (and an overlapped F&B pair rfb), in units
+        of F, and each rank's slack: how long before the makespan its last action ends."""
         qb = max(RATIO_STEP, round(rb / RATIO_STEP) * RATIO_STEP)
         qw = min(qb, round(rw / RATIO_STEP) * RATIO_STEP)
         qfb = None if rfb is None else max(RATIO_STEP, round(rfb / RATIO_STEP) * RATIO_STEP)
@@ -223,9 +224,11 @@ class Estimator:
         hit = self._replays.get(rkey)
         if hit is None:
             rep = replay_unit_costs(sched, 1.0, qb, qw, FB=qfb)
-            hit = self._replays[rkey] = (rep.makespan, float(np.mean(rep.busy)))
+            slack = tuple(rep.makespan - (e[-1] if e else 0.0) for e in rep.end)
+            hit = self._replays[rkey] = (rep.makespan, slack)
             self.stats["replays"] += 1
-        return hit[0] * (1 + rb) / (1 + qb) if qb > 0 else hit[0]
+        scale = (1 + rb) / (1 + qb) if qb > 0 else 1.0
+        return hit[0] * scale, tuple(x * scale for x in hit[1])
 
     # ------------------------------------------------------------------ reference programs
 
@@ -455,9 +458,12 @@ class Estimator:
         # An overlapped F&B pair costs its two halves, each joining its own collectives at its end.
         fb = float((counts_fb * cost_mat_nb).sum()) / n_pairs if n_pairs else None
         if f > 0:
-            makespan = f * self._replay(skey, sched, b / f, w / f, None if fb is None else fb / f)
+            makespan, slack_u = self._replay(skey, sched, b / f, w / f, None if fb is None else fb / f)
+            makespan *= f
+            slack = [f * x for x in slack_u]
         else:
             makespan = float(busy.max())
+            slack = [0.0] * p.pp
         pipeline = makespan + float(busy.max() - busy.mean())
 
         exposed = dict.fromkeys(DIM_NAMES, 0.0)
@@ -536,7 +542,9 @@ class Estimator:
                     # What the buckets add: their exposed wait and the compute their kernels slow.
                     lc = linear_replay(out, coll, prof.compute.sm_count, _contention_scale(prof))
                     tail = self._tails[tkey] = max(0.0, lc.end_s - bare_s)
-                end_dp = max(end_dp, tail)
+                # A rank whose backward ends before the pipeline drains reduces in that slack
+                # (megatron-core's later stages reduce in one piece after their last backward).
+                end_dp = max(end_dp, tail - slack[r])
         exposed["dp"] = exposed.get("dp", 0.0) + start_s + end_dp
         opt_bytes = 0.0
         for stages in rank_stages:
@@ -556,7 +564,9 @@ class Estimator:
 
         # Memory: the simulation's own model, on this layout (shared by points that differ only
         # in what memory does not see: topology, network, GPU count at equal dp...).
-        mkey = (id(tab), skey, dp, p.zero, sc.grad_bucket_params, p.pp_layer_split and tuple(p.pp_layer_split))
+        # the field as written, not the resolved bucket: memory_report sizes its bucket reserve by
+        # the field (40M where unset), so an unset field and its resolved value differ in memory
+        mkey = (id(tab), skey, dp, p.zero, p.grad_bucket_params, p.pp_layer_split and tuple(p.pp_layer_split))
         mem = self._memory.get(mkey)
         if mem is None:
             if tab.per_layer:

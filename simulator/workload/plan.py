@@ -528,7 +528,6 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
         for sub in a.leaves:
             if sub.kind in ("B", "W"):
                 last_grad_action[sub.stage] = idx
-    zb = any(a.kind == "W" for a in actions)
     use_dp = mesh.dp * mesh.cp > 1  # CP ranks reduce their gradients with the dp ones
     zero3 = prog.zero >= 3
     hsdp_shard = _hsdp_shard(prog)
@@ -643,7 +642,9 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
 
     def run_action(idx: int, a: Action) -> None:
         for sub in a.leaves:
-            g = last_grad_action.get(sub.stage) == idx and sub.kind in (("W",) if zb else ("B", "W"))
+            # The stage's last weight-gradient action: a W, or a full B (DualPipe's first and last
+            # ranks end one of their stages with a B though they split others into I and W).
+            g = last_grad_action.get(sub.stage) == idx and sub.kind in ("B", "W")
             run_segments(sub, idx, g, blocking=a.kind != "FB")
             complete(sub)
             if g and prog.overlap_grad_reduce:
