@@ -196,8 +196,8 @@ class ParallelConfig(BaseModel):
         None, ge=1, description="Parameters per DP gradient bucket. None: the framework's own rule. megatron-core "
         "(framework generic): max(40M, 1M x dp), buckets only on the first model chunk of the first pipeline rank "
         "(the other stages reduce their gradients in one piece after their last backward), one piece without "
-        "overlap_grad_reduce; megatron-2021: one piece (no overlap); megatron-deepspeed without overlap: 500M; "
-        "otherwise 40M. A number here is the bucket on the stages the framework buckets.")
+        "overlap_grad_reduce (whatever is given here); megatron-2021: one piece (no overlap); megatron-deepspeed "
+        "without overlap: 500M; otherwise 40M. A number here is the bucket on the stages the framework buckets.")
 
 
 class MoEConfig(BaseModel):
@@ -392,13 +392,12 @@ class Scenario(BaseModel):
     @property
     def grad_reduce_in_one_piece(self) -> bool:
         """Gradients reduced after the backward (no overlap) in one collective per stage, not in
-        buckets: megatron-core sets bucket_size to None without overlap_grad_reduce
-        (distributed_data_parallel.py), and Megatron-LM 2021's DDP all-reduces its contiguous
-        gradient buffer (or one flattened bucket per dtype) at once (megatron/model/distributed.py
-        allreduce_gradients)."""
+        buckets: megatron-core sets bucket_size to None without overlap_grad_reduce, whatever
+        bucket was asked for (distributed_data_parallel.py), and Megatron-LM 2021's DDP all-reduces
+        its contiguous gradient buffer (or one flattened bucket per dtype) at once
+        (megatron/model/distributed.py allreduce_gradients). FSDP (ZeRO 3) reduces per unit."""
         p = self.parallelism
-        return (not p.overlap_grad_reduce and p.grad_bucket_params is None
-                and self.framework in ("generic", "megatron-2021"))
+        return not p.overlap_grad_reduce and p.zero < 3 and self.framework in ("generic", "megatron-2021")
 
     @property
     def num_microbatches(self) -> int:

@@ -128,3 +128,29 @@ def test_every_stage_of_a_rank_reduces_all_its_gradients(schedule):
         expected = sum(float(prog.segments[(sched.stage_position[st], "W")].grad_bytes.sum())
                        for st in sched.stages_of_rank(rp.pp_rank))
         assert reduced == pytest.approx(expected, rel=1e-9), (schedule, rp.pp_rank, reduced, expected)
+
+
+def test_megatron_reduces_in_one_piece_without_overlap_whatever_the_bucket():
+    # megatron-core sets bucket_size to None without overlap_grad_reduce, even when one is given;
+    # FSDP (zero 3) still reduces per unit; DeepSpeed keeps its 500M-element buffers.
+    from simulator.scenario import build_scenario
+
+    def sc(**par):
+        return build_scenario({"model": "llama3-8b", "parallelism": {"tp": 2, "pp": 2, **par},
+                               "batch": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024},
+                               "cluster": {"gpus": 16}})
+
+    assert sc(overlap_grad_reduce=False).grad_reduce_in_one_piece
+    assert sc(overlap_grad_reduce=False, grad_bucket_params=5_000_000).grad_reduce_in_one_piece
+    assert not sc(overlap_grad_reduce=False, zero=3).grad_reduce_in_one_piece
+    assert not sc(overlap_grad_reduce=True).grad_reduce_in_one_piece
+    ds = build_scenario({"model": "llama3-8b", "framework": "megatron-deepspeed",
+                         "parallelism": {"tp": 2, "pp": 2, "zero": 0, "overlap_grad_reduce": False},
+                         "batch": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024},
+                         "cluster": {"gpus": 16}})
+    assert not ds.grad_reduce_in_one_piece and ds.grad_bucket_params == 500_000_000
+    # megatron-core's bucket grows with dp: max(40M, 1M x dp)
+    big = build_scenario({"model": "llama3-8b", "parallelism": {"tp": 1, "pp": 1},
+                          "batch": {"micro_batch_size": 1, "global_batch_size": 128, "seq_length": 1024},
+                          "cluster": {"gpus": 128}})
+    assert big.grad_bucket_params == 128_000_000 and sc().grad_bucket_params == 40_000_000

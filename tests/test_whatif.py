@@ -1,6 +1,7 @@
 """What-if at scale: slow GPUs, degraded links, jitter, failures; split symmetry against full mode."""
 
 import json
+from pathlib import Path
 import re
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 from simulator.errors import UserError
 from simulator.network.base import CollectiveRequest
 from simulator.network.fabric import FlowNetwork
-from simulator.scenario import build_scenario
+from simulator.scenario import build_scenario, load_scenario
 from simulator.simulate import simulate
 from simulator.vocabulary import CollectiveOp, Dim
 from simulator.whatif.links import link_names, select_links
@@ -369,3 +370,19 @@ def test_dp_finding_of_a_slow_gpu_names_the_wait_not_buckets():
     assert len(dp) == 1 and dp[0].suggestions == []
     assert f"{extra:.3f} s of it beyond the clean step" in dp[0].message
     assert "grad_bucket_params" not in dp[0].message
+
+
+def test_imbalance_split_shaped_around_a_slow_gpu_elsewhere_says_so():
+    # The LM head's stage is the slowest; a GPU of pp rank 1 is slowed. The proposed split moves a
+    # layer off pp rank 1 too, which would be wrong once that GPU is replaced: the finding says so.
+    from simulator.report.findings import find
+
+    sc = load_scenario(Path(__file__).parent / "data" / "scenarios" / "small-llama.yaml",
+                       {"perturbations": {"gpus": [{"rank": 21, "speed": 0.8}]}})
+    res = simulate(sc)
+    assert tuple(res.program.mesh.coords[21, :2])[0] == 1  # pp rank 1
+    (imb,) = [f for f in find(res, budget_s=0) if f.kind == "imbalance"]
+    assert imb.message.startswith("imbalance: pp rank 3 ")
+    assert "(the what-if slows a GPU of pp rank 1: a split below also works around it" in imb.message
+    clean = [f for f in find(res.clean, budget_s=0) if f.kind == "imbalance"]
+    assert clean and all("what-if" not in f.message for f in clean)

@@ -482,6 +482,14 @@ def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | 
         head += (f", {beyond:.3f} s of it beyond the clean step: pp rank {slow}'s slowest GPU runs its layers "
                  f"{factors[slow]:.2f}x as long (replacing or draining that GPU removes this part; a layer split "
                  "only works around it)")
+    elif factors is not None and result.clean is not None:
+        slowed = [i for i, f in enumerate(factors) if f > 1 + 1e-6]
+        if slowed:
+            # The split is computed with every stage at its slowest GPU, so it also moves layers
+            # around a slowed GPU elsewhere: say so, since it would be wrong once that GPU is replaced.
+            ranks = ", ".join(map(str, slowed))
+            head += (f" (the what-if slows a GPU of pp rank{'s' if len(slowed) > 1 else ''} {ranks}: a split below "
+                     "also works around it, and would not once that GPU is replaced)")
     head += ". "
     stages = (f"{'' if positions == sched.num_ranks else '(pp rank) '}{now_max * 1e3:.1f} → {new_max * 1e3:.1f} ms "
               "per microbatch")
@@ -639,9 +647,10 @@ def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     if p.zero >= 3:
         cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 1}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 1}))
         cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 2}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 2}))
-    bucket = sc.grad_bucket_params
-    cands.append((f"grad_bucket_params={bucket // 2:,}", {"parallelism.grad_bucket_params": bucket // 2}))
-    cands.append((f"grad_bucket_params={bucket * 2:,}", {"parallelism.grad_bucket_params": bucket * 2}))
+    if not sc.grad_reduce_in_one_piece:  # (the framework reduces in one piece whatever the bucket)
+        bucket = sc.grad_bucket_params
+        cands.append((f"grad_bucket_params={bucket // 2:,}", {"parallelism.grad_bucket_params": bucket // 2}))
+        cands.append((f"grad_bucket_params={bucket * 2:,}", {"parallelism.grad_bucket_params": bucket * 2}))
     sugg = _tried(budget, cands, lambda r: f"exposed dp {r.exposed_comm_s.get('dp', 0.0):.3f} s")
     waits = result.timeline.waits
     where = ""

@@ -35,7 +35,9 @@ from simulator.version import package_version
 
 SCHEMA_VERSION = 1
 # Bump when the simulator's results for the same inputs change meaning within one version (keys rows).
-RESULTS_VERSION = "1"
+# 2: round 21 (gradient buckets by framework, Megatron's cross-entropy bytes, classic attention's
+# layout copies): a stored step for the same scenario is no longer today's.
+RESULTS_VERSION = "2"
 # The key fields kept as columns (the rest lives in report_json).
 KEY_FIELDS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_memory_gib", "fits_in_memory", "gpus")
 
