@@ -517,11 +517,9 @@ def layout_line(sc) -> str:
     prec = f"{sc.dtype} ({sc.fp8.recipe})" if sc.dtype == "fp8" else sc.dtype
     extras = ([f"recompute {sc.recompute}"] if sc.recompute != "none" else []) + (["async TP"] if p.async_tp else []) \
         + (["TP comm overlap"] if p.tp_comm_overlap else [])
-    from simulator.workload.ops import active_parameters, total_parameters
+    from simulator.workload.ops import active_parameters, model_size_text, total_parameters
 
-    params = total_parameters(sc)
-    active = active_parameters(sc)
-    size = f"{params / 1e9:.1f}B parameters" + (f", {active / 1e9:.1f}B active" if active < params else "")
+    size = model_size_text(total_parameters(sc), active_parameters(sc))
     return (f"{sc.model.name} ({size}) · {' '.join(dims)} · {sched} · global batch {plural(sc.batch.global_batch_size, 'sequence')} "
             f"of {sc.batch.seq_length:,} tokens · {' · '.join([prec, *extras])} · {sc.cluster.gpu_name} on {sc.cluster.topology_name}")
 

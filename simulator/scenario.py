@@ -390,6 +390,13 @@ class Scenario(BaseModel):
         return MEGATRON_GRAD_BUCKET_PARAMS
 
     @property
+    def grad_buckets_first_chunk_only(self) -> bool:
+        """Gradients reduced in buckets during the backward only on the first pipeline rank's first
+        model chunk, the other stages in one piece when their last backward ends: megatron-core's
+        DDP (framework generic; plan.bucketed_stages has the source)."""
+        return self.framework == "generic"
+
+    @property
     def grad_reduce_in_one_piece(self) -> bool:
         """Gradients reduced after the backward (no overlap) in one collective per stage, not in
         buckets: megatron-core sets bucket_size to None without overlap_grad_reduce, whatever

@@ -28,6 +28,7 @@ import plotly.io as pio
 
 from simulator.report.analysis import BREAKDOWN_LABELS, PATH_CAUSE_NAMES
 from simulator.vocabulary import DIM_NAMES, STREAM_NAMES
+from simulator.workload.ops import model_size_text
 
 if TYPE_CHECKING:  # the report layer only reads results; importing simulate here would be circular
     from simulator.engine.core import Timeline
@@ -1388,10 +1389,8 @@ def scenario_line(result: "SimulationResult") -> str:
     sc = result.scenario
     p = sc.parallelism
     setup = result.report.setup or {}
-    size = ""
-    if setup.get("parameters"):
-        total, active = setup["parameters"], setup.get("active_parameters", setup["parameters"])
-        size = f" ({total / 1e9:.1f}B parameters" + (f", {active / 1e9:.1f}B active)" if active < total else ")")
+    size = (f" ({model_size_text(setup['parameters'], setup.get('active_parameters', setup['parameters']))})"
+            if setup.get("parameters") else "")
     parts = [
         f"{sc.model.name}{size}", f"{sc.cluster.gpus:,} × {sc.cluster.gpu_name}", f"topology {sc.cluster.topology_name}",
         f"TP{p.tp} PP{p.pp}" + (f" VPP{p.vpp}" if p.vpp > 1 else "") + f" DP{sc.dp}" + (f" CP{p.cp}" if p.cp > 1 else "")

@@ -475,21 +475,20 @@ def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | 
     moved = ", ".join(f"{'pp' if positions == sched.num_ranks else 'position'} {i} {c:+d}"
                       for i, c in enumerate(np.array(split) - np.array(current)) if c)
     head += f"; imbalance costs {rep.step_breakdown_s.get('imbalance', 0.0):.3f} s of the step"
-    if factors is not None and factors[slow] > 1 + 1e-6 and result.clean is not None:
+    # (factors exist only for a what-if, so result.clean is its clean step)
+    slowed = [] if factors is None else [i for i, f in enumerate(factors) if f > 1 + 1e-6]
+    if slow in slowed:
         # A what-if's slow GPU: the first remedy is the GPU (replace or drain it); moving layers
         # off its stage only works around it, and would be wrong once the GPU is healthy again.
         beyond = rep.step_breakdown_s.get("imbalance", 0.0) - result.clean.report.step_breakdown_s.get("imbalance", 0.0)
         head += (f", {beyond:.3f} s of it beyond the clean step: pp rank {slow}'s slowest GPU runs its layers "
                  f"{factors[slow]:.2f}x as long (replacing or draining that GPU removes this part; a layer split "
                  "only works around it)")
-    elif factors is not None and result.clean is not None:
-        slowed = [i for i, f in enumerate(factors) if f > 1 + 1e-6]
-        if slowed:
-            # The split is computed with every stage at its slowest GPU, so it also moves layers
-            # around a slowed GPU elsewhere: say so, since it would be wrong once that GPU is replaced.
-            ranks = ", ".join(map(str, slowed))
-            head += (f" (the what-if slows a GPU of pp rank{'s' if len(slowed) > 1 else ''} {ranks}: a split below "
-                     "also works around it, and would not once that GPU is replaced)")
+    elif slowed:
+        # The split is computed with every stage at its slowest GPU, so it also moves layers
+        # around a slowed GPU elsewhere: say so, since it would be wrong once that GPU is replaced.
+        head += (f" (the what-if slows a GPU of pp rank{'s' if len(slowed) > 1 else ''} {', '.join(map(str, slowed))}: "
+                 "a split below also works around it, and would not once that GPU is replaced)")
     head += ". "
     stages = (f"{'' if positions == sched.num_ranks else '(pp rank) '}{now_max * 1e3:.1f} → {new_max * 1e3:.1f} ms "
               "per microbatch")

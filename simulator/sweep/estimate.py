@@ -504,7 +504,7 @@ class Estimator:
             for r in sorted({0, p.pp // 2, p.pp - 1}):
                 stages = rank_stages[r]
                 tail_actions = self._tail_actions(skey, sched, r)
-                bucketed = bucketed_stages(sched, r, sc.framework == "generic")
+                bucketed = bucketed_stages(sched, r, sc.grad_buckets_first_chunk_only)
                 tkey = (id(tab), ckey, tuple((k, bounds[q], g, blk) for k, q, g, blk, _ in tail_actions),
                         tuple(bounds[stage_pos[st]] for st in stages), p.zero, bucket_bytes, p.overlap_grad_reduce, use_edp,
                         None if bucketed is None else tuple(sorted(bucketed)), sc.grad_reduce_in_one_piece)

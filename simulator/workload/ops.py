@@ -815,6 +815,11 @@ def active_parameters(sc: Scenario) -> float:
     return total - (m.num_layers - m.num_dense_layers) * routed * (1 - m.top_k / m.num_experts)
 
 
+def model_size_text(total: float, active: float) -> str:
+    """'70.6B parameters', or '46.7B parameters, 12.9B active' for a mixture of experts."""
+    return f"{total / 1e9:.1f}B parameters" + (f", {active / 1e9:.1f}B active" if active < total else "")
+
+
 def sp_regathers_input(sc: Scenario) -> bool:
     """Whether a column-parallel GEMM's weight gradient gathers its sequence-parallel input again
     in backward. Megatron keeps only its 1/tp slice and re-gathers it

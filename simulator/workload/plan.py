@@ -533,7 +533,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     hsdp_shard = _hsdp_shard(prog)
     use_edp = mesh.edp * mesh.cp > 1
     buckets = GradBuckets(out, new_handle, prog.zero, prog.grad_bucket_bytes, use_dp, use_edp, hsdp_shard,
-                          bucketed_stages(sched, pp_rank, prog.bucket_first_chunk_only))
+                          bucketed_stages(sched, pp_rank, prog.grad_buckets_first_chunk_only))
 
     # ZeRO-1/2: the updated parameters are all-gathered; Megatron overlaps that with the next
     # step's forward, so a stage's first forward waits for its own gather.
@@ -713,7 +713,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
             w = prog.segments[(sched.stage_position[st], "W")]
             dense = float(w.grad_bytes.sum())
             expert = float(w.expert_grad_bytes.sum()) if w.expert_grad_bytes is not None else 0.0
-            buckets.split(dense, expert, f"grads stage {st}", prog.scenario.grad_reduce_in_one_piece)
+            buckets.split(dense, expert, f"grads stage {st}", prog.grad_reduce_in_one_piece)
     buckets.join()
     # Step-level work between the backward and the optimizer (simulator.workload.program
     # StepCollective): the tied-embedding all-reduce (first and last stage only), the

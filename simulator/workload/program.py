@@ -91,8 +91,8 @@ class Program:
     stage_expert_params: list[float] = field(default_factory=list)  # the expert share of stage_params (sharded over edp)
     overlap_grad_reduce: bool = True
     grad_bucket_bytes: float = float(MEGATRON_GRAD_BUCKET_PARAMS) * GRAD_REDUCE_BYTES
-    # megatron-core's DDP buckets only the first model chunk of the first pipeline rank (plan.bucketed_stages)
-    bucket_first_chunk_only: bool = False
+    grad_buckets_first_chunk_only: bool = False  # Scenario.grad_buckets_first_chunk_only
+    grad_reduce_in_one_piece: bool = False  # Scenario.grad_reduce_in_one_piece
     param_bytes: int = 2
     notes: list[str] = field(default_factory=list)
     step_collectives: list[StepCollective] = field(default_factory=list)
@@ -676,7 +676,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         model_flops_per_step=model_flops, tokens_per_step=sc.batch.global_batch_size * sc.batch.seq_length,
         zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
         grad_bucket_bytes=sc.grad_bucket_params * gbytes,
-        bucket_first_chunk_only=sc.framework == "generic",
+        grad_buckets_first_chunk_only=sc.grad_buckets_first_chunk_only,
+        grad_reduce_in_one_piece=sc.grad_reduce_in_one_piece,
         # FSDP with FP8 all-gather moves 1-byte weights (torchtitan enable_fsdp_float8_all_gather).
         param_bytes=1 if sc.dtype == "fp8" and sc.fp8.param_all_gather and p.zero >= 3 else sc.dtype_bytes,
         unit_params=unit_params,
