@@ -6,12 +6,15 @@ NAME` prints, set by set).
     python bench/bench_validate_published.py [NAME ...]
 
 After each table, the errors grouped by layout (pp, tp, microbatch size, model size): a
-systematic error shows up as a trend over one of them.
+systematic error shows up as a trend over one of them. For vTrain, the rows read as the
+composition they are (simulator.calibrate.composition): the published and predicted terms per
+layer and microbatch, per microbatch, per step, and the set's MAPE were each term right.
 """
 
 import sys
 import time
 
+from simulator.calibrate.composition import TERMS, fit_terms, layer_times, mape_with_published_terms
 from simulator.calibrate.published import (PUBLISHED, group_errors, group_errors_by_pair, print_published,
                                           validate_published)
 
@@ -23,6 +26,43 @@ GROUP_KEYS = {"megatron-2021": ["B", "tp", "pp"], "torchtitan-2024": [],
 # Pairs of them (the microbatch trend differs by tp and by pp on vTrain).
 GROUP_PAIRS = {"megatron-2021": [], "torchtitan-2024": [],
                "vtrain-single-node": [("tp", "mb"), ("pp", "mb"), ("h", "mb"), ("tp", "h")]}
+
+
+
+def print_vtrain_terms(v) -> None:
+    """vTrain's rows as composed terms: which cost a miss is in."""
+    fits = fit_terms(v)
+    for label, sel in (("dp = 1", [f for f in fits if f.dp == 1]), ("dp > 1", [f for f in fits if f.dp > 1])):
+        print(f"  composition, {label}: {len(sel)} groups, published rows linear in (microbatches x layers, "
+              f"microbatches, layers, 1) to a relative residual of {max(f.published_residual for f in sel):.1e}")
+    print("  one layer, one microbatch (forward, recomputation, backward), ms: published (spread over its "
+          "pp/dp groups) / predicted / error")
+    cells = layer_times(fits)
+    for (tp, mb, h), (pub, pred) in sorted(cells.items()):
+        p, q = sum(pub) / len(pub), sum(pred) / len(pred)
+        spread = (max(pub) - min(pub)) / p
+        print(f"    tp{tp} mb{mb} h{h:<5d} {p * 1e3:6.2f} (spread {spread:.0e}, {len(pub)} groups)  {q * 1e3:6.2f}  {q / p - 1:+6.1%}")
+    # The same per-layer cell at a larger hidden size does 4x the GEMM work with the same kernels:
+    # a smaller published time there is the measurement's scatter, not a cost to model.
+    for (tp, mb, h), (pub, _) in sorted(cells.items()):
+        big = cells.get((tp, mb, 2 * h))
+        if big and sum(big[0]) / len(big[0]) < sum(pub) / len(pub):
+            print(f"    scatter: tp{tp} mb{mb} h{2 * h} published below h{h} "
+                  f"({sum(big[0]) / len(big[0]) * 1e3:.2f} < {sum(pub) / len(pub) * 1e3:.2f} ms)")
+    print("  per microbatch outside the layers at pp >= 2 (the bottleneck stage's extra), ms: published / predicted")
+    per_mb: dict = {}
+    for f in fits:
+        if f.pp >= 2 and f.full_rank:
+            per_mb.setdefault((f.tp, f.micro_batch, f.hidden), []).append((f.published_s[1], f.predicted_s[1]))
+    for (tp, mb, h), pairs in sorted(per_mb.items()):
+        p, q = (sum(x[i] for x in pairs) / len(pairs) for i in (0, 1))
+        print(f"    tp{tp} mb{mb} h{h:<5d} {p * 1e3:6.2f}  {q * 1e3:6.2f}  {q / p - 1:+6.1%}")
+    print("  MAPE / mean signed were these terms the published ones:")
+    for terms in ((), (0,), (1,), (2, 3), (0, 1), (0, 1, 2, 3)):
+        mape, signed = mape_with_published_terms(v, fits, terms)
+        names = ", ".join(TERMS[i] for i in terms) or "none (as predicted)"
+        print(f"    {names:75s} {mape:5.1%} / {signed:+5.1%}")
+
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(PUBLISHED)
@@ -42,6 +82,8 @@ if __name__ == "__main__":
         for a, b in GROUP_PAIRS[name]:
             cells = [f"{ka:g},{kb:g}: n={n} {mean:+.1%}" for (ka, kb), (n, mean, _) in group_errors_by_pair(v, a, b).items()]
             print(f"  by {a},{b} " + "  ".join(cells))
+        if name == "vtrain-single-node":
+            print_vtrain_terms(v)
         summary.append((name, v, dt))
     print()
     for name, v, dt in summary:

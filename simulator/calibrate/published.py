@@ -490,7 +490,10 @@ SET_NOTES = {
                         "so it reads low by the allocator's fragmentation"],
     "vtrain-single-node": ["precision not stated (fp16 assumed; A100 FP16 and BF16 peaks are equal)",
                            "vocabulary not stated (GPT-2 BPE padded to 128 x tp assumed)",
-                           "alpha-beta network: equal to the flow fabric on one NVSwitch node"],
+                           "alpha-beta network: equal to the flow fabric on one NVSwitch node",
+                           "rows are composed, not each timed: exactly linear in layers and microbatches within a "
+                           "layout group, from 24 layer times (simulator.calibrate.composition; the bench prints "
+                           "the terms)"],
 }
 
 
