@@ -136,3 +136,27 @@ def test_classic_attention_pays_megatron_layout_copies_and_flash_does_not():
     assert bwd.launches == 1
     flash = build_layer_ops(_sc(parallelism={"tp": 2, "sequence_parallel": False}))["dense"]
     assert not any(o.name.startswith("attn_layout_copies") for o in flash.forward + flash.backward()[0])
+
+
+def test_embedding_weight_gradient_is_torchs_dense_backward():
+    """Every microbatch zeroes a gradient the size of the rank's table and scatters each token's
+    row through fp32 partial sums; Megatron's get_batch mask is not part of it."""
+    from simulator.calibrate.published import vtrain_scenario
+    from simulator.workload.ops import embedding_wgrad_op
+
+    def row(tp):
+        return {"hidden size": "2048", "# layers": "12", "tensor parallelism": str(tp), "data parallelism": "1",
+                "pipeline parallelism": "2", "micro batch": "4", "global batch": "8", "attention heads": "16",
+                "sequence length": "1024", "# GPUs": str(2 * tp)}
+
+    h, T = 2048, 4 * 1024
+    for tp in (1, 4):
+        sc = build_scenario(vtrain_scenario(row(tp)))
+        op = embedding_wgrad_op(sc, params=1.0)
+        word = sc.model.vocab_size / tp * h * 2 + T * h * (2 + 2 + 8)
+        position = 1024 * h * 2 + T * h * (2 + 2 + 8)
+        assert op.bytes == pytest.approx(word + position)
+        assert op.launches == 2 * 7  # per table: 6 kernels and AccumulateGrad's add
+        # The same model under the generic framework moves the same bytes (no b x s x s mask).
+        generic = build_scenario({**vtrain_scenario(row(tp)), "framework": "generic"})
+        assert embedding_wgrad_op(generic, params=1.0).bytes == pytest.approx(op.bytes)

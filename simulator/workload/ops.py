@@ -211,10 +211,47 @@ MEGATRON_LOSS_FUNC_LAUNCHES = {"launches": 8, "bwd_launches": 4}
 
 def megatron_embedding_launches(learned_positions: bool) -> dict[str, int]:
     """Megatron's Embedding.forward: word lookup, position lookup, add, dropout (4; 2 without
-    learned positions). Backward: the dropout's, then per table embedding_dense_backward (PyTorch
-    CUDA: zero the gradient, sort the indices, count, segment offsets, partial sums, sums = 6)."""
+    learned positions). Backward of the lookup op: the dropout's; the tables' own backward is the
+    weight gradient (``embedding_wgrad_op``)."""
     tables = 2 if learned_positions else 1
-    return {"launches": 2 * tables, "bwd_launches": 1 + 6 * tables}
+    return {"launches": 2 * tables, "bwd_launches": 1}
+
+
+# PyTorch's dense embedding backward (aten/src/ATen/native/cuda/Embedding.cu
+# embedding_dense_backward_cuda and EmbeddingBackwardKernel.cu embedding_backward_cuda_kernel, as
+# recalled; the CPU wheel carries no CUDA source): zero a gradient the size of the table, sort the
+# indices, count, segment offsets, fp32 partial sums per segment, sum and scatter into the table =
+# 6 kernels a table.
+EMBEDDING_BACKWARD_LAUNCHES_PER_TABLE = 6
+# Bytes a token's row moves besides the zeroed table: the output gradient read (dtype), its fp32
+# partial sum written and read back (4 + 4), the row written into the table (dtype).
+EMBEDDING_BACKWARD_FP32_PARTIAL_BYTES = 8
+
+
+def embedding_backward_bytes(table_rows: float, hidden: int, tokens: int, dtype_bytes: int) -> float:
+    """One table's dense embedding backward: the zeroed table (rows x h) and per token its row
+    read, summed in fp32 and scattered (PyTorch's CUDA kernels; no sparse gradients)."""
+    return table_rows * hidden * dtype_bytes + tokens * hidden * (2 * dtype_bytes + EMBEDDING_BACKWARD_FP32_PARTIAL_BYTES)
+
+
+def embedding_wgrad_op(sc: Scenario, params: float) -> Op:
+    """The embedding's weight gradient, a microbatch: PyTorch's dense backward of the word table
+    (the rank's vocab/tp rows; every token is scattered, masked ones as zeros into row 0) and of a
+    learned position table. Every microbatch allocates and zeroes a gradient the size of the
+    table, which AccumulateGrad then adds into .grad: at tp 1 the word table dominates."""
+    m, p = sc.model, sc.parallelism
+    tokens = sc.batch.micro_batch_size * (sc.batch.seq_length // p.cp)
+    dt = sc.dtype_bytes
+    nbytes = embedding_backward_bytes(m.vocab_size / p.tp, m.hidden_size, tokens, dt)
+    tables = 1
+    if m.learned_position_embeddings:
+        nbytes += embedding_backward_bytes(m.max_position_embeddings, m.hidden_size, tokens, dt)
+        tables = 2
+    # Launches: Megatron's are counted kernel by kernel (each table's backward and its
+    # AccumulateGrad add); other frameworks one a microbatch (the add), as before.
+    megatron_path = sc.framework in ("megatron-2021", "megatron-deepspeed")
+    return Op("embedding_wgrad", "elementwise", "W", 0.0, 0.0, nbytes, params=params,
+              launches=(EMBEDDING_BACKWARD_LAUNCHES_PER_TABLE + 1) * tables if megatron_path else 1)
 
 
 def megatron_get_batch(micro_batch_size: int, seq_length: int) -> Op:

@@ -19,8 +19,9 @@ from simulator.errors import UserError
 from simulator.scenario import MEGATRON_GRAD_BUCKET_PARAMS, Scenario
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
-from simulator.workload.ops import (Comm, LayerOps, Op, build_layer_ops, fp8_recompute_cast_op, fsdp_gather_bytes, moe_dropped_fraction,
-                                   moe_load_factor, op_durations_s, optimizer_time_s)
+from simulator.workload.ops import (Comm, LayerOps, Op, build_layer_ops, embedding_wgrad_op, fp8_recompute_cast_op,
+                                   fsdp_gather_bytes, moe_dropped_fraction, moe_load_factor, op_durations_s,
+                                   optimizer_time_s)
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
     ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, adam_tensor_count, grad_reduce_bytes, optimizer_shards,
@@ -538,7 +539,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     # Backward op lists per layer kind, and the weight-grad-carrying embedding.
     bwd: dict[str, tuple[list[Op], list[Op]]] = {k: lo.backward() for k, lo in layer_kinds.items()}
     emb = layer_kinds["embedding"]
-    emb_w = [Op("embedding_wgrad", "elementwise", "W", 0.0, 0.0, emb.forward[0].bytes, params=emb.params)]
+    emb_w = [embedding_wgrad_op(sc, emb.params)]
     emb_w += emb.grad_accumulate_ops(emb_w[0])
     bwd["embedding"] = (bwd["embedding"][0], emb_w)
 
