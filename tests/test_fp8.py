@@ -103,3 +103,39 @@ def test_an_fp8_report_names_its_share_of_the_fp8_peak():
     if load_profile("b200").compute.peak_tflops_mxfp8:
         setup = scenario_setup(_sc("fp8", gpu="b200", topo="dgx-b200", recipe="mxfp8"))
         assert setup["fp8_peak_tflops"] == load_profile("b200").compute.peak_tflops_mxfp8
+
+
+@pytest.mark.parametrize("recipe,per_elem", [("te-delayed", 1.0), ("te-current", 1.0), ("mxfp8", 1.0 + 1 / 32)])
+def test_transformer_engine_fp8_sequence_parallel_gathers_fp8_and_regathers(recipe, per_elem):
+    """TE under FP8 with SP all-gathers the quantized shard (input forward, its backward
+    re-gather, the row-parallel output's gradient) and reduce-scatters bf16. The re-gather for
+    the weight gradient used to be dropped under FP8: the cast sat between gather and GEMM."""
+    gpu, topo = ("b200", "dgx-b200") if recipe == "mxfp8" else ("h100-sxm-80gb", "dgx-h100-fattree")
+    sc = _sc("fp8", gpu=gpu, topo=topo, recipe=recipe, tp=2, sequence_parallel=True)
+    dense = build_layer_ops(sc)["dense"]
+    i_ops, _ = dense.backward()
+    T, h = 4096, 4096
+    fp8_bytes, bf16_bytes = T * h * per_elem, T * h * 2
+    fwd = [(o.name, o.comm.op, o.comm.size_bytes) for o in dense.forward if o.comm is not None]
+    assert fwd == [("attn_in", "all_gather", fp8_bytes), ("attn_out", "reduce_scatter", bf16_bytes),
+                   ("mlp_in", "all_gather", fp8_bytes), ("mlp_out", "reduce_scatter", bf16_bytes)]
+    bwd = {(o.name, o.comm.op): o.comm.size_bytes for o in i_ops if o.comm is not None}
+    assert bwd == {("mlp_out.bwd", "all_gather"): fp8_bytes, ("fc1_gate_up.input_regather", "all_gather"): fp8_bytes,
+                   ("mlp_in.bwd", "reduce_scatter"): bf16_bytes, ("attn_out.bwd", "all_gather"): fp8_bytes,
+                   ("qkv_proj.input_regather", "all_gather"): fp8_bytes, ("attn_in.bwd", "reduce_scatter"): bf16_bytes}
+    # bf16 gathers and re-gathers the same tensors at 2 bytes an element.
+    bf16 = build_layer_ops(_sc("bf16", gpu=gpu, topo=topo, tp=2, sequence_parallel=True))["dense"]
+    assert sorted(o.name for o in bf16.backward()[0] if o.comm is not None) == sorted(n for n, _ in bwd)
+
+
+def test_te_fp8_leaves_a_gather_that_feeds_no_fp8_linear_in_bf16():
+    # tp 16 > 8 KV heads: megatron-core all-gathers the QKV GEMM's bf16 output (qkv_group_gather).
+    sc = build_scenario({
+        "model": "llama3-8b", "parallelism": {"tp": 16, "pp": 1, "sequence_parallel": True},
+        "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
+        "dtype": "fp8", "fp8": {"recipe": "te-delayed"},
+        "cluster": {"gpus": 16, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}})
+    ops = build_layer_ops(sc)["dense"].forward
+    group = next(o for o in ops if o.name == "qkv_group_gather")
+    assert group.comm.size_bytes == 4096 * (32 + 2 * 8) * 128 * 2
+    assert next(o for o in ops if o.name == "attn_in").comm.size_bytes == 4096 * 4096 * 1

@@ -124,13 +124,14 @@ class LayerOps:
                 # dgrad: G[M, N] @ W^T -> [M, K]; wgrad: X^T[K, M] @ G[M, N] -> [K, N].
                 dk = replace(k, n=k.k, k=k.n) if k is not None and k.kind == "gemm" else None
                 wk = replace(k, m=k.k, k=k.m) if k is not None and k.kind == "gemm" else None
-                if sp_regather and i > 0 and self.forward[i - 1].comm is not None and self.forward[i - 1].comm.op == "all_gather" \
-                        and self.forward[i - 1].comm.dim == "tp" and op.params > 0:
+                gather = self._input_gather(i) if sp_regather and op.params > 0 else None
+                if gather is not None:
                     # Megatron SP keeps only its 1/tp slice of the input: gather it again for the
                     # weight gradient, overlapped with the input-grad GEMM (Megatron
-                    # LinearWithGradAccumulationAndAsyncCommunication.backward).
-                    prev = self.forward[i - 1].comm
-                    i_ops.append(Op(op.name + ".input_regather", "other", "I", comm=replace(prev, overlap=True)))
+                    # LinearWithGradAccumulationAndAsyncCommunication.backward; Transformer
+                    # Engine's layernorm_linear.py backward, in FP8 where the forward gathered FP8).
+                    i_ops.append(Op(op.name + ".input_regather", "other", "I",
+                                    comm=replace(gather, overlap=True, bwd_size_bytes=None)))
                 i_ops.append(replace(op, name=op.name + ".dgrad", phase="I", kernel=dk, launches=1))
                 if op.params > 0:
                     # Launches: the wgrad GEMM and AccumulateGrad's add into .grad (gradient
@@ -168,6 +169,15 @@ class LayerOps:
                                          bytes=0.0, launches=2 if op.bias else 1))
                     w_ops += self.grad_accumulate_ops(op)
         return i_ops, w_ops
+
+    def _input_gather(self, i: int) -> Comm | None:
+        """The tp all-gather that feeds forward op ``i`` (a column-parallel GEMM), looking past the
+        GEMM's own FP8 cast between them; None where its input was not gathered."""
+        j = i - 1
+        while j >= 0 and self.forward[j].name == self.forward[i].name + ".fp8_cast":
+            j -= 1
+        c = self.forward[j].comm if j >= 0 else None
+        return c if c is not None and c.op == "all_gather" and c.dim == "tp" else None
 
     def grad_accumulate_ops(self, op: Op) -> list[Op]:
         """The pass that adds ``op``'s weight (and bias) gradient into the main gradient: an
@@ -507,6 +517,8 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     if sp and fp8 and recipe == "tensorwise" and sc.framework == "torchtitan":
         act_f = fp8_cast_bytes_per_elem(recipe, nmb, sc)[0]
         attn, mlp = float8_tensorwise_tp(attn, T, Tn, h, act_f), float8_tensorwise_tp(mlp, T, Tn, h, act_f)
+    elif sp and fp8 and recipe in TE_FP8_RECIPES:
+        attn, mlp = te_fp8_sequence_parallel_comm(attn, T, h, recipe), te_fp8_sequence_parallel_comm(mlp, T, h, recipe)
     layers: dict[str, LayerOps] = {}
     dense = LayerOps("dense", attn + mlp, sp_regather=sp and sp_regathers_input(sc),
                      tp_norm_grad_bytes=sp_norm_grad_bytes(norm_params) if sp else 0.0, grad_accum_bytes_per_param=acc_bpp)
@@ -902,6 +914,39 @@ def float8_tensorwise_tp(ops: list[Op], T: int, Tn: int, h: int, act_f: float) -
             continue
         out.append(op)
         i += 1
+    return out
+
+
+# Transformer Engine's FP8 recipes (the others are torchao's).
+TE_FP8_RECIPES = ("te-delayed", "te-current", "mxfp8")
+# MXFP8 carries an E8M0 scale byte for every 32 elements (OCP MX spec v1.0) beside the FP8 data.
+MXFP8_SCALE_BYTES_PER_ELEM = 1.0 / 32
+
+
+def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, h: int, recipe: str) -> list[Op]:
+    """Transformer Engine under FP8 with sequence parallelism (2.20.2 PyPI wheel,
+    module/layernorm_linear.py and linear.py forward and backward, module/base.py
+    grad_output_preprocess): a linear quantizes its input on the sequence shard and all-gathers
+    the FP8 data, so the column-parallel input's all-gather moves 1 byte an element forward (and
+    so does its backward re-gather, LayerOps._input_gather), and the row-parallel output's
+    gradient is quantized before its backward all-gather (1 byte). Reduce-scatters (the
+    row-parallel output forward, the column-parallel input gradient backward) stay bf16. MXFP8
+    adds its scales. Only gathers that feed an FP8 linear, and reduce-scatters after one, change
+    (not MLA's or GQA's QKV-output gather). The casts keep their T-token bytes, an over-count of
+    about 2 bytes an element of a norm-fed input: TE quantizes inside the norm on the shard, and
+    per-tensor scaling then transposes the gathered copy for the weight gradient in backward
+    (read 1, write 1), where the model charges one 4-byte cast-transpose of all T tokens."""
+    fp8_bytes = T * h * (1.0 + (MXFP8_SCALE_BYTES_PER_ELEM if recipe == "mxfp8" else 0.0))
+    out: list[Op] = []
+    for i, op in enumerate(ops):
+        c = op.comm
+        if c is not None and c.dim == "tp" and c.op == "all_gather" and i + 1 < len(ops) \
+                and ops[i + 1].name.endswith(".fp8_cast"):
+            out.append(replace(op, comm=replace(c, size_bytes=fp8_bytes, bwd_size_bytes=c.size_bytes)))
+        elif c is not None and c.dim == "tp" and c.op == "reduce_scatter" and i > 0 and ops[i - 1].fp8:
+            out.append(replace(op, comm=replace(c, bwd_size_bytes=fp8_bytes)))
+        else:
+            out.append(op)
     return out
 
 
