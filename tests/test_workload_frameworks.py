@@ -160,3 +160,29 @@ def test_embedding_weight_gradient_is_torchs_dense_backward():
         # The same model under the generic framework moves the same bytes (no b x s x s mask).
         generic = build_scenario({**vtrain_scenario(row(tp)), "framework": "generic"})
         assert embedding_wgrad_op(generic, params=1.0).bytes == pytest.approx(op.bytes)
+
+
+def test_hf_eager_embedding_backward_zeroes_each_table_once():
+    """hf-eager gives the embedding's backward kernel by kernel (the zeroed table as an input-grad
+    kernel, the scatter as the weight gradient); the program used to swap the weight gradient for
+    ops.embedding_wgrad_op, which zeroes the tables again."""
+    from simulator.schedules.registry import build_schedule
+    from simulator.workload.program import build_program
+
+    sc = _sc(model=str(HF / "gpt2-large.json"), implementation="hf-eager", flash_attention=False, dtype="fp32",
+             parallelism={"tp": 1}, batch={"micro_batch_size": 4, "global_batch_size": 4, "seq_length": 1024},
+             cluster={"gpus": 1, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"})
+    prof = load_profile("h100-sxm-80gb")
+    prog = build_program(sc, prof, build_schedule("1f1b", 1, 1))
+    emb = build_layer_ops(sc)["embedding"]
+    i_ops, w_ops = emb.backward()
+    h, vocab, positions = 1280, 50257, 1024  # gpt2-large.json
+    zeroed = [o.bytes for o in i_ops if o.name in ("wte.bwd0", "wpe.bwd0")]
+    assert zeroed == [positions * h * 4, vocab * h * 4]  # fp32 tables, each zeroed once
+    assert sum(o.params for o in w_ops) == (vocab + positions) * h
+    # The embedding's W segment is its own two scatter kernels, no more.
+    w = prog.segments[(0, "W")]
+    scatter_s = op_durations_s(prof, w_ops, sc).sum()
+    emb_w_s = sum(t for t, layer in zip(w.compute_s, w.layer) if layer == -1)
+    assert emb_w_s == pytest.approx(scatter_s, rel=1e-9)
+    assert sum(g for g, layer in zip(w.grad_bytes, w.layer) if layer == -1) == pytest.approx((vocab + positions) * h * 4)

@@ -539,9 +539,13 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     # Backward op lists per layer kind, and the weight-grad-carrying embedding.
     bwd: dict[str, tuple[list[Op], list[Op]]] = {k: lo.backward() for k, lo in layer_kinds.items()}
     emb = layer_kinds["embedding"]
-    emb_w = [embedding_wgrad_op(sc, emb.params)]
-    emb_w += emb.grad_accumulate_ops(emb_w[0])
-    bwd["embedding"] = (bwd["embedding"][0], emb_w)
+    if emb.explicit_backward is None:
+        # hf-eager layers give each table's backward kernel by kernel already (the zeroed table
+        # among the input-grad ops, the scatter as the weight gradient): replacing their weight
+        # gradient with this op zeroed every table twice.
+        emb_w = [embedding_wgrad_op(sc, emb.params)]
+        emb_w += emb.grad_accumulate_ops(emb_w[0])
+        bwd["embedding"] = (bwd["embedding"][0], emb_w)
 
     rec_cache: dict[tuple[str, int], list[Op]] = {}
 
