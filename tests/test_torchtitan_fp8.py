@@ -140,3 +140,20 @@ def test_the_sp_input_is_gathered_again_only_where_nothing_kept_it(framework, re
              parallelism={"tp": 8, "dp": 1, "zero": 1, "sequence_parallel": True})
     i_ops, _ = build_layer_ops(sc)["dense"].backward()
     assert any(o.name.endswith(".input_regather") for o in i_ops) == regather
+
+
+@pytest.mark.parametrize("framework,regathers", [("torchtitan", 0), ("generic", 1)])
+def test_the_lm_head_and_moe_attention_regather_as_the_dense_layer_does(framework, regathers):
+    # torchtitan's LM head (never checkpointed) and a MoE layer's attention keep their DTensor-gathered
+    # inputs as the dense layer's do; both used to re-gather them (tp 8: 7/8 of T x h x 2 B each).
+    sc = _sc(dtype="bf16", recompute="none", framework=framework, model="mixtral-8x7b",
+             parallelism={"tp": 8, "dp": 8, "ep": 8, "zero": 1, "sequence_parallel": True},
+             batch={"micro_batch_size": 1, "global_batch_size": 8, "seq_length": SEQ},
+             cluster={"gpus": 64, "gpu": "h200-sxm-141gb", "topology": "dgx-h200"})
+    layers = build_layer_ops(sc)
+    head_i, _ = layers["head"].backward()
+    moe_i, _ = layers["moe"].backward()
+    head_g = [o.comm.size_bytes for o in head_i if o.name.endswith(".input_regather")]
+    moe_g = [o.name for o in moe_i if o.name.endswith(".input_regather")]
+    assert head_g == [T * 4096 * 2] * regathers
+    assert moe_g == ["qkv_proj.input_regather"] * regathers

@@ -571,7 +571,9 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
         # Megatron's loss_func averages each microbatch's loss over dp x cp for logging (one fp32).
         head_ops.append(Op("loss_dp_allreduce", "other", "F", comm=Comm("dp", "all_reduce", 4.0)))
     head = LayerOps("head", head_ops, V * h / t + norm_params, grad_accum_bytes_per_param=acc_bpp)
-    head.sp_regather = sp
+    # torchtitan's output ColwiseParallel gathers the input as a DTensor op and autograd keeps the
+    # gathered tensor; activation checkpointing never wraps the head (sp_regathers_input).
+    head.sp_regather = sp and sc.framework != "torchtitan"
     if m.tied_embeddings and sc.parallelism.pp == 1:
         # A tied LM head shares the embedding's matrix, but autograd still runs its weight
         # gradient: dW = G^T X, 2*T*h*V/tp FLOPs a microbatch, added into the shared matrix's
@@ -805,7 +807,8 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
         ops += dense_mlp("shared_", m.num_shared_experts * ffn * p.tp, Tn)
     ops.append(residual("mlp_residual"))
     sp = p.sequence_parallel and p.tp > 1
-    layer = LayerOps("moe", attn + ops, sp_regather=sp,
+    # Its attention block re-gathers as the dense layer's does (not under torchtitan's DTensor TP).
+    layer = LayerOps("moe", attn + ops, sp_regather=sp and sp_regathers_input(sc),
                      tp_norm_grad_bytes=sp_norm_grad_bytes(2 * h if m.mlp == "gelu" else h) if sp else 0.0)
     layer.params = sum(o.params for o in layer.forward)
     return layer
