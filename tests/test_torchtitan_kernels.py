@@ -73,6 +73,25 @@ def test_fsdp_copy_out_bytes_and_not_recomputed():
     assert all(o.name != "fsdp_copy_out" for o in build_layer_ops(solo)["dense"].forward)
 
 
+
+def test_the_embedding_copies_out_its_tables_and_a_tied_head_keeps_its_transforms_backward():
+    # The embedding's tables are its LayerOps' parameters, not an op's, and FSDP2's copy-out was
+    # sized from the ops' (none): Llama 3 8B's 128,256 x 4,096 table read and written in bf16.
+    emb = build_layer_ops(_sc(framework="torchtitan"))["embedding"]
+    assert emb.forward[0].name == "fsdp_copy_out"
+    assert emb.forward[0].bytes == pytest.approx(4 * 128256 * 4096)
+    assert [o.bytes for o in emb.backward()[0] if o.name == "fsdp_copy_out.bwd"] == [pytest.approx(4 * 128256 * 4096)]
+    # A tied head's backward was taken before the eager RMSNorm's passes and the copy-out were
+    # added to its forward: both backward ops were missing.
+    tied = {"name": "tied", "num_layers": 2, "hidden_size": 2048, "ffn_hidden_size": 8192, "num_attention_heads": 16,
+            "vocab_size": 128256, "mlp": "swiglu", "tied_embeddings": True}
+    head = build_layer_ops(_sc(framework="torchtitan", model=tied, torch_compile=False))["head"]
+    i_ops, w_ops = head.backward()
+    bwd = {o.name: o.bytes for o in i_ops}
+    assert bwd["final_norm.eager.bwd"] == pytest.approx(RMSNORM_EAGER_EXTRA["bwd_passes"] * SEQ * 2048 * 2)
+    assert bwd["fsdp_copy_out.bwd"] == pytest.approx(4 * 2048)  # the norm weight only: the matrix is the embedding's
+    assert [(o.name, o.params) for o in w_ops] == [("lm_head.wgrad", 0.0), ("final_norm.wgrad", 2048)]
+
 def test_sac_op_recomputes_every_second_matmul_and_no_copy_out():
     from simulator.workload.program import layer_recompute_ops
 

@@ -574,22 +574,28 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     # torchtitan's output ColwiseParallel gathers the input as a DTensor op and autograd keeps the
     # gathered tensor; activation checkpointing never wraps the head (sp_regathers_input).
     head.sp_regather = sp and sc.framework != "torchtitan"
-    if m.tied_embeddings and sc.parallelism.pp == 1:
+    tied_head = m.tied_embeddings and sc.parallelism.pp == 1
+    if tied_head:
         # A tied LM head shares the embedding's matrix, but autograd still runs its weight
         # gradient: dW = G^T X, 2*T*h*V/tp FLOPs a microbatch, added into the shared matrix's
         # .grad (Megatron/DeepSpeed GPT: logits = F.linear(x, word_embeddings.weight)). Keep that
         # GEMM and count the matrix once, on the embedding (as the hf-eager path below does).
-        i_ops, w_ops = head.backward()
-        w_ops = [replace(o, params=0.0) if o.name.startswith("lm_head") else o for o in w_ops]
-        head.forward = [replace(o, params=0.0) if o.name == "lm_head" else o for o in head.forward]
+        lm_head = next(o for o in head.forward if o.name == "lm_head")
+        head.forward = [replace(o, params=0.0) if o is lm_head else o for o in head.forward]
         head.params = norm_params
-        head.explicit_backward = (i_ops, w_ops)
     if sc.framework == "torchtitan" and not sc.torch_compile:
         head.forward = torchtitan_eager_extras(head.forward, Tn, h, dt)
     layers["head"] = head
     if sc.framework == "torchtitan":
         for lk in layers.values():
-            lk.forward = fsdp2_copy_out_ops(sc, lk.forward) + lk.forward
+            lk.forward = fsdp2_copy_out_ops(sc, lk) + lk.forward
+    if tied_head:
+        # Derived from the forward as the transforms above left it: taken before them, it lost
+        # the backward of the eager RMSNorm's extra passes and of FSDP2's copy-out.
+        untied = replace(head, forward=[lm_head if o.name == "lm_head" else o for o in head.forward])
+        i_ops, w_ops = untied.backward()
+        w_ops = [replace(o, params=0.0) if o.name.startswith("lm_head") else o for o in w_ops]
+        head.explicit_backward = (i_ops, w_ops)
     return layers
 
 
@@ -727,7 +733,7 @@ def torch_cp_merge_op(out_elems: float, cp: int, load_balance: bool = True) -> O
               bwd_launches=6 * cp + 6 + (cp - 1))
 
 
-def fsdp2_copy_out_ops(sc: Scenario, ops: list[Op]) -> list[Op]:
+def fsdp2_copy_out_ops(sc: Scenario, lo: LayerOps) -> list[Op]:
     """FSDP2's copy-out (torch.distributed.fsdp _fsdp_collectives.foreach_all_gather_copy_out:
     split_with_sizes_copy of the all-gather output into the unsharded parameters), which runs on
     the compute stream when the all-gather is waited for: read the gathered buffer, write the
@@ -738,7 +744,10 @@ def fsdp2_copy_out_ops(sc: Scenario, ops: list[Op]) -> list[Op]:
     shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)
     if p.zero < 3 or shard <= 1:
         return []
-    nbytes = fsdp_gather_bytes(sc, ops)
+    # The embedding's tables are the layer's parameters, not an op's (its lookup carries none):
+    # gathered in bf16 like the other non-Float8 parameters.
+    unowned = lo.params - sum(o.params for o in lo.forward)
+    nbytes = fsdp_gather_bytes(sc, lo.forward) + max(0.0, unowned) * sc.dtype_bytes
     if nbytes <= 0:
         return []
     return [Op("fsdp_copy_out", "elementwise", "F", 0.0, 0.0, 2 * nbytes, bwd_bytes=2 * nbytes, launches=1,
