@@ -491,7 +491,14 @@ def layer_recompute_ops(sc: Scenario, lo: LayerOps, layer: int = 0) -> list[Op]:
             out = recast
         return out
     if sc.recompute == "selective":
-        return [o for o in lo.forward if o.op_class == "attention" or o.name == "softmax_dropout"]
+        # Megatron's selective recompute reruns core_attention whole (megatron-core 0.16.1
+        # transformer/attention.py _checkpointed_attention_forward): classic attention's context
+        # permute copy (DotProductAttention.forward, attn_layout_copies' forward bytes), and under
+        # context parallelism the K/V exchange, which TEDotProductAttention runs inside TE's attention
+        # (extensions/transformer_engine.py passes it cp_group and cp_comm_type). Picked by class
+        # and name, both used to be left out.
+        return [o for o in lo.forward if o.op_class == "attention" or o.name in ("softmax_dropout", "attn_layout_copies")
+                or (o.comm is not None and o.comm.dim == "cp")]
     return []
 
 
