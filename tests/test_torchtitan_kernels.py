@@ -56,6 +56,18 @@ def test_eager_adds_norm_and_swiglu_passes():
     assert sum(o.params for o in w_ops) == pytest.approx(eager_ops.params)
 
 
+
+def test_eager_moe_block_pays_the_norm_and_swiglu_passes_too():
+    # Only the attention block of a MoE layer used to get the eager passes: its ffn_norm is
+    # nn.RMSNorm and its experts' SwiGLU runs unfused as the dense one does.
+    moe = {"model": "mixtral-8x7b", "parallelism": {"dp": 8, "ep": 8, "zero": 3}, "framework": "torchtitan"}
+    compiled = {o.name: o for o in build_layer_ops(_sc(**moe))["moe"].forward}
+    eager = {o.name: o for o in build_layer_ops(_sc(**moe, torch_compile=False))["moe"].forward}
+    assert set(eager) - set(compiled) == {"attn_norm.eager", "mlp_norm.eager", "experts_swiglu.eager"}
+    assert eager["mlp_norm.eager"].bytes == pytest.approx(RMSNORM_EAGER_EXTRA["fwd_passes"] * SEQ * 4096 * 2)
+    routed = SEQ * 2  # top-2, uniform routing: the busiest rank sees the mean load
+    assert eager["experts_swiglu.eager"].bytes == pytest.approx(SWIGLU_EAGER_EXTRA["fwd_passes"] * routed * 14336 * 2)
+
 def test_fsdp_copy_out_bytes_and_not_recomputed():
     layer = build_layer_ops(_sc(framework="torchtitan"))["dense"]
     copy = layer.forward[0]

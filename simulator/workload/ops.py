@@ -815,6 +815,11 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
         # (dense_mlp divides the width by tp; the shared experts here are not tensor-parallel.)
         ops += dense_mlp("shared_", m.num_shared_experts * ffn * p.tp, Tn)
     ops.append(residual("mlp_residual"))
+    if sc.framework == "torchtitan" and not sc.torch_compile:
+        # The attention block came with its eager extras; the MoE block's ffn_norm is nn.RMSNorm and
+        # its experts run F.silu(x @ w1) * (x @ w3) eagerly too (torchtitan 0.1.0
+        # experiments/llama4/model/model.py TransformerBlock, moe.py GroupedExperts).
+        ops = torchtitan_eager_extras(ops, Tn, h, dt)
     sp = p.sequence_parallel and p.tp > 1
     # Its attention block re-gathers as the dense layer's does (not under torchtitan's DTensor TP).
     layer = LayerOps("moe", attn + ops, sp_regather=sp and sp_regathers_input(sc),
