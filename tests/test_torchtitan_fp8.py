@@ -131,6 +131,19 @@ def test_float8_tensor_parallel_gathers_fp8_and_casts_the_shard():
     assert base["attn_in"].comm.size_bytes == 2 * T * H and base["attn_in"].comm.bwd_size_bytes is None
 
 
+
+def test_sac_recasts_a_float8_tp_block_input_on_its_shard():
+    # Under Float8 TP the column-parallel inputs are cast on the sequence shard, before the
+    # all-gather; SAC's re-cast was sized by the GEMM's M (all T tokens), tp x the shard.
+    tp = 8
+    sc = _sc(fp8={"recipe": "tensorwise"}, parallelism={"tp": tp, "dp": 1, "zero": 1, "sequence_parallel": True})
+    rec = {o.name: o for o in layer_recompute_ops(sc, build_layer_ops(sc)["dense"]) if ".fp8_cast" in o.name}
+    for name in ("qkv_proj", "fc1_gate_up"):  # a mm of each recomputed (wk, w3): input re-cast, 3 B
+        k, n = SHAPES[name]
+        assert rec[name + ".fp8_cast.rec"].bytes == pytest.approx(3 * T // tp * k + 3 * k * n // tp)
+    k, n = SHAPES["attn_out_proj"]  # a row-parallel input stays whole on every rank
+    assert rec["attn_out_proj.fp8_cast.rec"].bytes == pytest.approx(3 * T * k // tp + 3 * k // tp * n)
+
 @pytest.mark.parametrize("framework,recompute,regather", [
     ("torchtitan", "full", False), ("torchtitan", "none", False), ("torchtitan", "selective-op", True),
     ("generic", "full", True), ("megatron-2021", "none", True),

@@ -1049,7 +1049,12 @@ def fp8_recompute_cast_op(cast: Op, gemm: Op, sc: Scenario, gemm_recomputed: boo
         return cast
     p = sc.parallelism
     weight_cast = 0.0 if (sc.fp8.param_all_gather and p.zero >= 3) else 3.0 * kern.k * kern.n
-    input_cast = 3.0 * kern.m * kern.k if gemm_recomputed else 0.0
+    # The tokens the forward cast quantized, from its own bytes: float8_tensorwise_tp casts a
+    # column-parallel input on its sequence shard (T / tp tokens) before the all-gather, where
+    # the GEMM's M is all T (taking M re-cast tp x the shard).
+    act_f, _, w_f, _ = fp8_cast_bytes_per_elem(sc.fp8.recipe, max(1, sc.num_microbatches), sc)
+    cast_tokens = (cast.bytes - kern.k * kern.n * w_f) / (kern.k * act_f)
+    input_cast = 3.0 * cast_tokens * kern.k if gemm_recomputed else 0.0
     if weight_cast + input_cast <= 0:
         return None
     return replace(cast, name=f"{cast.name}.rec", bytes=float(input_cast + weight_cast), bwd_bytes=0.0)
