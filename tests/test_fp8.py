@@ -105,8 +105,9 @@ def test_an_fp8_report_names_its_share_of_the_fp8_peak():
         assert setup["fp8_peak_tflops"] == load_profile("b200").compute.peak_tflops_mxfp8
 
 
-@pytest.mark.parametrize("recipe,per_elem", [("te-delayed", 1.0), ("te-current", 1.0), ("mxfp8", 1.0 + 1 / 32)])
-def test_transformer_engine_fp8_sequence_parallel_gathers_fp8_and_regathers(recipe, per_elem):
+@pytest.mark.parametrize("recipe,per_elem,grad_copies", [("te-delayed", 1.0, 1), ("te-current", 1.0, 1),
+                                                         ("mxfp8", 1.0 + 1 / 32, 2)])
+def test_transformer_engine_fp8_sequence_parallel_gathers_fp8_and_regathers(recipe, per_elem, grad_copies):
     """TE under FP8 with SP all-gathers the quantized shard (input forward, its backward
     re-gather, the row-parallel output's gradient) and reduce-scatters bf16. The re-gather for
     the weight gradient used to be dropped under FP8: the cast sat between gather and GEMM."""
@@ -120,8 +121,10 @@ def test_transformer_engine_fp8_sequence_parallel_gathers_fp8_and_regathers(reci
     assert fwd == [("attn_in", "all_gather", fp8_bytes), ("attn_out", "reduce_scatter", bf16_bytes),
                    ("mlp_in", "all_gather", fp8_bytes), ("mlp_out", "reduce_scatter", bf16_bytes)]
     bwd = {(o.name, o.comm.op): o.comm.size_bytes for o in i_ops if o.comm is not None}
-    assert bwd == {("mlp_out.bwd", "all_gather"): fp8_bytes, ("fc1_gate_up.input_regather", "all_gather"): fp8_bytes,
-                   ("mlp_in.bwd", "reduce_scatter"): bf16_bytes, ("attn_out.bwd", "all_gather"): fp8_bytes,
+    # MXFP8 gathers the output gradient's row-wise and column-wise copies (each with its scales).
+    grad_bytes = grad_copies * fp8_bytes
+    assert bwd == {("mlp_out.bwd", "all_gather"): grad_bytes, ("fc1_gate_up.input_regather", "all_gather"): fp8_bytes,
+                   ("mlp_in.bwd", "reduce_scatter"): bf16_bytes, ("attn_out.bwd", "all_gather"): grad_bytes,
                    ("qkv_proj.input_regather", "all_gather"): fp8_bytes, ("attn_in.bwd", "reduce_scatter"): bf16_bytes}
     # bf16 gathers and re-gathers the same tensors at 2 bytes an element.
     bf16 = build_layer_ops(_sc("bf16", gpu=gpu, topo=topo, tp=2, sequence_parallel=True))["dense"]
@@ -139,3 +142,11 @@ def test_te_fp8_leaves_a_gather_that_feeds_no_fp8_linear_in_bf16():
     group = next(o for o in ops if o.name == "qkv_group_gather")
     assert group.comm.size_bytes == 4096 * (32 + 2 * 8) * 128 * 2
     assert next(o for o in ops if o.name == "attn_in").comm.size_bytes == 4096 * 4096 * 1
+
+
+def test_mxfp8_userbuffers_gather_one_copy_of_the_output_gradient():
+    # TE linear.py backward: userbuffers carry one usage at a time, the row-wise one for dgrad.
+    sc = _sc("fp8", gpu="b200", topo="dgx-b200", recipe="mxfp8", tp=2, sequence_parallel=True, tp_comm_overlap=True)
+    dense = build_layer_ops(sc)["dense"]
+    grad = next(o for o in dense.backward()[0] if o.name == "mlp_out.bwd")
+    assert grad.comm.size_bytes == 4096 * 4096 * (1 + 1 / 32)

@@ -518,7 +518,8 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
         act_f = fp8_cast_bytes_per_elem(recipe, nmb, sc)[0]
         attn, mlp = float8_tensorwise_tp(attn, T, Tn, h, act_f), float8_tensorwise_tp(mlp, T, Tn, h, act_f)
     elif sp and fp8 and recipe in TE_FP8_RECIPES:
-        attn, mlp = te_fp8_sequence_parallel_comm(attn, T, h, recipe), te_fp8_sequence_parallel_comm(mlp, T, h, recipe)
+        ub = p.tp_comm_overlap
+        attn, mlp = (te_fp8_sequence_parallel_comm(attn, T, h, recipe, ub), te_fp8_sequence_parallel_comm(mlp, T, h, recipe, ub))
     layers: dict[str, LayerOps] = {}
     dense = LayerOps("dense", attn + mlp, sp_regather=sp and sp_regathers_input(sc),
                      tp_norm_grad_bytes=sp_norm_grad_bytes(norm_params) if sp else 0.0, grad_accum_bytes_per_param=acc_bpp)
@@ -940,7 +941,7 @@ TE_FP8_RECIPES = ("te-delayed", "te-current", "mxfp8")
 MXFP8_SCALE_BYTES_PER_ELEM = 1.0 / 32
 
 
-def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, h: int, recipe: str) -> list[Op]:
+def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, h: int, recipe: str, userbuffers: bool = False) -> list[Op]:
     """Transformer Engine under FP8 with sequence parallelism (2.20.2 PyPI wheel,
     module/layernorm_linear.py and linear.py forward and backward, module/base.py
     grad_output_preprocess): a linear quantizes its input on the sequence shard and all-gathers
@@ -952,8 +953,14 @@ def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, h: int, recipe: str) ->
     (not MLA's or GQA's QKV-output gather). The casts keep their T-token bytes, an over-count of
     about 2 bytes an element of a norm-fed input: TE quantizes inside the norm on the shard, and
     per-tensor scaling then transposes the gathered copy for the weight gradient in backward
-    (read 1, write 1), where the model charges one 4-byte cast-transpose of all T tokens."""
+    (read 1, write 1), where the model charges one 4-byte cast-transpose of all T tokens.
+    The output gradient feeds both the dgrad GEMM (row-wise) and the wgrad GEMM (column-wise):
+    per-tensor FP8 gathers the row-wise data and transposes it after (distributed.py
+    _all_gather_fp8), but MXFP8's column-wise data has its own block scales and is gathered too
+    (_all_gather_mxfp8, linear.py backward set_usage(rowwise=True, columnwise=True)): two copies,
+    except under userbuffers (``userbuffers``: tp_comm_overlap), which gather the row-wise one only."""
     fp8_bytes = T * h * (1.0 + (MXFP8_SCALE_BYTES_PER_ELEM if recipe == "mxfp8" else 0.0))
+    grad_gather_bytes = fp8_bytes * (2 if recipe == "mxfp8" and not userbuffers else 1)
     out: list[Op] = []
     for i, op in enumerate(ops):
         c = op.comm
@@ -961,7 +968,7 @@ def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, h: int, recipe: str) ->
                 and ops[i + 1].name.endswith(".fp8_cast"):
             out.append(replace(op, comm=replace(c, size_bytes=fp8_bytes, bwd_size_bytes=c.size_bytes)))
         elif c is not None and c.dim == "tp" and c.op == "reduce_scatter" and i > 0 and ops[i - 1].fp8:
-            out.append(replace(op, comm=replace(c, bwd_size_bytes=fp8_bytes)))
+            out.append(replace(op, comm=replace(c, bwd_size_bytes=grad_gather_bytes)))
         else:
             out.append(op)
     return out
