@@ -28,7 +28,6 @@ GROUP_PAIRS = {"megatron-2021": [], "torchtitan-2024": [],
                "vtrain-single-node": [("tp", "mb"), ("pp", "mb"), ("h", "mb"), ("tp", "h")]}
 
 
-
 def print_vtrain_terms(v) -> None:
     """vTrain's rows as composed terms: which cost a miss is in."""
     fits = fit_terms(v)
@@ -57,7 +56,8 @@ def print_vtrain_terms(v) -> None:
     for (tp, mb, h), pairs in sorted(per_mb.items()):
         p, q = (sum(x[i] for x in pairs) / len(pairs) for i in (0, 1))
         print(f"    tp{tp} mb{mb} h{h:<5d} {p * 1e3:6.2f}  {q * 1e3:6.2f}  {q / p - 1:+6.1%}")
-    print("  MAPE / mean signed were these terms the published ones:")
+    print("  MAPE / mean signed were these terms the published ones (in a group of one microbatch count, micro "
+          "batch 8, a term moves with the one the group cannot tell it from):")
     for terms in ((), (0,), (1,), (2, 3), (0, 1), (0, 1, 2, 3)):
         mape, signed = mape_with_published_terms(v, fits, terms)
         names = ", ".join(TERMS[i] for i in terms) or "none (as predicted)"

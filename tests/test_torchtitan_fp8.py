@@ -170,3 +170,16 @@ def test_the_lm_head_and_moe_attention_regather_as_the_dense_layer_does(framewor
     moe_g = [o.name for o in moe_i if o.name.endswith(".input_regather")]
     assert head_g == [T * 4096 * 2] * regathers
     assert moe_g == ["qkv_proj.input_regather"] * regathers
+
+
+@pytest.mark.parametrize("recipe,per_elem", [("rowwise", 2), ("tensorwise", 1)])
+def test_per_op_sac_regathers_a_float8_tp_input_as_its_forward_gathered_it(recipe, per_elem):
+    """torchtitan's per-op SAC does not save the SP all-gather's output, so backward gathers a
+    column-parallel input again, past its Float8 cast: bf16 where the forward gathered bf16
+    (rowwise: no float8 TP), 1 byte where float8 tensorwise TP gathered e4m3."""
+    sc = _sc(fp8={"recipe": recipe}, parallelism={"tp": 2, "dp": 4, "zero": 3, "sequence_parallel": True})
+    dense = build_layer_ops(sc)["dense"]
+    regathers = {o.name: o.comm.size_bytes for o in dense.backward()[0] if o.name.endswith(".input_regather")}
+    assert regathers == {"qkv_proj.input_regather": T * H * per_elem, "fc1_gate_up.input_regather": T * H * per_elem}
+    gathers = [o.comm.size_bytes for o in dense.forward if o.comm is not None and o.comm.op == "all_gather"]
+    assert gathers == [T * H * per_elem] * 2

@@ -139,28 +139,55 @@ def test_classic_attention_pays_megatron_layout_copies_and_flash_does_not():
 
 
 def test_embedding_weight_gradient_is_torchs_dense_backward():
-    """Every microbatch zeroes a gradient the size of the rank's table and scatters each token's
-    row through fp32 partial sums; Megatron's get_batch mask is not part of it."""
+    """Every microbatch zeroes a gradient the size of the rank's table; up to 3,072 indices one
+    feature kernel adds each token's row, beyond that the sorted path sums fp32 partials (one per
+    distinct row: every token of the word table, each position once a sequence). Megatron's
+    get_batch mask is not part of it; the program's first stage runs it as the W segment."""
     from simulator.calibrate.published import vtrain_scenario
+    from simulator.schedules import build_schedule
     from simulator.workload.ops import embedding_wgrad_op
+    from simulator.workload.program import build_program
 
-    def row(tp):
+    def row(tp, mb):
         return {"hidden size": "2048", "# layers": "12", "tensor parallelism": str(tp), "data parallelism": "1",
-                "pipeline parallelism": "2", "micro batch": "4", "global batch": "8", "attention heads": "16",
-                "sequence length": "1024", "# GPUs": str(2 * tp)}
+                "pipeline parallelism": "2", "micro batch": str(mb), "global batch": str(2 * mb),
+                "attention heads": "16", "sequence length": "1024", "# GPUs": str(2 * tp)}
 
-    h, T = 2048, 4 * 1024
+    h, s = 2048, 1024
     for tp in (1, 4):
-        sc = build_scenario(vtrain_scenario(row(tp)))
+        sc = build_scenario(vtrain_scenario(row(tp, 4)))
+        T, V = 4 * s, sc.model.vocab_size / tp
         op = embedding_wgrad_op(sc, params=1.0)
-        word = sc.model.vocab_size / tp * h * 2 + T * h * (2 + 2 + 8)
-        position = 1024 * h * 2 + T * h * (2 + 2 + 8)
+        word = V * h * 2 + T * h * 2 + T * h * 8 + T * h * 2  # zero, read, partials, scatter
+        position = s * h * 2 + T * h * 2 + s * h * 8 + s * h * 2  # 4 repeats a position: one partial
         assert op.bytes == pytest.approx(word + position)
-        assert op.launches == 2 * 7  # per table: 6 kernels and AccumulateGrad's add
-        # The same model under the generic framework moves the same bytes (no b x s x s mask).
-        generic = build_scenario({**vtrain_scenario(row(tp)), "framework": "generic"})
-        assert embedding_wgrad_op(generic, params=1.0).bytes == pytest.approx(op.bytes)
+        assert op.launches == 6 + 6 + 2  # two sorted tables and their AccumulateGrad adds
+        # 1,024 tokens: the feature kernel, no sort and no partials.
+        small = embedding_wgrad_op(build_scenario(vtrain_scenario(row(tp, 1))), params=1.0)
+        assert small.bytes == pytest.approx(V * h * 2 + s * h * 6 + s * h * 2 + s * h * 6)
+        assert small.launches == 2 + 2 + 2
+    sc = build_scenario(vtrain_scenario(row(1, 4)))
+    prof = load_profile(sc.cluster.gpu)
+    prog = build_program(sc, prof, build_schedule("1f1b", 2, 2, 1))
+    w = prog.segments[(0, "W")]
+    emb_w = float(w.compute_s[w.layer == -1].sum())
+    layer_ops = build_layer_ops(sc)["embedding"]
+    op = embedding_wgrad_op(sc, layer_ops.params)
+    kernels_s = op_durations_s(prof, [op] + layer_ops.grad_accumulate_ops(op), sc).sum()
+    # A segment lasts as long as its kernels or the host's issue of them, whichever is longer.
+    host_s = op.launches * prof.compute.host_launch_backward_us * 1e-6
+    assert emb_w == pytest.approx(max(kernels_s, host_s), rel=1e-6)
+    assert kernels_s > 0.3e-3  # the 206 MB zeroed table alone takes ~0.12 ms at the A100's HBM rate
 
+
+def test_the_embedding_adds_its_gradient_into_main_grad_even_with_the_fusion():
+    # gradient_accumulation_fusion reaches only wgrad GEMMs; megatron-core's hook adds the table's
+    # fresh bf16 .grad into the fp32 main_grad every microbatch: 2 + 4 + 4 bytes a parameter.
+    fused = build_layer_ops(_sc(parallelism={"tp": 2, "grad_accumulation_fusion": True}))
+    assert fused["embedding"].grad_accum_bytes_per_param == 10.0
+    assert fused["dense"].grad_accum_bytes_per_param == 0.0
+    fsdp = build_layer_ops(_sc(parallelism={"tp": 2, "zero": 3}))
+    assert fsdp["embedding"].grad_accum_bytes_per_param == 0.0
 
 def test_hf_eager_embedding_backward_zeroes_each_table_once():
     """hf-eager gives the embedding's backward kernel by kernel (the zeroed table as an input-grad

@@ -10,8 +10,10 @@ to a relative residual of ~1e-15 where dp = 1 (~1e-3 where dp > 1: the gradient 
 time is not linear in L). Real end-to-end runs scatter by a percent or more from run to run, so
 the rows were composed from a few measured terms, not each timed. The per-layer-and-microbatch
 term a, times pp, is the same number in every pp and dp group of a (tp, micro batch, hidden)
-cell: 24 measured layer times underlie all 1,440 rows, and the per-microbatch term b is one
-number per (tp, micro batch, hidden) for pp >= 2.
+cell: 24 measured layer times underlie the 1,296 rows at micro batch 1, 2 and 4, and the
+per-microbatch term b is one number per (tp, micro batch, hidden) for pp >= 2. At micro batch 8
+each group has one microbatch count n, so its rows see only a*n + c and b*n + d: those terms
+cannot be separated there (``TermFit.ties``).
 
 Fitting the same four terms to the simulator's predictions says which cost a miss is in: the
 layer (a), what runs once a microbatch outside the layers (b: embedding, LM head, loss, the
@@ -22,6 +24,7 @@ predicted terms replaced by the published ones: how much of the miss each term h
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -61,6 +64,17 @@ class TermFit:
     predicted_s: tuple[float, float, float, float]
     # Largest |published - fit| / published over the group's rows: ~1e-15 for a composed group.
     published_residual: float
+    # The design matrix (rows x TERMS) and a basis of its null space: directions in which the
+    # terms can move without changing any row (a group with one microbatch count n sees only
+    # a*n + c per layer and b*n + d per step). No basis where every term is identified.
+    design: tuple[tuple[float, ...], ...] = ()
+    null_space: tuple[tuple[float, ...], ...] = ()
+
+    @property
+    def ties(self) -> tuple[frozenset[int], ...]:
+        """Sets of terms the group's rows cannot tell apart (each a smallest set that moves alone)."""
+        out = {identified_terms(self, (i,)) for i in range(len(TERMS))}
+        return tuple(sorted((t for t in out if len(t) > 1), key=sorted))
 
     @property
     def full_rank(self) -> bool:
@@ -99,8 +113,33 @@ def fit_terms(v: PublishedValidation) -> list[TermFit]:
         predicted = np.linalg.lstsq(x, a[:, 3], rcond=None)[0]
         residual = float(np.max(np.abs(a[:, 2] - x @ published) / a[:, 2]))
         fits.append(TermFit(tp, pp, dp, mb, h, len(rows), int(np.linalg.matrix_rank(x)),
-                            tuple(float(c) for c in published), tuple(float(c) for c in predicted), residual))
+                            tuple(float(c) for c in published), tuple(float(c) for c in predicted), residual,
+                            tuple(tuple(float(c) for c in row) for row in x), _null_space(x)))
     return fits
+
+
+def _null_space(x: np.ndarray) -> tuple[tuple[float, ...], ...]:
+    _, sv, vt = np.linalg.svd(x)
+    rank = int(np.sum(sv > sv[0] * 1e-10)) if sv.size else 0
+    return tuple(tuple(float(c) for c in v) for v in vt[rank:])
+
+
+def identified_terms(fit: TermFit, terms: tuple[int, ...]) -> frozenset[int]:
+    """The smallest set of terms containing ``terms`` whose substitution the group's rows define:
+    moving its terms by any least-squares split changes every row alike, i.e. X v_S = 0 for every
+    null-space direction v restricted to S. Where all terms are identified, ``terms`` itself."""
+    if not fit.null_space:
+        return frozenset(terms)
+    x, null = np.array(fit.design), np.array(fit.null_space)
+    tol = 1e-9 * float(np.abs(x).max())
+    others = [i for i in range(len(TERMS)) if i not in terms]
+    for extra in range(len(others) + 1):
+        for add in itertools.combinations(others, extra):
+            mask = np.zeros(len(TERMS))
+            mask[list(terms) + list(add)] = 1.0
+            if np.all(np.abs(x @ (null * mask).T) <= tol):
+                return frozenset(terms) | frozenset(add)
+    return frozenset(range(len(TERMS)))
 
 
 def layer_times(fits: list[TermFit]) -> dict[tuple[int, int, int], tuple[list[float], list[float]]]:
@@ -117,7 +156,9 @@ def layer_times(fits: list[TermFit]) -> dict[tuple[int, int, int], tuple[list[fl
 
 def mape_with_published_terms(v: PublishedValidation, fits: list[TermFit], terms: tuple[int, ...]) -> tuple[float, float]:
     """(MAPE, mean signed error) over the rows were the predicted ``terms`` (indices into TERMS)
-    the published ones, the other terms kept as predicted. No terms: the set's own figures."""
+    the published ones, the other terms kept as predicted. No terms: the set's own figures. In a
+    group that cannot separate a chosen term from another (one microbatch count: micro batch 8),
+    both move (``identified_terms``)."""
     by_key = {(f.tp, f.pp, f.dp, f.micro_batch, f.hidden): f for f in fits}
     errors = []
     for r in v.rows:
@@ -127,8 +168,9 @@ def mape_with_published_terms(v: PublishedValidation, fits: list[TermFit], terms
         microbatches = lay["gb"] // (lay["mb"] * lay["dp"])
         f = by_key[(lay["tp"], lay["pp"], lay["dp"], lay["mb"], lay["h"])]
         basis = _design(np.array([float(lay["L"])]), np.array([float(microbatches)]))[0]
-        # Move only the chosen terms: the row's own prediction keeps what the fit leaves over.
-        shift = sum((f.published_s[i] - f.predicted_s[i]) * basis[i] for i in terms)
+        # Move only the chosen terms (with those the group cannot tell them from): the row's own
+        # prediction keeps what the fit leaves over.
+        shift = sum((f.published_s[i] - f.predicted_s[i]) * basis[i] for i in identified_terms(f, terms))
         errors.append((r.predicted_step_time_s + shift) / r.published_step_time_s - 1.0)
     if not errors:
         return math.nan, math.nan

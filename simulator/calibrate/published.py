@@ -492,8 +492,8 @@ SET_NOTES = {
                            "vocabulary not stated (GPT-2 BPE padded to 128 x tp assumed)",
                            "alpha-beta network: equal to the flow fabric on one NVSwitch node",
                            "rows are composed, not each timed: exactly linear in layers and microbatches within a "
-                           "layout group, from 24 layer times (simulator.calibrate.composition; the bench prints "
-                           "the terms)"],
+                           "layout group, 24 layer times under the rows at micro batch 1-4 "
+                           "(simulator.calibrate.composition; the bench prints the terms)"],
 }
 
 

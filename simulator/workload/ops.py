@@ -14,6 +14,7 @@ masked half of causal attention).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -229,39 +230,59 @@ def megatron_embedding_launches(learned_positions: bool) -> dict[str, int]:
 
 # PyTorch's dense embedding backward (aten/src/ATen/native/cuda/Embedding.cu
 # embedding_dense_backward_cuda and EmbeddingBackwardKernel.cu embedding_backward_cuda_kernel, as
-# recalled; the CPU wheel carries no CUDA source): zero a gradient the size of the table, sort the
-# indices, count, segment offsets, fp32 partial sums per segment, sum and scatter into the table =
-# 6 kernels a table.
-EMBEDDING_BACKWARD_LAUNCHES_PER_TABLE = 6
-# Bytes a token's row moves besides the zeroed table: the output gradient read (dtype), its fp32
-# partial sum written and read back (4 + 4), the row written into the table (dtype).
-EMBEDDING_BACKWARD_FP32_PARTIAL_BYTES = 8
+# recalled; the CPU wheel carries no CUDA source). Up to EMBEDDING_BACKWARD_FEATURE_KERNEL_MAX_INDICES
+# indices (and no scale_grad_by_freq): zero a gradient the size of the table, then one
+# embedding_backward_feature_kernel adds each token's row into it (2 kernels). Beyond: zero the
+# table, sort the indices, count, segment offsets, fp32 partial sums of up to
+# EMBEDDING_BACKWARD_ROWS_PER_PARTIAL rows of one index, sum and scatter into the table (6).
+EMBEDDING_BACKWARD_FEATURE_KERNEL_MAX_INDICES = 3072
+EMBEDDING_BACKWARD_ROWS_PER_PARTIAL = 10  # NROWS_PER_THREAD
+EMBEDDING_BACKWARD_LAUNCHES_SMALL = 2
+EMBEDDING_BACKWARD_LAUNCHES_SORTED = 6
+# A partial sum is an fp32 row written and read back.
+EMBEDDING_BACKWARD_PARTIAL_BYTES_PER_ELEM = 8
 
 
-def embedding_backward_bytes(table_rows: float, hidden: int, tokens: int, dtype_bytes: int) -> float:
-    """One table's dense embedding backward: the zeroed table (rows x h) and per token its row
-    read, summed in fp32 and scattered (PyTorch's CUDA kernels; no sparse gradients)."""
-    return table_rows * hidden * dtype_bytes + tokens * hidden * (2 * dtype_bytes + EMBEDDING_BACKWARD_FP32_PARTIAL_BYTES)
+def embedding_backward(table_rows: float, hidden: int, tokens: int, distinct_rows: float,
+                       dtype_bytes: int) -> tuple[float, int]:
+    """(HBM bytes, kernels) of one table's dense embedding backward for ``tokens`` indices of
+    which ``distinct_rows`` differ: the zeroed table (rows x h), each token's gradient row read,
+    and on the sorted path fp32 partial sums (one per distinct row and EMBEDDING_BACKWARD_ROWS_PER_
+    PARTIAL repeats) written, read and scattered into the table; the feature kernel instead
+    reads and writes the table row of each token."""
+    zero = table_rows * hidden * dtype_bytes
+    if tokens <= EMBEDDING_BACKWARD_FEATURE_KERNEL_MAX_INDICES:
+        return zero + tokens * hidden * 3 * dtype_bytes, EMBEDDING_BACKWARD_LAUNCHES_SMALL
+    repeats = max(1.0, tokens / max(1.0, distinct_rows))
+    partials = distinct_rows * math.ceil(repeats / EMBEDDING_BACKWARD_ROWS_PER_PARTIAL)
+    nbytes = zero + tokens * hidden * dtype_bytes + partials * hidden * EMBEDDING_BACKWARD_PARTIAL_BYTES_PER_ELEM \
+        + distinct_rows * hidden * dtype_bytes
+    return nbytes, EMBEDDING_BACKWARD_LAUNCHES_SORTED
+
+
+# Frameworks whose per-microbatch kernels outside the layers are counted from Megatron's code.
+MEGATRON_FRAMEWORKS = ("megatron-2021", "megatron-deepspeed")
 
 
 def embedding_wgrad_op(sc: Scenario, params: float) -> Op:
     """The embedding's weight gradient, a microbatch: PyTorch's dense backward of the word table
-    (the rank's vocab/tp rows; every token is scattered, masked ones as zeros into row 0) and of a
-    learned position table. Every microbatch allocates and zeroes a gradient the size of the
-    table, which AccumulateGrad then adds into .grad: at tp 1 the word table dominates."""
+    (the rank's vocab/tp rows; every token is scattered, masked ones as zeros into row 0; the
+    tokens taken as distinct) and of a learned position table (s rows, each position once a
+    sequence). Every microbatch allocates and zeroes a gradient the size of the table, which
+    AccumulateGrad then adds into .grad: at tp 1 the word table dominates."""
     m, p = sc.model, sc.parallelism
-    tokens = sc.batch.micro_batch_size * (sc.batch.seq_length // p.cp)
+    s = sc.batch.seq_length // p.cp
+    tokens = sc.batch.micro_batch_size * s
     dt = sc.dtype_bytes
-    nbytes = embedding_backward_bytes(m.vocab_size / p.tp, m.hidden_size, tokens, dt)
+    nbytes, launches = embedding_backward(m.vocab_size / p.tp, m.hidden_size, tokens, tokens, dt)
     tables = 1
     if m.learned_position_embeddings:
-        nbytes += embedding_backward_bytes(m.max_position_embeddings, m.hidden_size, tokens, dt)
-        tables = 2
+        pos_bytes, pos_launches = embedding_backward(m.max_position_embeddings, m.hidden_size, tokens, s, dt)
+        nbytes, launches, tables = nbytes + pos_bytes, launches + pos_launches, 2
     # Launches: Megatron's are counted kernel by kernel (each table's backward and its
     # AccumulateGrad add); other frameworks one a microbatch (the add), as before.
-    megatron_path = sc.framework in ("megatron-2021", "megatron-deepspeed")
     return Op("embedding_wgrad", "elementwise", "W", 0.0, 0.0, nbytes, params=params,
-              launches=(EMBEDDING_BACKWARD_LAUNCHES_PER_TABLE + 1) * tables if megatron_path else 1)
+              launches=launches + tables if sc.framework in MEGATRON_FRAMEWORKS else 1)
 
 
 def megatron_get_batch(micro_batch_size: int, seq_length: int) -> Op:
@@ -274,7 +295,7 @@ def megatron_get_batch(micro_batch_size: int, seq_length: int) -> Op:
     return Op("get_batch", "elementwise", "F", 0.0, 0.0, mask * (4 + 8 + 5), launches=10, bwd_bytes=0.0)
 
 
-def grad_accumulate_bytes_per_param(sc: Scenario) -> float:
+def grad_accumulate_bytes_per_param(sc: Scenario, gemm_weight: bool = True) -> float:
     """HBM bytes per parameter of adding one microbatch's weight gradient into the main gradient
     when the framework does it in a separate pass (``parallelism.grad_accumulation_fusion``
     false): read the main gradient, read the fresh gradient (parameter dtype), write the
@@ -283,9 +304,12 @@ def grad_accumulate_bytes_per_param(sc: Scenario) -> float:
     fusion: ``param.main_grad.add_(param.grad.data)`` in the DDP backward hook, every microbatch
     (megatron/core/distributed/distributed_data_parallel.py); PyTorch's AccumulateGrad does the
     same add into ``.grad``. 0 with the fusion (the wgrad GEMM accumulates in its epilogue) and
-    under FSDP (zero 3: gradients are reduce-scattered, not accumulated by this pass)."""
+    under FSDP (zero 3: gradients are reduce-scattered, not accumulated by this pass).
+    ``gemm_weight`` False: a weight no GEMM produces the gradient of (an embedding table): the
+    fusion cannot reach it, so megatron-core's backward hook still adds its fresh ``.grad`` into
+    ``main_grad`` every microbatch (distributed_data_parallel.py _make_backward_post_hook)."""
     p = sc.parallelism
-    if p.grad_accumulation_fusion or p.zero >= 3:
+    if (p.grad_accumulation_fusion and gemm_weight) or p.zero >= 3:
         return 0.0
     main = grad_reduce_bytes(sc.dtype, p.zero)
     fresh = 4.0 if sc.dtype == "fp32" else 2.0  # fp8 runs keep bf16 parameters and gradients
@@ -533,7 +557,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     # --- embedding (first position) and LM head + loss (last position) ---
     V = m.vocab_size
     emb_bytes = Tn * h * dt * (2 if m.learned_position_embeddings else 1)
-    megatron_path = sc.framework in ("megatron-2021", "megatron-deepspeed")
+    megatron_path = sc.framework in MEGATRON_FRAMEWORKS
     emb = [Op("embedding_lookup", "elementwise", "F", 0.0, 0.0, emb_bytes + T * 8,
               **(megatron_embedding_launches(m.learned_position_embeddings) if megatron_path else {}))]
     if megatron_path:
@@ -542,7 +566,8 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
         # Vocab-parallel embedding: partial lookups are summed (reduce-scattered with SP).
         emb.append(Op("embedding_reduce", "other", "F", comm=Comm("tp", "reduce_scatter" if sp else "all_reduce", act_bytes)))
     emb_params = V * h / t + (m.max_position_embeddings * h if m.learned_position_embeddings else 0)
-    layers["embedding"] = LayerOps("embedding", emb, emb_params, grad_accum_bytes_per_param=acc_bpp)
+    emb_acc_bpp = acc_bpp if not p.grad_accumulation_fusion else grad_accumulate_bytes_per_param(sc, gemm_weight=False)
+    layers["embedding"] = LayerOps("embedding", emb, emb_params, grad_accum_bytes_per_param=emb_acc_bpp)
     # The embedding table's gradient is a scatter-add; give the lookup's backward the table's
     # parameters so the DP gradient bucket sees them.
     head_ops = [norm("final_norm"), *tp_in("head_in"), gemm("lm_head", T, h, V // t)]
