@@ -65,12 +65,13 @@ def _same(fast, plain) -> None:
 
 
 @pytest.mark.parametrize("schedule,pp,nmb,vpp,tp,dp,network,replayed,seq_length", [
-    # Default flow network at sequence 1024: pp rank 1's accumulated waits grow by ~3.8e-7 s from
-    # one period to the next in every short run tried (10, 11, 12 microbatches), so none verifies:
-    # the plain run. (At sequence 2048 pp ranks 0 and 1 settled geometrically until round 22, when
-    # the embedding's weight gradient got its real size on pp rank 0; they now settle exactly.)
-    ("1f1b", 4, 24, 1, 2, 2, None, False, 1024),
-    ("1f1b", 4, 48, 1, 2, 2, None, False, 1024),  # the same drift in the short runs of 48
+    # Until round 22 pp ranks 0 and 1 of this layout settled geometrically on the flow network
+    # (periods 3e-9, 5.5e-10, ... s apart) and no short run verified. With the embedding's
+    # weight gradient at its real size on pp rank 0 they settle exactly, at sequence 512 to 8192:
+    # replayed. The runs that do not verify are below (zb-h1 24, dualpipev, gpipe) and in
+    # test_aperiodic_short_run_stops_early (FSDP + PP).
+    ("1f1b", 4, 24, 1, 2, 2, None, True, 1024),
+    ("1f1b", 4, 48, 1, 2, 2, None, True, 2048),
     ("1f1b", 4, 24, 1, 2, 2, None, True, 2048),
     ("1f1b", 4, 24, 1, 2, 2, "alpha-beta", True, 2048),
     ("1f1b", 4, 32, 1, 1, 4, None, True, 2048),
@@ -291,9 +292,7 @@ def test_aperiodic_short_run_stops_early():
 
 @pytest.mark.parametrize("schedule,pp,nmb,vpp,network,refuses,seq_length", [
     ("zb-h1", 4, 48, 1, None, True, 2048),  # the first short run has not settled: stopped early
-    # pp rank 1's waits still drifting at sequence 1024 (test_fast_path_equals_plain): the early
-    # check stops both short runs.
-    ("1f1b", 4, 24, 1, None, True, 1024),
+    ("1f1b", 4, 24, 1, None, False, 1024),
     ("1f1b", 4, 24, 1, None, False, 2048),
     ("1f1b", 4, 24, 1, "alpha-beta", False, 2048),
     ("interleaved-1f1b", 4, 32, 2, None, False, 2048),
