@@ -47,7 +47,7 @@ from simulator.schedules.base import Action
 from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim
 from simulator.workload.plan import (
     GradBuckets, bucketed_stages, grad_reduce_bytes, communication_groups, emit_action, hsdp_shard_of, linear_replay,
-    ADAM_BYTES_PER_PARAM, adam_tensor_count, optimizer_state_bytes, pp_message_bytes,
+    ADAM_BYTES_PER_PARAM, adam_tensor_count, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
 )
 from simulator.workload.ops import optimizer_time_s
 from simulator.workload.program import Program, build_program, split_layers
@@ -96,16 +96,33 @@ class _Table:
     per_layer: bool  # True: one position per layer (compose any split); False: the point's own
 
 
+def _ops_inputs(sc: Scenario) -> tuple:
+    """What ``ops.build_layer_ops`` reads of dp and the microbatch count, which ``_layer_key``
+    leaves out: the per-microbatch loss all-reduce exists only with dp x cp > 1; FSDP2's copy-out
+    and the rowwise Float8 weight cast on the shard depend on the ZeRO-3 shard
+    (``fsdp2_copy_out_ops``, ``fp8_cast_bytes_per_elem``); Float8 weight casts are amortised
+    over the microbatches and DeepSpeed ZeRO-0 adds nmb - 1 gradients a step. A reference
+    Program built for one of these served the others (ZeRO-3's W segment, without
+    main_grad adds, priced a ZeRO-1 point's backward)."""
+    p = sc.parallelism
+    shard = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)[0] if p.zero >= 3 else None
+    nmb = sc.num_microbatches if sc.dtype == "fp8" or (sc.framework == "megatron-deepspeed" and p.zero == 0) else None
+    return (sc.dp * p.cp > 1, shard, nmb)
+
+
 def _layer_key(sc: Scenario) -> str:
     """Everything that shapes a layer's ops; pipeline, batch count and cluster size are left out."""
     d = sc.model_dump(mode="json")
     d.pop("name", None)
     par = d["parallelism"]
-    # ZeRO changes no segment (its collectives live on the engine's dp stream): one reference
-    # Program serves every stage; the estimate adds the ZeRO-3 gathers itself.
-    for k in ("pp", "vpp", "dp", "zero", "pp_layer_split", "mesh_order", "overlap_grad_reduce", "grad_bucket_params"):
+    # ZeRO's collectives live on the engine's dp stream (the estimate adds the ZeRO-3 gathers
+    # itself), but the layer's ops read ZeRO, dp and the microbatch count (_ops_inputs): those
+    # stay in the key as the ops read them, so layouts that differ only in GPU count or global
+    # batch still share one reference Program.
+    for k in ("pp", "vpp", "dp", "pp_layer_split", "mesh_order", "overlap_grad_reduce", "grad_bucket_params"):
         par.pop(k, None)
     d["batch"].pop("global_batch_size", None)
+    d["_ops_inputs"] = _ops_inputs(sc)
     for k in ("schedule", "schedule_file", "network"):
         d.pop(k, None)
     d["cluster"] = {"gpu": d["cluster"]["gpu"]}
