@@ -718,9 +718,15 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     # Step-level work between the backward and the optimizer (simulator.workload.program
     # StepCollective): the tied-embedding all-reduce (first and last stage only), the
     # gradient-norm kernel and its all-reduces, blocking the compute stream.
-    last_pp = sched.num_ranks - 1
+    # The tie's two ends: the ranks of the first and the last stage (communication_groups' emb
+    # group, pp ranks 0 and pp - 1). V-shaped schedules (zbv, dualpipev) put both stages on pp
+    # rank 0: there is no peer to all-reduce with (Megatron's embedding group would hold one
+    # rank), where the plan had pp ranks 0 and pp - 1 all-reduce the matrix's gradient and the
+    # last rank holds neither.
+    chain = sched.chains[0]
+    tie_ranks = {sched.stage_rank[chain[0]], sched.stage_rank[chain[-1]]}
     for term in getattr(prog, "step_collectives", ()):
-        if term.dim == Dim.EMB and pp_rank not in (0, last_pp):
+        if term.dim == Dim.EMB and (pp_rank not in tie_ranks or len(tie_ranks) < 2):
             continue
         if term.compute_s > 0:
             out.append(Compute(term.compute_s, "opt", term.label, counted=False))
