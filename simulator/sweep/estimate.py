@@ -407,6 +407,7 @@ class Estimator:
                             if v:
                                 dims.setdefault(d.value, np.zeros((n, len(KINDS))))[pos, ki] += v
             start_gather = 0.0
+            once = None  # (extra compute, exposed wait) per layer of gathers paid once a step
             # Each layer's actions alone, before FSDP gathers: what a tail replay without
             # buckets adds up to (every action joins its own collectives at its end).
             bare_cost = {k: v.copy() for k, v in layer_cost.items()}
@@ -434,12 +435,29 @@ class Estimator:
                     extra = np.where(behind >= ag / f_c, ag * (1 - 1 / f_c), ag - behind)
                     extra = np.maximum(extra, 0.0)
                     wait = np.maximum(0.0, ag - behind * f_c)
+                    if not p.fsdp_reshard_after_forward:
+                        # Kept gathered: a unit is gathered before its stage's first forward only,
+                        # once a step (the plan's rule), not before every microbatch's; spread over
+                        # the step's microbatches below, as nmb is not in this cache's key.
+                        once = (extra, wait)
+                        continue
                     layer_cost[k] = layer_cost[k] + extra
                     layer_cost_nb[k] = layer_cost_nb[k] + extra
                     by_dim.setdefault("dp", np.zeros((n, len(KINDS))))[:, KINDS.index(k)] += wait
                     by_dim_nb.setdefault("dp", np.zeros((n, len(KINDS))))[:, KINDS.index(k)] += wait
-            hit = self._costs[ckey] = (layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather, bare_cost, bare_cost_nb)
-        layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather, bare_cost, bare_cost_nb = hit
+            hit = self._costs[ckey] = (layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather, bare_cost, bare_cost_nb,
+                                       once)
+        layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather, bare_cost, bare_cost_nb, once = hit
+        if once is not None:
+            extra, wait = once[0] / max(1, nmb), once[1] / max(1, nmb)
+            layer_cost = {**layer_cost, "F": layer_cost["F"] + extra}
+            layer_cost_nb = {**layer_cost_nb, "F": layer_cost_nb["F"] + extra}
+            fi = KINDS.index("F")
+            by_dim, by_dim_nb = dict(by_dim), dict(by_dim_nb)
+            for dims in (by_dim, by_dim_nb):
+                m_ = dims.get("dp", np.zeros((len(extra), len(KINDS)))).copy()
+                m_[:, fi] += wait
+                dims["dp"] = m_
         if tab.per_layer:
             L = len(tab.params)
             split_key = (L, P, tuple(p.pp_layer_split) if p.pp_layer_split else None,
