@@ -37,7 +37,9 @@ SCHEMA_VERSION = 1
 # Bump when the simulator's results for the same inputs change meaning within one version (keys rows).
 # 2: round 21 (gradient buckets by framework, Megatron's cross-entropy bytes, classic attention's
 # layout copies): a stored step for the same scenario is no longer today's.
-RESULTS_VERSION = "2"
+# 3: round 22 (the embedding's dense backward and main_grad add, FP8 + SP re-gathers and TE's FP8
+# gathers, the tied-embedding all-reduce's ranks under V schedules).
+RESULTS_VERSION = "3"
 # The key fields kept as columns (the rest lives in report_json).
 KEY_FIELDS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_memory_gib", "fits_in_memory", "gpus")
 
