@@ -244,11 +244,12 @@ def test_fsdp_under_a_pipeline_holds_gathered_units_and_unsharded_gradients():
     assert resharded["parameters_gib"] * 1024**3 == pytest.approx(2 * P / 8, rel=1e-9)
     # Resharded: only the unit computing and the one prefetched (fsdp_prefetch 1) are whole at
     # once, at worst the two largest of the rank's units (pp rank 0: the embedding and its
-    # layers), beyond the rank's own 1/8.
+    # layers), each whole beside the rank's own 1/8: FSDP2 gathers into a new full-size tensor
+    # and keeps the shard (torch _fsdp_param.py init_all_gather_outputs), so not 7/8 of a unit.
     units = sorted((res.program.unit_gather_bytes.get(L, res.program.unit_params[L] * 2)
                     for L in [-1] + list(res.program.position_layers[0])), reverse=True)
-    assert resharded["gathered_parameters_gib"] * 1024**3 == pytest.approx(sum(units[:2]) * (1 - 1 / 8), rel=1e-9)
-    assert kept["gathered_parameters_gib"] * 1024**3 == pytest.approx(2 * P * (1 - 1 / 8), rel=0.02)
+    assert resharded["gathered_parameters_gib"] * 1024**3 == pytest.approx(sum(units[:2]), rel=1e-9)
+    assert kept["gathered_parameters_gib"] * 1024**3 == pytest.approx(2 * P, rel=0.02)
     assert kept["total_gib"] > resharded["total_gib"]
     # ZeRO-2 defers the reduction the same way in the plan: unsharded until the last microbatch.
     z2 = simulate(build_scenario(scenario(parallelism={"tp": 1, "pp": 2, "zero": 2},

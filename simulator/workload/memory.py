@@ -253,7 +253,11 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
                 # Not resharded after forward: every unit the rank ran forward stays gathered until
                 # its backward, so at the turn from forward to backward the rank holds all of them.
                 gathered = sum(unit_bytes.values())
-            row["gathered_parameters_gib"] = gathered * (1 - 1 / shard) / GIB
+            # Whole, not (1 - 1/shard): FSDP2 all-gathers into a new full-size tensor that becomes
+            # the unsharded parameter (torch 2.13 _fsdp_param.py init_all_gather_outputs: numel x
+            # world_size; init_unsharded_param views it), while the sharded parameter stays
+            # allocated beside it (fp32 under torchtitan's mixed precision), counted above.
+            row["gathered_parameters_gib"] = gathered / GIB
         if sc.framework == "torchtitan" and last_position in positions:
             # The loss's backward working set beside what it keeps (loss_bytes_per_logit),
             # vocab-sharded under loss parallelism.
