@@ -391,3 +391,26 @@ def test_tp_beyond_the_kv_heads_gathers_the_qkv_output_as_megatron_core_does():
     # torchtitan views each rank's K/V shard as whole heads: more ranks than KV heads is refused.
     with pytest.raises(UserError, match=r"tp=16 exceeds num_kv_heads=8: .*choose tp among 1, 2, 4, 8"):
         sc(16, framework="torchtitan")
+
+
+def test_selective_layer_recompute_counts_each_stages_checkpointed_layers():
+    # recompute selective-layer checkpoints the even layers whole (program.layer_recompute_ops):
+    # a stage of 11 layers starting at layer 0 checkpoints 6 and keeps 5 whole, one starting at
+    # layer 11 checkpoints 5 and keeps 6 -- not 5.5 each. The layer being recomputed in backward
+    # is a checkpointed one: it re-materialises all a kept layer holds beyond its input.
+    from simulator.workload.memory import stage_activation_bytes
+
+    sc = build_scenario(scenario(framework="torchtitan", recompute="selective-layer", flash_attention=True,
+                                 parallelism={"tp": 1, "pp": 3, "zero": 1, "pp_layer_split": [11, 11, 10]},
+                                 batch={"micro_batch_size": 1, "global_batch_size": 48, "seq_length": 2048},
+                                 cluster={"gpus": 48, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}))
+    res = simulate(sc)
+    full = activation_bytes_per_layer(sc.model_copy(update={"recompute": "full"}))
+    none = activation_bytes_per_layer(sc.model_copy(update={"recompute": "none"}))
+    assert none > 10 * full
+    embedding_out = 2 * 2048 * 4096
+    by_stage = stage_activation_bytes(sc, res.program)
+    assert by_stage[0] == pytest.approx(6 * full + 5 * none + embedding_out, rel=1e-12)
+    assert by_stage[1] == pytest.approx(5 * full + 6 * none, rel=1e-12)
+    for row in res.memory.per_rank_gib:
+        assert row["recompute_working_set_gib"] * 1024**3 == pytest.approx(none - full, rel=1e-12)

@@ -71,6 +71,12 @@ def layer_activation_sbh(sc: Scenario, moe: bool = False) -> tuple[float, float]
     return attn + mlp + norms, 5.0
 
 
+def selective_layer_checkpointed(layer: int) -> bool:
+    """Whether recompute selective-layer checkpoints ``layer`` whole: the rule of
+    program.layer_recompute_ops, which must stay the same (memory and work would disagree)."""
+    return layer % 2 == 0
+
+
 def activation_bytes_per_layer(sc: Scenario, moe: bool = False) -> float:
     """Bytes one layer keeps for one microbatch on one GPU (``moe``: an expert layer)."""
     m, p = sc.model, sc.parallelism
@@ -83,7 +89,8 @@ def activation_bytes_per_layer(sc: Scenario, moe: bool = False) -> float:
     if sc.recompute == "full":
         return 2 * sbh / (t if sp else 1)
     if sc.recompute == "selective-layer":
-        # Every second layer keeps only its input; the others keep everything.
+        # Every second layer keeps only its input; the others keep everything: the mean of a
+        # layer (stage_activation_bytes counts which layers are which).
         full = 2 * sbh / (t if sp else 1)
         return (full + activation_bytes_per_layer(sc.model_copy(update={"recompute": "none"}), moe)) / 2
     if sc.recompute == "selective-op":
@@ -148,12 +155,19 @@ def stage_activation_bytes(sc: Scenario, prog: Program) -> list[float]:
     sp = p.sequence_parallel and t > 1
     s = sc.batch.seq_length / p.cp
     b = sc.batch.micro_batch_size
-    dense_layer = activation_bytes_per_layer(sc)
-    moe_layer = activation_bytes_per_layer(sc, moe=True) if m.is_moe else dense_layer
+    def layer_bytes(layer: int) -> float:
+        moe = m.is_moe and layer >= m.num_dense_layers
+        if sc.recompute == "selective-layer":
+            # The layers layer_recompute_ops checkpoints whole keep their input only, the others
+            # everything: counted per layer, since a stage's share is not half and half (an odd
+            # count, or a stage starting on an odd layer).
+            kept = "full" if selective_layer_checkpointed(layer) else "none"
+            return activation_bytes_per_layer(sc.model_copy(update={"recompute": kept}), moe)
+        return activation_bytes_per_layer(sc, moe)
+
     position_bytes = []
     for pos, layers in enumerate(prog.position_layers):
-        n_moe = sum(1 for L in layers if m.is_moe and L >= m.num_dense_layers)
-        act = (len(layers) - n_moe) * dense_layer + n_moe * moe_layer
+        act = sum(layer_bytes(L) for L in layers)
         if pos == 0:
             act += 2 * s * b * m.hidden_size / (t if sp else 1)  # embedding output
         if pos == len(prog.position_layers) - 1:
@@ -196,8 +210,10 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     recompute_extra = {}
     if sc.recompute != "none":
         kept = sc.model_copy(update={"recompute": "none"})
+        # selective-layer: the layer being recomputed is a checkpointed one, holding only its input.
+        ckpt = sc.model_copy(update={"recompute": "full"}) if sc.recompute == "selective-layer" else sc
         for moe in ((False, True) if m.is_moe else (False,)):
-            recompute_extra[moe] = max(0.0, activation_bytes_per_layer(kept, moe) - activation_bytes_per_layer(sc, moe))
+            recompute_extra[moe] = max(0.0, activation_bytes_per_layer(kept, moe) - activation_bytes_per_layer(ckpt, moe))
     rows = []
     last_position = len(prog.position_layers) - 1
     for r in range(sched.num_ranks):
