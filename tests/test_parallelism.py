@@ -414,3 +414,18 @@ def test_selective_layer_recompute_counts_each_stages_checkpointed_layers():
     assert by_stage[1] == pytest.approx(5 * full + 6 * none, rel=1e-12)
     for row in res.memory.per_rank_gib:
         assert row["recompute_working_set_gib"] * 1024**3 == pytest.approx(none - full, rel=1e-12)
+
+
+def test_fp8_tensor_parallel_without_sequence_parallel_saves_the_replicated_inputs_in_fp8():
+    # Without sequence parallelism the QKV and fc1 inputs are replicated on every tp rank
+    # (Korthikanti Sec. 4.2.1: 10 sbh of them with the norms' inputs and dropout masks); FP8
+    # linears keep them as 1-byte copies, so their saving is 2 sbh whole and only the
+    # out-projection's and fc2's inputs (1 + f sbh) shrink by t. llama3-8b: f = 3.5, c = 36.
+    def act(dtype):
+        d = scenario(parallelism={"tp": 4, "pp": 1, "zero": 0, "sequence_parallel": False}, dtype=dtype, flash_attention=True)
+        if dtype == "fp8":
+            d["fp8"] = {"recipe": "te-delayed"}
+        return activation_bytes_per_layer(build_scenario(d))
+    sbh = 2048 * 4096
+    assert act("bf16") == pytest.approx(sbh * (10 + (36 - 10) / 4), rel=1e-12)
+    assert act("fp8") == pytest.approx(sbh * (8 + (36 - 10 - 4.5) / 4), rel=1e-12)  # 107 MiB, was 119

@@ -111,6 +111,10 @@ def activation_bytes_per_layer(sc: Scenario, moe: bool = False) -> float:
             kept += sbh * 2 * (1 if sc.dtype == "fp8" else 2) * (1 - 1 / t)
         return kept
     replicated = 10.0  # norm inputs, dropout masks, QKV and fc1 inputs (Korthikanti Sec. 4.2.1)
+    if sc.dtype == "fp8":
+        # The QKV and fc1 inputs are the replicated ones c counts at 1 byte each for FP8 linears:
+        # their saving stays whole here, only the out-projection's and fc2's are divided by t.
+        replicated -= 2
     return sbh * (replicated + (c - replicated) / t + scores / t)
 
 
