@@ -134,3 +134,27 @@ def test_estimate_gathers_kept_fsdp_units_once_a_step(pp, gbs):
                                  parallelism={"zero": 3, "pp": pp, "fsdp_reshard_after_forward": False}))
     sim = simulate(sc, with_critical_path=False).timeline.step_time_s
     assert Estimator().estimate(sc).step_time_s == pytest.approx(sim, rel=0.05)
+
+
+def test_estimate_memory_under_the_fp8_all_gather_does_not_depend_on_the_points_before():
+    # The estimator's reference Program is shared by points of every ZeRO stage; the FP8
+    # all-gather's per-unit bytes (bf16 embedding, head and norms, 1-byte Float8 linears) must
+    # be there for a ZeRO-3 point even when a ZeRO-1 point built it (they fell back to
+    # param_bytes x parameters: 2.60 GiB of gathered units against the simulation's 2.22).
+    from simulator.profile import load_profile
+    from simulator.simulate import resolve_schedule
+    from simulator.workload.memory import memory_report
+    from simulator.workload.program import build_program
+
+    def d(zero):
+        return {"name": f"fp8ag{zero}", "model": "llama3-8b", "framework": "torchtitan", "dtype": "fp8",
+                "fp8": {"recipe": "tensorwise", "param_all_gather": True}, "flash_attention": True,
+                "parallelism": {"tp": 1, "pp": 1, "zero": zero},
+                "batch": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048},
+                "cluster": {"gpus": 16, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}, "network": "alpha-beta"}
+    est = Estimator()
+    est.estimate(build_scenario(d(1)))
+    sc = build_scenario(d(3))
+    prof = load_profile(sc.cluster.gpu)
+    mem = memory_report(sc, build_program(sc, prof, resolve_schedule(sc)), prof.hbm_gib, prof.usable_memory_fraction)
+    assert est.estimate(sc).peak_memory_gib == pytest.approx(mem.peak_gib, rel=1e-9)

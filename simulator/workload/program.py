@@ -652,7 +652,9 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     # FSDP all-gather bytes per unit: with the FP8 all-gather only Float8 linears move 1 byte a
     # parameter; the embedding, the norms and the (unconverted) LM head move bf16.
     unit_gather_bytes: dict[int, float] = {}
-    if sc.dtype == "fp8" and sc.fp8.param_all_gather and p.zero >= 3:
+    # Set at every ZeRO stage (read only under ZeRO-3): the sweep's reference Program, shared by
+    # points of any ZeRO stage, must carry them for the ZeRO-3 points' memory.
+    if sc.dtype == "fp8" and sc.fp8.param_all_gather:
         for L in range(m.num_layers):
             unit_gather_bytes[L] = fsdp_gather_bytes(sc, layer_kinds[kind_of(L)].forward)
         unit_gather_bytes[-1] = layer_kinds["embedding"].params * sc.dtype_bytes
