@@ -27,7 +27,7 @@ from simulator.scenario import MEGATRON_GRAD_BUCKET_PARAMS, Scenario
 from simulator.schedules.analysis import peak_activations
 from simulator.workload.plan import grad_reduce_bytes, optimizer_shards
 from simulator.workload.ops import build_layer_ops, sp_regathers_input
-from simulator.workload.program import Program, selective_op_saved_bytes
+from simulator.workload.program import Program, selective_layer_checkpointed, selective_op_saved_bytes
 
 GIB = 1024**3
 # cuBLAS / NCCL workspaces, CUDA context and allocator fragmentation held aside on every GPU.
@@ -69,12 +69,6 @@ def layer_activation_sbh(sc: Scenario, moe: bool = False) -> tuple[float, float]
         attn -= 2
     # Scores: QK^T softmax output 2, dropout mask 1, dropout output 2 (Korthikanti Sec. 4.1: 5as/h).
     return attn + mlp + norms, 5.0
-
-
-def selective_layer_checkpointed(layer: int) -> bool:
-    """Whether recompute selective-layer checkpoints ``layer`` whole: the rule of
-    program.layer_recompute_ops, which must stay the same (memory and work would disagree)."""
-    return layer % 2 == 0
 
 
 def activation_bytes_per_layer(sc: Scenario, moe: bool = False) -> float:

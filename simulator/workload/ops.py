@@ -568,8 +568,8 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     emb_params = V * h / t + (m.max_position_embeddings * h if m.learned_position_embeddings else 0)
     emb_acc_bpp = acc_bpp if not p.grad_accumulation_fusion else grad_accumulate_bytes_per_param(sc, gemm_weight=False)
     layers["embedding"] = LayerOps("embedding", emb, emb_params, grad_accum_bytes_per_param=emb_acc_bpp)
-    # The embedding table's gradient is a scatter-add; give the lookup's backward the table's
-    # parameters so the DP gradient bucket sees them.
+    # The tables' gradient (and their parameters, for the DP gradient bucket) is the program's
+    # embedding_wgrad_op, or hf-eager's own kernels.
     head_ops = [norm("final_norm"), *tp_in("head_in"), gemm("lm_head", T, h, V // t)]
     # Vocab-parallel cross-entropy over fp32 logits: max, exp-sum, loss, softmax grad.
     if megatron_path:

@@ -446,9 +446,15 @@ def _sac_mm_parts(sc: Scenario, lo: LayerOps):
             yield o, j, frac, n_mm % 2 == 0
 
 
+def selective_layer_checkpointed(layer: int) -> bool:
+    """Whether recompute selective-layer checkpoints ``layer`` whole (every second layer): one
+    rule for the work (layer_recompute_ops) and the memory model (stage_activation_bytes)."""
+    return layer % 2 == 0
+
+
 def layer_recompute_ops(sc: Scenario, lo: LayerOps, layer: int = 0) -> list[Op]:
     """Forward ops activation checkpointing reruns in a layer's backward."""
-    if sc.recompute == "full" or (sc.recompute == "selective-layer" and layer % 2 == 0):
+    if sc.recompute == "full" or (sc.recompute == "selective-layer" and selective_layer_checkpointed(layer)):
         # torchtitan's layer AC (ac_freq 2) checkpoints every second layer whole.
         return [o for o in lo.forward if o.recompute]
     if sc.recompute == "selective-op":
@@ -652,9 +658,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     # FSDP all-gather bytes per unit: with the FP8 all-gather only Float8 linears move 1 byte a
     # parameter; the embedding, the norms and the (unconverted) LM head move bf16.
     unit_gather_bytes: dict[int, float] = {}
-    # Set at every ZeRO stage (read only under ZeRO-3): the sweep's reference Program, shared by
-    # points of any ZeRO stage, must carry them for the ZeRO-3 points' memory.
-    if sc.dtype == "fp8" and sc.fp8.param_all_gather:
+    if sc.dtype == "fp8" and sc.fp8.param_all_gather and p.zero >= 3:
         for L in range(m.num_layers):
             unit_gather_bytes[L] = fsdp_gather_bytes(sc, layer_kinds[kind_of(L)].forward)
         unit_gather_bytes[-1] = layer_kinds["embedding"].params * sc.dtype_bytes
