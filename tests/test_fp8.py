@@ -150,3 +150,26 @@ def test_mxfp8_userbuffers_gather_one_copy_of_the_output_gradient():
     dense = build_layer_ops(sc)["dense"]
     grad = next(o for o in dense.backward()[0] if o.name == "mlp_out.bwd")
     assert grad.comm.size_bytes == 4096 * 4096 * (1 + 1 / 32)
+
+
+@pytest.mark.parametrize("recipe,act_f,shard_b,transpose_b", [("te-delayed", 4.0, 0.0, 2.0), ("te-current", 6.0, 3.0, 2.0),
+                                                              ("mxfp8", 4 + 2 / 32, 4 + 2 / 32, 0.0)])
+def test_te_fp8_sequence_parallel_quantizes_the_shard_and_transposes_the_gathered_copy(recipe, act_f, shard_b, transpose_b):
+    """TE under SP quantizes a norm-fed input on its T / tp shard before the FP8 gather (delayed
+    scaling inside the norm kernel, current scaling after a norm that writes the amax, MXFP8 both
+    copies with scales); per-tensor scaling transposes the gathered copy in backward, MXFP8
+    re-gathers its column-wise copy instead. Without SP the cast quantizes all T tokens."""
+    gpu, topo = ("b200", "dgx-b200") if recipe == "mxfp8" else ("h100-sxm-80gb", "dgx-h100-fattree")
+    T, tp, h = 4096, 2, 4096
+    sp = {o.name: o for o in build_layer_ops(_sc("fp8", gpu=gpu, topo=topo, recipe=recipe, tp=tp,
+                                                 sequence_parallel=True))["dense"].forward}
+    full = {o.name: o for o in build_layer_ops(_sc("fp8", gpu=gpu, topo=topo, recipe=recipe, tp=tp,
+                                                   sequence_parallel=False))["dense"].forward}
+    for name in ("qkv_proj", "fc1_gate_up"):
+        k = sp[name].kernel.k
+        assert k == h
+        assert sp[name + ".fp8_cast"].bytes - full[name + ".fp8_cast"].bytes == pytest.approx(T // tp * k * shard_b - T * k * act_f)
+        assert sp[name + ".fp8_cast"].bwd_bytes - full[name + ".fp8_cast"].bwd_bytes == pytest.approx(T * k * transpose_b)
+    # The row-parallel inputs are not gathered: their casts are the same with and without SP.
+    for name in ("attn_out_proj", "fc2"):
+        assert sp[name + ".fp8_cast"].bytes == full[name + ".fp8_cast"].bytes

@@ -543,7 +543,9 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
         attn, mlp = float8_tensorwise_tp(attn, T, Tn, h, act_f), float8_tensorwise_tp(mlp, T, Tn, h, act_f)
     elif sp and fp8 and recipe in TE_FP8_RECIPES:
         ub = p.tp_comm_overlap
-        attn, mlp = (te_fp8_sequence_parallel_comm(attn, T, h, recipe, ub), te_fp8_sequence_parallel_comm(mlp, T, h, recipe, ub))
+        act_f = fp8_cast_bytes_per_elem(recipe, nmb, sc)[0]
+        attn, mlp = (te_fp8_sequence_parallel_comm(attn, T, Tn, h, recipe, act_f, ub),
+                     te_fp8_sequence_parallel_comm(mlp, T, Tn, h, recipe, act_f, ub))
     layers: dict[str, LayerOps] = {}
     dense = LayerOps("dense", attn + mlp, sp_regather=sp and sp_regathers_input(sc),
                      tp_norm_grad_bytes=sp_norm_grad_bytes(norm_params) if sp else 0.0, grad_accum_bytes_per_param=acc_bpp)
@@ -962,11 +964,44 @@ def float8_tensorwise_tp(ops: list[Op], T: int, Tn: int, h: int, act_f: float) -
 
 # Transformer Engine's FP8 recipes (the others are torchao's).
 TE_FP8_RECIPES = ("te-delayed", "te-current", "mxfp8")
+# Float8Tensor.update_usage(columnwise_usage=True): a transpose kernel reads the FP8 data (1 B)
+# and writes its transpose (1 B) an element (TE 2.20.2 tensor/storage/float8_tensor_storage.py
+# _create_transpose, tex.fp8_transpose). Hopper only: on compute capability 10.x
+# (is_non_tn_fp8_gemm_supported) the GEMM reads the row-wise copy; like fp8_cast_bytes_per_elem's
+# cast-transpose, the model prices per-tensor recipes as on Hopper.
+TE_FP8_TRANSPOSE_BYTES_PER_ELEM = 2.0
+
+
+def te_fp8_sp_input_cast_bytes_per_elem(recipe: str, norm_fed: bool) -> float:
+    """HBM bytes an element of the sequence shard that Transformer Engine spends quantizing a
+    column-parallel input before its FP8 all-gather (TE 2.20.2, transformer_engine_torch sdist
+    csrc/extensions/normalization.cpp ``layernorm_fwd`` / ``rmsnorm_fwd`` and
+    module/layernorm_linear.py, linear.py forward). The all-gather takes only the row-wise copy
+    for per-tensor scaling (``supports_only_rowwise_all_gather``), so the cast writes one 1-byte
+    copy; MXFP8 writes both copies with their block scales (the column-wise one is saved and
+    re-gathered for the weight gradient).
+    - delayed scaling, after a norm: the norm kernel writes FP8 itself (Impl::FULLY_FUSED): 0.
+      (The norm's own output write is 1 byte, not 2; the norm op keeps its bf16 bytes, about
+      1 byte an element of the shard over.)
+    - current scaling, after a norm: the norm writes bf16 and its amax (FUSED_NORM_AMAX_FP8), then
+      quantize_with_amax reads 2 and writes 1: 3.
+    - MXFP8 (UNFUSED, without NVTE_NORM_FWD_USE_CUDNN): bf16 read 2, two 1-byte copies, a scale
+      byte per 32 elements each: 4 + 2/32.
+    - without a norm before it (linear.py): delayed reads 2 and writes 1 with the amax fused (3);
+      current reads 2 for the amax first (5); MXFP8 as above."""
+    if recipe == "mxfp8":
+        return 4.0 + 2 * MXFP8_SCALE_BYTES_PER_ELEM
+    if recipe == "te-delayed":
+        return 0.0 if norm_fed else 3.0
+    if recipe == "te-current":
+        return 3.0 if norm_fed else 5.0
+    raise ValueError(f"not a Transformer Engine FP8 recipe: {recipe!r}")
 # MXFP8 carries an E8M0 scale byte for every 32 elements (OCP MX spec v1.0) beside the FP8 data.
 MXFP8_SCALE_BYTES_PER_ELEM = 1.0 / 32
 
 
-def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, h: int, recipe: str, userbuffers: bool = False) -> list[Op]:
+def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, Tn: int, h: int, recipe: str, act_f: float,
+                                  userbuffers: bool = False) -> list[Op]:
     """Transformer Engine under FP8 with sequence parallelism (2.20.2 PyPI wheel,
     module/layernorm_linear.py and linear.py forward and backward, module/base.py
     grad_output_preprocess): a linear quantizes its input on the sequence shard and all-gathers
@@ -975,10 +1010,11 @@ def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, h: int, recipe: str, us
     gradient is quantized before its backward all-gather (1 byte). Reduce-scatters (the
     row-parallel output forward, the column-parallel input gradient backward) stay bf16. MXFP8
     adds its scales. Only gathers that feed an FP8 linear, and reduce-scatters after one, change
-    (not MLA's or GQA's QKV-output gather). The casts keep their T-token bytes, an over-count of
-    about 2 bytes an element of a norm-fed input: TE quantizes inside the norm on the shard, and
-    per-tensor scaling then transposes the gathered copy for the weight gradient in backward
-    (read 1, write 1), where the model charges one 4-byte cast-transpose of all T tokens.
+    (not MLA's or GQA's QKV-output gather). The gathered input's quantization runs on the
+    sequence shard (``te_fp8_sp_input_cast_bytes_per_elem``), and per-tensor scaling transposes
+    the gathered copy for the weight gradient in backward (layernorm_linear.py backward
+    ``ln_out_total.update_usage(columnwise_usage=True)``: read 1, write 1 of all T tokens) where
+    MXFP8 re-gathers its column-wise copy instead.
     The output gradient feeds both the dgrad GEMM (row-wise) and the wgrad GEMM (column-wise):
     per-tensor FP8 gathers the row-wise data and transposes it after (distributed.py
     _all_gather_fp8), but MXFP8's column-wise data has its own block scales and is gathered too
@@ -986,12 +1022,24 @@ def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, h: int, recipe: str, us
     except under userbuffers (``userbuffers``: tp_comm_overlap), which gather the row-wise one only."""
     fp8_bytes = T * h * (1.0 + (MXFP8_SCALE_BYTES_PER_ELEM if recipe == "mxfp8" else 0.0))
     grad_gather_bytes = fp8_bytes * (2 if recipe == "mxfp8" and not userbuffers else 1)
+    transpose_b = 0.0 if recipe == "mxfp8" else TE_FP8_TRANSPOSE_BYTES_PER_ELEM
     out: list[Op] = []
+    recast: dict[int, Op] = {}  # index of a gathered input's cast -> the cast on the shard
     for i, op in enumerate(ops):
         c = op.comm
-        if c is not None and c.dim == "tp" and c.op == "all_gather" and i + 1 < len(ops) \
-                and ops[i + 1].name.endswith(".fp8_cast"):
+        if i in recast:
+            out.append(recast[i])
+            continue
+        if c is not None and c.dim == "tp" and c.op == "all_gather" and i + 2 < len(ops) \
+                and ops[i + 1].name.endswith(".fp8_cast") and ops[i + 2].kernel is not None:
             out.append(replace(op, comm=replace(c, size_bytes=fp8_bytes, bwd_size_bytes=c.size_bytes)))
+            cast, k = ops[i + 1], ops[i + 2].kernel.k
+            norm_fed = i > 0 and ops[i - 1].op_class == "norm"
+            # linear() built the cast over all T tokens the GEMM sees (act_f bytes an element,
+            # beside its weight's): TE quantizes the Tn-token shard before the gather instead.
+            shard_bytes = Tn * k * te_fp8_sp_input_cast_bytes_per_elem(recipe, norm_fed)
+            recast[i + 1] = replace(cast, bytes=cast.bytes - T * k * act_f + shard_bytes,
+                                    bwd_bytes=(cast.bwd_bytes or 0.0) + T * k * transpose_b)
         elif c is not None and c.dim == "tp" and c.op == "reduce_scatter" and i > 0 and ops[i - 1].fp8:
             out.append(replace(op, comm=replace(c, bwd_size_bytes=grad_gather_bytes)))
         else:
