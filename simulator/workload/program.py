@@ -21,7 +21,7 @@ from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
 from simulator.workload.ops import (Comm, LayerOps, Op, build_layer_ops, embedding_wgrad_op, fp8_recompute_cast_op,
                                    fsdp_gather_bytes, moe_dropped_fraction, moe_load_factor, op_durations_s,
-                                   optimizer_time_s)
+                                   optimizer_time_s, tied_head_shares_embedding)
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
     ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, adam_tensor_count, grad_reduce_bytes, optimizer_shards,
@@ -540,10 +540,16 @@ def selective_op_saved_bytes(sc: Scenario, lo: LayerOps) -> float:
     return saved
 
 
-def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) -> Program:
+def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule,
+                  tied_head_shared: bool | None = None) -> Program:
+    """The program of ``sc`` under ``schedule``. ``tied_head_shared`` (ops.tied_head_shares_embedding)
+    defaults to the schedule's own; the sweep estimate's per-layer reference Program, one layer a
+    position on a 1F1B pipeline, takes the point's."""
     p = sc.parallelism
     mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=sc.dp, pp=p.pp, order=p.mesh_order)
-    layer_kinds = build_layer_ops(sc)
+    if tied_head_shared is None:
+        tied_head_shared = tied_head_shares_embedding(sc, schedule)
+    layer_kinds = build_layer_ops(sc, tied_head_shared)
     m = sc.model
     P = schedule.num_positions
     positions = split_layers(m.num_layers, P, p.pp_layer_split, p.account_for_embedding_in_pipeline_split,
@@ -685,7 +691,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)
     optimizer_s = optimizer_time_s(profile, opt_params_max, adam_tensor_count(m.num_layers, p.pp), ADAM_BYTES_PER_PARAM, sc)
 
-    step = step_terms(sc, profile, stage_params, opt_params_max, shard)
+    step = step_terms(sc, profile, stage_params, opt_params_max, shard, tied_head_shared)
     return Program(
         step_collectives=step,
         scenario=sc, mesh=mesh, schedule=schedule, segments=segments, position_layers=positions,
@@ -709,13 +715,14 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
 
 
 def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_params_max: float,
-               shard: int) -> list[StepCollective]:
+               shard: int, tied_head_shared: bool | None = None) -> list[StepCollective]:
     """What a training step pays between the last backward and the optimizer, besides the DP
     gradient reduction (Megatron-LM's finalize_model_grads and clip_grad_norm_):
 
     - Tied embeddings split over a pipeline: the first stage's input embedding and the last
       stage's LM head are one matrix, so their gradients (fp32 main grads, V*h/tp) are
-      all-reduced between the two stages (Megatron _allreduce_word_embedding_grads).
+      all-reduced between the two stages (Megatron _allreduce_word_embedding_grads); not where
+      one rank holds both ends and the matrix once (``tied_head_shared``; None: pp = 1).
     - fp16 loss scaling: grads unscaled and checked for inf/nan, a flag all-reduced.
     - Gradient clipping: a fused L2-norm over the rank's gradients (multi_tensor_l2norm reads
       4 bytes a parameter of the fp32 main grads it owns), then the squared norm all-reduced
@@ -723,7 +730,9 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
     """
     m, p = sc.model, sc.parallelism
     out: list[StepCollective] = []
-    if m.tied_embeddings and p.pp > 1:
+    if tied_head_shared is None:
+        tied_head_shared = tied_head_shares_embedding(sc)
+    if m.tied_embeddings and not tied_head_shared:
         emb_params = m.vocab_size * m.hidden_size / p.tp
         # In the gradient buffer's dtype (Megatron all-reduces the embedding's main_grad).
         out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * grad_reduce_bytes(sc.dtype, p.zero)))
