@@ -50,7 +50,7 @@ from simulator.workload.plan import (
     ADAM_BYTES_PER_PARAM, adam_tensor_count, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
 )
 from simulator.workload.ops import optimizer_time_s, tied_head_shares_embedding
-from simulator.workload.program import Program, build_program, split_layers
+from simulator.workload.program import Program, build_program, checkpointed_layers, split_layers
 
 KINDS = ("F", "B", "I", "W")
 # Cost ratios are quantised so that one replay serves many points (error well under 1%).
@@ -127,8 +127,9 @@ def _layer_key(sc: Scenario, layout: tuple) -> str:
     for k in ("schedule", "schedule_file", "network"):
         d.pop(k, None)
     d["cluster"] = {"gpu": d["cluster"]["gpu"]}
-    # A tied head shares the embedding's matrix where one rank holds both ends (pp = 1, V placements).
-    d["_layout"] = list(layout)
+    # A tied head shares the embedding's matrix where one rank holds both ends (pp = 1, V
+    # placements); selective-layer checkpoints the layers its blocks' rank order picks.
+    d["_layout"] = [layout[0], list(layout[1])]
     return json.dumps(d, sort_keys=True)
 
 
@@ -260,11 +261,15 @@ class Estimator:
         return self.schedule(sc.schedule, p.pp, sc.num_microbatches, p.vpp), (sc.schedule, p.pp, sc.num_microbatches, p.vpp)
 
     @staticmethod
-    def _layout(sc: Scenario, sched: PipelineSchedule) -> tuple[bool]:
+    def _layout(sc: Scenario, sched: PipelineSchedule) -> tuple[bool, tuple[int, ...]]:
         """What of the point's layout its layers' ops read, which a reference Program of one
         layer a 1F1B position would not see: whether a tied head shares the embedding's matrix
-        (ops.tied_head_shares_embedding: pp = 1 or a V placement)."""
-        return (tied_head_shares_embedding(sc, sched),)
+        (ops.tied_head_shares_embedding: pp = 1 or a V placement) and the layers recompute
+        selective-layer checkpoints (program.checkpointed_layers: counted per rank)."""
+        p = sc.parallelism
+        layers = split_layers(sc.model.num_layers, sched.num_positions, p.pp_layer_split,
+                              p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
+        return tied_head_shares_embedding(sc, sched), tuple(sorted(checkpointed_layers(sc, sched, layers)))
 
     def _table(self, sc: Scenario, sched: PipelineSchedule | None = None) -> _Table:
         if sc.parallelism.account_for_embedding_in_pipeline_split or sc.parallelism.account_for_loss_in_pipeline_split:
@@ -282,7 +287,8 @@ class Estimator:
         L = sc.model.num_layers
         try:
             ref_sc = sc.model_copy(update={"parallelism": sc.parallelism.model_copy(update={"pp_layer_split": None})})
-            prog = build_program(ref_sc, prof, build_schedule("1f1b", L, 1), tied_head_shared=layout[0])
+            prog = build_program(ref_sc, prof, build_schedule("1f1b", L, 1), tied_head_shared=layout[0],
+                                 recompute_layers=frozenset(layout[1]))
             if prog.schedule.num_positions != L or len(prog.stage_params) != L:
                 raise ValueError("reference program does not have one position per layer")
             per_layer = True
