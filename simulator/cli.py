@@ -272,7 +272,7 @@ def simulate(
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Sequences per microbatch per data-parallel rank (default 1).", rich_help_panel="Batch"),
     global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size", help="Sequences per optimizer step, all data-parallel ranks together (tokens = this x seq-length). Default: the scenario's; built-in 2048.", rich_help_panel="Batch"),
     seq_length: Optional[int] = typer.Option(None, "--seq-length", help="Tokens per sequence. Default: the scenario's; built-in 8192.", rich_help_panel="Batch"),
-    recompute: Optional[Recompute] = typer.Option(None, "--recompute", "--recompute-granularity", help="Activation recomputation: none (default), selective (Megatron: attention core), full (whole layers), selective-op (torchtitan per-op SAC) or selective-layer (torchtitan: every second layer).", rich_help_panel="Batch"),
+    recompute: Optional[Recompute] = typer.Option(None, "--recompute", "--recompute-granularity", help="Activation recomputation: none (default), selective (Megatron: attention core), full (whole layers), selective-op (torchtitan per-op SAC) or selective-layer (torchtitan: every second block each pipeline rank holds).", rich_help_panel="Batch"),
     dtype: Optional[Dtype] = typer.Option(None, "--dtype", help="Compute precision: bf16 (default), fp16, fp32 or fp8 (recipe: --set fp8.recipe=...).", rich_help_panel="Batch"),
     schedule: Optional[str] = typer.Option(None, "--schedule", help=f"Pipeline schedule: {_SCHEDULE_CHOICES}.", rich_help_panel="Batch"),
     schedule_file: Optional[Path] = typer.Option(None, "--schedule-file", help="A torchtitan-style schedule CSV (overrides --schedule).", rich_help_panel="Batch"),

@@ -319,7 +319,7 @@ class Scenario(BaseModel):
     moe: MoEConfig = Field(default_factory=MoEConfig)
     recompute: Literal["none", "selective", "full", "selective-op", "selective-layer"] = Field(
         "none", description="Activation recomputation: none; selective (Megatron: attention core); full; selective-op "
-        "(torchtitan per-op SAC: every second matmul and the non-matmul ops); selective-layer (torchtitan: every second layer full)."
+        "(torchtitan per-op SAC: every second matmul and the non-matmul ops); selective-layer (torchtitan: every second block each pipeline rank holds, checkpointed whole)."
     )
     schedule: str = Field("1f1b", description="Pipeline schedule name (see simulator.schedules).")
     schedule_file: str | None = Field(None, description="A torchtitan-style schedule CSV; overrides `schedule`.")

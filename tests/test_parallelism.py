@@ -394,10 +394,11 @@ def test_tp_beyond_the_kv_heads_gathers_the_qkv_output_as_megatron_core_does():
 
 
 def test_selective_layer_recompute_counts_each_stages_checkpointed_layers():
-    # recompute selective-layer checkpoints the even layers whole (program.layer_recompute_ops):
-    # a stage of 11 layers starting at layer 0 checkpoints 6 and keeps 5 whole, one starting at
-    # layer 11 checkpoints 5 and keeps 6 -- not 5.5 each. The layer being recomputed in backward
-    # is a checkpointed one: it re-materialises all a kept layer holds beyond its input.
+    # recompute selective-layer checkpoints every second block a rank wraps (torchtitan's
+    # per-process counter, program.checkpointed_layers): a stage of 11 layers checkpoints its
+    # 2nd, 4th... (5) and keeps 6 whole, wherever it starts -- not 5.5 each (nor 6 and 5 by
+    # global even layers, the rule before). The layer being recomputed in backward is a
+    # checkpointed one: it re-materialises all a kept layer holds beyond its input.
     from simulator.workload.memory import stage_activation_bytes
 
     sc = build_scenario(scenario(framework="torchtitan", recompute="selective-layer", flash_attention=True,
@@ -410,10 +411,80 @@ def test_selective_layer_recompute_counts_each_stages_checkpointed_layers():
     assert none > 10 * full
     embedding_out = 2 * 2048 * 4096
     by_stage = stage_activation_bytes(sc, res.program)
-    assert by_stage[0] == pytest.approx(6 * full + 5 * none + embedding_out, rel=1e-12)
+    assert by_stage[0] == pytest.approx(5 * full + 6 * none + embedding_out, rel=1e-12)
     assert by_stage[1] == pytest.approx(5 * full + 6 * none, rel=1e-12)
     for row in res.memory.per_rank_gib:
         assert row["recompute_working_set_gib"] * 1024**3 == pytest.approx(none - full, rel=1e-12)
+
+
+def _recomputed_layers(prog) -> set[int]:
+    """Layers whose input-gradient pass reruns forward work: their I FLOPs exceed the least."""
+    by_layer: dict[int, float] = {}
+    for (pos, kind), seg in prog.segments.items():
+        if kind == "I":
+            for L, f in zip(seg.layer.tolist(), seg.flops.tolist()):
+                if 0 <= L < prog.scenario.model.num_layers:
+                    by_layer[L] = by_layer.get(L, 0.0) + f
+    least = min(by_layer.values())
+    return {L for L, f in by_layer.items() if f > least * (1 + 1e-9)}
+
+
+@pytest.mark.parametrize("schedule,pp,vpp,ckpt,per_position", [
+    # 1F1B, 3 layers a stage: each rank wraps its own blocks 0, 1, 2 and checkpoints the 2nd.
+    # By global even layers it was {0, 2, 4, 6, 8, 10}: 2, 1, 2, 1 a stage.
+    ("1f1b", 4, 1, {1, 4, 7, 10}, [1, 1, 1, 1]),
+    # V: rank 0 wraps stage 0 (layers 0-2), then stage 3 (9-11), one count across both chunks
+    # (stage_ids_this_rank order); rank 1 stages 1 and 2.
+    ("zbv", 2, 1, {1, 9, 11, 4, 6, 8}, [1, 1, 2, 2]),
+    # Interleaved (loop placement): rank 0 wraps stages 0 and 2 (layers 0-2, 6-8), rank 1 stages 1 and 3.
+    ("interleaved-1f1b", 2, 2, {1, 6, 8, 4, 9, 11}, [1, 1, 2, 2]),
+])
+def test_selective_layer_checkpoints_every_second_block_a_rank_wraps(schedule, pp, vpp, ckpt, per_position):
+    # torchtitan 0.1.0 _apply_ac_to_transformer_block counts blocks on a per-process counter and
+    # wraps the 2nd, 4th...: which layers are checkpointed depends on each rank's own blocks, in
+    # the order parallelize meets them. The work (which layers rerun their forward) and the
+    # memory (which keep only their input) follow the same rule.
+    from simulator.sweep.estimate import Estimator
+    from simulator.workload.memory import loss_bytes_per_logit, stage_activation_bytes
+    from simulator.workload.program import checkpointed_layers
+
+    model = {"name": "small", "num_layers": 12, "hidden_size": 2048, "ffn_hidden_size": 8192, "num_attention_heads": 16,
+             "vocab_size": 32000}
+    sc = build_scenario(scenario(model=model, framework="torchtitan", recompute="selective-layer", flash_attention=True,
+                                 schedule=schedule, parallelism={"tp": 1, "pp": pp, "vpp": vpp, "zero": 1},
+                                 batch={"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 2048}))
+    res = simulate(sc)
+    prog = res.program
+    assert [len(ls) for ls in prog.position_layers] == [3] * (12 // 3)
+    assert checkpointed_layers(sc, prog.schedule, prog.position_layers) == ckpt
+    assert _recomputed_layers(prog) == ckpt
+    full = activation_bytes_per_layer(sc.model_copy(update={"recompute": "full"}))
+    none = activation_bytes_per_layer(sc.model_copy(update={"recompute": "none"}))
+    embedding_out = 2 * 2048 * 2048
+    loss = loss_bytes_per_logit(sc)[0] * 2048 * 32000  # what the loss keeps a logit
+    by_position = {prog.schedule.stage_position[st]: b for st, b in enumerate(stage_activation_bytes(sc, prog))}
+    for q, n in enumerate(per_position):
+        extra = (embedding_out if q == 0 else 0) + (loss if q == len(per_position) - 1 else 0)
+        assert by_position[q] == pytest.approx(n * full + (3 - n) * none + extra, rel=1e-12), q
+    # The sweep estimate's per-layer reference Program checkpoints the point's layers.
+    assert Estimator().estimate(sc).peak_memory_gib == pytest.approx(res.memory.peak_gib, rel=1e-9)
+
+
+def test_selective_layer_one_block_a_rank_checkpoints_none():
+    # A rank that wraps a single block never reaches the counter's second: nothing recomputed,
+    # no recompute working set (the model had the even layers recomputed on ranks 0 and 2).
+    from simulator.workload.program import checkpointed_layers
+
+    model = {"name": "small", "num_layers": 4, "hidden_size": 2048, "ffn_hidden_size": 8192, "num_attention_heads": 16,
+             "vocab_size": 32000}
+    sc = build_scenario(scenario(model=model, framework="torchtitan", recompute="selective-layer", flash_attention=True,
+                                 parallelism={"tp": 1, "pp": 4, "zero": 1},
+                                 batch={"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 2048}))
+    res = simulate(sc)
+    assert checkpointed_layers(sc, res.program.schedule, res.program.position_layers) == frozenset()
+    assert not any("recompute_working_set_gib" in row for row in res.memory.per_rank_gib)
+    none = simulate(sc.model_copy(update={"recompute": "none"}))
+    assert res.report.step_time_s == pytest.approx(none.report.step_time_s, rel=1e-12)
 
 
 def test_fp8_tensor_parallel_without_sequence_parallel_saves_the_replicated_inputs_in_fp8():

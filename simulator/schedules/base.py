@@ -104,6 +104,21 @@ class PipelineSchedule:
     def stages_of_rank(self, rank: int) -> tuple[int, ...]:
         return tuple(s for s, r in enumerate(self.stage_rank) if r == rank)
 
+    @cached_property
+    def chain_end_ranks(self) -> tuple[int, int]:
+        """The ranks of the first chain's first and last stage: where the input embedding and the
+        LM head live, so the two ends of a tied embedding (ranks 0 and pp - 1 for 1F1B and the
+        looped placements; both rank 0 under the V placement and with one rank). DualPipe's
+        second chain holds the other model copy; its ends mirror the first's."""
+        chain = self.chains[0]
+        return self.stage_rank[chain[0]], self.stage_rank[chain[-1]]
+
+    @property
+    def chain_ends_share_rank(self) -> bool:
+        """Whether one rank holds both the first and the last stage of the first chain."""
+        first, last = self.chain_end_ranks
+        return first == last
+
     @property
     def model_copies(self) -> int:
         """Full model replicas the pipeline holds: 2 for DualPipe (one per chain), else 1.

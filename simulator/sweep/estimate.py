@@ -49,8 +49,8 @@ from simulator.workload.plan import (
     GradBuckets, bucketed_stages, grad_reduce_bytes, communication_groups, emit_action, hsdp_shard_of, linear_replay,
     ADAM_BYTES_PER_PARAM, adam_tensor_count, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
 )
-from simulator.workload.ops import optimizer_time_s
-from simulator.workload.program import Program, build_program, split_layers
+from simulator.workload.ops import optimizer_time_s, tied_head_shares_embedding
+from simulator.workload.program import Program, build_program, checkpointed_layers, split_layers
 
 KINDS = ("F", "B", "I", "W")
 # Cost ratios are quantised so that one replay serves many points (error well under 1%).
@@ -110,8 +110,9 @@ def _ops_inputs(sc: Scenario) -> tuple:
     return (sc.dp * p.cp > 1, shard, nmb)
 
 
-def _layer_key(sc: Scenario) -> str:
-    """Everything that shapes a layer's ops; pipeline, batch count and cluster size are left out."""
+def _layer_key(sc: Scenario, layout: tuple) -> str:
+    """Everything that shapes a layer's ops; pipeline, batch count and cluster size are left out,
+    but for what of the layout the reference Program takes (``Estimator._layout``)."""
     d = sc.model_dump(mode="json")
     d.pop("name", None)
     par = d["parallelism"]
@@ -126,8 +127,9 @@ def _layer_key(sc: Scenario) -> str:
     for k in ("schedule", "schedule_file", "network"):
         d.pop(k, None)
     d["cluster"] = {"gpu": d["cluster"]["gpu"]}
-    # Tied embeddings share the head's matrix only without a pipeline.
-    d["_pp1"] = sc.parallelism.pp == 1
+    # A tied head shares the embedding's matrix where one rank holds both ends (pp = 1, V
+    # placements); selective-layer checkpoints the layers its blocks' rank order picks.
+    d["_layout"] = [layout[0], list(layout[1])]
     return json.dumps(d, sort_keys=True)
 
 
@@ -249,12 +251,35 @@ class Estimator:
 
     # ------------------------------------------------------------------ reference programs
 
-    def _table(self, sc: Scenario) -> _Table:
+    def _point_schedule(self, sc: Scenario) -> tuple[PipelineSchedule, tuple]:
+        """The point's schedule and its cache key."""
+        p = sc.parallelism
+        if sc.schedule_file:
+            from simulator.simulate import resolve_schedule
+
+            return resolve_schedule(sc), ("file", sc.schedule_file, p.pp, sc.num_microbatches)
+        return self.schedule(sc.schedule, p.pp, sc.num_microbatches, p.vpp), (sc.schedule, p.pp, sc.num_microbatches, p.vpp)
+
+    @staticmethod
+    def _layout(sc: Scenario, sched: PipelineSchedule) -> tuple[bool, tuple[int, ...]]:
+        """What of the point's layout its layers' ops read, which a reference Program of one
+        layer a 1F1B position would not see: whether a tied head shares the embedding's matrix
+        (ops.tied_head_shares_embedding: pp = 1 or a V placement) and the layers recompute
+        selective-layer checkpoints (program.checkpointed_layers: counted per rank)."""
+        p = sc.parallelism
+        layers = split_layers(sc.model.num_layers, sched.num_positions, p.pp_layer_split,
+                              p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
+        return tied_head_shares_embedding(sc, sched), tuple(sorted(checkpointed_layers(sc, sched, layers)))
+
+    def _table(self, sc: Scenario, sched: PipelineSchedule | None = None) -> _Table:
         if sc.parallelism.account_for_embedding_in_pipeline_split or sc.parallelism.account_for_loss_in_pipeline_split:
             # The per-layer reference program ties the embedding and head to the first and last
             # layer; a split that gives them positions of their own takes the exact path.
             return self._exact_table(sc)
-        key = _layer_key(sc)
+        if sched is None:
+            sched = self._point_schedule(sc)[0]
+        layout = self._layout(sc, sched)
+        key = _layer_key(sc, layout)
         tab = self._tables.get(key)
         if tab is not None:
             return tab
@@ -262,7 +287,8 @@ class Estimator:
         L = sc.model.num_layers
         try:
             ref_sc = sc.model_copy(update={"parallelism": sc.parallelism.model_copy(update={"pp_layer_split": None})})
-            prog = build_program(ref_sc, prof, build_schedule("1f1b", L, 1))
+            prog = build_program(ref_sc, prof, build_schedule("1f1b", L, 1), tied_head_shared=layout[0],
+                                 recompute_layers=frozenset(layout[1]))
             if prog.schedule.num_positions != L or len(prog.stage_params) != L:
                 raise ValueError("reference program does not have one position per layer")
             per_layer = True
@@ -346,14 +372,7 @@ class Estimator:
         netkey = (spec_key(sc.cluster.topology), spec_key(sc.cluster.gpu))
         nmb = sc.num_microbatches
         dp = sc.dp
-        if sc.schedule_file:
-            from simulator.simulate import resolve_schedule
-
-            sched = resolve_schedule(sc)
-            skey: tuple = ("file", sc.schedule_file, p.pp, nmb)
-        else:
-            sched = self.schedule(sc.schedule, p.pp, nmb, p.vpp)
-            skey = (sc.schedule, p.pp, nmb, p.vpp)
+        sched, skey = self._point_schedule(sc)
         P = sched.num_positions
         if P > sc.model.num_layers + int(p.account_for_embedding_in_pipeline_split) + int(p.account_for_loss_in_pipeline_split):
             # Scenario.check only sees pp*vpp; V-shaped schedules hold 2 stages per rank.
@@ -361,7 +380,7 @@ class Estimator:
                 f"schedule {sched.name!r} splits the model into {P} positions but num_layers={sc.model.num_layers}: "
                 "lower pp or pick another schedule"
             )
-        tab = self._table(sc)
+        tab = self._table(sc, sched)
         prog = tab.program
         mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=dp, pp=p.pp, order=p.mesh_order)
         hsdp = hsdp_shard_of(p.zero, p.fsdp_shard_size, dp, cp=p.cp)

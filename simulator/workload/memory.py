@@ -27,7 +27,7 @@ from simulator.scenario import MEGATRON_GRAD_BUCKET_PARAMS, Scenario
 from simulator.schedules.analysis import peak_activations
 from simulator.workload.plan import grad_reduce_bytes, optimizer_shards
 from simulator.workload.ops import build_layer_ops, sp_regathers_input
-from simulator.workload.program import Program, selective_layer_checkpointed, selective_op_saved_bytes
+from simulator.workload.program import Program, checkpointed_layers, selective_op_saved_bytes
 
 GIB = 1024**3
 # cuBLAS / NCCL workspaces, CUDA context and allocator fragmentation held aside on every GPU.
@@ -153,13 +153,15 @@ def stage_activation_bytes(sc: Scenario, prog: Program) -> list[float]:
     sp = p.sequence_parallel and t > 1
     s = sc.batch.seq_length / p.cp
     b = sc.batch.micro_batch_size
+    ckpt = checkpointed_layers(sc, prog.schedule, prog.position_layers)
+
     def layer_bytes(layer: int) -> float:
         moe = m.is_moe and layer >= m.num_dense_layers
         if sc.recompute == "selective-layer":
-            # The layers layer_recompute_ops checkpoints whole keep their input only, the others
-            # everything: counted per layer, since a stage's share is not half and half (an odd
-            # count, or a stage starting on an odd layer).
-            kept = "full" if selective_layer_checkpointed(layer) else "none"
+            # The layers the work recomputes (program.checkpointed_layers) keep their input only,
+            # the others everything: counted per layer, since a stage's share is not half and
+            # half (an odd count; blocks counted per rank, not by global layer id).
+            kept = "full" if layer in ckpt else "none"
             return activation_bytes_per_layer(sc.model_copy(update={"recompute": kept}), moe)
         return activation_bytes_per_layer(sc, moe)
 
@@ -184,6 +186,7 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     s = sc.batch.seq_length / p.cp
     b = sc.batch.micro_batch_size
     by_stage = stage_activation_bytes(sc, prog)
+    recomputed_layers = checkpointed_layers(sc, sched, prog.position_layers)
     act_peaks = peak_activations(sched, by_stage)
     # In-flight microbatches in units of the rank's whole model share.
     in_flight = peak_activations(sched, [1.0 / len(sched.stages_of_rank(sched.stage_rank[st])) for st in range(sched.num_stages)])
@@ -244,6 +247,10 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
         }
         if recompute_extra:
             layers = [L for q in positions for L in prog.position_layers[q]]
+            if sc.recompute == "selective-layer":
+                # Only a checkpointed layer is recomputed: a rank that wraps one block wraps none
+                # (torchtitan counts blocks per rank) and re-materialises nothing.
+                layers = [L for L in layers if L in recomputed_layers]
             kinds = {m.is_moe and L >= m.num_dense_layers for L in layers}
             if kinds:
                 row["recompute_working_set_gib"] = max(recompute_extra[k] for k in kinds) / GIB

@@ -357,9 +357,40 @@ def sp_norm_grad_bytes(norm_params: float) -> float:
     return 2 * norm_params * 4.0
 
 
-def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
+def tied_head_shares_embedding(sc: Scenario, schedule=None) -> bool:
+    """Whether a tied LM head multiplies by the embedding's own matrix, so that its rank holds the
+    matrix once (parameters, gradients, optimizer state, its DP gradient reduction), rather than a
+    copy of it on another rank.
+
+    The matrix is one tensor where one rank holds both the first and the last stage of the
+    pipeline (``schedule.chain_ends_share_rank``): pp = 1, and V-shaped schedules (zbv,
+    dualpipev), whose rank 0 holds stages 0 and 2 pp - 1. Megatron's LanguageModule shares the
+    Parameter at pp = 1 (megatron-core 0.16.1 models/common/language_module/language_module.py
+    setup_embeddings_and_output_layer: one module is both pre- and post-process) and otherwise
+    keeps a copy on the last stage whose gradient finalize_model_grads all-reduces with the
+    first stage's. For V placements no readable source settles it: megatron-core has no V
+    placement, torchtitan 0.1.0 ties no model and deep-copies the model per stage
+    (models/llama3/infra/pipeline.py _build_stage, which would leave rank 0 two Parameters nothing
+    keeps equal), and DeepSeek's DualPipe is not on PyPI (not read). The plan all-reduces
+    nothing there (no peer, plan._plan_rank), which keeps the two ends equal only if
+    rank 0's two chunks share one Parameter, autograd summing both ends' gradients into it: the
+    model counts it once, as at pp = 1. Without a schedule (the layer ops alone): pp = 1."""
+    if not sc.model.tied_embeddings:
+        return False
+    if schedule is None:
+        return sc.parallelism.pp == 1
+    return schedule.chain_ends_share_rank
+
+
+def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[str, LayerOps]:
+    """Per layer kind (dense, moe, embedding, head) its ops on one rank. ``tied_head_shared``:
+    whether a tied head uses the embedding's matrix on its rank (``tied_head_shares_embedding``;
+    None: decided from pp alone, as without a schedule)."""
+    if tied_head_shared is None:
+        tied_head_shared = tied_head_shares_embedding(sc)
+    tied_head_shared = tied_head_shared and sc.model.tied_embeddings
     if sc.implementation == "hf-eager":
-        return build_hf_eager_layer_ops(sc)
+        return build_hf_eager_layer_ops(sc, tied_head_shared)
     m, p = sc.model, sc.parallelism
     t, cp = p.tp, p.cp
     sp = p.sequence_parallel and t > 1
@@ -602,7 +633,7 @@ def build_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     # torchtitan's output ColwiseParallel gathers the input as a DTensor op and autograd keeps the
     # gathered tensor; activation checkpointing never wraps the head (sp_regathers_input).
     head.sp_regather = sp and sc.framework != "torchtitan"
-    tied_head = m.tied_embeddings and sc.parallelism.pp == 1
+    tied_head = tied_head_shared
     if tied_head:
         # A tied LM head shares the embedding's matrix, but autograd still runs its weight
         # gradient: dW = G^T X, 2*T*h*V/tp FLOPs a microbatch, added into the shared matrix's
@@ -893,7 +924,8 @@ def total_parameters(sc: Scenario) -> float:
     kinds = build_layer_ops(flat)
     m = sc.model
     per_layer = [kinds["moe" if m.is_moe and L >= m.num_dense_layers else "dense"].params for L in range(m.num_layers)]
-    # With pp=1 a tied LM head shares the embedding's matrix, so the head counts its norm only.
+    # With pp=1 a tied LM head shares the embedding's matrix, so the head counts its norm only
+    # (the model's parameters, whatever copy of the matrix a pipeline keeps).
     return kinds["embedding"].params + sum(per_layer) + kinds["head"].params
 
 
@@ -1189,7 +1221,7 @@ def _hf_ops(records: list[tuple], dt: int) -> tuple[list[Op], list[Op], list[Op]
     return fwd, i_ops, w_ops, params
 
 
-def build_hf_eager_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
+def build_hf_eager_layer_ops(sc: Scenario, tied_head_shared: bool = False) -> dict[str, LayerOps]:
     """Layers of an HF GPT-2 (GPT-2/GPT-3 shapes) or OPT model as eager PyTorch runs them.
 
     Tensor parallelism splits heads and MLP columns as Megatron does (all-reduce after the
@@ -1285,7 +1317,7 @@ def build_hf_eager_layer_ops(sc: Scenario) -> dict[str, LayerOps]:
     params = V * h / t + (params - V * h)
     layers["embedding"] = LayerOps("embedding", fwd, params, explicit_backward=(i_ops, w_ops))
     fwd, i_ops, w_ops, params = _hf_ops(head, dt)
-    if m.tied_embeddings and p.pp == 1:
+    if tied_head_shared:
         # The tied LM head's weight gradient lands in the embedding's; count the matrix once.
         w_ops = [replace(o, params=0.0) if o.name.startswith("lm_head") else o for o in w_ops]
         params = sum(o.params for o in w_ops)

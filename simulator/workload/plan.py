@@ -720,13 +720,13 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     # gradient-norm kernel and its all-reduces, blocking the compute stream.
     # The tie's two ends: the ranks of the first and the last stage (communication_groups' emb
     # group, pp ranks 0 and pp - 1). V-shaped schedules (zbv, dualpipev) put both stages on pp
-    # rank 0: there is no peer to all-reduce with (Megatron's embedding group would hold one
-    # rank), where the plan had pp ranks 0 and pp - 1 all-reduce the matrix's gradient and the
-    # last rank holds neither.
-    chain = sched.chains[0]
-    tie_ranks = {sched.stage_rank[chain[0]], sched.stage_rank[chain[-1]]}
+    # rank 0, which holds the matrix once (ops.tied_head_shares_embedding, the same rule):
+    # there is no peer to all-reduce with (Megatron's embedding group would hold one rank),
+    # where the plan had pp ranks 0 and pp - 1 all-reduce the matrix's gradient and the last
+    # rank holds neither. (step_terms emits no such term then; the filter keeps the other ranks out.)
+    tie_ranks = set(sched.chain_end_ranks)
     for term in getattr(prog, "step_collectives", ()):
-        if term.dim == Dim.EMB and (pp_rank not in tie_ranks or len(tie_ranks) < 2):
+        if term.dim == Dim.EMB and (pp_rank not in tie_ranks or sched.chain_ends_share_rank):
             continue
         if term.compute_s > 0:
             out.append(Compute(term.compute_s, "opt", term.label, counted=False))

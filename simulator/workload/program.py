@@ -21,7 +21,7 @@ from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
 from simulator.workload.ops import (Comm, LayerOps, Op, build_layer_ops, embedding_wgrad_op, fp8_recompute_cast_op,
                                    fsdp_gather_bytes, moe_dropped_fraction, moe_load_factor, op_durations_s,
-                                   optimizer_time_s)
+                                   optimizer_time_s, tied_head_shares_embedding)
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
     ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, adam_tensor_count, grad_reduce_bytes, optimizer_shards,
@@ -446,16 +446,52 @@ def _sac_mm_parts(sc: Scenario, lo: LayerOps):
             yield o, j, frac, n_mm % 2 == 0
 
 
-def selective_layer_checkpointed(layer: int) -> bool:
-    """Whether recompute selective-layer checkpoints ``layer`` whole (every second layer): one
-    rule for the work (layer_recompute_ops) and the memory model (stage_activation_bytes)."""
-    return layer % 2 == 0
+# recompute selective-layer: torchtitan's layer AC checkpoints every ac_freq-th block, ac_freq
+# being activation_checkpoint.selective_ac_option (torchtitan 0.1.0 config_manager.py: default
+# "2", "every nth layer"; the published rows say "selective (layer)" and name no other).
+TORCHTITAN_LAYER_AC_FREQ = 2
 
 
-def layer_recompute_ops(sc: Scenario, lo: LayerOps, layer: int = 0) -> list[Op]:
-    """Forward ops activation checkpointing reruns in a layer's backward."""
-    if sc.recompute == "full" or (sc.recompute == "selective-layer" and selective_layer_checkpointed(layer)):
-        # torchtitan's layer AC (ac_freq 2) checkpoints every second layer whole.
+def selective_layer_checkpointed(local_index: int, ac_freq: int = TORCHTITAN_LAYER_AC_FREQ) -> bool:
+    """Whether torchtitan's layer AC checkpoints the block its process wraps ``local_index``-th
+    (0-based, ``rank_block_index``). torchtitan 0.1.0 models/llama3/infra/parallelize.py
+    _apply_ac_to_transformer_block counts blocks on ptd_checkpoint_wrapper._count, a function
+    attribute: one counter a process, never reset, incremented before each block, which is
+    wrapped when count % ac_freq == 0. So the 2nd, 4th... block a rank wraps (local indices 1, 3,
+    ...), whatever their global layer ids: at pp = 1 layers 1, 3, 5..., not 0, 2, 4..."""
+    return (local_index + 1) % ac_freq == 0
+
+
+def rank_block_index(schedule: PipelineSchedule, position_layers: list[list[int]]) -> dict[int, int]:
+    """Each layer's index among the transformer blocks of the pipeline rank that holds it, in the
+    order torchtitan wraps them: pipeline_llama (0.1.0 models/llama3/infra/pipeline.py) calls
+    parallelize_fn on each model part in stage_ids_this_rank order (loop: r, r + pp, ...; v: r,
+    2 pp - 1 - r; both ascending stage index, our position) and apply_ac walks each part's
+    model.layers in order. The first chain's positions: DualPipe's second chain holds a mirrored
+    copy of the same layers, which take the index they have in the first (DualPipe is not
+    torchtitan's; its blocks' order on a rank is not read)."""
+    out: dict[int, int] = {}
+    chain = schedule.chains[0]
+    for r in range(schedule.num_ranks):
+        mine = sorted(schedule.stage_position[st] for st in chain if schedule.stage_rank[st] == r)
+        out.update((L, i) for i, L in enumerate(L for q in mine for L in position_layers[q]))
+    return out
+
+
+def checkpointed_layers(sc: Scenario, schedule: PipelineSchedule, position_layers: list[list[int]]) -> frozenset[int]:
+    """The layers recompute selective-layer checkpoints whole (none under any other policy): one
+    rule for the work (build_program's layer_recompute_ops) and the memory model
+    (stage_activation_bytes, the recompute working set)."""
+    if sc.recompute != "selective-layer":
+        return frozenset()
+    return frozenset(L for L, i in rank_block_index(schedule, position_layers).items() if selective_layer_checkpointed(i))
+
+
+def layer_recompute_ops(sc: Scenario, lo: LayerOps, checkpointed: bool = False) -> list[Op]:
+    """Forward ops activation checkpointing reruns in a layer's backward. ``checkpointed``: under
+    recompute selective-layer, whether this layer is one the rule checkpoints (checkpointed_layers)."""
+    if sc.recompute == "full" or (sc.recompute == "selective-layer" and checkpointed):
+        # torchtitan's layer AC checkpoints every second block a rank wraps whole.
         return [o for o in lo.forward if o.recompute]
     if sc.recompute == "selective-op":
         # torchtitan's per-op SAC policy (0.1.0 models/llama3/infra/parallelize.py _save_list,
@@ -540,14 +576,23 @@ def selective_op_saved_bytes(sc: Scenario, lo: LayerOps) -> float:
     return saved
 
 
-def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) -> Program:
+def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, tied_head_shared: bool | None = None,
+                  recompute_layers: frozenset[int] | None = None) -> Program:
+    """The program of ``sc`` under ``schedule``. ``tied_head_shared`` (ops.tied_head_shares_embedding)
+    and ``recompute_layers`` (checkpointed_layers) default to the schedule's own; the sweep
+    estimate's per-layer reference Program, one layer a position on a 1F1B pipeline, takes the
+    point's layout's."""
     p = sc.parallelism
     mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=sc.dp, pp=p.pp, order=p.mesh_order)
-    layer_kinds = build_layer_ops(sc)
+    if tied_head_shared is None:
+        tied_head_shared = tied_head_shares_embedding(sc, schedule)
+    layer_kinds = build_layer_ops(sc, tied_head_shared)
     m = sc.model
     P = schedule.num_positions
     positions = split_layers(m.num_layers, P, p.pp_layer_split, p.account_for_embedding_in_pipeline_split,
                              p.account_for_loss_in_pipeline_split)
+    if recompute_layers is None:
+        recompute_layers = checkpointed_layers(sc, schedule, positions)
 
     # Backward op lists per layer kind, and the weight-grad-carrying embedding.
     bwd: dict[str, tuple[list[Op], list[Op]]] = {k: lo.backward() for k, lo in layer_kinds.items()}
@@ -560,12 +605,14 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         emb_w += emb.grad_accumulate_ops(emb_w[0])
         bwd["embedding"] = (bwd["embedding"][0], emb_w)
 
-    rec_cache: dict[tuple[str, int], list[Op]] = {}
+    # Keyed by the rule's verdict: a layer's recomputed ops depend on its kind and on whether
+    # selective-layer checkpoints it, not on its global layer id (the key was layer % 2).
+    rec_cache: dict[tuple[str, bool], list[Op]] = {}
 
-    def recompute_ops(kind: str, layer: int = 0) -> list[Op]:
-        key = (kind, layer % 2)
+    def recompute_ops(kind: str, checkpointed: bool = False) -> list[Op]:
+        key = (kind, checkpointed)
         if key not in rec_cache:
-            rec_cache[key] = layer_recompute_ops(sc, layer_kinds[kind], layer)
+            rec_cache[key] = layer_recompute_ops(sc, layer_kinds[kind], checkpointed)
         return rec_cache[key]
 
     # TP overlap (async TP, TE userbuffers) rewrites the op sequences the compute stream runs
@@ -592,9 +639,9 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     for kind in layer_kinds:
         if kind in ("embedding", "head"):
             continue
-        for parity in (0, 1):
+        for checkpointed in (False, True):
             # Recomputed parts of a forward op (torchtitan's SAC splits fused projections).
-            all_ops += [o for o in run_ops(recompute_ops(kind, parity)) if id(o) not in seen]
+            all_ops += [o for o in run_ops(recompute_ops(kind, checkpointed)) if id(o) not in seen]
     kernels = [o for o in all_ops if o.comm is None]
     # FP8 GEMMs run on the FP8 tensor cores (op_durations_s); fp8_speedup also refuses a GPU
     # that has none, with one line.
@@ -622,7 +669,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
         f_ops = [(o, L) for k, L in chain for o in run_ops(layer_kinds[k].forward)]
         i_ops, w_ops, b_ops = [], [], []
         for k, L in reversed(chain):
-            rec = [(o, L) for o in run_ops(recompute_ops(k, L))] if k not in ("embedding", "head") else []
+            rec = [(o, L) for o in run_ops(recompute_ops(k, L in recompute_layers))] if k not in ("embedding", "head") else []
             li = [(o, L) for o in run_ops(bwd[k][0])]
             lw = [(o, L) for o in bwd[k][1]]
             i_ops += rec + li
@@ -685,7 +732,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
     shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)
     optimizer_s = optimizer_time_s(profile, opt_params_max, adam_tensor_count(m.num_layers, p.pp), ADAM_BYTES_PER_PARAM, sc)
 
-    step = step_terms(sc, profile, stage_params, opt_params_max, shard)
+    step = step_terms(sc, profile, stage_params, opt_params_max, shard, tied_head_shared)
     return Program(
         step_collectives=step,
         scenario=sc, mesh=mesh, schedule=schedule, segments=segments, position_layers=positions,
@@ -709,13 +756,14 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule) ->
 
 
 def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_params_max: float,
-               shard: int) -> list[StepCollective]:
+               shard: int, tied_head_shared: bool | None = None) -> list[StepCollective]:
     """What a training step pays between the last backward and the optimizer, besides the DP
     gradient reduction (Megatron-LM's finalize_model_grads and clip_grad_norm_):
 
     - Tied embeddings split over a pipeline: the first stage's input embedding and the last
       stage's LM head are one matrix, so their gradients (fp32 main grads, V*h/tp) are
-      all-reduced between the two stages (Megatron _allreduce_word_embedding_grads).
+      all-reduced between the two stages (Megatron _allreduce_word_embedding_grads); not where
+      one rank holds both ends and the matrix once (``tied_head_shared``; None: pp = 1).
     - fp16 loss scaling: grads unscaled and checked for inf/nan, a flag all-reduced.
     - Gradient clipping: a fused L2-norm over the rank's gradients (multi_tensor_l2norm reads
       4 bytes a parameter of the fp32 main grads it owns), then the squared norm all-reduced
@@ -723,7 +771,9 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
     """
     m, p = sc.model, sc.parallelism
     out: list[StepCollective] = []
-    if m.tied_embeddings and p.pp > 1:
+    if tied_head_shared is None:
+        tied_head_shared = tied_head_shares_embedding(sc)
+    if m.tied_embeddings and not tied_head_shared:
         emb_params = m.vocab_size * m.hidden_size / p.tp
         # In the gradient buffer's dtype (Megatron all-reduces the embedding's main_grad).
         out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * grad_reduce_bytes(sc.dtype, p.zero)))
