@@ -83,10 +83,10 @@ def activation_bytes_per_layer(sc: Scenario, moe: bool = False) -> float:
     if sc.recompute == "full":
         return 2 * sbh / (t if sp else 1)
     if sc.recompute == "selective-layer":
-        # Every second layer keeps only its input; the others keep everything: the mean of a
-        # layer (stage_activation_bytes counts which layers are which).
-        full = 2 * sbh / (t if sp else 1)
-        return (full + activation_bytes_per_layer(sc.model_copy(update={"recompute": "none"}), moe)) / 2
+        # Which layers keep only their input depends on where they sit (program.checkpointed_layers:
+        # counted per pipeline rank); no one layer stands for them all.
+        raise ValueError("recompute selective-layer: count per layer with stage_activation_bytes "
+                         "(a checkpointed layer is recompute 'full', the others 'none')")
     if sc.recompute == "selective-op":
         # torchtitan's per-op SAC keeps only its save list's outputs and the block input.
         layer_ops = build_layer_ops(sc)
