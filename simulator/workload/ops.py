@@ -577,6 +577,9 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
         act_f = fp8_cast_bytes_per_elem(recipe, nmb, sc)[0]
         attn, mlp = (te_fp8_sequence_parallel_comm(attn, T, Tn, h, recipe, act_f, ub),
                      te_fp8_sequence_parallel_comm(mlp, T, Tn, h, recipe, act_f, ub))
+    elif fp8 and recipe in TE_FP8_RECIPES:
+        act_f = fp8_cast_bytes_per_elem(recipe, nmb, sc)[0]
+        attn, mlp = te_fp8_norm_fused_casts(attn, recipe, act_f), te_fp8_norm_fused_casts(mlp, recipe, act_f)
     layers: dict[str, LayerOps] = {}
     dense = LayerOps("dense", attn + mlp, sp_regather=sp and sp_regathers_input(sc),
                      tp_norm_grad_bytes=sp_norm_grad_bytes(norm_params) if sp else 0.0, grad_accum_bytes_per_param=acc_bpp)
@@ -1002,6 +1005,45 @@ TE_FP8_RECIPES = ("te-delayed", "te-current", "mxfp8")
 # (is_non_tn_fp8_gemm_supported) the GEMM reads the row-wise copy; like fp8_cast_bytes_per_elem's
 # cast-transpose, the model prices per-tensor recipes as on Hopper.
 TE_FP8_TRANSPOSE_BYTES_PER_ELEM = 2.0
+
+
+def te_fp8_norm_fed_cast_bytes_per_elem(recipe: str) -> float:
+    """HBM bytes an element Transformer Engine spends quantizing a norm-fed linear's input without
+    sequence parallelism (TE 2.20.2 module/layernorm_linear.py: the norm kernel takes the input
+    quantizer, row-wise and column-wise usage; csrc/extensions/normalization.cpp picks the kernel).
+    - delayed scaling (Impl::FULLY_FUSED): the norm writes the row-wise FP8 data itself, and the
+      column-wise copy is a transpose of it, read 1 and write 1 (TE's norm_fwd after the kernel,
+      as recalled: the common library's normalization source is not in the wheel or the sdist): 2.
+    - current scaling (FUSED_NORM_AMAX_FP8): the norm writes bf16 and the amax; the quantize reads 2
+      and writes both 1-byte copies (cast-transpose): 4, where a separate amax pass would add 2.
+    - MXFP8 (UNFUSED): the norm writes bf16, the quantize reads it and writes both copies with
+      their block scales: as a separate cast (fp8_cast_bytes_per_elem)."""
+    if recipe == "te-delayed":
+        return 2.0
+    if recipe == "te-current":
+        return 4.0
+    if recipe == "mxfp8":
+        return 4.0 + 2 * MXFP8_SCALE_BYTES_PER_ELEM
+    raise ValueError(f"not a Transformer Engine FP8 recipe: {recipe!r}")
+
+
+def te_fp8_norm_fused_casts(ops: list[Op], recipe: str, act_f: float) -> list[Op]:
+    """Without SP, the casts of linears a norm feeds (through tp's forward identity) take
+    ``te_fp8_norm_fed_cast_bytes_per_elem`` instead of a separate cast's ``act_f`` bytes an input
+    element; the others (fc2, the attention output projection) are TE Linear's own cast."""
+    out = list(ops)
+    for i, cast in enumerate(ops):
+        if not cast.name.endswith(".fp8_cast") or i + 1 >= len(ops) or ops[i + 1].kernel is None:
+            continue
+        j = i - 1
+        while j >= 0 and ops[j].comm is not None and ops[j].comm.op == "identity_ar":
+            j -= 1
+        if j < 0 or ops[j].op_class != "norm":
+            continue
+        g = ops[i + 1].kernel
+        tokens_k = g.m * g.k  # the GEMM's input, all the tokens the cast quantized
+        out[i] = replace(cast, bytes=cast.bytes - tokens_k * (act_f - te_fp8_norm_fed_cast_bytes_per_elem(recipe)))
+    return out
 
 
 def te_fp8_sp_input_cast_bytes_per_elem(recipe: str, norm_fed: bool) -> float:
