@@ -500,3 +500,43 @@ def test_fp8_tensor_parallel_without_sequence_parallel_saves_the_replicated_inpu
     sbh = 2048 * 4096
     assert act("bf16") == pytest.approx(sbh * (10 + (36 - 10) / 4), rel=1e-12)
     assert act("fp8") == pytest.approx(sbh * (8 + (36 - 10 - 4.5) / 4), rel=1e-12)  # 107 MiB, was 119
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_mla_runs_its_down_projections_on_this_ranks_tokens_and_gathers_the_latents(sp):
+    """megatron-core MLA (0.16.1 multi_latent_attention.py): the down-projections are duplicated
+    TELinears that read the rank's hidden states (the sequence shard under SP); the up-projections
+    gather the latents (and the rotary key part apart), not the hidden state; without SP their
+    input gradients are all-reduced at the latents' width. Under SP the duplicated weights'
+    gradients are summed over tp once a step."""
+    from simulator.workload.ops import build_layer_ops
+    from simulator.workload.program import build_program
+    from simulator.profile import load_profile
+    from simulator.simulate import resolve_schedule
+
+    sc = build_scenario({"model": "deepseek-v3", "parallelism": {"tp": 2, "pp": 1, "ep": 8, "sequence_parallel": sp},
+                         "batch": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 4096},
+                         "cluster": {"gpus": 64, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}})
+    T, t, h, q_lora, kv_lora, rope = 4096, 2, 7168, 1536, 512, 64
+    lo = build_layer_ops(sc)["moe"]
+    ops = {o.name: o for o in lo.forward}
+    tokens = T // t if sp else T
+    assert ops["q_down_proj"].kernel.m == ops["kv_down_proj"].kernel.m == tokens
+    assert ops["q_up_proj"].kernel.m == ops["kv_up_proj"].kernel.m == T
+    comms = {o.name: (o.comm.op, o.comm.size_bytes) for o in lo.forward if o.comm is not None and o.comm.dim == "tp"}
+    gather = "all_gather" if sp else "identity_ar"
+    expected = {"q_latent_in": (gather, T * q_lora * 2), "kv_latent_in": (gather, T * kv_lora * 2),
+                "attn_out": ("reduce_scatter" if sp else "all_reduce", T * h * 2)}
+    if sp:
+        expected["k_rope_gather"] = ("all_gather", T * rope * 2)
+    assert comms == expected
+    i_ops, _ = lo.backward()
+    regathers = {o.name for o in i_ops if o.name.endswith(".input_regather")}
+    assert regathers == ({"q_up_proj.input_regather", "kv_up_proj.input_regather"} if sp else set())
+    prog = build_program(sc, load_profile("h100-sxm-80gb"), resolve_schedule(sc))
+    dup = {s.label: s for s in prog.step_collectives}.get("sp duplicated weight grads")
+    per_layer = h * (q_lora + kv_lora + rope) + q_lora + kv_lora
+    if sp:
+        assert dup.dim == "tp" and dup.size_bytes == pytest.approx(sc.model.num_layers * per_layer * 4)
+    else:
+        assert dup is None

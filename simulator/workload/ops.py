@@ -93,6 +93,12 @@ class LayerOps:
     # > 0: every microbatch adds each weight's fresh gradient into its main gradient in a separate
     # elementwise pass of this many HBM bytes per parameter (no gradient-accumulation fusion).
     grad_accum_bytes_per_param: float = 0.0
+    # Under SP, parameters every tp rank holds whole but feeds only its sequence shard, other than
+    # the norms above: MLA's "duplicated" down-projections and its latent norms. Their fp32 main
+    # gradients are all-reduced over tp once a step (megatron-core 0.16.1
+    # finalize_model_grads._allreduce_non_tensor_model_parallel_grads, params with
+    # .sequence_parallel; program.step_terms).
+    tp_duplicated_params: float = 0.0
 
     def backward(self) -> tuple[list[Op], list[Op]]:
         """(input-grad ops, weight-grad ops) in execution order (reverse of forward)."""
@@ -463,23 +469,47 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
         return Op(name, "elementwise", "F", Tn * h, 0.0, 3 * Tn * h * dt)
 
     # --- attention block ---
-    attn: list[Op] = [norm("attn_norm"), *tp_in("attn_in")]
+    attn: list[Op] = [norm("attn_norm")]
+    mla_duplicated_params = 0.0
     if m.is_mla:
-        # Multi-head latent attention (DeepSeek-V2/V3): low-rank query and key/value paths. The
-        # down-projections are small and replicated across TP; the up-projections are
-        # column-parallel by heads. Queries and keys carry a rotary part of qk_rope_head_dim.
+        # Multi-head latent attention (DeepSeek-V2/V3), as megatron-core runs it (0.16.1
+        # transformer/multi_latent_attention.py, models/gpt/gpt_layer_specs.py): the
+        # down-projections are TELinear "duplicated" (replicated over tp) and read this rank's
+        # hidden states, the sequence shard under SP; each latent passes its RMSNorm (DeepSeek's
+        # q_a_layernorm, kv_a_layernorm: fused into the up-projection's LayerNormLinear with
+        # qk_layernorm) and the column-parallel up-projection gathers the latent over the
+        # sequence (or, without SP, all-reduces its gradient). The rotary key part is gathered
+        # apart (gather_from_sequence_parallel_region(k_pos_emb)). Queries and keys carry a
+        # rotary part of qk_rope_head_dim.
         dqk, dv = d + m.qk_rope_head_dim, m.v_dim
+        latent_tokens = Tn if sp else T
+
+        def latent_norm(name: str, width: int) -> Op:
+            return Op(name, "norm", "F", 5.0 * latent_tokens * width, 0.0, 2 * latent_tokens * width * dt, params=width)
+
+        def latent_in(name: str, width: int) -> list[Op]:
+            """A latent entering its column-parallel up-projection (tp_in at the latent's width)."""
+            if t == 1:
+                return []
+            return [Op(name, "other", "F", comm=Comm("tp", "all_gather" if sp else "identity_ar", T * width * dt))]
+
         if m.q_lora_rank:
-            attn += linear("q_down_proj", T, h, m.q_lora_rank)
+            attn += linear("q_down_proj", latent_tokens, h, m.q_lora_rank)
+            attn += [latent_norm("q_latent_norm", m.q_lora_rank), *latent_in("q_latent_in", m.q_lora_rank)]
             attn += linear("q_up_proj", T, m.q_lora_rank, a * dqk // t)
+            mla_duplicated_params += h * m.q_lora_rank + m.q_lora_rank
         else:
-            attn += linear("q_proj", T, h, a * dqk // t)
-        attn += linear("kv_down_proj", T, h, m.kv_lora_rank + m.qk_rope_head_dim)
+            attn += [*tp_in("attn_in"), *linear("q_proj", T, h, a * dqk // t)]
+        attn += linear("kv_down_proj", latent_tokens, h, m.kv_lora_rank + m.qk_rope_head_dim)
+        if sp:
+            attn.append(Op("k_rope_gather", "other", "F", comm=Comm("tp", "all_gather", T * m.qk_rope_head_dim * dt)))
+        attn += [latent_norm("kv_latent_norm", m.kv_lora_rank), *latent_in("kv_latent_in", m.kv_lora_rank)]
         attn += linear("kv_up_proj", T, m.kv_lora_rank, a * (d + dv) // t)
+        mla_duplicated_params += h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
         attn_width = a * dv // t
         core_model = 2.0 * b * s * s_full * a * (dqk + dv) / t
     else:
-        attn += linear("qkv_proj", T, h, qkv_out)
+        attn += [*tp_in("attn_in"), *linear("qkv_proj", T, h, qkv_out)]
         if g < t:
             attn.append(Op("qkv_group_gather", "other", "F", comm=Comm("tp", "all_gather", T * (a + 2 * g) * d * dt)))
         core_model = 4.0 * b * s * s_full * a * d / t  # QK^T and AV over the full key length
@@ -582,13 +612,15 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
         attn, mlp = te_fp8_norm_fused_casts(attn, recipe, act_f), te_fp8_norm_fused_casts(mlp, recipe, act_f)
     layers: dict[str, LayerOps] = {}
     dense = LayerOps("dense", attn + mlp, sp_regather=sp and sp_regathers_input(sc),
-                     tp_norm_grad_bytes=sp_norm_grad_bytes(norm_params) if sp else 0.0, grad_accum_bytes_per_param=acc_bpp)
+                     tp_norm_grad_bytes=sp_norm_grad_bytes(norm_params) if sp else 0.0, grad_accum_bytes_per_param=acc_bpp,
+                     tp_duplicated_params=mla_duplicated_params if sp else 0.0)
     dense.params = sum(o.params for o in dense.forward)
     layers["dense"] = dense
 
     if m.is_moe:
         layers["moe"] = _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt)
         layers["moe"].grad_accum_bytes_per_param = acc_bpp
+        layers["moe"].tp_duplicated_params = dense.tp_duplicated_params
 
     # --- embedding (first position) and LM head + loss (last position) ---
     V = m.vocab_size
@@ -1094,8 +1126,8 @@ def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, Tn: int, h: int, recipe
     _all_gather_fp8), but MXFP8's column-wise data has its own block scales and is gathered too
     (_all_gather_mxfp8, linear.py backward set_usage(rowwise=True, columnwise=True)): two copies,
     except under userbuffers (``userbuffers``: tp_comm_overlap), which gather the row-wise one only."""
-    fp8_bytes = T * h * (1.0 + (MXFP8_SCALE_BYTES_PER_ELEM if recipe == "mxfp8" else 0.0))
-    grad_gather_bytes = fp8_bytes * (2 if recipe == "mxfp8" and not userbuffers else 1)
+    per_elem = 1.0 + (MXFP8_SCALE_BYTES_PER_ELEM if recipe == "mxfp8" else 0.0)
+    grad_gather_bytes = T * h * per_elem * (2 if recipe == "mxfp8" and not userbuffers else 1)
     transpose_b = 0.0 if recipe == "mxfp8" else TE_FP8_TRANSPOSE_BYTES_PER_ELEM
     out: list[Op] = []
     recast: dict[int, Op] = {}  # index of a gathered input's cast -> the cast on the shard
@@ -1106,8 +1138,9 @@ def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, Tn: int, h: int, recipe
             continue
         if c is not None and c.dim == "tp" and c.op == "all_gather" and i + 2 < len(ops) \
                 and ops[i + 1].name.endswith(".fp8_cast") and ops[i + 2].kernel is not None:
-            out.append(replace(op, comm=replace(c, size_bytes=fp8_bytes, bwd_size_bytes=c.size_bytes)))
             cast, k = ops[i + 1], ops[i + 2].kernel.k
+            # The gathered input is the GEMM's: T x k (the hidden state, or an MLA latent).
+            out.append(replace(op, comm=replace(c, size_bytes=T * k * per_elem, bwd_size_bytes=c.size_bytes)))
             norm_fed = i > 0 and ops[i - 1].op_class == "norm"
             # linear() built the cast over all T tokens the GEMM sees (act_f bytes an element,
             # beside its weight's): TE quantizes the Tn-token shard before the gather instead.

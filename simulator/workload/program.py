@@ -732,7 +732,12 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
     shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)
     optimizer_s = optimizer_time_s(profile, opt_params_max, adam_tensor_count(m.num_layers, p.pp), ADAM_BYTES_PER_PARAM, sc)
 
-    step = step_terms(sc, profile, stage_params, opt_params_max, shard, tied_head_shared)
+    # MLA under SP: the duplicated weights' gradients of the rank's layers, all-reduced over tp.
+    tp_duplicated_max = max(
+        sum(layer_kinds[kind_of(L)].tp_duplicated_params for st in schedule.stages_of_rank(r)
+            for L in positions[schedule.stage_position[st]])
+        for r in range(schedule.num_ranks))
+    step = step_terms(sc, profile, stage_params, opt_params_max, shard, tied_head_shared, tp_duplicated_max)
     return Program(
         step_collectives=step,
         scenario=sc, mesh=mesh, schedule=schedule, segments=segments, position_layers=positions,
@@ -756,7 +761,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
 
 
 def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_params_max: float,
-               shard: int, tied_head_shared: bool | None = None) -> list[StepCollective]:
+               shard: int, tied_head_shared: bool | None = None,
+               tp_duplicated_params: float = 0.0) -> list[StepCollective]:
     """What a training step pays between the last backward and the optimizer, besides the DP
     gradient reduction (Megatron-LM's finalize_model_grads and clip_grad_norm_):
 
@@ -764,6 +770,12 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
       stage's LM head are one matrix, so their gradients (fp32 main grads, V*h/tp) are
       all-reduced between the two stages (Megatron _allreduce_word_embedding_grads); not where
       one rank holds both ends and the matrix once (``tied_head_shared``; None: pp = 1).
+    - Sequence parallelism: gradients of weights each tp rank holds whole but feeds its sequence
+      shard only (MLA's duplicated down-projections and latent norms, ``tp_duplicated_params``
+      on the busiest rank) summed over tp: flattened into one buffer, all-reduced, copied back
+      (megatron-core 0.16.1 _allreduce_non_tensor_model_parallel_grads: _flatten_dense_tensors,
+      all_reduce, buf.copy_; 4 bytes read and written a parameter each way). The norms' own
+      share rides LayerOps.tp_norm_grad_bytes.
     - fp16 loss scaling: grads unscaled and checked for inf/nan, a flag all-reduced.
     - Gradient clipping: a fused L2-norm over the rank's gradients (multi_tensor_l2norm reads
       4 bytes a parameter of the fp32 main grads it owns), then the squared norm all-reduced
@@ -777,6 +789,11 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
         emb_params = m.vocab_size * m.hidden_size / p.tp
         # In the gradient buffer's dtype (Megatron all-reduces the embedding's main_grad).
         out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * grad_reduce_bytes(sc.dtype, p.zero)))
+    if tp_duplicated_params > 0 and p.tp > 1:
+        grad_b = grad_reduce_bytes(sc.dtype, p.zero)
+        copy_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]),
+                                              np.array([tp_duplicated_params * 4 * grad_b]))[0])
+        out.append(StepCollective("sp duplicated weight grads", "tp", "all_reduce", tp_duplicated_params * grad_b, copy_s))
     if sc.dtype == "fp16":
         # fp16 with dynamic loss scaling: main grads unscaled in place (multi_tensor_scale reads
         # and writes 4 bytes a parameter) and an inf/nan flag all-reduced over the model-parallel
