@@ -540,3 +540,16 @@ def test_mla_runs_its_down_projections_on_this_ranks_tokens_and_gathers_the_late
         assert dup.dim == "tp" and dup.size_bytes == pytest.approx(sc.model.num_layers * per_layer * 4)
     else:
         assert dup is None
+
+
+def test_the_final_norms_gradient_is_summed_over_tp_under_sequence_parallelism():
+    from simulator.workload.ops import build_layer_ops
+
+    def head(sp):
+        return build_layer_ops(build_scenario({"model": "llama3-8b", "parallelism": {"tp": 2, "sequence_parallel": sp},
+                                               "batch": {"global_batch_size": 8, "seq_length": 2048},
+                                               "cluster": {"gpus": 8}}))["head"]
+    _, w_ops = head(True).backward()
+    norm_ar = [o for o in w_ops if o.comm is not None and o.comm.dim == "tp"]
+    assert [(o.comm.op, o.comm.size_bytes) for o in norm_ar] == [("all_reduce", 4096 * 4.0)]
+    assert not [o for o in head(False).backward()[1] if o.comm is not None]

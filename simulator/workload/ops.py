@@ -665,6 +665,11 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
         # Megatron's loss_func averages each microbatch's loss over dp x cp for logging (one fp32).
         head_ops.append(Op("loss_dp_allreduce", "other", "F", comm=Comm("dp", "all_reduce", 4.0)))
     head = LayerOps("head", head_ops, V * h / t + norm_params, grad_accum_bytes_per_param=acc_bpp)
+    if sp:
+        # The final norm's weight too sees only the shard, and is summed over tp as the layers'
+        # norms are (megatron-core _allreduce_non_tensor_model_parallel_grads; torchtitan's
+        # SequenceParallel norm, a replicated DTensor): one norm, fp32 main gradient.
+        head.tp_norm_grad_bytes = norm_params * 4.0
     # torchtitan's output ColwiseParallel gathers the input as a DTensor op and autograd keeps the
     # gathered tensor; activation checkpointing never wraps the head (sp_regathers_input).
     head.sp_regather = sp and sc.framework != "torchtitan"
