@@ -22,7 +22,7 @@ import numpy as np
 
 from simulator.scenario import Scenario
 from simulator.workload.kernels import Kernel, adam_kernels, flash_kernel, gemm_kernel, mem_kernel, op_kernels
-from simulator.workload.plan import grad_reduce_bytes, optimizer_shards
+from simulator.workload.plan import edp_tp_of, grad_reduce_bytes, optimizer_shards
 
 Phase = Literal["F", "I", "W"]
 
@@ -767,7 +767,8 @@ def fsdp2_copy_out_ops(sc: Scenario, lo: LayerOps) -> list[Op]:
     in forward and once more in backward (torchtitan reshards after forward). The copy-in and the
     reduce-scatter's chunk_cat run on the collective streams and are not charged here."""
     p = sc.parallelism
-    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)
+    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
+                                edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe))
     if p.zero < 3 or shard <= 1:
         return []
     # The embedding's tables are the layer's parameters, not an op's (its lookup carries none):
@@ -1052,7 +1053,8 @@ def fp8_cast_bytes_per_elem(recipe: str, num_microbatches: int, sc: Scenario) ->
     p = sc.parallelism
     if sc.fp8.param_all_gather and p.zero >= 3 and recipe == "rowwise":
         # Cast on the shard before the all-gather (torchtitan precompute_float8_dynamic_scale_for_fsdp).
-        w_f = w_f / optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)[0]
+        w_f = w_f / optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
+                                     edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe))[0]
     return act, act, w_f, w_b
 
 
