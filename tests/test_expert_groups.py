@@ -19,6 +19,7 @@ from simulator.sweep.estimate import Estimator
 from simulator.topology.placement import Mesh
 from simulator.vocabulary import CollectiveOp, Dim, Stream
 from simulator.workload.memory import memory_report
+from simulator.workload.ops import build_layer_ops
 from simulator.workload.plan import build_plan
 from simulator.workload.program import build_program
 
@@ -189,3 +190,15 @@ def test_the_estimate_uses_the_same_expert_groups_as_the_simulation(d):
     mem = memory_report(sc, build_program(sc, prof, resolve_schedule(sc)), prof.hbm_gib, prof.usable_memory_fraction)
     assert est.peak_memory_gib == pytest.approx(mem.peak_gib, rel=1e-9)
 
+
+def test_the_router_gradient_is_all_reduced_over_tp_under_sequence_parallelism():
+    # The router is replicated over tp and sees this rank's T/tp tokens: its fp32 gradient joins
+    # the norms' tp all-reduce (megatron-core moe/router.py: weight.sequence_parallel).
+    sc = build_scenario(scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 1}))
+    h, E = sc.model.hidden_size, sc.model.num_experts
+    layers = build_layer_ops(sc)
+    assert layers["dense"].tp_norm_grad_bytes == 2 * h * 4
+    assert layers["moe"].tp_norm_grad_bytes == 2 * h * 4 + 4 * h * E
+    nosp = build_scenario(scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 1,
+                                                                            "sequence_parallel": False}))
+    assert build_layer_ops(nosp)["moe"].tp_norm_grad_bytes == 0

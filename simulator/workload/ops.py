@@ -86,8 +86,9 @@ class LayerOps:
     explicit_backward: tuple[list[Op], list[Op]] | None = None
     # Megatron sequence parallelism: all-gather a column-parallel GEMM's input again in backward.
     sp_regather: bool = False
-    # Megatron SP: norm weights see 1/tp of the tokens, so their gradients are all-reduced over tp
-    # (finalize_model_grads._allreduce_layernorm_grads); bytes of this layer's share, fp32
+    # Megatron SP: norm weights (and a MoE layer's router) see 1/tp of the tokens, so their
+    # gradients are all-reduced over tp (finalize_model_grads._allreduce_layernorm_grads; 0.16.1
+    # _allreduce_non_tensor_model_parallel_grads); bytes of this layer's share, fp32
     # (sp_norm_grad_bytes).
     tp_norm_grad_bytes: float = 0.0
     # > 0: every microbatch adds each weight's fresh gradient into its main gradient in a separate
@@ -848,9 +849,13 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
         # experiments/llama4/model/model.py TransformerBlock, moe.py GroupedExperts).
         ops = torchtitan_eager_extras(ops, Tn, h, dt)
     sp = p.sequence_parallel and p.tp > 1
+    # The router's weight is replicated over tp and, under SP, sees this rank's T/tp tokens: its
+    # fp32 gradient joins the norms' tp all-reduce (megatron-core 0.16.1 moe/router.py marks it
+    # sequence_parallel; finalize_model_grads._allreduce_non_tensor_model_parallel_grads sums it).
+    router_grad_bytes = 4.0 * h * m.num_experts
     # Its attention block re-gathers as the dense layer's does (not under torchtitan's DTensor TP).
     layer = LayerOps("moe", attn + ops, sp_regather=sp and sp_regathers_input(sc),
-                     tp_norm_grad_bytes=sp_norm_grad_bytes(2 * h if m.mlp == "gelu" else h) if sp else 0.0)
+                     tp_norm_grad_bytes=sp_norm_grad_bytes(2 * h if m.mlp == "gelu" else h) + router_grad_bytes if sp else 0.0)
     layer.params = sum(o.params for o in layer.forward)
     return layer
 
