@@ -166,7 +166,7 @@ class ParallelConfig(BaseModel):
     )
     fsdp_prefetch: Whole = Field(1, ge=0, le=MAX_LAYERS, description="ZeRO-3/FSDP: parameter all-gathers issued ahead of the unit that needs them.")
     fsdp_shard_size: Whole | None = Field(
-        None, ge=1, description="HSDP: shard parameters within groups of this many DP ranks (with their CP ranks) and replicate across groups."
+        None, ge=1, description="HSDP: shard parameters within groups of this many DP ranks (with their CP ranks) and replicate across groups; with ep, a multiple of ep (each EP group inside one shard group)."
     )
     cp_attention: Literal["allgather", "ring"] = Field(
         "allgather", description="Context parallelism: all-gather K/V (Llama 3) or ring attention (K/V blocks passed around)."
@@ -520,6 +520,17 @@ class Scenario(BaseModel):
         if p.fsdp_shard_size is not None and (p.zero < 3 or dp % p.fsdp_shard_size):
             raise UserError(
                 f"fsdp_shard_size={p.fsdp_shard_size} needs zero=3 and must divide dp={dp}: set --zero 3 and a divisor of {dp}"
+            )
+        if p.fsdp_shard_size is not None and p.fsdp_shard_size % p.ep:
+            # torchtitan carves ep out of the sharded dimension, never the replicated one (0.2.0
+            # parallel_dims.py: dp_shard = dp_shard_mod_ep x dp_shard_in_ep, asserting (dp_shard x
+            # cp [x tp]) % ep == 0; 0.3.0: efsdp = dp_shard x cp x tp / ep, inside dp_replicate), and
+            # here ep is carved out of dp: an HSDP shard group must hold whole EP groups.
+            fits = [str(s) for s in range(p.ep, dp + 1, p.ep) if dp % s == 0]
+            raise UserError(
+                f"fsdp_shard_size={p.fsdp_shard_size} is not a multiple of ep={p.ep}: an expert-parallel group must lie "
+                f"inside one HSDP shard group (torchtitan carves ep out of the sharded data-parallel ranks, never the "
+                f"replicated ones): use fsdp_shard_size among {', '.join(fits)}, or an ep that divides {p.fsdp_shard_size}"
             )
         if p.cp_attention == "ring" and p.cp > 1 and (b.seq_length // p.cp) % 2:
             raise UserError(f"ring attention splits each rank's {b.seq_length // p.cp} tokens in two chunks: use an even seq_length/cp")

@@ -18,9 +18,13 @@ class Dim(StrEnum):
     EP = "ep"
     PP = "pp"
     DP = "dp"
-    EDP = "edp"  # expert data parallel: the dp ranks that hold the same experts (dp / ep)
+    # expert data parallel: the ranks that hold the same experts (dp / ep x cp, x tp under
+    # sequence parallelism: plan.edp_tp_of)
+    EDP = "edp"
     DP_SHARD = "dp_shard"  # HSDP: the ranks a parameter is sharded over
     DP_REP = "dp_rep"  # HSDP: the ranks holding the same shard (replicas)
+    EDP_SHARD = "edp_shard"  # HSDP: the ranks an expert parameter is sharded over
+    EDP_REP = "edp_rep"  # HSDP: the ranks holding the same expert shard (replicas)
     EMB = "emb"  # first and last pipeline stage of a replica: Megatron's tied-embedding gradient all-reduce
 
     @property
@@ -29,13 +33,15 @@ class Dim(StrEnum):
         return _BASE.get(self, self)
 
 
-_BASE = {Dim.EDP: Dim.DP, Dim.DP_SHARD: Dim.DP, Dim.DP_REP: Dim.DP, Dim.EMB: Dim.PP}
+_BASE = {Dim.EDP: Dim.DP, Dim.DP_SHARD: Dim.DP, Dim.DP_REP: Dim.DP, Dim.EDP_SHARD: Dim.DP, Dim.EDP_REP: Dim.DP,
+         Dim.EMB: Dim.PP}
 
 # The dimensions a report shows, in this order (innermost first, as the default mesh order).
 REPORT_DIMS: tuple[Dim, ...] = (Dim.TP, Dim.CP, Dim.EP, Dim.PP, Dim.DP)
 DIM_NAMES: tuple[str, ...] = tuple(d.value for d in REPORT_DIMS)  # plain strings, for tables and JSON
 # Every group the engine can be asked to build.
-GROUP_DIMS: tuple[Dim, ...] = (Dim.TP, Dim.CP, Dim.EP, Dim.DP, Dim.EDP, Dim.PP, Dim.DP_SHARD, Dim.DP_REP, Dim.EMB)
+GROUP_DIMS: tuple[Dim, ...] = (Dim.TP, Dim.CP, Dim.EP, Dim.DP, Dim.EDP, Dim.PP, Dim.DP_SHARD, Dim.DP_REP, Dim.EDP_SHARD,
+                               Dim.EDP_REP, Dim.EMB)
 
 
 def base_dim(dim: str) -> Dim:

@@ -344,7 +344,9 @@ def test_routing_imbalance_changes_time_not_model_flops():
     {"parallelism": {"tp": 2, "pp": 2, "zero": 3, "fsdp_shard_size": 4}},
     {"model": "mixtral-8x7b", "parallelism": {"tp": 1, "pp": 4, "ep": 4, "zero": 1}, "schedule": "dualpipe",
      "batch": {"micro_batch_size": 1, "global_batch_size": 128, "seq_length": 2048}},
-], ids=["fsdp-tp-cp-pp", "ring-attention", "hsdp", "moe-ep-dualpipe"])
+    # experts reduced over dp x tp / ep under SP, sharded inside HSDP shard groups (test_expert_groups)
+    {"model": "mixtral-8x7b", "parallelism": {"tp": 2, "pp": 1, "ep": 4, "zero": 3, "fsdp_shard_size": 8}},
+], ids=["fsdp-tp-cp-pp", "ring-attention", "hsdp", "moe-ep-dualpipe", "moe-tp-sp-hsdp"])
 def test_reduced_and_full_modes_agree_with_every_parallelism(over):
     # Symmetry is exploited (one rank per pipeline rank) and checked: simulating all 64 ranks,
     # each rendezvousing with its real groups on the flow fabric, gives the same step.

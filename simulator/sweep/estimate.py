@@ -46,8 +46,9 @@ from simulator.contention import collective_ctas, compute_slowdown, measured_exc
 from simulator.schedules.base import Action
 from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim
 from simulator.workload.plan import (
-    GradBuckets, bucketed_stages, grad_reduce_bytes, communication_groups, emit_action, hsdp_shard_of, linear_replay,
-    ADAM_BYTES_PER_PARAM, adam_tensor_count, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
+    GradBuckets, bucketed_stages, grad_reduce_bytes, communication_groups, edp_tp_of, emit_action, hsdp_expert_shard_of,
+    hsdp_shard_of, linear_replay, ADAM_BYTES_PER_PARAM, adam_tensor_count, optimizer_shards, optimizer_state_bytes,
+    pp_message_bytes,
 )
 from simulator.workload.ops import optimizer_time_s, tied_head_shares_embedding
 from simulator.workload.program import Program, build_program, checkpointed_layers, split_layers
@@ -105,7 +106,8 @@ def _ops_inputs(sc: Scenario) -> tuple:
     Program built for one of these served the others (ZeRO-3's W segment, without
     main_grad adds, priced a ZeRO-1 point's backward)."""
     p = sc.parallelism
-    shard = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)[0] if p.zero >= 3 else None
+    edp_tp = edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe)
+    shard = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp, edp_tp=edp_tp)[0] if p.zero >= 3 else None
     nmb = sc.num_microbatches if sc.dtype == "fp8" or (sc.framework == "megatron-deepspeed" and p.zero == 0) else None
     return (sc.dp * p.cp > 1, shard, nmb)
 
@@ -325,20 +327,20 @@ class Estimator:
 
     # ------------------------------------------------------------------ network
 
-    def _first_groups(self, mesh: Mesh, shard: int | None) -> dict[Dim, np.ndarray]:
+    def _first_groups(self, mesh: Mesh, shard: int | None, edp_tp: int) -> dict[Dim, np.ndarray]:
         """The first group of every dimension the plan may name (the network prices one)."""
-        key = (mesh.tp, mesh.cp, mesh.ep, mesh.dp, mesh.pp, mesh.order, shard)
+        key = (mesh.tp, mesh.cp, mesh.ep, mesh.dp, mesh.pp, mesh.order, shard, edp_tp)
         g = self._groups.get(key)
         if g is None:
-            g = self._groups[key] = {d: v[:1].copy() for d, v in communication_groups(mesh, shard).items()}
+            g = self._groups[key] = {d: v[:1].copy() for d, v in communication_groups(mesh, shard, edp_tp).items()}
         return g
 
-    def _coll_time(self, net: TierNetwork, netkey: tuple, mesh: Mesh, shard: int | None, dim: str, op: str,
-                   size: float) -> float:
-        key = (netkey, mesh.tp, mesh.cp, mesh.ep, mesh.dp, mesh.pp, mesh.order, shard, dim, op, size)
+    def _coll_time(self, net: TierNetwork, netkey: tuple, mesh: Mesh, shard: int | None, edp_tp: int, dim: str,
+                   op: str, size: float) -> float:
+        key = (netkey, mesh.tp, mesh.cp, mesh.ep, mesh.dp, mesh.pp, mesh.order, shard, edp_tp, dim, op, size)
         t = self._coll.get(key)
         if t is None:
-            groups = self._first_groups(mesh, shard)
+            groups = self._first_groups(mesh, shard, edp_tp)
             if dim == Dim.PP:
                 g = groups[Dim.PP][:, :2] if mesh.pp > 1 else np.zeros((1, 1), dtype=np.int64)
             else:
@@ -384,8 +386,13 @@ class Estimator:
         prog = tab.program
         mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=dp, pp=p.pp, order=p.mesh_order)
         hsdp = hsdp_shard_of(p.zero, p.fsdp_shard_size, dp, cp=p.cp)
-        # The gradient reduction's ranks: dp with the CP ranks (Mesh.groups("dp-cp")).
+        # The gradient reduction's ranks: dp with the CP ranks (Mesh.groups("dp-cp")); the
+        # experts' the ranks holding the same experts, tp ranks included under sequence
+        # parallelism (plan.edp_tp_of), as the plan has them.
         dp_cp = dp * p.cp
+        edp_tp = edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe)
+        use_edp = mesh.edp * mesh.cp * edp_tp > 1
+        hsdp_expert = hsdp_expert_shard_of(hsdp, p.ep, edp_tp)
 
         local: dict[tuple, float] = {}
 
@@ -393,13 +400,13 @@ class Estimator:
             k = (dim, op, size)
             t = local.get(k)
             if t is None:
-                t = local[k] = self._coll_time(net, netkey, mesh, hsdp, dim, op, size)
+                t = local[k] = self._coll_time(net, netkey, mesh, hsdp, edp_tp, dim, op, size)
             return t
 
         # Per-position costs: the plan's own instructions for each action, replayed alone (compute,
         # blocking collectives, overlapped ones joined where the plan joins them).
-        fsdp = p.zero >= 3 and dp_cp > 1
-        ckey = (id(tab), netkey, p.tp, p.cp, p.ep, dp, p.pp, p.mesh_order, fsdp, hsdp, p.fsdp_prefetch,
+        fsdp = p.zero >= 3 and (dp_cp > 1 or use_edp)
+        ckey = (id(tab), netkey, p.tp, p.cp, p.ep, dp, p.pp, p.mesh_order, fsdp, hsdp, edp_tp, p.fsdp_prefetch,
                 p.fsdp_reshard_after_forward)
         hit = self._costs.get(ckey)
         if hit is None:
@@ -439,9 +446,13 @@ class Estimator:
                 upar = np.array([units.get(i, 0.0) for i in range(n)], dtype=float)
                 upar[0] += units.get(-1, 0.0)
                 upar[-1] += units.get(n, 0.0)
-                ag_dim = Dim.DP_SHARD if hsdp else Dim.DP
-                ag = np.array([coll(ag_dim, CollectiveOp.ALL_GATHER, float(x * sc.dtype_bytes)) if x > 0 else 0.0
-                               for x in upar])
+                # A MoE unit's experts are gathered over the expert group, after the rest (the plan's rule).
+                eupar = tab.expert_params
+                ag_dim, eag_dim = (Dim.DP_SHARD, Dim.EDP_SHARD) if hsdp else (Dim.DP, Dim.EDP)
+                ag = np.array([(coll(ag_dim, CollectiveOp.ALL_GATHER, float((x - e) * sc.dtype_bytes))
+                                if dp_cp > 1 and x > e else 0.0)
+                               + (coll(eag_dim, CollectiveOp.ALL_GATHER, float(e * sc.dtype_bytes)) if use_edp and e > 0 else 0.0)
+                               for x, e in zip(upar, eupar)])
                 start_gather = float(ag[0])
                 kinds = ("F", "B", "I") if p.fsdp_reshard_after_forward else ("F",)
                 for k in kinds:
@@ -542,15 +553,13 @@ class Estimator:
         start_s = end_dp = 0.0
         stage_pos = sched.stage_position
         param_bytes = sc.dtype_bytes
-        use_edp = mesh.edp * mesh.cp > 1
-        if dp_cp > 1:
-            if p.zero >= 3:
-                start_s = start_gather
-            elif p.zero >= 1:
-                dense0 = float(pos_params[0] - pos_eparams[0])
-                start_s = coll(Dim.DP, CollectiveOp.ALL_GATHER, dense0 * param_bytes)
-                if pos_eparams[0] > 0 and use_edp:
-                    start_s += coll(Dim.EDP, CollectiveOp.ALL_GATHER, float(pos_eparams[0]) * param_bytes)
+        if p.zero >= 3:
+            start_s = start_gather
+        elif p.zero >= 1:
+            if dp_cp > 1:
+                start_s = coll(Dim.DP, CollectiveOp.ALL_GATHER, float(pos_params[0] - pos_eparams[0]) * param_bytes)
+            if pos_eparams[0] > 0 and use_edp:
+                start_s += coll(Dim.EDP, CollectiveOp.ALL_GATHER, float(pos_eparams[0]) * param_bytes)
         if dp_cp > 1 or use_edp:
             bucket_bytes = sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero)
             # The tail differs by the stages a rank holds: the first and last ranks hold the
@@ -573,7 +582,7 @@ class Estimator:
                         handles[0] += 1
                         return handles[0]
 
-                    gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp_cp > 1, use_edp, hsdp, bucketed)
+                    gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp_cp > 1, use_edp, hsdp, bucketed, hsdp_expert)
                     bare_s = 0.0  # the same actions without buckets: the tail is the difference
                     if p.overlap_grad_reduce:
                         # From the first of the rank's last backwards to the end, as the plan runs it.
@@ -604,7 +613,8 @@ class Estimator:
         for stages in rank_stages:
             eparams = float(sum(pos_eparams[stage_pos[st]] for st in stages))
             dense = float(sum(pos_params[stage_pos[st]] for st in stages)) - eparams
-            opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, eparams, p.zero, dp, p.ep, p.fsdp_shard_size, cp=p.cp))
+            opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, eparams, p.zero, dp, p.ep, p.fsdp_shard_size, cp=p.cp,
+                                                             edp_tp=edp_tp))
         # The program's own optimizer model (multi-tensor Adam launches by shape, or the class curve).
         opt_s = optimizer_time_s(prof, opt_bytes / ADAM_BYTES_PER_PARAM, adam_tensor_count(sc.model.num_layers, p.pp),
                                  ADAM_BYTES_PER_PARAM, sc)

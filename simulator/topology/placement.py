@@ -82,7 +82,8 @@ class Mesh:
         """All groups of a dimension, shape (n_groups, group_size), ranks in group order.
 
         dim: tp, cp, ep, dp (dense data parallel: ep x edp), edp (expert data parallel), pp;
-        dp-cp and edp-cp: those two with the context-parallel ranks (the gradient reduction's).
+        dp-cp and edp-cp: those two with the context-parallel ranks (the gradient reduction's);
+        edp-cp-tp: edp-cp with the tensor-parallel ranks too (experts that tp does not split).
         """
         g = self.grid  # pp, edp, ep, cp, tp
         if dim == "tp":
@@ -107,6 +108,17 @@ class Mesh:
             return g.transpose(0, 4, 1, 2, 3).reshape(-1, self.dp * self.cp)
         if dim == "edp-cp":
             return g.transpose(0, 2, 4, 1, 3).reshape(-1, self.edp * self.cp)
+        # Experts with expert tensor parallelism 1 (tp does not split them) under sequence
+        # parallelism: every tp rank holds all the experts of its ep index and routes its own
+        # tokens through them, so the ranks holding the same experts are the dp / ep x cp x tp
+        # ranks of one (pp, ep) index (megatron-core 0.16.1 parallel_state.initialize_model_parallel:
+        # expert_data_parallel_size = world_size // (expert_tensor_parallel_size x
+        # expert_model_parallel_size x pp); torchtitan 0.3.0 parallel_dims.py: efsdp = dp_shard x
+        # cp x tp / ep). tp varies fastest, then cp: a member's neighbours in the group are its
+        # tp peers, on consecutive GPUs of one node under the default order. With tp = 1 this is
+        # the "edp-cp" array.
+        if dim == "edp-cp-tp":
+            return g.transpose(0, 2, 1, 3, 4).reshape(-1, self.edp * self.cp * self.tp)
         raise ValueError(f"unknown mesh dimension {dim!r}")
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from simulator.scenario import MEGATRON_GRAD_BUCKET_PARAMS, Scenario
 from simulator.schedules.analysis import peak_activations
-from simulator.workload.plan import grad_reduce_bytes, optimizer_shards
+from simulator.workload.plan import edp_tp_of, grad_reduce_bytes, optimizer_shards
 from simulator.workload.ops import build_layer_ops, sp_regathers_input
 from simulator.workload.program import Program, checkpointed_layers, selective_op_saved_bytes
 
@@ -193,13 +193,15 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
 
     # Mixed-precision Adam (bytes/param): bf16 weights 2, fp32 gradients 4, fp32 master 4 + m 4 + v 4,
     # each sharded from its ZeRO stage on: dense parameters over the DP group with its CP ranks
-    # (or the HSDP shard group), expert parameters over the expert-data-parallel group.
+    # (or the HSDP shard group), expert parameters over the expert-data-parallel group (with its
+    # tp ranks under sequence parallelism: edp_tp_of).
     # torchtitan (FSDP2, MixedPrecisionPolicy(param_dtype=bf16)) keeps no bf16 copy: its sharded
     # parameters are the fp32 masters (4) and its AdamW holds m and v (8); the bf16 weights exist
     # only gathered (gathered_parameters_gib, and one unit at a time otherwise).
     param_bytes, optim_bytes = (4, 8) if sc.framework == "torchtitan" else (2, 12)
     z = p.zero
-    shard, expert_shard = optimizer_shards(z, dp, p.ep, p.fsdp_shard_size, cp=p.cp)
+    shard, expert_shard = optimizer_shards(z, dp, p.ep, p.fsdp_shard_size, cp=p.cp,
+                                           edp_tp=edp_tp_of(t, p.sequence_parallel, m.is_moe))
     # The factor 2: no source found. Sized by the scenario's bucket where one is given, else by
     # the 40M-parameter bucket it was set with: megatron-core's dp-grown buckets are views of its
     # contiguous gradient buffer (counted under gradients), not allocations of their own.
@@ -254,7 +256,7 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             kinds = {m.is_moe and L >= m.num_dense_layers for L in layers}
             if kinds:
                 row["recompute_working_set_gib"] = max(recompute_extra[k] for k in kinds) / GIB
-        if z >= 3 and shard > 1:
+        if z >= 3 and max(shard, expert_shard) > 1:
             # The FSDP units the rank holds (-1: the embedding, num_layers: the head), each gathered
             # whole (bf16; 1 byte for FP8 linears under the FP8 all-gather) beside its shard.
             last = len(prog.position_layers) - 1

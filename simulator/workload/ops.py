@@ -22,7 +22,7 @@ import numpy as np
 
 from simulator.scenario import Scenario
 from simulator.workload.kernels import Kernel, adam_kernels, flash_kernel, gemm_kernel, mem_kernel, op_kernels
-from simulator.workload.plan import grad_reduce_bytes, optimizer_shards
+from simulator.workload.plan import edp_tp_of, grad_reduce_bytes, optimizer_shards
 
 Phase = Literal["F", "I", "W"]
 
@@ -86,8 +86,9 @@ class LayerOps:
     explicit_backward: tuple[list[Op], list[Op]] | None = None
     # Megatron sequence parallelism: all-gather a column-parallel GEMM's input again in backward.
     sp_regather: bool = False
-    # Megatron SP: norm weights see 1/tp of the tokens, so their gradients are all-reduced over tp
-    # (finalize_model_grads._allreduce_layernorm_grads); bytes of this layer's share, fp32
+    # Megatron SP: norm weights (and a MoE layer's router) see 1/tp of the tokens, so their
+    # gradients are all-reduced over tp (finalize_model_grads._allreduce_layernorm_grads; 0.16.1
+    # _allreduce_non_tensor_model_parallel_grads); bytes of this layer's share, fp32
     # (sp_norm_grad_bytes).
     tp_norm_grad_bytes: float = 0.0
     # > 0: every microbatch adds each weight's fresh gradient into its main gradient in a separate
@@ -840,7 +841,8 @@ def fsdp2_copy_out_ops(sc: Scenario, lo: LayerOps) -> list[Op]:
     in forward and once more in backward (torchtitan reshards after forward). The copy-in and the
     reduce-scatter's chunk_cat run on the collective streams and are not charged here."""
     p = sc.parallelism
-    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)
+    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
+                                edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe))
     if p.zero < 3 or shard <= 1:
         return []
     # The embedding's tables are the layer's parameters, not an op's (its lookup carries none):
@@ -920,9 +922,13 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
         # experiments/llama4/model/model.py TransformerBlock, moe.py GroupedExperts).
         ops = torchtitan_eager_extras(ops, Tn, h, dt)
     sp = p.sequence_parallel and p.tp > 1
+    # The router's weight is replicated over tp and, under SP, sees this rank's T/tp tokens: its
+    # fp32 gradient joins the norms' tp all-reduce (megatron-core 0.16.1 moe/router.py marks it
+    # sequence_parallel; finalize_model_grads._allreduce_non_tensor_model_parallel_grads sums it).
+    router_grad_bytes = 4.0 * h * m.num_experts
     # Its attention block re-gathers as the dense layer's does (not under torchtitan's DTensor TP).
     layer = LayerOps("moe", attn + ops, sp_regather=sp and sp_regathers_input(sc),
-                     tp_norm_grad_bytes=sp_norm_grad_bytes(2 * h if m.mlp == "gelu" else h) if sp else 0.0)
+                     tp_norm_grad_bytes=sp_norm_grad_bytes(2 * h if m.mlp == "gelu" else h) + router_grad_bytes if sp else 0.0)
     layer.params = sum(o.params for o in layer.forward)
     return layer
 
@@ -1212,7 +1218,8 @@ def fp8_cast_bytes_per_elem(recipe: str, num_microbatches: int, sc: Scenario) ->
     p = sc.parallelism
     if sc.fp8.param_all_gather and p.zero >= 3 and recipe == "rowwise":
         # Cast on the shard before the all-gather (torchtitan precompute_float8_dynamic_scale_for_fsdp).
-        w_f = w_f / optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)[0]
+        w_f = w_f / optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
+                                     edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe))[0]
     return act, act, w_f, w_b
 
 

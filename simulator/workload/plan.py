@@ -233,24 +233,47 @@ def pp_message_bytes(micro_batch_size: int, seq_length: int, cp: int, hidden_siz
     return nbytes, 0.0
 
 
-def optimizer_shards(zero: int, dp: int, ep: int, fsdp_shard_size: int | None, *, cp: int) -> tuple[int, int]:
+def edp_tp_of(tp: int, sequence_parallel: bool, moe: bool) -> int:
+    """Tensor-parallel ranks in the expert-data-parallel group (``Mesh.groups("edp-cp-tp")``).
+
+    The experts are not split by tp (expert tensor parallelism 1: megatron-core
+    ``--expert-tensor-parallel-size 1``, torchtitan's ETP 1), so every tp rank holds all the
+    experts of its ep index. Under sequence parallelism each tp rank routes its own T/tp tokens
+    through them (ops._moe_layer), so the tp ranks' expert gradients differ and are reduced, and
+    the expert state sharded, over them too: megatron-core 0.16.1 parallel_state's expert data
+    parallel size is world / (etp x ep x pp) = dp x cp x tp / ep. Without sequence parallelism
+    every tp rank routes the same T tokens, its expert gradients equal its tp peers', and tp
+    stays out (as it does for the norm weights then). 1 for a dense model."""
+    return tp if moe and sequence_parallel and tp > 1 else 1
+
+
+def optimizer_shards(zero: int, dp: int, ep: int, fsdp_shard_size: int | None, *, cp: int,
+                     edp_tp: int) -> tuple[int, int]:
     """(ranks the dense optimizer state is sharded over, ranks the expert state is sharded over).
 
     ZeRO >= 1 shards over the data-parallel group with its context-parallel ranks (they hold the
     same parameters: ``Mesh.groups("dp-cp")``), or over the HSDP shard group (its dp ranks times
-    cp); expert parameters are replicated only over the expert-data-parallel ranks (dp / ep x cp)."""
+    cp); expert parameters over the ranks that hold the same experts: dp / ep x cp x ``edp_tp``
+    (``edp_tp_of``), or under HSDP the shard group's share of them, fsdp_shard_size / ep x cp x
+    edp_tp (torchtitan 0.3.0 fully_shards the experts over efsdp = dp_shard x cp x tp / ep and
+    replicates them over dp_replicate; Scenario.check keeps ep a divisor of fsdp_shard_size)."""
     if zero < 1:
         return 1, 1
-    shard = (fsdp_shard_size or dp) * cp
-    return shard, max(1, shard // ep)
+    group = fsdp_shard_size or dp
+    return group * cp, max(1, group // ep) * cp * edp_tp
 
 
-def grad_reduction_steps(zero: int, size_bytes: float, expert: bool, hsdp_shard: int | None) -> tuple[Step, ...]:
+def grad_reduction_steps(zero: int, size_bytes: float, expert: bool, hsdp_shard: int | None,
+                         hsdp_expert_shard: int | None = None) -> tuple[Step, ...]:
     """The collectives that reduce one gradient bucket.
 
     DDP all-reduces; ZeRO >= 1 reduce-scatters; HSDP reduce-scatters inside the shard group and
-    all-reduces the shard across replicas; expert gradients go over the expert-data-parallel group."""
+    all-reduces the shard across replicas; expert gradients go over the expert-data-parallel group,
+    under HSDP over its shard group (``hsdp_expert_shard`` ranks) and then across its replicas."""
     if expert:
+        if hsdp_expert_shard is not None:
+            return ((Dim.EDP_SHARD, CollectiveOp.REDUCE_SCATTER, size_bytes),
+                    (Dim.EDP_REP, CollectiveOp.ALL_REDUCE, size_bytes / hsdp_expert_shard))
         return ((Dim.EDP, CollectiveOp.ALL_REDUCE if zero == 0 else CollectiveOp.REDUCE_SCATTER, size_bytes),)
     if zero == 0:
         return ((Dim.DP, CollectiveOp.ALL_REDUCE, size_bytes),)
@@ -260,9 +283,9 @@ def grad_reduction_steps(zero: int, size_bytes: float, expert: bool, hsdp_shard:
 
 
 def optimizer_state_bytes(dense_params: float, expert_params: float, zero: int, dp: int, ep: int,
-                          fsdp_shard_size: int | None, *, cp: int) -> float:
+                          fsdp_shard_size: int | None, *, cp: int, edp_tp: int) -> float:
     """Bytes the optimizer step of one rank streams through HBM (Adam, ZeRO-sharded)."""
-    shard, expert_shard = optimizer_shards(zero, dp, ep, fsdp_shard_size, cp=cp)
+    shard, expert_shard = optimizer_shards(zero, dp, ep, fsdp_shard_size, cp=cp, edp_tp=edp_tp)
     return (dense_params / shard + expert_params / expert_shard) * ADAM_BYTES_PER_PARAM
 
 
@@ -274,18 +297,36 @@ def hsdp_shard_of(zero: int, fsdp_shard_size: int | None, dp: int, *, cp: int) -
     return None
 
 
-def communication_groups(mesh: Mesh, hsdp_shard: int | None) -> dict[Dim, np.ndarray]:
+def hsdp_expert_shard_of(hsdp_shard: int | None, ep: int, edp_tp: int) -> int | None:
+    """Ranks in one HSDP shard group of the experts: the ``hsdp_shard`` ranks (fsdp_shard_size x
+    cp) that hold the same experts, fsdp_shard_size / ep x cp, with their ``edp_tp`` tp ranks
+    (torchtitan 0.3.0: the experts' FSDP mesh is (dp_replicate, efsdp), efsdp = dp_shard x cp x
+    tp / ep). None without HSDP."""
+    if hsdp_shard is None:
+        return None
+    return hsdp_shard // ep * edp_tp
+
+
+def communication_groups(mesh: Mesh, hsdp_shard: int | None, edp_tp: int) -> dict[Dim, np.ndarray]:
     """Every group a plan may name. The data-parallel groups (dp, edp) take in the context-
     parallel ranks: every collective on them reduces or gathers parameters and gradients, which
-    CP ranks share (``Mesh.groups("dp-cp")``). HSDP (``hsdp_shard`` ranks, ``hsdp_shard_of``):
-    shard inside consecutive blocks of the DP group, replicate across blocks."""
+    CP ranks share (``Mesh.groups("dp-cp")``); the expert one takes in the tp ranks too when
+    ``edp_tp`` > 1 (``edp_tp_of``: ``Mesh.groups("edp-cp-tp")``). HSDP (``hsdp_shard`` ranks,
+    ``hsdp_shard_of``): shard inside consecutive blocks of the DP group, replicate across
+    blocks; the experts alike inside their group (``hsdp_expert_shard_of``): a block of the DP
+    group holds fsdp_shard_size / ep whole edp indices (ep varies fastest in dp), the same edp
+    indices that make a block of the expert group (edp outermost there)."""
     groups = {Dim(d): mesh.groups(d) for d in (Dim.TP, Dim.CP, Dim.EP, Dim.PP)}
     groups[Dim.DP] = dp_groups = mesh.groups("dp-cp")
-    groups[Dim.EDP] = mesh.groups("edp-cp")
+    groups[Dim.EDP] = edp_groups = mesh.groups("edp-cp-tp" if edp_tp > 1 else "edp-cp")
     size = dp_groups.shape[1]
     shard = hsdp_shard or size
     groups[Dim.DP_SHARD] = dp_groups.reshape(-1, shard)
     groups[Dim.DP_REP] = dp_groups.reshape(len(dp_groups), -1, shard).transpose(0, 2, 1).reshape(-1, size // shard)
+    esize = edp_groups.shape[1]
+    eshard = hsdp_expert_shard_of(hsdp_shard, mesh.ep, edp_tp) or esize
+    groups[Dim.EDP_SHARD] = edp_groups.reshape(-1, eshard)
+    groups[Dim.EDP_REP] = edp_groups.reshape(len(edp_groups), -1, eshard).transpose(0, 2, 1).reshape(-1, esize // eshard)
     # First and last pipeline stage of each replica: Megatron's tied-embedding gradient all-reduce.
     groups[Dim.EMB] = groups[Dim.PP][:, [0, -1]] if mesh.pp > 1 else groups[Dim.PP]
     return groups
@@ -313,9 +354,10 @@ class GradBuckets:
     or when an FSDP unit's gradients are complete; dense over dp (or HSDP), expert over edp."""
 
     def __init__(self, out: list, new_handle, zero: int, bucket_bytes: float, use_dp: bool, use_edp: bool,
-                 hsdp_shard: int | None, bucketed: set[int] | None = None):
+                 hsdp_shard: int | None, bucketed: set[int] | None = None, hsdp_expert_shard: int | None = None):
         self.out, self.new_handle = out, new_handle
         self.zero, self.bucket_bytes, self.hsdp_shard = zero, bucket_bytes, hsdp_shard
+        self.hsdp_expert_shard = hsdp_expert_shard
         # Stages whose gradients go in buckets (None: all); the others reduce theirs in one piece
         # when their last backward ends (``bucketed_stages``).
         self.bucketed = bucketed
@@ -328,7 +370,7 @@ class GradBuckets:
             if self.fill[i] > 0 and self.on[i]:
                 h = self.new_handle()
                 self.pending.append(h)
-                steps = grad_reduction_steps(self.zero, self.fill[i], expert, self.hsdp_shard)
+                steps = grad_reduction_steps(self.zero, self.fill[i], expert, self.hsdp_shard, self.hsdp_expert_shard)
                 self.out.append(Collective(Stream.DP, steps, h, "dp", f"{steps[0][1]} {label}", row_bytes=steps[0][2]))
             self.fill[i] = 0.0
 
@@ -428,7 +470,7 @@ def _group_size(prog, dim: str) -> int:
     mesh = prog.mesh
     if dim == Dim.EMB:
         return 2 if mesh.pp > 1 else 1
-    return int(communication_groups(mesh, _hsdp_shard(prog))[Dim(dim)].shape[1])
+    return int(communication_groups(mesh, _hsdp_shard(prog), prog.edp_tp)[Dim(dim)].shape[1])
 
 
 def _hsdp_shard(prog) -> int | None:
@@ -440,7 +482,8 @@ def build_plan(prog) -> Plan:
     """The plan of every pipeline rank of ``prog`` (a ``simulator.workload.program.Program``)."""
     sched = prog.schedule
     ranks = [_plan_rank(prog, r) for r in range(sched.num_ranks)]
-    return Plan(mesh=prog.mesh, schedule=sched, ranks=ranks, groups=communication_groups(prog.mesh, _hsdp_shard(prog)))
+    return Plan(mesh=prog.mesh, schedule=sched, ranks=ranks,
+                groups=communication_groups(prog.mesh, _hsdp_shard(prog), prog.edp_tp))
 
 
 
@@ -531,30 +574,42 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     use_dp = mesh.dp * mesh.cp > 1  # CP ranks reduce their gradients with the dp ones
     zero3 = prog.zero >= 3
     hsdp_shard = _hsdp_shard(prog)
-    use_edp = mesh.edp * mesh.cp > 1
+    # The ranks holding the same experts (edp x cp, x tp under sequence parallelism: edp_tp_of).
+    use_edp = mesh.edp * mesh.cp * prog.edp_tp > 1
+    hsdp_expert_shard = hsdp_expert_shard_of(hsdp_shard, mesh.ep, prog.edp_tp)
     buckets = GradBuckets(out, new_handle, prog.zero, prog.grad_bucket_bytes, use_dp, use_edp, hsdp_shard,
-                          bucketed_stages(sched, pp_rank, prog.grad_buckets_first_chunk_only))
+                          bucketed_stages(sched, pp_rank, prog.grad_buckets_first_chunk_only), hsdp_expert_shard)
 
     # ZeRO-1/2: the updated parameters are all-gathered; Megatron overlaps that with the next
     # step's forward, so a stage's first forward waits for its own gather.
     param_ready: dict[int, int] = {}
-    if 1 <= prog.zero <= 2 and use_dp:
+    if 1 <= prog.zero <= 2 and (use_dp or use_edp):
         for st in sched.stages_of_rank(pp_rank):
-            h = new_handle()
-            param_ready[st] = h
             pos = sched.stage_position[st]
             expert = prog.stage_expert_params[pos] if prog.stage_expert_params else 0.0
-            # Dense parameters are sharded over dp, expert parameters over edp.
-            steps: tuple[Step, ...] = ((Dim.DP, CollectiveOp.ALL_GATHER, (prog.stage_params[pos] - expert) * prog.param_bytes),)
+            # Dense parameters are sharded over dp, expert parameters over edp (which, with tp
+            # ranks in it, may shard experts where dp x cp is 1).
+            steps: tuple[Step, ...] = ()
+            if use_dp:
+                steps += ((Dim.DP, CollectiveOp.ALL_GATHER, (prog.stage_params[pos] - expert) * prog.param_bytes),)
             if expert > 0 and use_edp:
                 steps += ((Dim.EDP, CollectiveOp.ALL_GATHER, expert * prog.param_bytes),)
+            if not steps:
+                continue
+            h = new_handle()
+            param_ready[st] = h
             out.append(Collective(Stream.DP_AG, steps, h, "dp", f"all_gather params stage {st}", row_bytes=steps[0][2]))
 
     # ZeRO-3 / FSDP: every unit (layer) is all-gathered before it runs, forward and (when
-    # resharded after forward) backward, `fsdp_prefetch` units ahead on its own stream.
-    gathers: list[tuple[int, int, float]] = []  # (action index, layer, bytes) in execution order
+    # resharded after forward) backward, `fsdp_prefetch` units ahead on its own stream. A MoE
+    # layer's experts are sharded over the expert-data-parallel group, not the dense one, and
+    # are gathered there, right after the rest of the unit (torchtitan 0.3.0 llama4 parallelize
+    # apply_fsdp: the routed experts are fully_shard-ed on their own mesh, the block around them
+    # on the dense one); with no expert replica (use_edp False) they are whole on the rank.
+    gathers: list[tuple[int, int, float, float]] = []  # (action index, layer, bytes, expert bytes) in execution order
     ag_dim = Dim.DP_SHARD if hsdp_shard is not None else Dim.DP
-    if zero3 and use_dp:
+    eag_dim = Dim.EDP_SHARD if hsdp_shard is not None else Dim.EDP
+    if zero3 and (use_dp or use_edp):
         gathered: set[tuple[int, int]] = set()
         for idx, a in enumerate(actions):
             for sub in a.leaves:
@@ -565,16 +620,22 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
                     if prog.fsdp_reshard_after_forward or (sub.stage, L) not in gathered:
                         gathered.add((sub.stage, L))
                         nbytes = prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes)
-                        gathers.append((idx, L, nbytes))
+                        ebytes = prog.unit_expert_gather_bytes.get(L, 0.0)
+                        dense, ebytes = (nbytes - ebytes if use_dp else 0.0), (ebytes if use_edp else 0.0)
+                        if dense > 0 or ebytes > 0:
+                            gathers.append((idx, L, dense, ebytes))
     gather_handles = [new_handle() for _ in gathers]
     next_gather = [0, 0]  # [next to wait for, next to issue]
 
     def issue_gathers(upto: int) -> None:
         while next_gather[1] < min(upto, len(gathers)):
             i = next_gather[1]
-            _, L, nbytes = gathers[i]
-            out.append(Collective(Stream.DP_AG, ((ag_dim, CollectiveOp.ALL_GATHER, nbytes),), gather_handles[i], "dp",
-                                  f"all_gather params layer {L}", row_bytes=nbytes))
+            _, L, nbytes, ebytes = gathers[i]
+            steps: tuple[Step, ...] = ((ag_dim, CollectiveOp.ALL_GATHER, nbytes),) if nbytes > 0 else ()
+            if ebytes > 0:
+                steps += ((eag_dim, CollectiveOp.ALL_GATHER, ebytes),)
+            out.append(Collective(Stream.DP_AG, steps, gather_handles[i], "dp", f"all_gather params layer {L}",
+                                  row_bytes=nbytes + ebytes))
             next_gather[1] += 1
 
     issue_gathers(1 + prog.fsdp_prefetch)

@@ -24,7 +24,7 @@ from simulator.workload.ops import (Comm, LayerOps, Op, build_layer_ops, embeddi
                                    optimizer_time_s, tied_head_shares_embedding)
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
-    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, adam_tensor_count, grad_reduce_bytes, optimizer_shards,
+    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, adam_tensor_count, edp_tp_of, grad_reduce_bytes, optimizer_shards,
     optimizer_state_bytes, pp_message_bytes,
 )
 
@@ -86,10 +86,14 @@ class Program:
     unit_params: dict[int, float] = field(default_factory=dict)  # FSDP units: layer id -> parameters on one rank
     # FSDP units: layer id -> bytes one all-gather of it moves, where they are not unit_params x param_bytes.
     unit_gather_bytes: dict[int, float] = field(default_factory=dict)
+    # FSDP units: layer id -> the routed experts' share of those bytes (MoE layers only), gathered
+    # over the expert-data-parallel group rather than the dense one.
+    unit_expert_gather_bytes: dict[int, float] = field(default_factory=dict)
     fsdp_reshard_after_forward: bool = True
     fsdp_prefetch: int = 1
     fsdp_shard_size: int | None = None  # HSDP shard group size (None: the whole dp group)
     stage_expert_params: list[float] = field(default_factory=list)  # the expert share of stage_params (sharded over edp)
+    edp_tp: int = 1  # tp ranks in the expert-data-parallel group (plan.edp_tp_of)
     overlap_grad_reduce: bool = True
     grad_bucket_bytes: float = float(MEGATRON_GRAD_BUCKET_PARAMS) * GRAD_REDUCE_BYTES
     grad_buckets_first_chunk_only: bool = False  # Scenario.grad_buckets_first_chunk_only
@@ -710,6 +714,16 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
             unit_gather_bytes[L] = fsdp_gather_bytes(sc, layer_kinds[kind_of(L)].forward)
         unit_gather_bytes[-1] = layer_kinds["embedding"].params * sc.dtype_bytes
         unit_gather_bytes[m.num_layers] = layer_kinds["head"].params * sc.dtype_bytes
+    # The routed experts' share of each MoE unit's gather (by the same byte rule), which the plan
+    # gathers over the expert-data-parallel group.
+    unit_expert_gather_bytes: dict[int, float] = {}
+    if p.zero >= 3:
+        fp8_gather = sc.dtype == "fp8" and sc.fp8.param_all_gather
+        for L in range(m.num_layers):
+            if kind_of(L) == "moe":
+                experts = [o for o in layer_kinds["moe"].forward if o.name.startswith("experts_")]
+                unit_expert_gather_bytes[L] = (fsdp_gather_bytes(sc, experts) if fp8_gather
+                                               else sum(o.params for o in experts) * sc.dtype_bytes)
     notes: list[str] = []
     for name in ("async_tp", "tp_comm_overlap"):
         if getattr(p, name) and p.tp == 1:
@@ -722,14 +736,16 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
 
     # The optimizer updates this rank's parameters; ZeRO>=1 shards the update over dp x cp (or
     # the HSDP shard group), expert parameters over the expert-data-parallel group.
+    edp_tp = edp_tp_of(p.tp, p.sequence_parallel, m.is_moe)
     opt_bytes = 0.0
     for r in range(schedule.num_ranks):
         positions_r = [schedule.stage_position[st] for st in schedule.stages_of_rank(r)]
         expert = sum(stage_expert_params[q] for q in positions_r)
         dense = sum(stage_params[q] for q in positions_r) - expert
-        opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, expert, p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp))
+        opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, expert, p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
+                                                         edp_tp=edp_tp))
     opt_params_max = opt_bytes / ADAM_BYTES_PER_PARAM
-    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)
+    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp, edp_tp=edp_tp)
     optimizer_s = optimizer_time_s(profile, opt_params_max, adam_tensor_count(m.num_layers, p.pp), ADAM_BYTES_PER_PARAM, sc)
 
     # MLA under SP: the duplicated weights' gradients of the rank's layers, all-reduced over tp.
@@ -752,7 +768,9 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         param_bytes=1 if sc.dtype == "fp8" and sc.fp8.param_all_gather and p.zero >= 3 else sc.dtype_bytes,
         unit_params=unit_params,
         unit_gather_bytes=unit_gather_bytes,
+        unit_expert_gather_bytes=unit_expert_gather_bytes,
         stage_expert_params=stage_expert_params,
+        edp_tp=edp_tp,
         fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
         fsdp_prefetch=p.fsdp_prefetch,
         fsdp_shard_size=p.fsdp_shard_size,

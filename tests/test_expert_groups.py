@@ -1,0 +1,204 @@
+"""The expert-data-parallel group: the ranks that hold the same experts and reduce their gradients.
+
+The experts are not split by tp (expert tensor parallelism 1), so under sequence parallelism every
+tp rank routes its own tokens through the same experts: the group is dp / ep x cp x tp
+(megatron-core 0.16.1 parallel_state: world / (etp x ep x pp); torchtitan 0.3.0 efsdp).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agreement_scenarios import SMALL_MOE, scenario
+from simulator.errors import UserError
+from simulator.profile import load_profile
+from simulator.scenario import build_scenario
+from simulator.simulate import resolve_schedule, simulate
+from simulator.sweep.estimate import Estimator
+from simulator.topology.placement import Mesh
+from simulator.vocabulary import CollectiveOp, Dim, Stream
+from simulator.workload.memory import memory_report
+from simulator.workload.ops import build_layer_ops
+from simulator.workload.plan import build_plan
+from simulator.workload.program import build_program
+
+GIB = 1024**3
+
+
+def plan_of(d: dict):
+    sc = build_scenario(d)
+    prog = build_program(sc, load_profile(sc.cluster.gpu), resolve_schedule(sc))
+    return sc, prog, build_plan(prog)
+
+
+def expert_grad_reductions(plan):
+    """The gradient reductions of rank class 0 whose first step runs on an expert group."""
+    return [c for c in plan.ranks[0].collectives()
+            if c.stream == Stream.DP and c.steps[0][0] in (Dim.EDP, Dim.EDP_SHARD)]
+
+
+def split_params(prog) -> tuple[float, float]:
+    expert = prog.stage_expert_params[0]
+    return prog.stage_params[0] - expert, expert
+
+
+def test_the_edp_cp_tp_group_holds_every_rank_of_one_pipeline_and_expert_index_tp_fastest():
+    mesh = Mesh(tp=2, cp=2, ep=2, dp=4, pp=2)
+    groups = mesh.groups("edp-cp-tp")
+    assert groups.shape == (mesh.pp * mesh.ep, mesh.edp * mesh.cp * mesh.tp) == (4, 8)
+    c = mesh.coords  # pp, dp, cp, tp, ep
+    assert sorted(groups.ravel().tolist()) == list(range(mesh.world_size))
+    for g in groups:
+        assert len({(int(c[r, 0]), int(c[r, 4])) for r in g}) == 1, "one (pp, ep) index per group"
+        # tp varies fastest: members pair up as tp peers, on consecutive GPU ids (default order)
+        assert (c[g[0::2], 3] == 0).all() and (c[g[1::2], 3] == 1).all()
+        assert (g[1::2] - g[0::2] == 1).all()
+    # With tp = 1 the group is the edp-cp array, element for element.
+    flat = Mesh(tp=1, cp=2, ep=2, dp=4, pp=2)
+    assert np.array_equal(flat.groups("edp-cp-tp"), flat.groups("edp-cp"))
+
+
+def test_expert_gradients_are_reduced_over_dp_tp_cp_over_ep_ranks_under_sequence_parallelism():
+    # 16 GPUs, tp 2 with SP, ep 2: dp 8, and the experts of one ep index live on dp / ep x tp = 8 ranks.
+    sc, prog, plan = plan_of(scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 1}))
+    mesh = prog.mesh
+    assert (mesh.dp, mesh.tp, mesh.cp, mesh.ep) == (8, 2, 1, 2)
+    groups = plan.groups[Dim.EDP]
+    assert groups.shape == (2, 8)
+    c = mesh.coords
+    for g in groups:
+        assert len(set(c[g, 4].tolist())) == 1 and set(c[g, 3].tolist()) == {0, 1}  # one ep index, both tp ranks
+    assert sorted(groups[0].tolist()) == [r for r in range(mesh.world_size) if c[r, 4] == c[groups[0][0], 4]]
+    reductions = expert_grad_reductions(plan)
+    assert reductions and {(d, op) for c_ in reductions for d, op, _ in c_.steps} == {(Dim.EDP, CollectiveOp.REDUCE_SCATTER)}
+    # ZeRO-1: the expert parameters are all-gathered back over the same group.
+    gathers = [c_ for c_ in plan.ranks[0].collectives() if c_.stream == Stream.DP_AG]
+    assert [d for d, _, _ in gathers[0].steps] == [Dim.DP, Dim.EDP]
+
+
+def test_expert_optimizer_state_divides_by_the_expert_data_parallel_group():
+    d = scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 1})
+    res = simulate(build_scenario(d))
+    dense, expert = split_params(res.program)
+    assert expert > 0
+    # Megatron's 12 bytes of fp32 state a parameter: dense over dp x cp = 8, experts over dp x tp x cp / ep = 8
+    # (it was dp / ep = 4: the tp ranks left out).
+    assert res.memory.per_rank_gib[0]["optimizer_gib"] * GIB == pytest.approx(12 * (dense / 8 + expert / 8), rel=1e-9)
+
+
+def test_experts_without_sequence_parallelism_keep_tp_out_of_the_expert_group():
+    # Without SP every tp rank routes the same tokens: its expert gradients equal its tp peer's.
+    d = scenario("moe-tp2-nosp", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 1, "sequence_parallel": False})
+    sc, prog, plan = plan_of(d)
+    assert np.array_equal(plan.groups[Dim.EDP], prog.mesh.groups("edp-cp"))
+    res = simulate(sc)
+    dense, expert = split_params(res.program)
+    assert res.memory.per_rank_gib[0]["optimizer_gib"] * GIB == pytest.approx(12 * (dense / 8 + expert / 4), rel=1e-9)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_at_tp_1_the_expert_group_is_dp_over_ep_times_cp_as_before(zero):
+    sc, prog, plan = plan_of(scenario("moe-tp1", model=SMALL_MOE, parallelism={"ep": 4, "zero": zero}))
+    assert prog.edp_tp == 1
+    assert np.array_equal(plan.groups[Dim.EDP], prog.mesh.groups("edp-cp"))
+    assert plan.groups[Dim.EDP].shape == (4, 4)
+
+
+def test_tp_ranks_shard_and_reduce_the_experts_when_dp_times_cp_is_one():
+    # tp 2 with SP on 2 GPUs: no data parallelism, yet the two tp ranks hold the same experts and
+    # route different tokens: ZeRO-1 shards the expert state over them, and gathers it back.
+    d = scenario("moe-tp2-dp1", model=SMALL_MOE, gpus=2, gbs=4, parallelism={"tp": 2, "zero": 1})
+    sc, prog, plan = plan_of(d)
+    assert plan.groups[Dim.EDP].tolist() == [[0, 1]]
+    assert {d_ for c_ in expert_grad_reductions(plan) for d_, _, _ in c_.steps} == {Dim.EDP}
+    gathers = [c_ for c_ in plan.ranks[0].collectives() if c_.stream == Stream.DP_AG]
+    assert gathers and all([d_ for d_, _, _ in c_.steps] == [Dim.EDP] for c_ in gathers)
+    res = simulate(sc)
+    dense, expert = split_params(res.program)
+    assert res.memory.per_rank_gib[0]["optimizer_gib"] * GIB == pytest.approx(12 * (dense + expert / 2), rel=1e-9)
+    # ZeRO-3 alike: only the experts are sharded, so only they are gathered, and the memory
+    # model holds the gathered units beside the shards.
+    sc3, _, plan3 = plan_of({**d, "parallelism": {"tp": 2, "zero": 3}})
+    gathers = [c_ for c_ in plan3.ranks[0].collectives() if c_.stream == Stream.DP_AG]
+    assert gathers and all([d_ for d_, _, _ in c_.steps] == [Dim.EDP] for c_ in gathers)
+    assert simulate(sc3).memory.per_rank_gib[0]["gathered_parameters_gib"] > 0
+
+
+def test_zero3_gathers_a_moe_units_experts_over_the_expert_group():
+    # FSDP (torchtitan) shards the routed experts on their own mesh: a MoE unit's gather moves the
+    # block's dense parameters over dp and its experts over the expert group, back to back.
+    sc, prog, plan = plan_of(scenario("moe-z3", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 3}))
+    gathers = [c_ for c_ in plan.ranks[0].collectives() if c_.stream == Stream.DP_AG]
+    by_layer = {c_.name: c_ for c_ in gathers}
+    moe = by_layer["all_gather params layer 0"]
+    (d1, op1, dense_bytes), (d2, op2, expert_bytes) = moe.steps
+    assert (d1, op1, d2, op2) == (Dim.DP, CollectiveOp.ALL_GATHER, Dim.EDP, CollectiveOp.ALL_GATHER)
+    assert expert_bytes == pytest.approx(prog.unit_expert_gather_bytes[0]) and expert_bytes > dense_bytes
+    assert dense_bytes + expert_bytes == pytest.approx(prog.unit_params[0] * prog.param_bytes, rel=1e-12)
+    # the embedding and the head have no experts: one step
+    assert [d_ for d_, _, _ in by_layer["all_gather params layer -1"].steps] == [Dim.DP]
+
+
+def test_hsdp_shard_group_that_splits_an_ep_group_is_refused():
+    d = scenario("hsdp-ep", model=SMALL_MOE, gpus=16, parallelism={"ep": 4, "zero": 3, "fsdp_shard_size": 2})
+    with pytest.raises(UserError, match=r"^fsdp_shard_size=2 is not a multiple of ep=4: an expert-parallel group must lie "
+                                        r"inside one HSDP shard group .*use fsdp_shard_size among 4, 8, 16, or an ep that divides 2$"):
+        build_scenario(d)
+
+
+def test_hsdp_shards_the_experts_inside_the_shard_group_and_all_reduces_across_replicas():
+    # 32 GPUs, tp 2 (SP), ep 4, shard groups of 8 dp ranks: dp 16 in 2 replicas. The experts of one
+    # ep index: dp / ep x tp = 8 ranks, 8 / ep x tp = 4 of them in each shard group (torchtitan's
+    # efsdp = dp_shard x cp x tp / ep), 2 replicas.
+    d = scenario("hsdp-ep-tp2", model=SMALL_MOE, gpus=32,
+                 parallelism={"tp": 2, "ep": 4, "zero": 3, "fsdp_shard_size": 8})
+    sc, prog, plan = plan_of(d)
+    assert plan.groups[Dim.EDP].shape == (4, 8)
+    assert plan.groups[Dim.EDP_SHARD].shape == (8, 4) and plan.groups[Dim.EDP_REP].shape == (16, 2)
+    # A shard group of the experts lies inside one dense shard group's ranks (with their tp peers).
+    dense_block = {int(r) for r in plan.groups[Dim.DP_SHARD][0]}
+    tp_peers = {int(r) for g in plan.groups[Dim.TP] if dense_block & set(g.tolist()) for r in g}
+    assert set(plan.groups[Dim.EDP_SHARD][0].tolist()) <= tp_peers
+    reductions = expert_grad_reductions(plan)
+    assert reductions
+    for c_ in reductions:
+        (d1, op1, s1), (d2, op2, s2) = c_.steps
+        assert (d1, op1, d2, op2) == (Dim.EDP_SHARD, CollectiveOp.REDUCE_SCATTER, Dim.EDP_REP, CollectiveOp.ALL_REDUCE)
+        assert s2 == pytest.approx(s1 / 4)
+    moe_gather = next(c_ for c_ in plan.ranks[0].collectives() if c_.name == "all_gather params layer 0")
+    assert [d_ for d_, _, _ in moe_gather.steps] == [Dim.DP_SHARD, Dim.EDP_SHARD]
+    res = simulate(sc)
+    dense, expert = split_params(res.program)
+    # fp32 master + m + v (torchtitan would keep 4 + 8; this scenario is generic: 12) over the
+    # shard groups: dense 8 ranks, experts 4.
+    assert res.memory.per_rank_gib[0]["optimizer_gib"] * GIB == pytest.approx(12 * (dense / 8 + expert / 4), rel=1e-9)
+
+
+@pytest.mark.parametrize("d", [
+    scenario("ep2-tp2-moe-zero3", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 3}),
+    scenario("hsdp-ep-tp2-moe", model=SMALL_MOE, gpus=32, parallelism={"tp": 2, "ep": 4, "zero": 3, "fsdp_shard_size": 8}),
+    scenario("moe-tp2-dp1", model=SMALL_MOE, gpus=2, gbs=4, parallelism={"tp": 2, "zero": 1}),
+], ids=lambda d: d["name"])
+def test_the_estimate_uses_the_same_expert_groups_as_the_simulation(d):
+    sc = build_scenario(d)
+    res = simulate(sc)
+    est = Estimator().estimate(sc)
+    assert est.step_time_s == pytest.approx(res.timeline.step_time_s, rel=0.10)
+    assert est.optimizer_s == pytest.approx(res.program.optimizer_s, rel=1e-9)
+    prof = load_profile(sc.cluster.gpu_name)
+    mem = memory_report(sc, build_program(sc, prof, resolve_schedule(sc)), prof.hbm_gib, prof.usable_memory_fraction)
+    assert est.peak_memory_gib == pytest.approx(mem.peak_gib, rel=1e-9)
+
+
+def test_the_router_gradient_is_all_reduced_over_tp_under_sequence_parallelism():
+    # The router is replicated over tp and sees this rank's T/tp tokens: its fp32 gradient joins
+    # the norms' tp all-reduce (megatron-core moe/router.py: weight.sequence_parallel).
+    sc = build_scenario(scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 1}))
+    h, E = sc.model.hidden_size, sc.model.num_experts
+    layers = build_layer_ops(sc)
+    assert layers["dense"].tp_norm_grad_bytes == 2 * h * 4
+    assert layers["moe"].tp_norm_grad_bytes == 2 * h * 4 + 4 * h * E
+    nosp = build_scenario(scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 1,
+                                                                            "sequence_parallel": False}))
+    assert build_layer_ops(nosp)["moe"].tp_norm_grad_bytes == 0
