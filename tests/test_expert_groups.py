@@ -192,13 +192,20 @@ def test_the_estimate_uses_the_same_expert_groups_as_the_simulation(d):
 
 
 def test_the_router_gradient_is_all_reduced_over_tp_under_sequence_parallelism():
-    # The router is replicated over tp and sees this rank's T/tp tokens: its fp32 gradient joins
-    # the norms' tp all-reduce (megatron-core moe/router.py: weight.sequence_parallel).
+    # The router is replicated over tp and sees this rank's T/tp tokens: its fp32 gradient is summed
+    # over tp once a step with the other SP-duplicated weights (megatron-core moe/router.py:
+    # weight.sequence_parallel; finalize_model_grads._allreduce_non_tensor_model_parallel_grads).
     sc = build_scenario(scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 1}))
     h, E = sc.model.hidden_size, sc.model.num_experts
     layers = build_layer_ops(sc)
-    assert layers["dense"].tp_norm_grad_bytes == 2 * h * 4
-    assert layers["moe"].tp_norm_grad_bytes == 2 * h * 4 + 4 * h * E
+    assert layers["dense"].tp_norm_grad_bytes == layers["moe"].tp_norm_grad_bytes == 2 * h * 4
+    assert layers["moe"].tp_duplicated_params == h * E and layers["dense"].tp_duplicated_params == 0
+    prog = build_program(sc, load_profile(sc.cluster.gpu), resolve_schedule(sc))
+    moe_layers = sc.model.num_layers - sc.model.num_dense_layers
+    per_rank = max(sum(1 for L in prog.position_layers[q] if L >= sc.model.num_dense_layers)
+                   for q in range(prog.schedule.num_positions))
+    step = {t.label: t for t in prog.step_collectives}["sp duplicated weight grads"]
+    assert step.dim == "tp" and step.size_bytes == 4 * h * E * per_rank and per_rank <= moe_layers
     nosp = build_scenario(scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 1,
                                                                             "sequence_parallel": False}))
-    assert build_layer_ops(nosp)["moe"].tp_norm_grad_bytes == 0
+    assert build_layer_ops(nosp)["moe"].tp_duplicated_params == 0

@@ -527,19 +527,23 @@ def test_mla_runs_its_down_projections_on_this_ranks_tokens_and_gathers_the_late
     assert ops["q_up_proj"].kernel.m == ops["kv_up_proj"].kernel.m == T
     comms = {o.name: (o.comm.op, o.comm.size_bytes) for o in lo.forward if o.comm is not None and o.comm.dim == "tp"}
     gather = "all_gather" if sp else "identity_ar"
+    out = "reduce_scatter" if sp else "all_reduce"
+    # The shared expert is tensor-parallel as the dense MLP is (megatron-core SharedExpertMLP).
     expected = {"q_latent_in": (gather, T * q_lora * 2), "kv_latent_in": (gather, T * kv_lora * 2),
-                "attn_out": ("reduce_scatter" if sp else "all_reduce", T * h * 2)}
+                "attn_out": (out, T * h * 2), "shared_in": (gather, T * h * 2), "shared_out": (out, T * h * 2)}
     if sp:
         expected["k_rope_gather"] = ("all_gather", T * rope * 2)
     assert comms == expected
     i_ops, _ = lo.backward()
     regathers = {o.name for o in i_ops if o.name.endswith(".input_regather")}
-    assert regathers == ({"q_up_proj.input_regather", "kv_up_proj.input_regather"} if sp else set())
+    assert regathers == ({"q_up_proj.input_regather", "kv_up_proj.input_regather", "shared_fc1_gate_up.input_regather"}
+                         if sp else set())
     prog = build_program(sc, load_profile("h100-sxm-80gb"), resolve_schedule(sc))
     dup = {s.label: s for s in prog.step_collectives}.get("sp duplicated weight grads")
     per_layer = h * (q_lora + kv_lora + rope) + q_lora + kv_lora
+    router = h * sc.model.num_experts * (sc.model.num_layers - sc.model.num_dense_layers)
     if sp:
-        assert dup.dim == "tp" and dup.size_bytes == pytest.approx(sc.model.num_layers * per_layer * 4)
+        assert dup.dim == "tp" and dup.size_bytes == pytest.approx((sc.model.num_layers * per_layer + router) * 4)
     else:
         assert dup is None
 

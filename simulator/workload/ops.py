@@ -86,8 +86,8 @@ class LayerOps:
     explicit_backward: tuple[list[Op], list[Op]] | None = None
     # Megatron sequence parallelism: all-gather a column-parallel GEMM's input again in backward.
     sp_regather: bool = False
-    # Megatron SP: norm weights (and a MoE layer's router) see 1/tp of the tokens, so their
-    # gradients are all-reduced over tp (finalize_model_grads._allreduce_layernorm_grads; 0.16.1
+    # Megatron SP: norm weights see 1/tp of the tokens, so their gradients are all-reduced over tp
+    # (finalize_model_grads._allreduce_layernorm_grads; 0.16.1
     # _allreduce_non_tensor_model_parallel_grads); bytes of this layer's share, fp32
     # (sp_norm_grad_bytes).
     tp_norm_grad_bytes: float = 0.0
@@ -95,7 +95,7 @@ class LayerOps:
     # elementwise pass of this many HBM bytes per parameter (no gradient-accumulation fusion).
     grad_accum_bytes_per_param: float = 0.0
     # Under SP, parameters every tp rank holds whole but feeds only its sequence shard, other than
-    # the norms above: MLA's "duplicated" down-projections and its latent norms. Their fp32 main
+    # the norms above: MLA's "duplicated" down-projections and latent norms, a MoE router. Their fp32 main
     # gradients are all-reduced over tp once a step (megatron-core 0.16.1
     # finalize_model_grads._allreduce_non_tensor_model_parallel_grads, params with
     # .sequence_parallel; program.step_terms).
@@ -619,9 +619,9 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
     layers["dense"] = dense
 
     if m.is_moe:
-        layers["moe"] = _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt)
+        layers["moe"] = _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt, tp_in, tp_out, T)
         layers["moe"].grad_accum_bytes_per_param = acc_bpp
-        layers["moe"].tp_duplicated_params = dense.tp_duplicated_params
+        layers["moe"].tp_duplicated_params += dense.tp_duplicated_params  # its attention's (MLA)
 
     # --- embedding (first position) and LM head + loss (last position) ---
     V = m.vocab_size
@@ -866,7 +866,7 @@ def fsdp_gather_bytes(sc: Scenario, ops: list[Op]) -> float:
     return float(sum(op.params * (1 if (fp8_gather and op.fp8) else dt) for op in ops if op.params > 0))
 
 
-def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps:
+def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt, tp_in, tp_out, T) -> LayerOps:
     """Attention, then a router, all-to-all dispatch over ep, grouped expert GEMMs, combine."""
     m, p = sc.model, sc.parallelism
     ep = p.ep
@@ -912,9 +912,11 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
             quantized.append(op)
         ops = quantized
     if m.num_shared_experts:
-        # Shared experts: a dense MLP num_shared_experts x the expert width, on this rank's tokens.
-        # (dense_mlp divides the width by tp; the shared experts here are not tensor-parallel.)
-        ops += dense_mlp("shared_", m.num_shared_experts * ffn * p.tp, Tn)
+        # Shared experts: a dense MLP num_shared_experts x the expert width, tensor-parallel as the
+        # dense MLP is (megatron-core 0.16.1 moe/shared_experts.py SharedExpertMLP(MLP) on the tp
+        # group: under SP it gathers the layer's input and reduce-scatters its output; run after
+        # the routed experts, without --moe-shared-expert-overlap).
+        ops += [*tp_in("shared_in"), *dense_mlp("shared_", m.num_shared_experts * ffn, T), *tp_out("shared_out")]
     ops.append(residual("mlp_residual"))
     if sc.framework == "torchtitan" and not sc.torch_compile:
         # The attention block came with its eager extras; the MoE block's ffn_norm is nn.RMSNorm and
@@ -922,14 +924,19 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt) -> LayerOps
         # experiments/llama4/model/model.py TransformerBlock, moe.py GroupedExperts).
         ops = torchtitan_eager_extras(ops, Tn, h, dt)
     sp = p.sequence_parallel and p.tp > 1
-    # The router's weight is replicated over tp and, under SP, sees this rank's T/tp tokens: its
-    # fp32 gradient joins the norms' tp all-reduce (megatron-core 0.16.1 moe/router.py marks it
-    # sequence_parallel; finalize_model_grads._allreduce_non_tensor_model_parallel_grads sums it).
-    router_grad_bytes = 4.0 * h * m.num_experts
+    if sp and m.num_shared_experts and sc.dtype == "fp8" and sc.fp8.recipe in TE_FP8_RECIPES:
+        # The shared experts' TE linears gather FP8 as the dense MLP's do.
+        act_f = fp8_cast_bytes_per_elem(sc.fp8.recipe, max(1, sc.num_microbatches), sc)[0]
+        ops = te_fp8_sequence_parallel_comm(ops, T, Tn, h, sc.fp8.recipe, act_f, p.tp_comm_overlap)
     # Its attention block re-gathers as the dense layer's does (not under torchtitan's DTensor TP).
     layer = LayerOps("moe", attn + ops, sp_regather=sp and sp_regathers_input(sc),
-                     tp_norm_grad_bytes=sp_norm_grad_bytes(2 * h if m.mlp == "gelu" else h) + router_grad_bytes if sp else 0.0)
+                     tp_norm_grad_bytes=sp_norm_grad_bytes(2 * h if m.mlp == "gelu" else h) if sp else 0.0)
     layer.params = sum(o.params for o in layer.forward)
+    if sp:
+        # The router's weight is replicated over tp and, under SP, sees this rank's T/tp tokens:
+        # megatron-core 0.16.1 moe/router.py marks it sequence_parallel, and finalize_model_grads
+        # sums its fp32 gradient over tp once a step (LayerOps.tp_duplicated_params).
+        layer.tp_duplicated_params = float(h * m.num_experts)
     return layer
 
 
