@@ -17,7 +17,14 @@ Step time of a point:
     ``collective_time_s``)
   + pipeline p2p on the fill/drain critical path: 2 x (cross-rank stage boundaries) x send time
   + exposed DP gradient reduction: what the last backward of each stage cannot hide
+  + the step-level work after it (the program's step_collectives, as the plan runs them: the
+    tied-embedding all-reduce between the first and last stage's ranks, the fp16 unscale, the
+    gradient norm and its all-reduces)
   + the optimizer step
+
+ZeRO-3 gathers are the plan's units (every layer id of a segment: the embedding and the head
+are units of their own) at the plan's bytes, each behind the unit before it in the rank's order
+of actions (``Estimator._action_gathers`` for an action's first unit).
 
 Memory is ``memory_report`` of the same layout, so pruning by memory agrees with the simulation.
 """
@@ -51,7 +58,7 @@ from simulator.workload.plan import (
     pp_message_bytes,
 )
 from simulator.workload.ops import optimizer_time_s, tied_head_shares_embedding
-from simulator.workload.program import Program, build_program, checkpointed_layers, split_layers
+from simulator.workload.program import Program, build_program, checkpointed_layers, split_layers, step_terms
 
 KINDS = ("F", "B", "I", "W")
 # Cost ratios are quantised so that one replay serves many points (error well under 1%).
@@ -78,6 +85,10 @@ class Estimate:
     pipeline_s: float
     exposed_comm_s: dict[str, float]
     optimizer_s: float
+    # What the step-level work between the last backward and the optimizer adds to the step
+    # (the plan's Program.step_collectives: tied-embedding all-reduce, fp16 unscale, grad norm):
+    # its kernels and its blocking collectives, after the slowest rank's gradient reduction.
+    step_terms_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -95,6 +106,7 @@ class _Table:
     model_flops_unit: float  # model FLOPs of one microbatch on one data-parallel replica
     program: Program
     per_layer: bool  # True: one position per layer (compose any split); False: the point's own
+    tp_duplicated_params: np.ndarray  # SP-duplicated parameters per position (summed over tp once a step)
 
 
 def _ops_inputs(sc: Scenario) -> tuple:
@@ -155,6 +167,8 @@ class Estimator:
         self._tails: dict[tuple, float] = {}
         self._tails_of: dict[tuple, list] = {}
         self._memory: dict[tuple, Any] = {}
+        self._step_terms: dict[tuple, list[tuple]] = {}
+        self._gather_preds: dict[tuple, tuple] = {}
         self.stats = {"reference_programs": 0, "schedules": 0, "replays": 0, "slow_path": 0}
 
     # ------------------------------------------------------------------ cached loads
@@ -193,7 +207,8 @@ class Estimator:
 
     def _schedule_info(self, key: tuple, sched: PipelineSchedule) -> tuple:
         """(actions per rank x position x kind outside overlapped pairs, the same inside F&B pairs,
-        cross-rank boundaries along a chain, stages per rank)."""
+        cross-rank boundaries along a chain, stages per rank, the pipeline ranks of the chain's
+        first and last stage: the tied embedding's two ends, one rank under V schedules)."""
         hit = self._sched_info.get(key)
         if hit is None:
             P = sched.num_positions
@@ -210,7 +225,8 @@ class Estimator:
             chain = sched.chains[0]
             hops = sum(sched.stage_rank[a] != sched.stage_rank[b] for a, b in zip(chain, chain[1:]))
             stages = [sched.stages_of_rank(r) for r in range(sched.num_ranks)]
-            hit = self._sched_info[key] = (counts, counts_fb, int(hops), stages)
+            tie = tuple(sorted({int(sched.stage_rank[chain[0]]), int(sched.stage_rank[chain[-1]])}))
+            hit = self._sched_info[key] = (counts, counts_fb, int(hops), stages, tie)
         return hit
 
     def _tail_actions(self, key: tuple, sched: PipelineSchedule, r: int) -> list[tuple[str, int, bool, bool, int]]:
@@ -322,8 +338,10 @@ class Estimator:
             eg = prog.segments[(pos, "W")].expert_grad_bytes
             egrad[pos] = float(np.sum(eg)) if eg is not None else 0.0
         eparams = np.asarray(prog.stage_expert_params or [0.0] * P, dtype=float)
+        tp_dup = np.asarray(prog.stage_tp_duplicated_params or [0.0] * P, dtype=float)
         unit = prog.model_flops_per_step / max(1, sc.num_microbatches * sc.dp)
-        return _Table(comp, grad, egrad, np.asarray(prog.stage_params, dtype=float), eparams, unit, prog, per_layer)
+        return _Table(comp, grad, egrad, np.asarray(prog.stage_params, dtype=float), eparams, unit, prog, per_layer,
+                      tp_dup)
 
     # ------------------------------------------------------------------ network
 
@@ -364,6 +382,123 @@ class Estimator:
 
         emit_action(out, prog.segments[(pos, kind)], Action(pos, kind, 0), blocking, new_handle, on_grads=on_grads)
         return out
+
+    def _action_gathers(self, skey: tuple, sched: PipelineSchedule, firsts: np.ndarray, f_c: float, starts: np.ndarray,
+                        counts_: np.ndarray, prefetch: int, pos_cost: dict, pos_cost_nb: dict, pos_dim: dict,
+                        pos_dim_nb: dict) -> None:
+        """Resharded ZeRO-3 under a pipeline: what hides the gather of an action's first unit.
+
+        The plan issues a unit's gather ``fsdp_prefetch`` units ahead in the rank's own order of
+        actions (plan._plan_rank's one gather list per rank), so an action's first unit is gathered
+        behind the previous gathering action's last unit on that rank, and behind any weight-
+        gradient (W) actions between them, which gather nothing. The reference rows priced it
+        behind the row before in the model, a unit of another stage and often of a kind the rank
+        does not run next: the last stage's LM head, gathered before every backward, was put
+        behind the first layer's (or the embedding's) backward and exposed, where the plan hides
+        it behind the head's own forward (1f1b) or a W. This replaces, per position and kind,
+        the first unit's extra and wait by their mean over the schedule's actual predecessors
+        (B and I gather the same unit: one mean). A rank's first action waits for its input at
+        step start while its first gather runs (rank 0's is the step's start gather): nothing to add."""
+        P = len(counts_)
+        gkey = (skey, counts_.tobytes())
+        preds = self._gather_preds.get(gkey)
+        if preds is None:
+            pos_of = sched.stage_position
+            seen: dict[tuple, int] = {}
+            for ops in sched.actions:
+                prev = (-1, -1)
+                ws: list[int] = []
+                for a in ops:
+                    for leaf in a.leaves:
+                        q = pos_of[leaf.stage]
+                        if leaf.kind == "W":
+                            ws.append(q)
+                            continue
+                        key = (KINDS.index(leaf.kind), q, prev[0], prev[1], tuple(ws))
+                        seen[key] = seen.get(key, 0) + 1
+                        prev, ws = (KINDS.index(leaf.kind), q), []
+            pats = list(seen)
+            pk, pq, ppk, ppq = np.array([pt[:4] for pt in pats], dtype=np.int64).reshape(-1, 4).T
+            cnt = np.array([seen[pt] for pt in pats], dtype=float)
+            first, last = starts, starts + counts_ - 1
+            # A position's first and last row in execution order: forward runs its rows up,
+            # backward down. The gathered unit is the action's first; what hides it, the
+            # predecessor's last.
+            ag_rows = np.where(pk == 0, first[pq], last[pq])
+            behind_rows = np.where(ppk == 0, last[np.maximum(ppq, 0)], first[np.maximum(ppq, 0)])
+            idx = np.where(pk == 0, 0, 1) * P + pq  # F, or backward (B and I gather the same unit)
+            den = np.bincount(idx, weights=cnt, minlength=2 * P).reshape(2, P)[[0, 1, 1]]  # F, B, I
+            preds = self._gather_preds[gkey] = (
+                pk, ag_rows, np.maximum(ppk, 0), behind_rows, (ppq >= 0).astype(float), idx, cnt, den > 0,
+                np.where(den > 0, den, 1.0), np.stack([first, last, last]),
+                np.array([i for i, pt in enumerate(pats) for _ in pt[4]], dtype=np.int64),
+                np.array([q for pt in pats for q in pt[4]], dtype=np.int64))
+        pk, ag_rows, ppk, behind_rows, has_prev, idx, cnt, ok, den, own_rows, w_pat, w_q = preds
+        ag = firsts[0, pk, ag_rows]
+        if prefetch > 0:
+            behind = firsts[3, ppk, behind_rows]
+            if len(w_q):
+                behind = behind + np.bincount(w_pat, weights=pos_cost["W"][w_q], minlength=len(pk))
+        else:
+            behind = np.zeros(len(pk))
+        extra = has_prev * np.maximum(np.where(behind * f_c >= ag, ag * (1 - 1 / f_c), ag - behind), 0.0)
+        wait = has_prev * np.maximum(0.0, ag - behind * f_c)
+        mean_extra = np.bincount(idx, weights=extra * cnt, minlength=2 * P).reshape(2, P)[[0, 1, 1]] / den
+        kidx = np.array([[0], [1], [2]])  # KINDS' F, B, I
+        d_extra = np.where(ok, mean_extra - firsts[1, kidx, own_rows], 0.0)
+        for i, k in enumerate(("F", "B", "I")):
+            pos_cost[k] = pos_cost[k] + d_extra[i]
+            pos_cost_nb[k] = pos_cost_nb[k] + d_extra[i]
+        if "dp" in pos_dim:
+            mean_wait = np.bincount(idx, weights=wait * cnt, minlength=2 * P).reshape(2, P)[[0, 1, 1]] / den
+            d_wait = np.where(ok, mean_wait - firsts[2, kidx, own_rows], 0.0).T
+            for dims in (pos_dim, pos_dim_nb):
+                m = dims["dp"] = dims["dp"].copy()
+                m[:, :3] += d_wait
+
+    def _step_terms_end(self, sc: Scenario, prof: Profile, net_key: tuple, opt_params: float, dp_cp: int,
+                        ends: dict[int, float], tie_ranks: tuple[int, ...], coll, exposed: dict[str, float],
+                        tp_duplicated_params: float = 0.0) -> float:
+        """When the step-level work ends, from the pipeline's end: the plan's Program.step_collectives
+        run on every rank after its gradient reduction (``ends``), in order, blocking its compute
+        stream. The tied-embedding all-reduce runs on the chain's first and last stage's ranks only
+        (none under V schedules, whose two ends are one rank) and starts when both have arrived;
+        an all-reduce over pp waits for every rank; tp and dp all-reduces join ranks of the same
+        pipeline rank, which run the same work. The terms are the program's own
+        (``program.step_terms``) for this point's optimizer shard, priced once per layout and
+        network (``net_key``: the network, GPU and mesh the collectives run on)."""
+        p, m = sc.parallelism, sc.model
+        key = (net_key, m.tied_embeddings, m.vocab_size, m.hidden_size, p.zero, p.fsdp_shard_size, sc.dtype, p.grad_clip,
+               opt_params, tp_duplicated_params)
+        priced = self._step_terms.get(key)
+        if priced is None:
+            shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)
+            # The plan's group sizes (plan._group_size): a one-rank group runs no collective.
+            size = {Dim.TP: p.tp, Dim.PP: p.pp, Dim.DP: dp_cp, Dim.EMB: 2 if p.pp > 1 else 1}
+            priced = []  # (who waits for whom, kernel + collective seconds, collective seconds, report dim)
+            for term in step_terms(sc, prof, [], opt_params, shard, tp_duplicated_params=tp_duplicated_params):
+                dim = Dim(term.dim)
+                c = coll(dim, term.op, term.size_bytes) if term.size_bytes > 0 and size[dim] > 1 else 0.0
+                how = "emb" if dim == Dim.EMB else "every" if dim == Dim.PP and c > 0 else "own"
+                priced.append((how, term.compute_s + c, c, dim.base.value))
+            self._step_terms[key] = priced
+        if not priced:
+            return max(0.0, *ends.values())
+        t = dict(ends)
+        for how, cost, c, dim in priced:
+            if how == "emb":
+                if len(tie_ranks) < 2:
+                    continue
+                both = max(t[r] for r in tie_ranks) + cost
+                for r in tie_ranks:
+                    t[r] = both
+            elif how == "every":
+                # The rank that ends the pipeline (slack 0) may not be sampled: it arrives at 0 or later.
+                t = dict.fromkeys(t, max(0.0, *t.values()) + cost)
+            else:
+                t = {r: v + cost for r, v in t.items()}
+            exposed[dim] = exposed.get(dim, 0.0) + c
+        return max(0.0, *t.values())
 
     # ------------------------------------------------------------------ the estimate
 
@@ -434,6 +569,10 @@ class Estimator:
                                 dims.setdefault(d.value, np.zeros((n, len(KINDS))))[pos, ki] += v
             start_gather = 0.0
             once = None  # (extra compute, exposed wait) per layer of gathers paid once a step
+            # Resharded ZeRO-3: per kind and row, the row's first unit's gather, the extra and wait
+            # priced for it behind the row before, and the row's last unit's time (see _action_gathers).
+            firsts = None
+            f_c = 1.0
             # Each layer's actions alone, before FSDP gathers: what a tail replay without
             # buckets adds up to (every action joins its own collectives at its end).
             bare_cost = {k: v.copy() for k, v in layer_cost.items()}
@@ -441,30 +580,71 @@ class Estimator:
             if fsdp and tab.per_layer:
                 # ZeRO-3: each unit's parameters are all-gathered before its forward (and again
                 # before its backward when resharded); with prefetch a unit's gather runs behind
-                # the previous unit's compute (the layer before in forward, after in backward).
+                # the previous unit's compute (the unit before in forward, after in backward).
+                # The units are the plan's (plan._plan_rank): every layer id of an action's
+                # segment, so the embedding and the LM head are units of their own beside the
+                # first and last layer, gathered behind the unit next to them (the head's gather
+                # behind the last layer's forward, the last layer's behind the head's backward).
+                # Pricing a row's units as one gather behind the row before put the head's whole
+                # gather behind one layer's compute. A unit's gather moves unit_gather_bytes where
+                # the program has them (the FP8 all-gather: 1-byte Float8 linears, bf16 embedding,
+                # norms, head), else its parameters at the gathered dtype's bytes (the dtype's
+                # 2 bytes were charged for the Float8 linears: +5.7% on torchtitan tensorwise).
                 units = prog.unit_params or {}
-                upar = np.array([units.get(i, 0.0) for i in range(n)], dtype=float)
-                upar[0] += units.get(-1, 0.0)
-                upar[-1] += units.get(n, 0.0)
                 # A MoE unit's experts are gathered over the expert group, after the rest (the plan's rule).
-                eupar = tab.expert_params
                 ag_dim, eag_dim = (Dim.DP_SHARD, Dim.EDP_SHARD) if hsdp else (Dim.DP, Dim.EDP)
-                ag = np.array([(coll(ag_dim, CollectiveOp.ALL_GATHER, float((x - e) * sc.dtype_bytes))
-                                if dp_cp > 1 and x > e else 0.0)
-                               + (coll(eag_dim, CollectiveOp.ALL_GATHER, float(e * sc.dtype_bytes)) if use_edp and e > 0 else 0.0)
-                               for x, e in zip(upar, eupar)])
-                start_gather = float(ag[0])
+                ag_of: dict[int, float] = {}
+
+                def unit_ag(L: int) -> float:
+                    t = ag_of.get(L)
+                    if t is None:
+                        nbytes = prog.unit_gather_bytes.get(L, units.get(L, 0.0) * prog.param_bytes)
+                        ebytes = prog.unit_expert_gather_bytes.get(L, 0.0)
+                        dense, ebytes = (nbytes - ebytes if dp_cp > 1 else 0.0), (ebytes if use_edp else 0.0)
+                        t = ag_of[L] = ((coll(ag_dim, CollectiveOp.ALL_GATHER, float(dense)) if dense > 0 else 0.0)
+                                        + (coll(eag_dim, CollectiveOp.ALL_GATHER, float(ebytes)) if ebytes > 0 else 0.0))
+                    return t
+
+                # While the gather runs, the compute behind it runs slowed by the SMs the
+                # gather's kernel holds (simulator.contention): in time ag it does ag / f of
+                # work; the unit then waits for whatever of the gather is left.
+                f_c = scaled_slowdown(compute_slowdown(prof.compute.sm_count, collective_ctas(CollectiveOp.ALL_GATHER)),
+                                      _contention_scale(prof))
                 kinds = ("F", "B", "I") if p.fsdp_reshard_after_forward else ("F",)
+                if p.fsdp_reshard_after_forward:
+                    firsts = np.zeros((4, len(KINDS), n))
                 for k in kinds:
-                    behind = np.roll(layer_cost[k], 1 if k == "F" else -1) if p.fsdp_prefetch > 0 else np.zeros(n)
-                    # While the gather runs, the compute behind it runs slowed by the SMs the
-                    # gather's kernel holds (simulator.contention): in time ag it does ag / f of
-                    # work; the unit then waits for whatever of the gather is left.
-                    f_c = scaled_slowdown(compute_slowdown(prof.compute.sm_count, collective_ctas(CollectiveOp.ALL_GATHER)),
-                                          _contention_scale(prof))
-                    extra = np.where(behind >= ag / f_c, ag * (1 - 1 / f_c), ag - behind)
-                    extra = np.maximum(extra, 0.0)
-                    wait = np.maximum(0.0, ag - behind * f_c)
+                    # The units of every row in execution order (rows backwards for B and I),
+                    # each with its share of its row's cost (by compute) and its gather.
+                    row_of, unit_s, ag_l, first_u, last_u = [], [], [], [], []
+                    for pos in (range(n) if k == "F" else range(n - 1, -1, -1)):
+                        seg = prog.segments[(pos, k)]
+                        ids = list(dict.fromkeys(int(x) for x in seg.layer))
+                        tot = float(seg.compute_s.sum())
+                        first_u.append(len(row_of))
+                        for u in ids:
+                            share = float(seg.compute_s[seg.layer == u].sum()) / tot if tot > 0 else 1.0 / len(ids)
+                            row_of.append(pos)
+                            unit_s.append(layer_cost[k][pos] * share)
+                            ag_l.append(unit_ag(u))
+                        last_u.append(len(row_of) - 1)
+                    ag = np.array(ag_l)
+                    if k == "F":
+                        # Nothing runs behind the step's first gather (the stage's first unit).
+                        start_gather = float(ag[0])
+                    behind = np.roll(np.array(unit_s), 1) if p.fsdp_prefetch > 0 else np.zeros(len(ag))
+                    extra_u = np.maximum(np.where(behind >= ag / f_c, ag * (1 - 1 / f_c), ag - behind), 0.0)
+                    wait_u = np.maximum(0.0, ag - behind * f_c)
+                    extra, wait = np.zeros(n), np.zeros(n)
+                    np.add.at(extra, row_of, extra_u)
+                    np.add.at(wait, row_of, wait_u)
+                    if firsts is not None:
+                        rows = np.array([row_of[i] for i in first_u])
+                        ki = KINDS.index(k)
+                        firsts[0, ki, rows] = ag[first_u]
+                        firsts[1, ki, rows] = extra_u[first_u]
+                        firsts[2, ki, rows] = wait_u[first_u]
+                        firsts[3, ki, rows] = np.array(unit_s)[last_u]
                     if not p.fsdp_reshard_after_forward:
                         # Kept gathered: a unit is gathered before its stage's first forward only,
                         # once a step (the plan's rule), not before every microbatch's; spread over
@@ -476,8 +656,8 @@ class Estimator:
                     by_dim.setdefault("dp", np.zeros((n, len(KINDS))))[:, KINDS.index(k)] += wait
                     by_dim_nb.setdefault("dp", np.zeros((n, len(KINDS))))[:, KINDS.index(k)] += wait
             hit = self._costs[ckey] = (layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather, bare_cost, bare_cost_nb,
-                                       once)
-        layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather, bare_cost, bare_cost_nb, once = hit
+                                       once, firsts, f_c)
+        layer_cost, by_dim, layer_cost_nb, by_dim_nb, start_gather, bare_cost, bare_cost_nb, once, firsts, f_c = hit
         if once is not None:
             extra, wait = once[0] / max(1, nmb), once[1] / max(1, nmb)
             layer_cost = {**layer_cost, "F": layer_cost["F"] + extra}
@@ -504,15 +684,19 @@ class Estimator:
             pos_dim_nb = {d: _segment_sum(v, counts_) for d, v in by_dim_nb.items()}
             pos_params = _segment_sum(tab.params, counts_)
             pos_eparams = _segment_sum(tab.expert_params, counts_)
+            pos_tp_dup = _segment_sum(tab.tp_duplicated_params, counts_)
             starts = np.cumsum(counts_) - counts_
             bounds = list(zip(starts.tolist(), (starts + counts_).tolist()))
+            if firsts is not None and counts_.min() > 0:
+                self._action_gathers(skey, sched, firsts, f_c, starts, counts_, p.fsdp_prefetch, pos_cost, pos_cost_nb,
+                                     pos_dim, pos_dim_nb)
         else:
             pos_cost, pos_dim, pos_cost_nb, pos_dim_nb = layer_cost, by_dim, layer_cost_nb, by_dim_nb
-            pos_params, pos_eparams = tab.params, tab.expert_params
+            pos_params, pos_eparams, pos_tp_dup = tab.params, tab.expert_params, tab.tp_duplicated_params
             bounds = [(q, q + 1) for q in range(len(tab.params))]
 
         # Pipeline: unit-cost replay with the mean stage, plus the heaviest rank's excess load.
-        counts, counts_fb, hops, rank_stages = self._schedule_info(skey, sched)
+        counts, counts_fb, hops, rank_stages, tie_ranks = self._schedule_info(skey, sched)
         cost_mat = np.stack([pos_cost[k] for k in KINDS], axis=1)  # positions x kinds
         cost_mat_nb = np.stack([pos_cost_nb[k] for k in KINDS], axis=1)
         busy = np.einsum("rpk,pk->r", counts, cost_mat) + np.einsum("rpk,pk->r", counts_fb, cost_mat_nb)
@@ -548,11 +732,16 @@ class Estimator:
             if gather_bytes > 0:
                 send += coll(Dim.TP, CollectiveOp.ALL_GATHER, gather_bytes)
             exposed["pp"] += 2 * hops * send
+        p2p_s = exposed["pp"]
 
         # Data parallel: parameter all-gather before the first forward, gradient tail at the end.
-        start_s = end_dp = 0.0
+        start_s = 0.0
+        # When each sampled rank's backward work ends (its last action, then its gradient
+        # reduction), from the pipeline's end: a rank whose last action ends before the makespan
+        # starts that much early. The tied embedding's two ends are sampled for the step terms.
+        ends = {r: -slack[r] for r in sorted({0, p.pp // 2, p.pp - 1, *tie_ranks})}
         stage_pos = sched.stage_position
-        param_bytes = sc.dtype_bytes
+        param_bytes = prog.param_bytes  # the plan's ZeRO-1/2 gather (the dtype's bytes below ZeRO-3)
         if p.zero >= 3:
             start_s = start_gather
         elif p.zero >= 1:
@@ -564,7 +753,7 @@ class Estimator:
             bucket_bytes = sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero)
             # The tail differs by the stages a rank holds: the first and last ranks hold the
             # embedding and the head, every middle rank the same layers (up to uneven splits).
-            for r in sorted({0, p.pp // 2, p.pp - 1}):
+            for r in ends:
                 stages = rank_stages[r]
                 tail_actions = self._tail_actions(skey, sched, r)
                 bucketed = bucketed_stages(sched, r, sc.grad_buckets_first_chunk_only)
@@ -607,7 +796,9 @@ class Estimator:
                     tail = self._tails[tkey] = max(0.0, lc.end_s - bare_s)
                 # A rank whose backward ends before the pipeline drains reduces in that slack
                 # (megatron-core's later stages reduce in one piece after their last backward).
-                end_dp = max(end_dp, tail - slack[r])
+                ends[r] = tail - slack[r]
+        # The rank that ends the pipeline last (slack 0) may not be sampled: nothing ends before 0.
+        end_dp = max(0.0, *ends.values())
         exposed["dp"] = exposed.get("dp", 0.0) + start_s + end_dp
         opt_bytes = 0.0
         for stages in rank_stages:
@@ -615,11 +806,14 @@ class Estimator:
             dense = float(sum(pos_params[stage_pos[st]] for st in stages)) - eparams
             opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, eparams, p.zero, dp, p.ep, p.fsdp_shard_size, cp=p.cp,
                                                              edp_tp=edp_tp))
+        opt_params = opt_bytes / ADAM_BYTES_PER_PARAM
         # The program's own optimizer model (multi-tensor Adam launches by shape, or the class curve).
-        opt_s = optimizer_time_s(prof, opt_bytes / ADAM_BYTES_PER_PARAM, adam_tensor_count(sc.model.num_layers, p.pp),
-                                 ADAM_BYTES_PER_PARAM, sc)
+        opt_s = optimizer_time_s(prof, opt_params, adam_tensor_count(sc.model.num_layers, p.pp), ADAM_BYTES_PER_PARAM, sc)
+        tp_dup = max(float(sum(pos_tp_dup[stage_pos[st]] for st in stages)) for stages in rank_stages)
+        terms_end = self._step_terms_end(sc, prof, (netkey, p.tp, p.cp, p.ep, dp, p.pp, p.mesh_order, hsdp), opt_params,
+                                         dp_cp, ends, tie_ranks, coll, exposed, tp_dup)
 
-        step = start_s + pipeline + exposed["pp"] + end_dp + opt_s
+        step = start_s + pipeline + p2p_s + terms_end + opt_s
         gpus = sc.cluster.gpus
         tokens = sc.batch.global_batch_size * sc.batch.seq_length
         flops = tab.model_flops_unit * nmb * dp
@@ -650,6 +844,7 @@ class Estimator:
             step_time_s=step, tokens_per_s=tps, tokens_per_s_per_gpu=tps / gpus, mfu=mfu,
             peak_memory_gib=mem.peak_gib, memory_capacity_gib=mem.capacity_gib, fits_in_memory=mem.fits,
             gpus=gpus, num_microbatches=nmb, pipeline_s=pipeline, exposed_comm_s=exposed, optimizer_s=opt_s,
+            step_terms_s=terms_end - end_dp,
         )
 
 

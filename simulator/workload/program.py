@@ -93,6 +93,8 @@ class Program:
     fsdp_prefetch: int = 1
     fsdp_shard_size: int | None = None  # HSDP shard group size (None: the whole dp group)
     stage_expert_params: list[float] = field(default_factory=list)  # the expert share of stage_params (sharded over edp)
+    # Per position: SP-duplicated parameters (LayerOps.tp_duplicated_params), summed over tp once a step.
+    stage_tp_duplicated_params: list[float] = field(default_factory=list)
     edp_tp: int = 1  # tp ranks in the expert-data-parallel group (plan.edp_tp_of)
     overlap_grad_reduce: bool = True
     grad_bucket_bytes: float = float(MEGATRON_GRAD_BUCKET_PARAMS) * GRAD_REDUCE_BYTES
@@ -663,6 +665,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
     segments: dict[tuple[int, str], Segments] = {}
     stage_params: list[float] = []
     stage_expert_params: list[float] = []
+    stage_tp_duplicated: list[float] = []
     for pos, layers in enumerate(positions):
         chain: list[tuple[str, int]] = []
         if pos == 0:
@@ -685,6 +688,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         segments[(pos, "B")] = _segments(b_ops, times, host, gbytes)
         stage_params.append(sum(layer_kinds[k].params for k, _ in chain))
         stage_expert_params.append(sum(o.params for k, _ in chain for o in layer_kinds[k].forward if o.name.startswith("experts_")))
+        stage_tp_duplicated.append(sum(layer_kinds[k].tp_duplicated_params for k, _ in chain))
 
     # Model FLOPs per step: forward + backward of every op on every rank, no recomputation.
     per_pos_model = []
@@ -748,11 +752,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
     shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp, edp_tp=edp_tp)
     optimizer_s = optimizer_time_s(profile, opt_params_max, adam_tensor_count(m.num_layers, p.pp), ADAM_BYTES_PER_PARAM, sc)
 
-    # MLA under SP: the duplicated weights' gradients of the rank's layers, all-reduced over tp.
-    tp_duplicated_max = max(
-        sum(layer_kinds[kind_of(L)].tp_duplicated_params for st in schedule.stages_of_rank(r)
-            for L in positions[schedule.stage_position[st]])
-        for r in range(schedule.num_ranks))
+    # Under SP: the duplicated weights' gradients of the rank's layers, all-reduced over tp.
+    tp_duplicated_max = rank_max(schedule, stage_tp_duplicated)
     step = step_terms(sc, profile, stage_params, opt_params_max, shard, tied_head_shared, tp_duplicated_max)
     return Program(
         step_collectives=step,
@@ -770,12 +771,19 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         unit_gather_bytes=unit_gather_bytes,
         unit_expert_gather_bytes=unit_expert_gather_bytes,
         stage_expert_params=stage_expert_params,
+        stage_tp_duplicated_params=stage_tp_duplicated,
         edp_tp=edp_tp,
         fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
         fsdp_prefetch=p.fsdp_prefetch,
         fsdp_shard_size=p.fsdp_shard_size,
         notes=notes,
     )
+
+
+def rank_max(schedule: PipelineSchedule, per_position) -> float:
+    """The largest sum of a per-position quantity over the positions one pipeline rank holds."""
+    return max(float(sum(per_position[schedule.stage_position[st]] for st in schedule.stages_of_rank(r)))
+               for r in range(schedule.num_ranks))
 
 
 def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_params_max: float,
