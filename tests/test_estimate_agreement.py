@@ -181,16 +181,25 @@ def test_estimate_pays_the_step_level_terms(case):
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
 def test_estimate_ties_no_embedding_under_v_schedules(schedule):
-    # Both ends of the chain sit on pp rank 0 under V schedules: the plan all-reduces nothing,
-    # and the simulation of a tied model is the untied one's to the picosecond; so is the estimate.
+    # Both ends of the chain sit on pp rank 0 under V schedules: the plan all-reduces nothing (rank
+    # 0 holds the matrix once, ops.tied_head_shares_embedding), and neither does the estimate: its
+    # step terms cost no more than the untied model's (whose rank 0 holds a second matrix for the
+    # gradient norm to read), and it is as close to the simulation as for the untied model.
     from agreement_scenarios import scenario, SMALL_DENSE
 
     def d(tied):
         return scenario("v", model=dict(SMALL_DENSE, tied_embeddings=tied), gbs=64, parallelism={"pp": 4, "zero": 1},
                         schedule=schedule)
     tied, untied = build_scenario(d(True)), build_scenario(d(False))
-    assert simulate(tied).timeline.step_time_s == pytest.approx(simulate(untied).timeline.step_time_s, rel=1e-12)
-    assert Estimator().estimate(tied).step_time_s == pytest.approx(Estimator().estimate(untied).step_time_s, rel=1e-12)
+    res = simulate(tied)
+    assert "tied embedding grads" not in {t.label for t in res.program.step_collectives}
+    est_tied, est_untied = Estimator().estimate(tied), Estimator().estimate(untied)
+    assert est_tied.step_terms_s <= est_untied.step_terms_s
+    # The estimate reads V schedules a few percent slow at any ZeRO stage (its mean-stage replay:
+    # zbv +2.7%, DualPipeV +5.8% here), tied or not; a tied all-reduce (262 MB) would add far more.
+    ratio_tied = est_tied.step_time_s / res.timeline.step_time_s
+    ratio_untied = est_untied.step_time_s / simulate(untied).timeline.step_time_s
+    assert ratio_tied == pytest.approx(ratio_untied, rel=0.005)
 
 
 def test_estimate_gathers_the_fp8_all_gathers_bytes():

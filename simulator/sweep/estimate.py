@@ -472,7 +472,8 @@ class Estimator:
                opt_params, tp_duplicated_params)
         priced = self._step_terms.get(key)
         if priced is None:
-            shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp)
+            shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
+                                        edp_tp=edp_tp_of(p.tp, p.sequence_parallel, m.is_moe))
             # The plan's group sizes (plan._group_size): a one-rank group runs no collective.
             size = {Dim.TP: p.tp, Dim.PP: p.pp, Dim.DP: dp_cp, Dim.EMB: 2 if p.pp > 1 else 1}
             priced = []  # (who waits for whom, kernel + collective seconds, collective seconds, report dim)
