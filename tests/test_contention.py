@@ -97,3 +97,34 @@ def test_dualpipe_on_dense_tp8_pays_for_its_overlapped_tp():
     # slower compute: busy compute grows by the contention.
     r = tl.ranks[0]
     assert tl.busy_compute_s[r] == pytest.approx(free.busy_compute_s[r] + tl.contention_s[r], rel=1e-9)
+
+
+def test_a_collective_that_starts_during_a_segment_slows_it():
+    """A gather queued behind another on its stream starts when the first ends, the very instant
+    the compute waiting on the first starts: the segment began with no SMs taken, and the queued
+    gather's kernel took them while it ran. It used to run at full speed throughout (the
+    engine re-timed only segments that had started contended)."""
+    from simulator.vocabulary import Dim, Stream
+    from simulator.workload.plan import Collective, Compute, RankPlan, Wait, build_plan
+
+    sm = 132
+    prog = _program(overlap=True)
+    plan = build_plan(prog)
+    gather = (Dim.TP, "all_gather", 64e6)
+    plan.ranks[0] = RankPlan(0, [
+        Collective(Stream.DP_AG, (gather,), 1, "dp", "gather 1"),
+        Collective(Stream.DP_AG, (gather,), 2, "dp", "gather 2"),  # queued behind gather 1
+        Wait(1, Dim.DP, "gather 1"),
+        Compute(20e-3, "F", "c"),  # starts as gather 1 ends and gather 2 starts
+        Wait(2, Dim.DP, "gather 2"),
+    ], num_handles=3)
+    prof = load_profile("h100-sxm-80gb")
+    tl = Engine(prog, TierNetwork(load_topology("dgx-h100-fattree").node, prof.comm), sm_count=sm, plan=plan).run()
+    ev = tl.events
+    seg = ev[(ev.stream == "compute") & (ev.name == "c")].iloc[0]
+    g2 = ev[ev.name == "gather 2"].iloc[0]
+    assert g2.start_s == pytest.approx(seg.start_s)
+    g2_s = g2.end_s - g2.start_s
+    f = sm / (sm - COLLECTIVE_CTAS)
+    assert g2_s / f < 20e-3  # the gather ends before c's work does
+    assert seg.end_s - seg.start_s == pytest.approx(20e-3 + g2_s * (1 - 1 / f), rel=1e-9)

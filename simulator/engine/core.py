@@ -555,9 +555,11 @@ class Engine:
         env = self.env
         t_start = env.now
         left = work_s
+        outstanding = self.outstanding[rank]
         while left > 0.0:
             f = self._slowdown(rank)
-            if f == 1.0:
+            if f == 1.0 and not any(outstanding.values()):
+                # Nothing of this rank's can take SMs before it issues more work.
                 yield self._delay(left)
                 break
             t0 = env.now
@@ -968,9 +970,11 @@ class Engine:
                     row_code(code); row_rank(rank); row_t0(t0); row_t1(lt)
                     continue
                 t0 = env.now
-                if sms_taken[rank] and sm_count:
+                if sm_count and (sms_taken[rank] or any(outstanding.values())):
                     # Overlapped with communication kernels: fewer SMs while they hold theirs,
-                    # and only then (_contended_compute).
+                    # and only then (_contended_compute). Work on another stream that holds no
+                    # SMs yet (queued behind a collective, or a send waiting for its receiver)
+                    # may take them while this segment runs: it is re-timed then.
                     seconds = yield from self._contended_compute(rank, seconds)
                 else:
                     yield timeout(seconds)
