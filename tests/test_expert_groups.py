@@ -209,3 +209,19 @@ def test_the_router_gradient_is_all_reduced_over_tp_under_sequence_parallelism()
     nosp = build_scenario(scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 1,
                                                                             "sequence_parallel": False}))
     assert build_layer_ops(nosp)["moe"].tp_duplicated_params == 0
+
+
+def test_te_fp8_weight_cache_under_zero3_holds_the_experts_shard_of_the_expert_group():
+    # Transformer Engine caches an FP8 copy and its transpose of each linear weight (2 bytes a
+    # parameter) on the rank's shard: the experts' over the expert group (dp / ep here), the rest
+    # over dp. Dividing the experts by the dense shard counted ep times too few of their bytes.
+    sc = build_scenario(scenario("moe-fp8-z3", model=SMALL_MOE, dtype="fp8", fp8={"recipe": "te-delayed"},
+                                 parallelism={"ep": 4, "zero": 3}))
+    res = simulate(sc, with_critical_path=False)
+    prog = res.program
+    row = res.memory.per_rank_gib[0]
+    expert = sum(prog.stage_expert_params)
+    layer_params = sum(prog.unit_params[L] for L in range(sc.model.num_layers))
+    dp = sc.dp
+    expected = 2 * ((layer_params - expert) / dp + expert / (dp // 4)) / 1024**3
+    assert row["fp8_weights_gib"] == pytest.approx(expected, rel=1e-9)

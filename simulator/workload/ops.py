@@ -899,6 +899,12 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt, tp_in, tp_o
         # FP8 grouped expert GEMMs (Transformer Engine's grouped linear; DeepSeek-V3 trains its
         # experts in FP8): 1-byte operands, bf16 output, a cast of the routed tokens and weights.
         act_f, act_b, w_f, w_b = fp8_cast_bytes_per_elem(sc.fp8.recipe, max(1, sc.num_microbatches), sc)
+        if sc.fp8.param_all_gather and p.zero >= 3 and sc.fp8.recipe == "rowwise":
+            # The weights are cast on their shard before the all-gather: an expert's shard is the
+            # expert group's, not the dense one fp8_cast_bytes_per_elem divided by.
+            shard, expert_shard = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
+                                                   edp_tp=edp_tp_of(p.tp, p.sequence_parallel, m.is_moe))
+            w_f *= shard / expert_shard
         quantized = []
         for op in ops:
             if op.name in ("experts_fc1", "experts_fc2"):
