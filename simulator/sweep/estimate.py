@@ -578,7 +578,7 @@ class Estimator:
             # buckets adds up to (every action joins its own collectives at its end).
             bare_cost = {k: v.copy() for k, v in layer_cost.items()}
             bare_cost_nb = {k: v.copy() for k, v in layer_cost_nb.items()}
-            if fsdp and tab.per_layer:
+            if fsdp:
                 # ZeRO-3: each unit's parameters are all-gathered before its forward (and again
                 # before its backward when resharded); with prefetch a unit's gather runs behind
                 # the previous unit's compute (the unit before in forward, after in backward).
@@ -692,9 +692,18 @@ class Estimator:
                 self._action_gathers(skey, sched, firsts, f_c, starts, counts_, p.fsdp_prefetch, pos_cost, pos_cost_nb,
                                      pos_dim, pos_dim_nb)
         else:
-            pos_cost, pos_dim, pos_cost_nb, pos_dim_nb = layer_cost, by_dim, layer_cost_nb, by_dim_nb
+            # The point's own program (positions holding only the embedding or the head): one row
+            # a position, its gathers priced as the per-layer rows' are.
+            pos_cost = {k: v.copy() for k, v in layer_cost.items()}
+            pos_cost_nb = {k: v.copy() for k, v in layer_cost_nb.items()}
+            pos_dim = {d: v.copy() for d, v in by_dim.items()}
+            pos_dim_nb = {d: v.copy() for d, v in by_dim_nb.items()}
             pos_params, pos_eparams, pos_tp_dup = tab.params, tab.expert_params, tab.tp_duplicated_params
             bounds = [(q, q + 1) for q in range(len(tab.params))]
+            if firsts is not None:
+                ones = np.ones(len(tab.params), dtype=int)
+                self._action_gathers(skey, sched, firsts, f_c, np.arange(len(tab.params)), ones, p.fsdp_prefetch,
+                                     pos_cost, pos_cost_nb, pos_dim, pos_dim_nb)
 
         # Pipeline: unit-cost replay with the mean stage, plus the heaviest rank's excess load.
         counts, counts_fb, hops, rank_stages, tie_ranks = self._schedule_info(skey, sched)
