@@ -63,6 +63,15 @@ def test_adam_launches():
     assert len(ks) == 62 and sum(k.bytes for k in ks) == pytest.approx(1.3e9 * 16)
     # A small model: limited by tensors per launch.
     assert len(adam_kernels(1e6, 100, 16.0)) == 3
+    # The optimizer's time is its launches' (timed once, as they are equal).
+    from simulator.workload.kernel_model import kernels_time_s
+    from simulator.workload.ops import optimizer_time_s
+
+    prof = load_profile("h100-sxm-80gb")
+    sc = build_scenario({"model": "llama3-8b", "batch": {"global_batch_size": 8, "seq_length": 2048}, "cluster": {"gpus": 8}})
+    assert optimizer_time_s(prof, 1.3e9, 296, 16.0, sc) == pytest.approx(
+        float(kernels_time_s(prof, adam_kernels(1.3e9, 296, 16.0), sc.dtype).sum()), rel=1e-12)
+    assert optimizer_time_s(prof, 0.0, 296, 16.0, sc) == 0.0
 
 
 def test_launch_floor_dominates_small_models():

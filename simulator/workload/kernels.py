@@ -77,13 +77,23 @@ ADAM_MAX_TENSORS_PER_LAUNCH = 36
 ADAM_MAX_ELEMENTS_PER_LAUNCH = 320 * 65536
 
 
-def adam_kernels(params: float, tensors: int, bytes_per_param: float) -> list[Kernel]:
-    """The launches of one multi-tensor Adam step over ``params`` in ``tensors`` tensors, each
-    moving its share of params x bytes_per_param (master, grad, two moments read; written back)."""
+def adam_launches(params: float, tensors: int) -> int:
+    """Launches of one multi-tensor Adam step over ``params`` in ``tensors`` tensors (0: none)."""
     if params <= 0:
-        return []
-    n = max(math.ceil(tensors / ADAM_MAX_TENSORS_PER_LAUNCH), math.ceil(params / ADAM_MAX_ELEMENTS_PER_LAUNCH), 1)
-    return [mem_kernel("optimizer", params * bytes_per_param / n, 10.0 * params / n) for _ in range(n)]
+        return 0
+    return max(math.ceil(tensors / ADAM_MAX_TENSORS_PER_LAUNCH), math.ceil(params / ADAM_MAX_ELEMENTS_PER_LAUNCH), 1)
+
+
+def adam_kernel(params: float, tensors: int, bytes_per_param: float) -> Kernel:
+    """One of the ``adam_launches`` equal launches: its share of params x bytes_per_param (master,
+    grad, two moments read; written back)."""
+    n = max(1, adam_launches(params, tensors))
+    return mem_kernel("optimizer", params * bytes_per_param / n, 10.0 * params / n)
+
+
+def adam_kernels(params: float, tensors: int, bytes_per_param: float) -> list[Kernel]:
+    """The launches of one multi-tensor Adam step over ``params`` in ``tensors`` tensors."""
+    return [adam_kernel(params, tensors, bytes_per_param)] * adam_launches(params, tensors)
 
 
 # A memory-bound kernel is timed by its bytes alone; the FLOP counts given to them below (5 a norm

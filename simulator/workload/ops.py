@@ -21,7 +21,7 @@ from typing import Literal
 import numpy as np
 
 from simulator.scenario import Scenario
-from simulator.workload.kernels import Kernel, adam_kernels, flash_kernel, gemm_kernel, mem_kernel, op_kernels
+from simulator.workload.kernels import Kernel, adam_kernel, adam_launches, flash_kernel, gemm_kernel, mem_kernel, op_kernels
 from simulator.workload.plan import edp_tp_of, grad_reduce_bytes, optimizer_shards
 
 Phase = Literal["F", "I", "W"]
@@ -1474,4 +1474,9 @@ def optimizer_time_s(profile, params: float, tensors: int, bytes_per_param: floa
 
     if profile.compute.kernels is None and sc.implementation != "hf-eager":
         return float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]), np.array([params * bytes_per_param]))[0])
-    return float(kernels_time_s(profile, adam_kernels(params, tensors, bytes_per_param), sc.dtype).sum())
+    # The launches are equal (adam_kernel): one timed, times their count (a 405B rank's step has
+    # hundreds; the sweep estimate prices one per point).
+    n = adam_launches(params, tensors)
+    if n == 0:
+        return 0.0
+    return n * float(kernels_time_s(profile, [adam_kernel(params, tensors, bytes_per_param)], sc.dtype)[0])
