@@ -193,11 +193,12 @@ def test_cp_merge_and_repeated_kv_gather():
     # torch's CP gathers K/V before step 0's SDPA and waits at step 1: overlapped under torchtitan.
     assert tt["cp_kv_all_gather"].comm.overlap and not gen["cp_kv_all_gather"].comm.overlap
     E = (SEQ // 4) * 32 * 128  # local tokens x heads x head_dim
-    # Merges, plus the K/V cat before each rotation (8 bytes an element, cp - 1 steps each way).
-    assert tt["cp_sdpa_merge"].bytes == pytest.approx(E * (12 + 32.5 * 3 + 8 * 3))
-    assert tt["cp_sdpa_merge"].bwd_bytes == pytest.approx(E * (76 + 50.5 * 3 + 8 * 3))
+    # Merges, plus the K/V cat before each rotation (8 bytes an element, cp - 1 steps each way)
+    # and K/V made contiguous once each way (8: the transposed repeat_kv views).
+    assert tt["cp_sdpa_merge"].bytes == pytest.approx(E * (12 + 8 + 32.5 * 3 + 8 * 3))
+    assert tt["cp_sdpa_merge"].bwd_bytes == pytest.approx(E * (76 + 8 + 50.5 * 3 + 8 * 3))
     # One CP rank: nothing to merge (cp 1 has no merge op at all).
-    assert torch_cp_merge_op(E, 1).bytes == pytest.approx(12 * E)
+    assert torch_cp_merge_op(E, 1).bytes == pytest.approx((12 + 8) * E)
     assert "cp_sdpa_merge" not in {o.name for o in build_layer_ops(_sc(framework="torchtitan"))["dense"].forward}
 
 
@@ -247,8 +248,8 @@ def test_cp_without_load_balance_paced_by_last_rank():
     assert sum(o.model_flops for o in a_no) == pytest.approx(sum(o.model_flops for o in a_lb))
     E = s * 32 * 128
     merge = {o.name: o for o in nolb}["cp_sdpa_merge"]
-    assert merge.bytes == pytest.approx(E * (12 + 38 * 3 + 8 * 3))
-    assert merge.bwd_bytes == pytest.approx(E * (76 + 46 * 3 + 8 * 3))
+    assert merge.bytes == pytest.approx(E * (12 + 8 + 38 * 3 + 8 * 3))
+    assert merge.bwd_bytes == pytest.approx(E * (76 + 8 + 46 * 3 + 8 * 3))
 
 
 def test_torch_pipelining_holds_a_receive_buffer_per_microbatch():

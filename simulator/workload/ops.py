@@ -773,21 +773,27 @@ def torchtitan_eager_extras(ops: list[Op], tokens: int, h: int, dt: int) -> list
 
 # torch's context-parallel SDPA (torch.distributed.tensor.experimental _attention.py,
 # _templated_ring_attention / _SDPAMerger / _templated_ring_attention_backward; read from the
-# torch 2.13 source installed here and checked against the torch 2.6.0 and 2.5.1 wheels): one SDPA
-# call per CP step, each block's output merged into an fp32 running output, in bytes per element
-# of the local output E = tokens x heads x head_dim (K and V, repeated to every head, have as
-# many). Forward: step 0 casts the block to fp32 (6); each later step casts (6), then
-# out - block_out (12), sigmoid(dlse) * that (8), out - that (12) = 38 over a full block; with
-# load balancing, on the ranks whose step takes half the queries (i > rank, half of all later
-# steps) 19 over the half plus _partial_update's cat over the whole (8) = 27; mean 32.5; the
-# result cast to bf16 (6). Backward: zeros_like for dq, dk, dv in fp32 (12); step 0 adds the bf16
-# block gradients into them (3 x 10) and cats dk, dv for the rotation (16); later steps with load
-# balancing 52 (i <= rank: half-chunk adds + cats for dk, dv 26, cat 16, dq add 10) or 49 (i > rank:
-# dk, dv adds 20, cat 16, dq half add + cat 13), mean 50.5; without (torch 2.5: every block full)
-# 46 like step 0; dq, dk, dv cast to bf16 (18). Every step but the last cats K and V (bf16, read
-# and write: 8) for the rotation, forward and backward (torch.cat runs even where the all-gather
-# rotater then ignores it). The fp32 dK/dV rotation (overlapped with the next step's SDPA) is not
-# charged here.
+# torch 2.13 source installed here and the torch 2.6.0 wheel, which match; 2.5.1 wheel for the
+# older form): one SDPA call per CP step, each block's output merged into an fp32 running output,
+# in bytes per element of the local output E = tokens x heads x head_dim (K and V, repeated to
+# every head, have as many). Forward: K and V made contiguous (torchtitan hands SDPA
+# repeat_kv(...).transpose(1, 2) views: `key = key.contiguous()`, read and write each, 8); step 0
+# casts the block to fp32 (6); each later step casts (6), then out - block_out (12),
+# sigmoid(dlse) * that (8), out - that (12) = 38 over a full block; with load balancing, on the
+# ranks whose step takes half the queries (i > rank, half of all later steps) 19 over the half plus
+# _partial_update's cat over the whole (8) = 27; mean 32.5; the result cast to bf16 (6).
+# Backward: K and V made contiguous again (8, the saved views); zeros_like for dq, dk, dv in fp32
+# (12); step 0 adds the bf16 block gradients into them (3 x 10) and cats dk, dv for the rotation
+# (16); later steps with load balancing 52 (i <= rank: half-chunk adds + cats for dk, dv 26, cat 16,
+# dq add 10) or 49 (i > rank: dk, dv adds 20, cat 16, dq half add + cat 13), mean 50.5; without
+# (torch 2.5: every block full) 46 like step 0; dq, dk, dv cast to bf16 (18). Every step but the
+# last cats K and V (bf16, read and write: 8) for the rotation, forward and backward (torch.cat
+# runs even where the all-gather rotater then ignores it). Eager bytes: under torch.compile the
+# traced ring (functional collectives, _maybe_wait) would let inductor fuse these passes; not
+# modelled. The fp32 dK/dV rotation and the backward's K/V re-gather are not charged here.
+TORCH_CP_KV_CONTIGUOUS_BYTES_PER_ELEM = 8.0
+
+
 def torch_cp_sdpa_ops(batch_heads: int, s: int, cp: int, head_dim: int, core_model: float, io_bytes: float,
                       fp8: bool = False, load_balance: bool = True) -> list[Op]:
     """The SDPA kernels torch's context parallel launches on one rank. ``core_model``: QK^T and
@@ -820,17 +826,20 @@ def torch_cp_sdpa_ops(batch_heads: int, s: int, cp: int, head_dim: int, core_mod
 
 def torch_cp_merge_op(out_elems: float, cp: int, load_balance: bool = True) -> Op:
     # Bytes an output element, read from torch's _attention.py (the comment above torch_cp_sdpa_ops):
-    # forward 12 (step 0's fp32 cast 6, the final bf16 cast 6); backward 12 (fp32 zeros for dq, dk,
-    # dv) + 46 (step 0's adds and cats) + 18 (the bf16 casts); a later step 32.5 forward / 50.5
-    # backward load-balanced, 38 / 46 not; K/V cats 8 a later step.
+    # forward 12 (step 0's fp32 cast 6, the final bf16 cast 6) + 8 (K, V contiguous); backward 12
+    # (fp32 zeros for dq, dk, dv) + 46 (step 0's adds and cats) + 18 (the bf16 casts) + 8 (K, V
+    # contiguous); a later step 32.5 forward / 50.5 backward load-balanced, 38 / 46 not; K/V cats 8
+    # a later step.
     later_fwd, later_bwd = (32.5, 50.5) if load_balance else (38.0, 46.0)
     kv_cat = 8.0 * (cp - 1)
-    fwd = float(out_elems) * (12.0 + later_fwd * (cp - 1) + kv_cat)
-    bwd = float(out_elems) * (12.0 + 46.0 + later_bwd * (cp - 1) + 18.0 + kv_cat)
-    # Launches: forward ~5 a later step (cast, sub, sigmoid, mul, sub; lse updates aside) and the
-    # K/V cat, backward ~6 a step (adds, cats) and the K/V cat; host cost only.
-    return Op("cp_sdpa_merge", "elementwise", "F", 0.0, 0.0, fwd, bwd_bytes=bwd, launches=2 + 6 * (cp - 1),
-              bwd_launches=6 * cp + 6 + (cp - 1))
+    contiguous = TORCH_CP_KV_CONTIGUOUS_BYTES_PER_ELEM
+    fwd = float(out_elems) * (12.0 + contiguous + later_fwd * (cp - 1) + kv_cat)
+    bwd = float(out_elems) * (12.0 + 46.0 + later_bwd * (cp - 1) + 18.0 + contiguous + kv_cat)
+    # Launches: forward ~5 a later step (cast, sub, sigmoid, mul, sub; lse updates aside), the
+    # K/V cat and the two contiguous copies; backward ~6 a step (adds, cats), the K/V cat and the
+    # two copies; host cost only.
+    return Op("cp_sdpa_merge", "elementwise", "F", 0.0, 0.0, fwd, bwd_bytes=bwd, launches=4 + 6 * (cp - 1),
+              bwd_launches=6 * cp + 8 + (cp - 1))
 
 
 def fsdp2_copy_out_ops(sc: Scenario, lo: LayerOps) -> list[Op]:
