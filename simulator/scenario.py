@@ -169,7 +169,10 @@ class ParallelConfig(BaseModel):
         None, ge=1, description="HSDP: shard parameters within groups of this many DP ranks (with their CP ranks) and replicate across groups; with ep, a multiple of ep (each EP group inside one shard group)."
     )
     cp_attention: Literal["allgather", "ring"] = Field(
-        "allgather", description="Context parallelism: all-gather K/V (Llama 3) or ring attention (K/V blocks passed around)."
+        "allgather", description="Context parallelism's K/V exchange: allgather gathers K/V of the whole sequence (Llama 3; "
+        "Transformer Engine cp_comm_type all_gather; torch's default rotate method under framework torchtitan); ring "
+        "passes K/V blocks around while each step computes (TE's p2p, megatron-core's default; torch's alltoall rotate "
+        "method under framework torchtitan)."
     )
     cp_load_balance: bool = Field(
         True, description="torch's context parallel (framework torchtitan): round-robin load balancing of causal attention "

@@ -22,7 +22,7 @@ import numpy as np
 
 from simulator.scenario import Scenario
 from simulator.workload.kernels import Kernel, adam_kernel, adam_launches, flash_kernel, gemm_kernel, mem_kernel, op_kernels
-from simulator.workload.plan import edp_tp_of, grad_reduce_bytes, optimizer_shards
+from simulator.workload.plan import JOIN, edp_tp_of, grad_reduce_bytes, optimizer_shards
 
 Phase = Literal["F", "I", "W"]
 
@@ -73,6 +73,11 @@ class Op:
     # False: activation checkpointing never reruns it (FSDP2's copy-out: backward's own all-gather
     # copies the parameters out once, before the recomputation runs).
     recompute: bool = True
+    # The ops its backward runs, in order, in place of the ones derived from it (() for none):
+    # context-parallel attention, whose backward interleaves its K/V exchange and dK/dV
+    # rotation with the per-step kernels in an order the reversed forward cannot give
+    # (torch_cp_attention_ops).
+    bwd_ops: tuple["Op", ...] | None = None
 
 
 @dataclass
@@ -119,6 +124,9 @@ class LayerOps:
         sp_regather = self.sp_regather
         for i in range(len(self.forward) - 1, -1, -1):
             op = self.forward[i]
+            if op.bwd_ops is not None:
+                i_ops += op.bwd_ops
+                continue
             if op.comm is not None:
                 conj = CONJUGATE.get(op.comm.op)
                 if conj is not None:
@@ -148,13 +156,7 @@ class LayerOps:
                                          launches=2 + (2 if op.bias else 0)))
                     w_ops += self.grad_accumulate_ops(op)
             elif op.op_class == "attention":
-                # dQ, dK, dV: twice the forward matmul work.
-                k = op.kernel
-                bk = replace(k, backward=True, flops=2 * k.flops) if k is not None and k.kind == "flash" else (
-                    replace(k, batch=2 * k.batch) if k is not None else None)
-                i_ops.append(replace(op, name=op.name + ".bwd", phase="I", exec_flops=2 * op.exec_flops,
-                                     model_flops=2 * op.model_flops, bytes=2 * op.bytes, kernel=bk,
-                                     launches=2 * op.launches if k is None or k.kind != "flash" else op.launches))
+                i_ops.append(attention_backward_op(op))
             elif op.bwd_bytes is not None:
                 # FP8 casts: the backward quantizes the output gradient, with its own size.
                 if op.bwd_bytes > 0:
@@ -195,6 +197,17 @@ class LayerOps:
             return []
         return [Op(op.name + ".grad_accumulate", "elementwise", "W", 0.0, 0.0, op.params * self.grad_accum_bytes_per_param,
                    launches=0)]
+
+
+def attention_backward_op(op: Op) -> Op:
+    """An attention op's backward: dQ, dK, dV, twice the forward matmul work (a fused kernel's
+    backward kernel; classic attention's batched GEMMs twice over)."""
+    k = op.kernel
+    bk = replace(k, backward=True, flops=2 * k.flops) if k is not None and k.kind == "flash" else (
+        replace(k, batch=2 * k.batch) if k is not None else None)
+    return replace(op, name=op.name + ".bwd", phase="I", exec_flops=2 * op.exec_flops,
+                   model_flops=2 * op.model_flops, bytes=2 * op.bytes, kernel=bk,
+                   launches=2 * op.launches if k is None or k.kind != "flash" else op.launches, bwd_ops=None)
 
 
 # Forward collective -> its backward counterpart (None: no backward communication).
@@ -520,7 +533,12 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
     # same attention work: 1/cp of the full causal attention.
     causal = 0.5 if sc.flash_attention else 1.0
     io_bytes = 4.0 * T * attn_width * dt
-    if cp > 1 and p.cp_attention == "ring":
+    heads = max(a // t, 1)
+    qk_dim = d if not m.is_mla else dqk
+    if cp > 1 and sc.framework == "torchtitan" and sc.flash_attention:
+        attn += torch_cp_attention_ops(b, s, cp, heads, qk_dim, core_model, io_bytes, dt, fp8 and sc.fp8.attention,
+                                       p.cp_load_balance, "alltoall" if p.cp_attention == "ring" else "allgather")
+    elif cp > 1 and p.cp_attention == "ring":
         # Ring attention: cp steps; K/V blocks travel around the ring while a block computes.
         kv_block_bytes = 2 * b * s * max(g // t, 1) * d * dt
         for i in range(cp):
@@ -528,33 +546,26 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
                 attn.append(Op(f"cp_kv_ring_step{i}", "other", "F", comm=Comm("cp", "ring_step", kv_block_bytes, overlap=True)))
             attn.append(Op(f"attention_block{i}", "attention", "F", core_model * causal / cp, core_model / cp, io_bytes / cp))
     else:
-        if cp > 1:
-            # Llama-3-style CP: all-gather K and V of the whole sequence before attention.
-            # torchtitan calls repeat_kv before SDPA, so torch's CP gathers K/V with every query
-            # head (models/llama3/model/model.py Attention.forward).
-            cp_kv_heads = max(a // t, 1) if sc.framework == "torchtitan" else max(g // t, 1)
-            kv_bytes = 2 * b * s_full * cp_kv_heads * d * dt
-            # torch's CP (allgather rotater) issues the gather before step 0's local SDPA block
-            # and waits at step 1, so under torchtitan it runs under that block (1/cp of the
-            # attention; for these long sequences longer than the gather); the engine's
-            # overlapped collective hides it under the following compute segment.
-            attn.append(Op("cp_kv_all_gather", "other", "F",
-                           comm=Comm("cp", "all_gather", kv_bytes, overlap=sc.framework == "torchtitan")))
-        if sc.flash_attention and cp > 1 and sc.framework == "torchtitan":
-            attn += torch_cp_sdpa_ops(b * max(a // t, 1), s, cp, d if not m.is_mla else dqk, core_model, io_bytes,
-                                      fp8 and sc.fp8.attention, p.cp_load_balance)
-            kern = None
-        elif sc.flash_attention:
-            kern = flash_kernel(b * max(a // t, 1), s, s_full, d if not m.is_mla else dqk, True, core_model * causal, io_bytes)
+        if sc.flash_attention:
+            kern = flash_kernel(b * heads, s, s_full, qk_dim, True, core_model * causal, io_bytes)
         else:
             # Materialised scores: QK^T and PV as batched GEMMs of equal work (b x heads each).
-            kern = gemm_kernel("attention", 2 * b * max(a // t, 1), s, s_full, d, dt)
+            kern = gemm_kernel("attention", 2 * b * heads, s, s_full, d, dt)
         # Classic attention launches two batched GEMMs (baddbmm QK^T, bmm PV); FlashAttention one.
-        if kern is not None:
-            attn.append(Op("attention", "attention", "F", core_model * causal, core_model, io_bytes, kernel=kern,
-                           fp8=fp8 and sc.fp8.attention, launches=1 if sc.flash_attention else 2))
-        if cp > 1 and sc.framework == "torchtitan":
-            attn.append(torch_cp_merge_op(b * s * max(a // t, 1) * d, cp, p.cp_load_balance))
+        core = Op("attention", "attention", "F", core_model * causal, core_model, io_bytes, kernel=kern,
+                  fp8=fp8 and sc.fp8.attention, launches=1 if sc.flash_attention else 2)
+        if cp > 1:
+            # Llama-3-style CP (Transformer Engine cp_comm_type "all_gather",
+            # AttnFuncWithCPAndKVAllGather, TE 2.20.2 context_parallel.py): K and V of the whole
+            # sequence gathered before attention, blocking (gather_along_first_dim, synchronous:
+            # "KV all-gather between CP ranks is exposed"); its backward's reduce-scatter of dK, dV
+            # is the gather's conjugate. torchtitan calls repeat_kv before SDPA,
+            # so a torchtitan run without flash attention would gather K/V with every query head.
+            cp_kv_heads = heads if sc.framework == "torchtitan" else max(g // t, 1)
+            kv_bytes = 2 * b * s_full * cp_kv_heads * d * dt
+            attn.append(Op("cp_kv_all_gather", "other", "F",
+                           comm=Comm("cp", "all_gather", kv_bytes, overlap=sc.framework == "torchtitan")))
+        attn.append(core)
     if not sc.flash_attention:
         # Materialised scores: baddbmm write, fused scale-mask-softmax read+write, dropout, bmm read.
         score_elems = b * (a / t) * s * s_full
@@ -790,7 +801,7 @@ def torchtitan_eager_extras(ops: list[Op], tokens: int, h: int, dt: int) -> list
 # last cats K and V (bf16, read and write: 8) for the rotation, forward and backward (torch.cat
 # runs even where the all-gather rotater then ignores it). Eager bytes: under torch.compile the
 # traced ring (functional collectives, _maybe_wait) would let inductor fuse these passes; not
-# modelled. The fp32 dK/dV rotation and the backward's K/V re-gather are not charged here.
+# modelled.
 TORCH_CP_KV_CONTIGUOUS_BYTES_PER_ELEM = 8.0
 
 
@@ -840,6 +851,64 @@ def torch_cp_merge_op(out_elems: float, cp: int, load_balance: bool = True) -> O
     # two copies; host cost only.
     return Op("cp_sdpa_merge", "elementwise", "F", 0.0, 0.0, fwd, bwd_bytes=bwd, launches=4 + 6 * (cp - 1),
               bwd_launches=6 * cp + 8 + (cp - 1))
+
+
+def torch_cp_attention_ops(b: int, s: int, cp: int, heads: int, head_dim: int, core_model: float, io_bytes: float,
+                           dt: int, fp8: bool, load_balance: bool, rotate: str) -> list[Op]:
+    """torch's context-parallel SDPA on one rank (torchtitan: ``context_parallel`` patches
+    F.scaled_dot_product_attention; torch 2.13 / 2.6.0 _templated_ring_attention and its
+    backward), forward ops whose first carries the whole backward (Op.bwd_ops).
+
+    K/V move with every query head (torchtitan's repeat_kv precedes SDPA): this rank's K and V
+    are 2 E elements, E = b s heads head_dim, bf16.
+
+    ``rotate`` "allgather" (torchtitan 0.1.0 config_manager.py context_parallel_rotate_method
+    default; _AllGatherRotater): forward, one all_gather_single of cat(K, V), issued before step
+    0's SDPA and waited by next_buffer at step 1 (a JOIN after step 0). Backward
+    (_templated_ring_attention_backward): the kv_rotater (the same method) gathers K/V again,
+    issued before step 0's backward and waited at step 1; the dK/dV rotater is _AllToAllRotater
+    whatever the method (``dkv_rotater = _create_rotater(group, 2, method=ALL_TO_ALL)``):
+    after every step's backward cat(dK, dV) in fp32 (convert_to_f32, 8 bytes an element pair) is
+    permuted to the next rank (ft_c.permute_tensor, an all_to_all_single with one peer: a ring
+    step), waited after the next step's backward; the last is waited at once (a JOIN).
+
+    ``rotate`` "alltoall" (scenario cp_attention "ring"): K/V permuted to the next rank before
+    every step but the last, waited at the next step (a JOIN before the last step); backward the
+    K/V permute before step i + 1 and the dK/dV permute after step i leave together and are
+    waited at step i + 2's start / after step i + 1: one ring step of their summed bytes after
+    each step's backward."""
+    E = b * s * heads * head_dim
+    kv_bytes = 2.0 * E * dt  # cat(K, V) of this rank
+    dkv_bytes = 2.0 * E * 4  # cat(dK, dV), fp32
+    steps = torch_cp_sdpa_ops(b * heads, s, cp, head_dim, core_model, io_bytes, fp8, load_balance)
+    bwd: list[Op] = []
+    fwd: list[Op] = []
+    if rotate == "allgather":
+        bwd.append(Op("cp_kv_all_gather.regather", "other", "I", comm=Comm("cp", "all_gather", cp * kv_bytes, overlap=True)))
+        for i, st in enumerate(steps):
+            bwd += [attention_backward_op(st),
+                    Op(f"cp_dkv_rotate{i}", "other", "I", comm=Comm("cp", "ring_step", dkv_bytes, overlap=True))]
+        bwd.append(Op("cp_dkv_rotate.wait", "other", "I", comm=Comm("cp", JOIN, 0.0)))
+        fwd = [Op("cp_kv_all_gather", "other", "F", comm=Comm("cp", "all_gather", cp * kv_bytes, overlap=True),
+                  bwd_ops=tuple(bwd)),
+               replace(steps[0], bwd_ops=()),
+               Op("cp_kv_all_gather.wait", "other", "F", comm=Comm("cp", JOIN, 0.0))]
+        fwd += [replace(st, bwd_ops=()) for st in steps[1:]]
+    else:
+        bwd.append(Op("cp_kv_rotate0.bwd", "other", "I", comm=Comm("cp", "ring_step", kv_bytes, overlap=True)))
+        for i, st in enumerate(steps):
+            size = dkv_bytes + (kv_bytes if i + 2 <= cp - 1 else 0.0)
+            bwd += [attention_backward_op(st),
+                    Op(f"cp_dkv_rotate{i}", "other", "I", comm=Comm("cp", "ring_step", size, overlap=True))]
+        bwd.append(Op("cp_dkv_rotate.wait", "other", "I", comm=Comm("cp", JOIN, 0.0)))
+        for i, st in enumerate(steps):
+            if i < cp - 1:
+                fwd.append(Op(f"cp_kv_rotate{i}", "other", "F", comm=Comm("cp", "ring_step", kv_bytes, overlap=True),
+                              bwd_ops=tuple(bwd) if i == 0 else ()))
+            fwd.append(replace(st, bwd_ops=()))
+            if i == cp - 2:
+                fwd.append(Op("cp_kv_rotate.wait", "other", "F", comm=Comm("cp", JOIN, 0.0)))
+    return fwd + [torch_cp_merge_op(E, cp, load_balance)]
 
 
 def fsdp2_copy_out_ops(sc: Scenario, lo: LayerOps) -> list[Op]:

@@ -1,0 +1,124 @@
+"""Context parallelism against the framework sources: torch's context-parallel SDPA as torchtitan
+runs it (torch 2.13 / 2.6.0 distributed/tensor/experimental _attention.py) and Transformer
+Engine's CP attention as megatron-core runs it (TE 2.20.2 pytorch/attention/dot_product_attention/
+context_parallel.py: AttnFuncWithCPAndKVP2P, AttnFuncWithCPAndKVAllGather)."""
+
+import pytest
+
+from simulator.scenario import build_scenario
+from simulator.workload.ops import build_layer_ops
+
+SEQ = 8192
+B = 1
+HEADS, KV_HEADS, D = 32, 8, 128  # Llama 3 8B
+
+
+def _sc(framework="generic", cp=4, attn="allgather", seq=SEQ, recompute="none", **kw):
+    par = {"dp": 8 // cp, "cp": cp, "zero": 3 if framework == "torchtitan" else 1, "cp_attention": attn}
+    return build_scenario({"name": "t", "model": "llama3-8b", "framework": framework, "recompute": recompute,
+                           "parallelism": par,
+                           "batch": {"micro_batch_size": B, "global_batch_size": 8 // cp, "seq_length": seq},
+                           "cluster": {"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}, **kw})
+
+
+def _cp(ops):
+    """(name, op, bytes, overlap) of the cp collectives in order (JOINs as op "join")."""
+    return [(o.name, o.comm.op, o.comm.size_bytes, o.comm.overlap) for o in ops if o.comm is not None and o.comm.dim == "cp"]
+
+
+def _seq(ops):
+    """The names of the attention kernels and cp collectives, in order."""
+    return [o.name for o in ops if o.op_class == "attention" or (o.comm is not None and o.comm.dim == "cp")]
+
+
+def test_torch_cp_gather_waited_before_step_one():
+    """_AllGatherRotater: the all-gather leaves before step 0's SDPA and next_buffer waits for it at
+    step 1; without a JOIN the overlapped gather ran on under every later step and the MLP."""
+    fwd = build_layer_ops(_sc("torchtitan"))["dense"].forward
+    assert _seq(fwd) == ["cp_kv_all_gather", "attention_step0", "cp_kv_all_gather.wait",
+                         "attention_step1", "attention_step2", "attention_step3"]
+    E = SEQ // 4 * HEADS * D
+    assert _cp(fwd) == [("cp_kv_all_gather", "all_gather", 4 * 2 * E * 2, True), ("cp_kv_all_gather.wait", "join", 0.0, False)]
+
+
+def test_torch_cp_backward_regathers_kv_and_rotates_fp32_dkv():
+    """_templated_ring_attention_backward: the K/V rotater gathers K/V again before step 0's
+    backward (not a reduce-scatter of them), and after each step's backward cat(dK, dV) in fp32
+    goes to the next rank (the dK/dV rotater is all-to-all whatever the method), waited after the
+    next step; the last at once."""
+    i_ops, _ = build_layer_ops(_sc("torchtitan"))["dense"].backward()
+    E = SEQ // 4 * HEADS * D
+    assert _seq(i_ops) == ["cp_kv_all_gather.regather", "attention_step0.bwd", "cp_dkv_rotate0",
+                           "attention_step1.bwd", "cp_dkv_rotate1", "attention_step2.bwd", "cp_dkv_rotate2",
+                           "attention_step3.bwd", "cp_dkv_rotate3", "cp_dkv_rotate.wait"]
+    comms = _cp(i_ops)
+    assert comms[0] == ("cp_kv_all_gather.regather", "all_gather", 4 * 2 * E * 2, True)
+    assert [c[1:] for c in comms[1:5]] == [("ring_step", 2 * E * 4, True)] * 4
+    assert comms[5][1] == "join"
+    assert not any(c[1] == "reduce_scatter" for c in comms)
+    # The steps' backward kernels: twice the forward's FLOPs, backward kernels of the same shapes.
+    fwd = {o.name: o for o in build_layer_ops(_sc("torchtitan"))["dense"].forward}
+    for o in i_ops:
+        if o.op_class == "attention":
+            f = fwd[o.name.removesuffix(".bwd")]
+            assert o.kernel.backward and (o.kernel.m, o.kernel.n) == (f.kernel.m, f.kernel.n)
+            assert o.exec_flops == pytest.approx(2 * f.exec_flops) and o.model_flops == pytest.approx(2 * f.model_flops)
+
+
+def test_torch_cp_alltoall_rotate_method():
+    """torchtitan's context_parallel_rotate_method "alltoall" (scenario cp_attention ring):
+    _AllToAllRotater permutes K/V to the next rank before every step but the last, waited at the
+    next step; backward the K/V permute and the fp32 dK/dV permute leave together after each step."""
+    cp = 4
+    sc = _sc("torchtitan", cp=cp, attn="ring")
+    E = SEQ // cp * HEADS * D
+    kv, dkv = 2 * E * 2, 2 * E * 4
+    fwd = build_layer_ops(sc)["dense"].forward
+    assert _seq(fwd) == ["cp_kv_rotate0", "attention_step0", "cp_kv_rotate1", "attention_step1", "cp_kv_rotate2",
+                         "attention_step2", "cp_kv_rotate.wait", "attention_step3"]
+    assert [c[2] for c in _cp(fwd) if c[1] == "ring_step"] == [kv] * (cp - 1)
+    i_ops, _ = build_layer_ops(sc)["dense"].backward()
+    sizes = [c[2] for c in _cp(i_ops) if c[1] == "ring_step"]
+    # K/V for step 1 before step 0; after step i dK/dV with K/V for step i + 2.
+    assert sizes == [kv, dkv + kv, dkv + kv, dkv, dkv]
+    assert sum(sizes) == pytest.approx((cp - 1) * kv + cp * dkv)
+    assert _cp(i_ops)[-1][1] == "join"
+
+
+@pytest.mark.parametrize("framework,attn", [("torchtitan", "allgather"), ("torchtitan", "ring"),
+                                            ("generic", "allgather"), ("generic", "ring")])
+def test_cp_metamorphic(framework, attn):
+    """cp ranks together run the full causal attention; every op outside attention sees s/cp tokens;
+    forward + backward model FLOPs of attention are 3x the forward's, whichever way the backward
+    was built."""
+    cp = 4
+    one = build_layer_ops(_sc(framework, cp=1, attn=attn))["dense"]
+    many = build_layer_ops(_sc(framework, cp=cp, attn=attn))["dense"]
+    assert not _cp(one.forward)
+    a1 = [o for o in one.forward if o.op_class == "attention"]
+    an = [o for o in many.forward if o.op_class == "attention"]
+    assert cp * sum(o.exec_flops for o in an) == pytest.approx(sum(o.exec_flops for o in a1))
+    assert cp * sum(o.model_flops for o in an) == pytest.approx(sum(o.model_flops for o in a1))
+    i_ops, w_ops = many.backward()
+    bwd_attn = [o for o in i_ops if o.op_class == "attention"]
+    assert sum(o.model_flops for o in bwd_attn) == pytest.approx(2 * sum(o.model_flops for o in an))
+    ones = {o.name: o for o in one.forward}
+    outside = [o for o in many.forward if o.comm is None and o.op_class != "attention" and "merge" not in o.name]
+    assert outside
+    for o in outside:
+        ref = ones[o.name]
+        assert o.exec_flops == pytest.approx(ref.exec_flops / cp)
+        if o.op_class == "gemm":
+            k, rk = o.kernel, ref.kernel
+            assert (k.m, k.n, k.k) == (rk.m // cp, rk.n, rk.k)
+        elif o.name != "fsdp_copy_out":  # parameters, not tokens
+            assert o.bytes == pytest.approx(ref.bytes / cp)
+
+
+def test_torch_cp_last_dkv_rotation_is_exposed():
+    """The last fp32 dK/dV permute is waited as soon as it leaves (next_buffer after the loop):
+    exposed cp time, where the model had none (its backward reduce-scatter overlapped the rest)."""
+    from simulator.simulate import simulate
+
+    res = simulate(_sc("torchtitan", cp=2, recompute="full"))
+    assert res.report.exposed_comm_s["cp"] > 0
