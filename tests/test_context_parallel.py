@@ -85,6 +85,30 @@ def test_torch_cp_alltoall_rotate_method():
     assert _cp(i_ops)[-1][1] == "join"
 
 
+def test_te_p2p_ring():
+    """TE's p2p ring (megatron-core's default cp_comm_type): K/V blocks (KV heads only) pass while a
+    step computes, the last waited before the last step; the steps are the load-balanced sections
+    timed by shape; backward sends K/V at step 0, K/V with dK/dV after, dK/dV alone at the last
+    step, each under its own step's kernel: 2 (cp - 1) blocks where the reversed forward sent cp - 1."""
+    cp = 4
+    sc = _sc(cp=cp, attn="ring")
+    s = SEQ // cp
+    kv = 2 * B * s * KV_HEADS * D * 2
+    fwd = build_layer_ops(sc)["dense"].forward
+    assert _seq(fwd) == ["cp_kv_ring_step0", "attention_block0", "cp_kv_ring_step1", "attention_block1",
+                         "cp_kv_ring_step2", "attention_block2", "cp_kv_ring.wait", "attention_block3"]
+    assert [c[2] for c in _cp(fwd) if c[1] == "ring_step"] == [kv] * (cp - 1)
+    blocks = [o for o in fwd if o.op_class == "attention"]
+    assert [(o.kernel.m, o.kernel.n, o.kernel.causal) for o in blocks] == [
+        (s, s, True), (s, s // 2, False), (s, s // 2, False), (s // 2, s, False)]
+    i_ops, _ = build_layer_ops(sc)["dense"].backward()
+    assert _seq(i_ops) == ["cp_kv_ring_step0.bwd", "attention_block0.bwd", "cp_kv_ring_step1.bwd",
+                           "attention_block1.bwd", "cp_kv_ring_step2.bwd", "attention_block2.bwd",
+                           "cp_kv_ring_step3.bwd", "attention_block3.bwd", "cp_kv_ring.wait.bwd"]
+    sizes = [c[2] for c in _cp(i_ops) if c[1] == "ring_step"]
+    assert sizes == [kv, 2 * kv, 2 * kv, kv] and sum(sizes) == 2 * (cp - 1) * kv
+
+
 @pytest.mark.parametrize("framework,attn", [("torchtitan", "allgather"), ("torchtitan", "ring"),
                                             ("generic", "allgather"), ("generic", "ring")])
 def test_cp_metamorphic(framework, attn):

@@ -238,7 +238,8 @@ def test_megatron_selective_recompute_reruns_core_attention_whole():
     rec = layer_recompute_ops(sc, build_layer_ops(sc)["dense"])
     assert [o.name for o in rec] == ["attention", "softmax_dropout", "attn_layout_copies"]
     assert rec[2].bytes == 2 * 4 * 1024 * (1024 // 2) * 2  # the context, b x s x h / tp in fp16, read + write
-    for style, comms in (("ring", ["cp_kv_ring_step0"]), ("allgather", ["cp_kv_all_gather"])):
+    # The ring's wait for the last K/V block (a JOIN) reruns with it.
+    for style, comms in (("ring", ["cp_kv_ring_step0", "cp_kv_ring.wait"]), ("allgather", ["cp_kv_all_gather"])):
         cp = _sc(parallelism={"tp": 1, "cp": 2, "cp_attention": style}, recompute="selective")
         rec = layer_recompute_ops(cp, build_layer_ops(cp)["dense"])
         assert [o.name for o in rec if o.comm is not None] == comms

@@ -76,7 +76,7 @@ class Op:
     # The ops its backward runs, in order, in place of the ones derived from it (() for none):
     # context-parallel attention, whose backward interleaves its K/V exchange and dK/dV
     # rotation with the per-step kernels in an order the reversed forward cannot give
-    # (torch_cp_attention_ops).
+    # (torch_cp_attention_ops, te_cp_p2p_ops).
     bwd_ops: tuple["Op", ...] | None = None
 
 
@@ -535,16 +535,15 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
     io_bytes = 4.0 * T * attn_width * dt
     heads = max(a // t, 1)
     qk_dim = d if not m.is_mla else dqk
+    # K and V of this rank's tokens as the attention kernel takes them: KV heads (GQA) of head_dim,
+    # MLA's per-head K (dqk) and V (dv).
+    kv_local_bytes = (b * s * heads * (dqk + dv) if m.is_mla else 2 * b * s * max(g // t, 1) * d) * dt
     if cp > 1 and sc.framework == "torchtitan" and sc.flash_attention:
         attn += torch_cp_attention_ops(b, s, cp, heads, qk_dim, core_model, io_bytes, dt, fp8 and sc.fp8.attention,
                                        p.cp_load_balance, "alltoall" if p.cp_attention == "ring" else "allgather")
     elif cp > 1 and p.cp_attention == "ring":
-        # Ring attention: cp steps; K/V blocks travel around the ring while a block computes.
-        kv_block_bytes = 2 * b * s * max(g // t, 1) * d * dt
-        for i in range(cp):
-            if i < cp - 1:
-                attn.append(Op(f"cp_kv_ring_step{i}", "other", "F", comm=Comm("cp", "ring_step", kv_block_bytes, overlap=True)))
-            attn.append(Op(f"attention_block{i}", "attention", "F", core_model * causal / cp, core_model / cp, io_bytes / cp))
+        attn += te_cp_p2p_ops(b, s, cp, heads, qk_dim, core_model, io_bytes, kv_local_bytes, dt, sc.flash_attention,
+                              fp8 and sc.fp8.attention)
     else:
         if sc.flash_attention:
             kern = flash_kernel(b * heads, s, s_full, qk_dim, True, core_model * causal, io_bytes)
@@ -562,7 +561,7 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
             # is the gather's conjugate. torchtitan calls repeat_kv before SDPA,
             # so a torchtitan run without flash attention would gather K/V with every query head.
             cp_kv_heads = heads if sc.framework == "torchtitan" else max(g // t, 1)
-            kv_bytes = 2 * b * s_full * cp_kv_heads * d * dt
+            kv_bytes = cp * kv_local_bytes if sc.framework != "torchtitan" else 2 * b * s_full * cp_kv_heads * d * dt
             attn.append(Op("cp_kv_all_gather", "other", "F",
                            comm=Comm("cp", "all_gather", kv_bytes, overlap=sc.framework == "torchtitan")))
         attn.append(core)
@@ -806,7 +805,7 @@ TORCH_CP_KV_CONTIGUOUS_BYTES_PER_ELEM = 8.0
 
 
 def torch_cp_sdpa_ops(batch_heads: int, s: int, cp: int, head_dim: int, core_model: float, io_bytes: float,
-                      fp8: bool = False, load_balance: bool = True) -> list[Op]:
+                      fp8: bool = False, load_balance: bool = True, name: str = "attention_step") -> list[Op]:
     """The SDPA kernels torch's context parallel launches on one rank. ``core_model``: QK^T and
     PV FLOPs of the rank's queries against the whole sequence, not masked.
 
@@ -815,7 +814,7 @@ def torch_cp_sdpa_ops(batch_heads: int, s: int, cp: int, head_dim: int, core_mod
     (s x s); step i >= 1 against rank (r - i)'s keys, not causal: i <= r, all local queries
     against the first half of the keys (s x s/2); i > r, the second half of the queries against
     all the keys (s/2 x s). Every step is half a full s x s block, so all ranks match; the shapes
-    are rank cp // 2's.
+    are rank cp // 2's. Transformer Engine's p2p ring runs the same sections (te_cp_p2p_ops).
 
     Not balanced (torch 2.5.1: contiguous shards, _is_causal_behavior SKIPs a block from a later
     rank): rank r runs step 0 causal and r full s x s blocks; the last rank runs cp - 1 of them
@@ -829,7 +828,7 @@ def torch_cp_sdpa_ops(batch_heads: int, s: int, cp: int, head_dim: int, core_mod
         else:
             s_q, s_k, causal = s, s, i == 0
             flops = core_model / cp * (0.5 if causal else 1.0)
-        ops.append(Op(f"attention_step{i}", "attention", "F", flops, core_model / cp, io_bytes / cp,
+        ops.append(Op(f"{name}{i}", "attention", "F", flops, core_model / cp, io_bytes / cp,
                       kernel=flash_kernel(batch_heads, s_q, s_k, head_dim, causal, flops, io_bytes / cp), fp8=fp8,
                       launches=1))
     return ops
@@ -909,6 +908,46 @@ def torch_cp_attention_ops(b: int, s: int, cp: int, heads: int, head_dim: int, c
             if i == cp - 2:
                 fwd.append(Op("cp_kv_rotate.wait", "other", "F", comm=Comm("cp", JOIN, 0.0)))
     return fwd + [torch_cp_merge_op(E, cp, load_balance)]
+
+
+def te_cp_p2p_ops(b: int, s: int, cp: int, heads: int, head_dim: int, core_model: float, io_bytes: float,
+                  kv_bytes: float, dt: int, flash: bool, fp8: bool) -> list[Op]:
+    """Transformer Engine's ring attention (cp_comm_type "p2p", megatron-core's default:
+    extensions/transformer_engine.py TEDotProductAttention passes "p2p" when the config names
+    none; TE 2.20.2 context_parallel.py AttnFuncWithCPAndKVP2P), forward ops whose first carries
+    the whole backward (Op.bwd_ops). ``kv_bytes``: cat(K, V) of this rank (KV heads only: TE's
+    kernels take GQA as is).
+
+    Forward: step i sends its K/V buffer to the next rank and receives the next one
+    (flash_attn_p2p_communicate: isend/irecv, or batch_isend_irecv at cp 2 before Blackwell) for
+    i < cp - 1, waited at step i + 1's start; the sections are torch's load-balanced ones (step 0
+    diagonal causal s x s, i <= rank lower-triangle s x s/2, i > rank upper-triangle s/2 x s).
+    Backward (bf16, no FP8): step 0 sends K/V, steps 1 .. cp - 2 K/V and the dK/dV accumulated so
+    far in one (2, K/V) buffer, step cp - 1 dK/dV alone, each issued before the step's
+    attention backward and waited after it ("wait until dKV is received"): 2 (cp - 1) K/V
+    sizes in all, each step's under its own kernel (a JOIN after the last). Without flash
+    attention the blocks are timed by class, as before. The two streams TE alternates the forward
+    steps on (to soften FlashAttention's wave quantization) are not modelled."""
+    if flash:
+        steps = torch_cp_sdpa_ops(b * heads, s, cp, head_dim, core_model, io_bytes, fp8, True, name="attention_block")
+    else:
+        steps = [Op(f"attention_block{i}", "attention", "F", core_model / cp, core_model / cp, io_bytes / cp)
+                 for i in range(cp)]
+    bwd: list[Op] = []
+    for i, st in enumerate(steps):
+        size = kv_bytes if i in (0, cp - 1) else 2 * kv_bytes
+        bwd += [Op(f"cp_kv_ring_step{i}.bwd", "other", "I", comm=Comm("cp", "ring_step", size, overlap=True)),
+                attention_backward_op(st)]
+    bwd.append(Op("cp_kv_ring.wait.bwd", "other", "I", comm=Comm("cp", JOIN, 0.0)))
+    fwd: list[Op] = []
+    for i, st in enumerate(steps):
+        if i < cp - 1:
+            fwd.append(Op(f"cp_kv_ring_step{i}", "other", "F", comm=Comm("cp", "ring_step", kv_bytes, overlap=True),
+                          bwd_ops=tuple(bwd) if i == 0 else ()))
+        fwd.append(replace(st, bwd_ops=()))
+        if i == cp - 2:
+            fwd.append(Op("cp_kv_ring.wait", "other", "F", comm=Comm("cp", JOIN, 0.0)))
+    return fwd
 
 
 def fsdp2_copy_out_ops(sc: Scenario, lo: LayerOps) -> list[Op]:
