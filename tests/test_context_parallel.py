@@ -109,6 +109,21 @@ def test_te_p2p_ring():
     assert sizes == [kv, 2 * kv, 2 * kv, kv] and sum(sizes) == 2 * (cp - 1) * kv
 
 
+def test_te_ring_merge_bytes():
+    """The ring's elementwise passes (bf16): forward the K/V cat (4 B a K/V element), step 0's
+    output cloned (4) and each later step folded in, whole (6) on a lower-triangle step, half (3) on
+    an upper one: at cp 2 rank 0's step 1 is upper, rank 1's lower, mean 4.5. Backward the K/V copy
+    (4) and dq / dK, dV folded in per step, section by section (mean 8.5 each at cp 2)."""
+    from simulator.workload.ops import te_cp_merge_op
+
+    fwd = te_cp_merge_op(1.0, 0.0, 2, 2)
+    assert fwd.bytes == pytest.approx(4 + 4.5)
+    assert fwd.bwd_bytes == pytest.approx((2 + 5 + 4 + 6) / 2)  # dq: rank 0 half copy, first-half copy + add; rank 1 copy, add
+    kv = te_cp_merge_op(0.0, 1.0, 2, 2)
+    assert kv.bytes == pytest.approx(4)
+    assert kv.bwd_bytes == pytest.approx(4 + (4 + 5 + 2 + 6) / 2)  # dK/dV: rank 0 copy, half add + half copy; rank 1 half copy, add
+
+
 @pytest.mark.parametrize("framework,attn", [("torchtitan", "allgather"), ("torchtitan", "ring"),
                                             ("generic", "allgather"), ("generic", "ring")])
 def test_cp_metamorphic(framework, attn):
@@ -146,3 +161,10 @@ def test_torch_cp_last_dkv_rotation_is_exposed():
 
     res = simulate(_sc("torchtitan", cp=2, recompute="full"))
     assert res.report.exposed_comm_s["cp"] > 0
+
+
+def test_megatron_selective_recompute_reruns_the_ring_merge():
+    from simulator.workload.program import layer_recompute_ops
+
+    sc = _sc(cp=2, attn="ring", recompute="selective")
+    assert "cp_ring_merge" in {o.name for o in layer_recompute_ops(sc, build_layer_ops(sc)["dense"])}

@@ -542,8 +542,8 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
         attn += torch_cp_attention_ops(b, s, cp, heads, qk_dim, core_model, io_bytes, dt, fp8 and sc.fp8.attention,
                                        p.cp_load_balance, "alltoall" if p.cp_attention == "ring" else "allgather")
     elif cp > 1 and p.cp_attention == "ring":
-        attn += te_cp_p2p_ops(b, s, cp, heads, qk_dim, core_model, io_bytes, kv_local_bytes, dt, sc.flash_attention,
-                              fp8 and sc.fp8.attention)
+        attn += te_cp_p2p_ops(b, s, cp, heads, qk_dim, core_model, io_bytes, kv_local_bytes, T * attn_width, dt,
+                              sc.flash_attention, fp8 and sc.fp8.attention)
     else:
         if sc.flash_attention:
             kern = flash_kernel(b * heads, s, s_full, qk_dim, True, core_model * causal, io_bytes)
@@ -911,12 +911,12 @@ def torch_cp_attention_ops(b: int, s: int, cp: int, heads: int, head_dim: int, c
 
 
 def te_cp_p2p_ops(b: int, s: int, cp: int, heads: int, head_dim: int, core_model: float, io_bytes: float,
-                  kv_bytes: float, dt: int, flash: bool, fp8: bool) -> list[Op]:
+                  kv_bytes: float, out_elems: float, dt: int, flash: bool, fp8: bool) -> list[Op]:
     """Transformer Engine's ring attention (cp_comm_type "p2p", megatron-core's default:
     extensions/transformer_engine.py TEDotProductAttention passes "p2p" when the config names
     none; TE 2.20.2 context_parallel.py AttnFuncWithCPAndKVP2P), forward ops whose first carries
     the whole backward (Op.bwd_ops). ``kv_bytes``: cat(K, V) of this rank (KV heads only: TE's
-    kernels take GQA as is).
+    kernels take GQA as is); ``out_elems``: the attention output's elements on this rank.
 
     Forward: step i sends its K/V buffer to the next rank and receives the next one
     (flash_attn_p2p_communicate: isend/irecv, or batch_isend_irecv at cp 2 before Blackwell) for
@@ -947,7 +947,46 @@ def te_cp_p2p_ops(b: int, s: int, cp: int, heads: int, head_dim: int, core_model
         fwd.append(replace(st, bwd_ops=()))
         if i == cp - 2:
             fwd.append(Op("cp_kv_ring.wait", "other", "F", comm=Comm("cp", JOIN, 0.0)))
-    return fwd
+    return fwd + [te_cp_merge_op(out_elems, kv_bytes / dt, cp, dt)]
+
+
+def te_cp_merge_op(out_elems: float, kv_elems: float, cp: int, dt: int) -> Op:
+    """The elementwise passes of Transformer Engine's p2p ring around its attention kernels
+    (AttnFuncWithCPAndKVP2P, TE 2.20.2, bf16/fp16, causal, bshd/sbhd), in the input dtype
+    (``dt`` bytes: read + write a copy 2 dt, read 2 + write 1 an add 3 dt; half of that over a
+    half chunk). Forward: cat(K, V) into the first ring buffer (``kv_elems``, the K and V elements
+    of this rank); step 0's output cloned as the accumulator; each later step's output folded in
+    by flash_attn_fwd_incremental_out_correction (torch.compile'd by jit_fuser: read out and the
+    step's output, write out), over the whole output for a lower-triangle step, over its second
+    half (..._second_half_...) for an upper one. Backward: K/V copied into the ring buffer, then
+    per step dq (copy or add, whole or half: the section branches after cp_p2p_bwd_flash_attn)
+    and dK/dV folded into the received buffer alike. Per rank the sections differ; the bytes are
+    the mean over the ranks (the logsumexp rows, b x heads x s fp32, are left out: 1/head_dim of
+    these). ``out_elems``: local tokens x query heads x head dim."""
+    def half_or_full(lower: bool) -> float:
+        return 3.0 * dt if lower else 1.5 * dt
+
+    fwd = bwd = 0.0
+    for r in range(cp):
+        fwd += out_elems * (2.0 * dt + sum(half_or_full(j <= r) for j in range(1, cp)))
+        c = cp - r - 1  # steps i >= c are the rank's lower-triangle (and its last, diagonal) ones
+        for i in range(cp):
+            if i < c:
+                dq = 1.0 * dt if i == 0 else 1.5 * dt  # second half: copy at step 0, add after
+                dkv = 2.0 * dt if i == 0 else 3.0 * dt  # whole: copy at step 0, add after
+            elif i == c:
+                dq = 2.0 * dt if r == cp - 1 else 1.0 * dt + 1.5 * dt  # copy, or first half copied + second added
+                dkv = 1.0 * dt if (i == 0 and r == cp - 1) else 1.5 * dt  # first half: copy or add
+            else:
+                dq = 3.0 * dt
+                dkv = 1.5 * dt
+            if i == cp - 1:
+                dkv = 1.5 * dt + 1.0 * dt if r == 0 else 3.0 * dt  # diagonal: rank 0 adds one half, copies one
+            bwd += out_elems * dq + kv_elems * dkv
+    fwd = fwd / cp + 2.0 * dt * kv_elems
+    bwd = bwd / cp + 2.0 * dt * kv_elems
+    return Op("cp_ring_merge", "elementwise", "F", 0.0, 0.0, fwd, bwd_bytes=bwd, launches=2 + 2 * (cp - 1),
+              bwd_launches=1 + 4 * cp)
 
 
 def fsdp2_copy_out_ops(sc: Scenario, lo: LayerOps) -> list[Op]:

@@ -543,9 +543,11 @@ def layer_recompute_ops(sc: Scenario, lo: LayerOps, checkpointed: bool = False) 
         # transformer/attention.py _checkpointed_attention_forward): classic attention's context
         # permute copy (DotProductAttention.forward, attn_layout_copies' forward bytes), and under
         # context parallelism the K/V exchange, which TEDotProductAttention runs inside TE's attention
-        # (extensions/transformer_engine.py passes it cp_group and cp_comm_type). Picked by class
-        # and name, both used to be left out.
-        return [o for o in lo.forward if o.op_class == "attention" or o.name in ("softmax_dropout", "attn_layout_copies")
+        # (extensions/transformer_engine.py passes it cp_group and cp_comm_type), with the ring's
+        # own elementwise passes (ops.te_cp_merge_op). Picked by class and name, both used to be
+        # left out.
+        return [o for o in lo.forward if o.op_class == "attention"
+                or o.name in ("softmax_dropout", "attn_layout_copies", "cp_ring_merge", "cp_sdpa_merge")
                 or (o.comm is not None and o.comm.dim == "cp")]
     return []
 
