@@ -124,6 +124,18 @@ def test_te_ring_merge_bytes():
     assert kv.bwd_bytes == pytest.approx(4 + (4 + 5 + 2 + 6) / 2)  # dK/dV: rank 0 copy, half add + half copy; rank 1 half copy, add
 
 
+def test_te_allgather_backward_regathers_kv():
+    """TE's all_gather CP backward gathers K and V again (gather_along_first_dim, blocking) before
+    the attention gradients and reduce-scatters dK, dV after: the backward moved only the latter."""
+    sc = _sc(cp=4)
+    fwd = build_layer_ops(sc)["dense"].forward
+    i_ops, _ = build_layer_ops(sc)["dense"].backward()
+    size = 2 * B * SEQ * KV_HEADS * D * 2
+    assert _cp(fwd) == [("cp_kv_all_gather", "all_gather", size, False)]
+    assert _seq(i_ops) == ["cp_kv_all_gather.regather", "attention.bwd", "cp_kv_all_gather.bwd"]
+    assert [c[1:] for c in _cp(i_ops)] == [("all_gather", size, False), ("reduce_scatter", size, False)]
+
+
 @pytest.mark.parametrize("framework,attn", [("torchtitan", "allgather"), ("torchtitan", "ring"),
                                             ("generic", "allgather"), ("generic", "ring")])
 def test_cp_metamorphic(framework, attn):

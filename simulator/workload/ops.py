@@ -557,13 +557,20 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
             # Llama-3-style CP (Transformer Engine cp_comm_type "all_gather",
             # AttnFuncWithCPAndKVAllGather, TE 2.20.2 context_parallel.py): K and V of the whole
             # sequence gathered before attention, blocking (gather_along_first_dim, synchronous:
-            # "KV all-gather between CP ranks is exposed"); its backward's reduce-scatter of dK, dV
-            # is the gather's conjugate. torchtitan calls repeat_kv before SDPA,
+            # "KV all-gather between CP ranks is exposed"). torchtitan calls repeat_kv before SDPA,
             # so a torchtitan run without flash attention would gather K/V with every query head.
             cp_kv_heads = heads if sc.framework == "torchtitan" else max(g // t, 1)
             kv_bytes = cp * kv_local_bytes if sc.framework != "torchtitan" else 2 * b * s_full * cp_kv_heads * d * dt
             attn.append(Op("cp_kv_all_gather", "other", "F",
                            comm=Comm("cp", "all_gather", kv_bytes, overlap=sc.framework == "torchtitan")))
+            if sc.framework != "torchtitan":
+                # Backward gathers K and V again (AttnFuncWithCPAndKVAllGather.backward:
+                # gather_along_first_dim of the saved local k, v, blocking) before the attention
+                # gradients, then reduce-scatters dK and dV (reduce_scatter_along_first_dim: the
+                # gather op's conjugate).
+                core = replace(core, bwd_ops=(Op("cp_kv_all_gather.regather", "other", "I",
+                                                 comm=Comm("cp", "all_gather", kv_bytes)),
+                                              attention_backward_op(core)))
         attn.append(core)
     if not sc.flash_attention:
         # Materialised scores: baddbmm write, fused scale-mask-softmax read+write, dropout, bmm read.
