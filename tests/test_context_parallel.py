@@ -175,6 +175,20 @@ def test_torch_cp_last_dkv_rotation_is_exposed():
     assert res.report.exposed_comm_s["cp"] > 0
 
 
+def test_sac_keeps_one_sdpa_output_under_cp():
+    """Per-op SAC saves the SDPA op's outputs once (the merged output and logsumexp of the rank's
+    queries), not each CP step's, and never reruns the merge that runs inside that op."""
+    from simulator.workload.program import layer_recompute_ops, selective_op_saved_bytes
+
+    saved = []
+    for cp in (1, 2, 4):
+        sc = _sc("torchtitan", cp=cp, seq=SEQ * cp, recompute="selective-op")
+        lo = build_layer_ops(sc)["dense"]
+        saved.append(selective_op_saved_bytes(sc, lo))
+        assert "cp_sdpa_merge" not in {o.name for o in layer_recompute_ops(sc, lo)}
+    assert saved[1] == pytest.approx(saved[0]) and saved[2] == pytest.approx(saved[0])
+
+
 def test_megatron_selective_recompute_reruns_the_ring_merge():
     from simulator.workload.program import layer_recompute_ops
 

@@ -493,6 +493,12 @@ def checkpointed_layers(sc: Scenario, schedule: PipelineSchedule, position_layer
     return frozenset(L for L, i in rank_block_index(schedule, position_layers).items() if selective_layer_checkpointed(i))
 
 
+# Ops that run inside one SDPA call (torch's context parallel: its merges, casts and K/V copies
+# happen in the DTensor dispatch of aten._scaled_dot_product_flash_attention, _attention.py
+# _sdpa_handler), so per-op SAC, which saves that op's outputs, never reruns them.
+SDPA_INTERNAL_OPS = frozenset({"cp_sdpa_merge"})
+
+
 def layer_recompute_ops(sc: Scenario, lo: LayerOps, checkpointed: bool = False) -> list[Op]:
     """Forward ops activation checkpointing reruns in a layer's backward. ``checkpointed``: under
     recompute selective-layer, whether this layer is one the rule checkpoints (checkpointed_layers)."""
@@ -517,7 +523,7 @@ def layer_recompute_ops(sc: Scenario, lo: LayerOps, checkpointed: bool = False) 
             verdicts.setdefault(id(o), []).append((j, frac, recomputed))
         rerun: dict[str, bool] = {}  # GEMM name -> any of its mm parts recomputed
         for o in lo.forward:
-            if o.comm is not None or o.op_class == "attention" or not o.recompute:
+            if o.comm is not None or o.op_class == "attention" or not o.recompute or o.name in SDPA_INTERNAL_OPS:
                 continue
             if o.op_class == "gemm":
                 parts = verdicts[id(o)]
@@ -568,11 +574,16 @@ def selective_op_saved_bytes(sc: Scenario, lo: LayerOps) -> float:
     sp = p.sequence_parallel and t > 1
     tokens = sc.batch.micro_batch_size * sc.batch.seq_length / p.cp
     saved = 2.0 * tokens * sc.model.hidden_size / (t if sp else 1)
+    attention_seen = False
     for o in lo.forward:
         if o.comm is not None:
             if o.comm.dim == "tp" and o.comm.op == "reduce_scatter":
                 saved += o.comm.size_bytes / t
-        elif o.op_class == "attention":
+        elif o.op_class == "attention" and not attention_seen:
+            # One SDPA output per layer: context parallelism's per-step kernels (ops.torch_cp_sdpa_ops)
+            # are one aten SDPA call, whose merged output and logsumexp are the rank's queries',
+            # step 0's shape (the later steps' half-size blocks were each counted again).
+            attention_seen = True
             k = o.kernel
             if k is not None and k.kind == "flash":
                 saved += k.batch * k.m * (2.0 * k.k + 4.0)  # output bf16, logsumexp fp32 per row
