@@ -194,3 +194,22 @@ def test_megatron_selective_recompute_reruns_the_ring_merge():
 
     sc = _sc(cp=2, attn="ring", recompute="selective")
     assert "cp_ring_merge" in {o.name for o in layer_recompute_ops(sc, build_layer_ops(sc)["dense"])}
+
+
+def test_torch_cp_attention_working_set_memory():
+    """torch's CP attention backward holds the gathered K/V (all heads, whole sequence), the step's
+    K/V cat, fp32 dq and three fp32 dK/dV buffers, and the step's bf16 gradients beside the layer's
+    activations; the alltoall rotater three K/V blocks instead of the whole sequence."""
+    from simulator.simulate import simulate
+    from simulator.workload.memory import cp_attention_working_set_bytes
+
+    cp = 4
+    E = SEQ // cp * HEADS * D
+    sc = _sc("torchtitan", cp=cp, recompute="full")
+    assert cp_attention_working_set_bytes(sc) == pytest.approx((cp + 1) * 4 * E + 4 * E + 24 * E + 6 * E)
+    assert cp_attention_working_set_bytes(_sc("torchtitan", cp=cp, attn="ring")) == pytest.approx(
+        3 * 4 * E + 4 * E + 24 * E + 6 * E)
+    assert cp_attention_working_set_bytes(_sc(cp=cp)) == 0.0
+    assert cp_attention_working_set_bytes(_sc("torchtitan", cp=1)) == 0.0
+    row = simulate(sc).memory.per_rank_gib[0]
+    assert row["cp_attention_working_set_gib"] == pytest.approx(cp_attention_working_set_bytes(sc) / 2**30)

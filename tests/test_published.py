@@ -176,20 +176,23 @@ def test_torchtitan_stated_rows_error_as_measured():
     groups = v.feature_groups()
     assert groups["cp"]["stated_rows"] == 3 and groups["h200"]["stated_rows"] == 2
     # Peak memory: every stated row publishes it; compared with the memory model's peak, pinned so
-    # a change shows. The CP rows predict the same peak at every CP degree (FSDP shards over
-    # dp x cp; 32K tokens a rank), as published (~84 GiB each), 8% under it (77.3 GiB: the
-    # eager loss's backward, loss_working_set_gib, beside the layer full recomputation
-    # re-materialises). The H200 rows (2025, compiled loss) 2-3% under.
-    # torchtitan reports the caching allocator's reserved bytes, we model allocated ones.
+    # a change shows. Table 2's rows hold 32K tokens a rank at every CP degree (FSDP shards over
+    # dp x cp); published ~84 GiB each. CP 1 predicts 77.7 GiB (7% under: the eager loss's
+    # backward, loss_working_set_gib, beside the layer full recomputation re-materialises); CP
+    # 2 / 4 / 8 add torch's CP attention backward buffers (cp_attention_working_set_gib: the
+    # gathered K/V grows with cp) and come to -0.9 / +0.5 / +2.3%. The H200 rows (2025, compiled
+    # loss) 1-3% under. torchtitan reports the caching allocator's reserved bytes, we model
+    # allocated ones.
     assert len(v.memory_rows) == 6
     h200 = [r for r in v.rows if "h200" in r.features]
     assert [r.published_memory_gib for r in h200] == [47.96, 46.97]
     assert all(r.memory_error == pytest.approx(r.predicted_memory_gib / r.published_memory_gib - 1) for r in v.rows)
     # (0.131 before FSDP's gathered working set was counted, the root module's embedding and head
     # and the unit computing with the one prefetched beside the shard: 0.096; then the layer full
-    # recomputation re-materialises in backward: 0.062)
-    assert v.memory_mape == pytest.approx(0.062, abs=0.02)
-    assert v.memory_mean_signed_error == pytest.approx(-0.062, abs=0.02)
+    # recomputation re-materialises in backward: 0.062; then torch's CP attention buffers: 0.026,
+    # signed -0.017)
+    assert v.memory_mape == pytest.approx(0.026, abs=0.01)
+    assert v.memory_mean_signed_error == pytest.approx(-0.017, abs=0.01)
     j = v.to_json()
     assert j["memory_rows"] == 6 and j["rows"][0]["published_memory_gib"] is not None
 

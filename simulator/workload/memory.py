@@ -136,6 +136,28 @@ def loss_bytes_per_logit(sc: Scenario) -> tuple[float, float]:
     return (2.0, 2.0) if compiled else (4.0, 8.0)
 
 
+def cp_attention_working_set_bytes(sc: Scenario) -> float:
+    """Bytes torch's context-parallel SDPA holds while it runs a layer's attention backward, beside
+    the layer's activations (framework torchtitan; 0 otherwise). Read from torch 2.13 / 2.6.0
+    _attention.py _templated_ring_attention_backward, live together during step i >= 1's SDPA
+    backward, in E = local tokens x heads x head_dim elements (K and V repeated to every head):
+    the rotated K/V (bf16): the all-gather rotater's whole-sequence buffer, cp x 2 E, kept until the
+    call returns, plus the step's cat(K, V) of 2 E; the all-to-all rotater the received block, the
+    cat being sent and the one being received, 3 x 2 E; the fp32 dq accumulator (E); three fp32
+    cat(dK, dV) buffers of 2 E: the received one the step adds into, the cat being sent and the
+    permute's receive in flight; the step's bf16 dq, dk, dv (3 E). The forward's (the gathered K/V,
+    the fp32 running output and block cast) is smaller. Transformer Engine's rings hold K/V blocks of
+    this rank's size at KV heads only (not modelled: a few per cent of this at GQA)."""
+    p, m = sc.parallelism, sc.model
+    if sc.framework != "torchtitan" or p.cp <= 1 or not sc.flash_attention:
+        return 0.0
+    s = sc.batch.seq_length / p.cp
+    E = sc.batch.micro_batch_size * s * max(m.num_attention_heads // p.tp, 1) * m.dim_head
+    kv = 2.0 * E * sc.dtype_bytes
+    rotating = (p.cp + 1) * kv if p.cp_attention == "allgather" else 3 * kv
+    return rotating + 4.0 * E + 3 * 2.0 * E * 4.0 + 3 * E * sc.dtype_bytes
+
+
 @dataclass
 class MemoryReport:
     per_rank_gib: list[dict[str, float]]  # per pipeline rank: breakdown and total
@@ -281,6 +303,10 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             # world_size; init_unsharded_param views it), while the sharded parameter stays
             # allocated beside it (fp32 under torchtitan's mixed precision), counted above.
             row["gathered_parameters_gib"] = gathered / GIB
+        cp_attn = cp_attention_working_set_bytes(sc)
+        if cp_attn > 0 and any(prog.position_layers[q] for q in positions):
+            # torch's CP attention backward's buffers, while one layer's attention runs.
+            row["cp_attention_working_set_gib"] = cp_attn / GIB
         if sc.framework == "torchtitan" and last_position in positions:
             # The loss's backward working set beside what it keeps (loss_bytes_per_logit),
             # vocab-sharded under loss parallelism.
