@@ -41,7 +41,8 @@ SCHEMA_VERSION = 1
 # gathers, the tied-embedding all-reduce's ranks under V schedules).
 # 4: round 23 (expert groups with tp, HSDP and ZeRO-3; MLA's latents and tensor-parallel shared
 # experts; TE FP8 casts on the shard; a tied head once under V schedules; torchtitan's layer AC per
-# rank; contention from collectives that start during a segment).
+# rank; contention from collectives that start during a segment; context parallelism as torch's
+# and Transformer Engine's sources run it; torchtitan's FSDP2 as torch 2.13 runs it).
 RESULTS_VERSION = "4"
 # The key fields kept as columns (the rest lives in report_json).
 KEY_FIELDS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_memory_gib", "fits_in_memory", "gpus")
