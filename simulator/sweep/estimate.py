@@ -114,14 +114,18 @@ def _ops_inputs(sc: Scenario) -> tuple:
     leaves out: the per-microbatch loss all-reduce exists only with dp x cp > 1; FSDP2's copy-out
     and the rowwise Float8 weight cast on the shard depend on the ZeRO-3 shard
     (``fsdp2_copy_out_ops``, ``fp8_cast_bytes_per_elem``); Float8 weight casts are amortised
-    over the microbatches and DeepSpeed ZeRO-0 adds nmb - 1 gradients a step. A reference
+    over the microbatches and DeepSpeed ZeRO-0 adds nmb - 1 gradients a step; FSDP2 under a
+    pipeline accumulates its gradients in fp32 over the microbatches and copies a kept unit out
+    once a step (``fsdp2_grad_bytes_per_param``, ``fsdp2_copy_out_ops``). A reference
     Program built for one of these served the others (ZeRO-3's W segment, without
     main_grad adds, priced a ZeRO-1 point's backward)."""
     p = sc.parallelism
     edp_tp = edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe)
     shard = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp, edp_tp=edp_tp)[0] if p.zero >= 3 else None
-    nmb = sc.num_microbatches if sc.dtype == "fp8" or (sc.framework == "megatron-deepspeed" and p.zero == 0) else None
-    return (sc.dp * p.cp > 1, shard, nmb)
+    fsdp2 = sc.framework == "torchtitan" and p.zero >= 3
+    nmb = sc.num_microbatches if (sc.dtype == "fp8" or (sc.framework == "megatron-deepspeed" and p.zero == 0)
+                                  or (fsdp2 and (p.pp > 1 or not p.fsdp_reshard_after_forward))) else None
+    return (sc.dp * p.cp > 1, shard, nmb, fsdp2 and p.pp > 1)
 
 
 def _layer_key(sc: Scenario, layout: tuple) -> str:
