@@ -169,3 +169,51 @@ def test_tied_embedding_grads_are_all_reduced_between_the_ranks_holding_the_two_
     sizes = {rp.pp_rank: [c.steps[0][2] for c in rp.collectives() if c.steps[0][0] == Dim.EMB] for rp in plan.ranks}
     assert {r for r, s in sizes.items() if s} == tied_ranks
     assert all(s == [50304 * 1024 * 4] for r, s in sizes.items() if r in tied_ranks)
+
+
+def _fsdp2_pp(framework: str, schedule: str = "1f1b", vpp: int = 1):
+    return plan_of(framework=framework, schedule=schedule,
+                   parallelism={"pp": 4, "vpp": vpp, "zero": 3, "fsdp_reshard_after_forward": False},
+                   batch={"global_batch_size": 32})
+
+
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_torchtitan_pipeline_reduces_a_stages_gradients_after_its_last_backward_blocking(schedule, vpp):
+    # torch.distributed.pipelining (torch 2.13 stage.py backward_maybe_with_nosync, perform_reduce_grad;
+    # schedules.py _add_reduce_grad) runs FSDP2's post_backward for every unit of a stage after its
+    # last backward; each waits on the compute stream for the previous reduce-scatter
+    # (post_backward_rs_wait) and the final callback for the last: nothing overlaps a backward.
+    prog, plan = _fsdp2_pp("torchtitan", schedule, vpp)
+    sched = plan.schedule
+    for rp in plan.ranks:
+        grads = [i for i in rp.instrs if type(i) is Collective and i.stream == Stream.DP and "grads" in i.name]
+        assert grads and all(c.blocking for c in grads)
+        reduced = sum(c.steps[0][2] for c in grads)
+        expected = sum(float(prog.segments[(sched.stage_position[st], "W")].grad_bytes.sum())
+                       for st in sched.stages_of_rank(rp.pp_rank))
+        assert reduced == pytest.approx(expected, rel=1e-9)
+        # Every reduction comes after its stage's last backward compute, before any later compute
+        # of that stage.
+        for st in sched.stages_of_rank(rp.pp_rank):
+            last_b = max(k for k, i in enumerate(rp.instrs) if type(i) is Compute and i.stage == st and i.kind in "BW")
+            first = min(k for k, i in enumerate(rp.instrs) if i in grads and i.stage == st)
+            assert first > last_b
+    # Other frameworks' ZeRO-3 keeps reducing each unit beside the last backward.
+    _, generic = _fsdp2_pp("generic")
+    assert all(not c.blocking for c in generic.ranks[0].collectives() if c.stream == Stream.DP and "grads" in c.name)
+
+
+def test_torchtitan_pipeline_gradient_reduction_is_exposed():
+    # Replayed alone (plan.linear_replay, 1 GB/s for every collective), pp rank 0's reductions are
+    # exposed whole; reduced unit by unit beside the last backward they were mostly hidden.
+    from dataclasses import replace as dc_replace
+
+    from simulator.workload.plan import linear_replay
+
+    prog, plan = _fsdp2_pp("torchtitan")
+    coll = lambda dim, op, size: size / 1e9  # noqa: E731
+    after = linear_replay(plan.ranks[0].instrs, coll)
+    before = linear_replay(build_plan(dc_replace(prog, grad_reduce_after_stage_backward=False)).ranks[0].instrs, coll)
+    reductions = sum(c.steps[0][2] for c in plan.ranks[0].collectives() if c.stream == Stream.DP and "grads" in c.name) / 1e9
+    assert after.exposed_s[Dim.DP] >= reductions
+    assert before.exposed_s[Dim.DP] < after.exposed_s[Dim.DP]

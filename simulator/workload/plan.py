@@ -652,10 +652,35 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
         if gathers:
             wait_gather(idx, layer)
 
+    reduce_after = prog.grad_reduce_after_stage_backward and prog.overlap_grad_reduce
+
     def run_segments(a: Action, idx: int, grads_here: bool, blocking: bool) -> None:
         seg = prog.segments[(sched.stage_position[a.stage], a.kind)]
         emit_action(out, seg, a, blocking, new_handle, idx=idx, on_layer=on_layer if gathers else None,
-                    on_grads=buckets.add if grads_here and prog.overlap_grad_reduce else None)
+                    on_grads=buckets.add if grads_here and prog.overlap_grad_reduce and not reduce_after else None)
+
+    def reduce_stage_grads(a: Action) -> None:
+        """torch.distributed.pipelining's REDUCE_GRAD after a stage's last backward (torch 2.13
+        stage.py perform_reduce_grad; schedules.py _add_reduce_grad puts it right after the
+        stage's n-th backward; Schedule1F1B after the schedule): FSDP2's post_backward for every
+        unit of the stage in turn, each waiting on the compute stream for the previous unit's
+        reduce-scatter before it copies in and issues its own (_fsdp_param_group.py
+        post_backward, post_backward_rs_wait), and _root_post_backward_final_callback waiting for
+        the last: the compute stream waits for every one, none overlaps a backward."""
+        w = prog.segments[(sched.stage_position[a.stage], "W")]
+        units: dict[int, list[float]] = {}
+        for j in range(len(w.compute_s)):
+            u = units.setdefault(prog.fsdp_unit_of.get(int(w.layer[j]), int(w.layer[j])), [0.0, 0.0])
+            u[0] += float(w.grad_bytes[j])
+            if w.expert_grad_bytes is not None:
+                u[1] += float(w.expert_grad_bytes[j])
+        for L in sorted(units):
+            for nbytes, expert, on in ((units[L][0], False, use_dp), (units[L][1], True, use_edp)):
+                if nbytes <= 0 or not on:
+                    continue
+                steps = grad_reduction_steps(prog.zero, nbytes, expert, hsdp_shard, hsdp_expert_shard)
+                out.append(Collective(Stream.DP, steps, -1, "dp", f"{steps[0][1]} grads stage {a.stage} layer {L}",
+                                      stage=a.stage, layer=L, row_bytes=steps[0][2], action=a))
 
     blocking_exchange = prog.pp_blocking_exchange
 
@@ -708,7 +733,9 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
             g = last_grad_action.get(sub.stage) == idx and sub.kind in ("B", "W")
             run_segments(sub, idx, g, blocking=a.kind != "FB")
             complete(sub)
-            if g and prog.overlap_grad_reduce:
+            if g and reduce_after:
+                reduce_stage_grads(sub)
+            elif g and prog.overlap_grad_reduce:
                 buckets.flush(f"grads stage {sub.stage}")
 
     def send_outputs(done: list[Action]) -> list[SendDone]:

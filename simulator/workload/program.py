@@ -92,6 +92,12 @@ class Program:
     fsdp_reshard_after_forward: bool = True
     fsdp_prefetch: int = 1
     fsdp_shard_size: int | None = None  # HSDP shard group size (None: the whole dp group)
+    # FSDP units: layer id -> the unit it belongs to, where not its own (torchtitan's root module:
+    # the embedding, the final norm and the output head, fully_shard(model) in apply_fsdp).
+    fsdp_unit_of: dict[int, int] = field(default_factory=dict)
+    # A stage's gradients reduced after its last backward, unit by unit, the compute stream
+    # waiting for each (torch.distributed.pipelining's REDUCE_GRAD over FSDP2: plan.reduce_stage_grads).
+    grad_reduce_after_stage_backward: bool = False
     stage_expert_params: list[float] = field(default_factory=list)  # the expert share of stage_params (sharded over edp)
     # Per position: SP-duplicated parameters (LayerOps.tp_duplicated_params), summed over tp once a step.
     stage_tp_duplicated_params: list[float] = field(default_factory=list)
@@ -776,6 +782,9 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
         fsdp_prefetch=p.fsdp_prefetch,
         fsdp_shard_size=p.fsdp_shard_size,
+        # torchtitan runs PP through torch.distributed.pipelining, which reduces FSDP2's
+        # gradients after a stage's last backward (plan.reduce_stage_grads).
+        grad_reduce_after_stage_backward=sc.framework == "torchtitan" and p.zero >= 3 and p.pp > 1,
         notes=notes,
     )
 
