@@ -217,3 +217,23 @@ def test_torchtitan_pipeline_gradient_reduction_is_exposed():
     reductions = sum(c.steps[0][2] for c in plan.ranks[0].collectives() if c.stream == Stream.DP and "grads" in c.name) / 1e9
     assert after.exposed_s[Dim.DP] >= reductions
     assert before.exposed_s[Dim.DP] < after.exposed_s[Dim.DP]
+
+
+def test_fsdp2_waits_for_the_previous_units_reduce_scatter_before_issuing_the_next():
+    # torch 2.13 _fsdp_param_group.py post_backward (post_backward_rs_wait): with one reduce-scatter
+    # input buffer in flight (reduce_scatter_max_input_buffers = 1) the compute stream waits on the
+    # previous unit's reduce-scatter event before it copies in and issues the next, so the next
+    # unit's backward cannot start until then. Other ZeRO-3 keeps them all in flight to the end.
+    for framework, waits in (("torchtitan", True), ("generic", False)):
+        _, plan = plan_of(framework=framework, parallelism={"zero": 3})
+        instrs = plan.ranks[0].instrs
+        grads = [k for k, i in enumerate(instrs) if type(i) is Collective and i.stream == Stream.DP and "grads" in i.name]
+        assert len(grads) > 3
+        for a, b in zip(grads, grads[1:]):
+            between = instrs[a + 1:b]
+            waited = [i for i in between if type(i) is Wait and i.handle == instrs[a].handle]
+            assert bool(waited) == waits, framework
+            if waits:
+                # after the next unit's backward compute, right before its own reduction
+                assert between[-1] is waited[0]
+                assert any(type(i) is Compute for i in between[:-1])

@@ -354,8 +354,12 @@ class GradBuckets:
     or when an FSDP unit's gradients are complete; dense over dp (or HSDP), expert over edp."""
 
     def __init__(self, out: list, new_handle, zero: int, bucket_bytes: float, use_dp: bool, use_edp: bool,
-                 hsdp_shard: int | None, bucketed: set[int] | None = None, hsdp_expert_shard: int | None = None):
+                 hsdp_shard: int | None, bucketed: set[int] | None = None, hsdp_expert_shard: int | None = None,
+                 wait_previous: bool = False):
         self.out, self.new_handle = out, new_handle
+        # FSDP2: the compute stream waits for the reductions in flight before it issues the next
+        # (Program.grad_reduce_waits_previous).
+        self.wait_previous = wait_previous
         self.zero, self.bucket_bytes, self.hsdp_shard = zero, bucket_bytes, hsdp_shard
         self.hsdp_expert_shard = hsdp_expert_shard
         # Stages whose gradients go in buckets (None: all); the others reduce theirs in one piece
@@ -366,6 +370,10 @@ class GradBuckets:
         self.pending: list[int] = []
 
     def flush(self, label: str) -> None:
+        if self.wait_previous and any(self.fill[i] > 0 and self.on[i] for i in (0, 1)):
+            for h in self.pending:
+                self.out.append(Wait(h, Dim.DP, "dp reduce-scatter of the previous FSDP unit"))
+            self.pending.clear()
         for i, expert in ((0, False), (1, True)):
             if self.fill[i] > 0 and self.on[i]:
                 h = self.new_handle()
@@ -578,7 +586,8 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     use_edp = mesh.edp * mesh.cp * prog.edp_tp > 1
     hsdp_expert_shard = hsdp_expert_shard_of(hsdp_shard, mesh.ep, prog.edp_tp)
     buckets = GradBuckets(out, new_handle, prog.zero, prog.grad_bucket_bytes, use_dp, use_edp, hsdp_shard,
-                          bucketed_stages(sched, pp_rank, prog.grad_buckets_first_chunk_only), hsdp_expert_shard)
+                          bucketed_stages(sched, pp_rank, prog.grad_buckets_first_chunk_only), hsdp_expert_shard,
+                          wait_previous=prog.grad_reduce_waits_previous)
 
     # ZeRO-1/2: the updated parameters are all-gathered; Megatron overlaps that with the next
     # step's forward, so a stage's first forward waits for its own gather.

@@ -98,6 +98,12 @@ class Program:
     # A stage's gradients reduced after its last backward, unit by unit, the compute stream
     # waiting for each (torch.distributed.pipelining's REDUCE_GRAD over FSDP2: plan.reduce_stage_grads).
     grad_reduce_after_stage_backward: bool = False
+    # Before it issues a unit's gradient reduction the compute stream waits for the one in flight
+    # (FSDP2's post_backward_rs_wait: torch 2.13 _fsdp_param_group.py post_backward keeps
+    # reduce_scatter_max_input_buffers = 1 input buffer, waiting on the previous unit's
+    # reduce-scatter event before it copies in the next), so a backward whose reductions outlast
+    # its compute is held back by them rather than running ahead of them.
+    grad_reduce_waits_previous: bool = False
     stage_expert_params: list[float] = field(default_factory=list)  # the expert share of stage_params (sharded over edp)
     # Per position: SP-duplicated parameters (LayerOps.tp_duplicated_params), summed over tp once a step.
     stage_tp_duplicated_params: list[float] = field(default_factory=list)
@@ -785,6 +791,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         # torchtitan runs PP through torch.distributed.pipelining, which reduces FSDP2's
         # gradients after a stage's last backward (plan.reduce_stage_grads).
         grad_reduce_after_stage_backward=sc.framework == "torchtitan" and p.zero >= 3 and p.pp > 1,
+        grad_reduce_waits_previous=sc.framework == "torchtitan" and p.zero >= 3,
         notes=notes,
     )
 
