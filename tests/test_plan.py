@@ -237,3 +237,39 @@ def test_fsdp2_waits_for_the_previous_units_reduce_scatter_before_issuing_the_ne
                 # after the next unit's backward compute, right before its own reduction
                 assert between[-1] is waited[0]
                 assert any(type(i) is Compute for i in between[:-1])
+
+
+def test_torchtitan_fsdp_units_a_root_and_a_last_block_kept_whole():
+    # torchtitan 0.1.0 apply_fsdp: fully_shard per transformer block, the last one with
+    # reshard_after_forward False without PP; fully_shard(model) makes the embedding, the final
+    # norm and the head one root unit, resharded after forward under torch 2.13 (the True given is
+    # kept) and reduced in the final callback, after every block's reduction.
+    prog, plan = plan_of(framework="torchtitan", parallelism={"zero": 3})
+    n = prog.scenario.model.num_layers
+    instrs = plan.ranks[0].instrs
+    gathers = [i for i in instrs if type(i) is Collective and i.stream == Stream.DP_AG]
+    root_bytes = prog.unit_params[-1] * prog.param_bytes + prog.unit_params[n] * prog.param_bytes
+    names = [g.name for g in gathers]
+    # forward: the root, then every block; backward: the root again, every block but the last
+    assert names == ([f"all_gather params layer {L}" for L in [-1, *range(n)]]
+                     + [f"all_gather params layer {L}" for L in [n, *range(n - 2, -1, -1)]])
+    assert gathers[0].row_bytes == pytest.approx(root_bytes) and gathers[n + 1].row_bytes == pytest.approx(root_bytes)
+    grads = [i for i in instrs if type(i) is Collective and i.stream == Stream.DP and "grads" in i.name]
+    assert len(grads) == n + 1 and grads[-1].name.endswith("root")
+    root_grads = sum(float(w.grad_bytes[k]) for w in [prog.segments[(0, "W")]] for k in range(len(w.layer))
+                     if int(w.layer[k]) in (-1, n))
+    assert grads[-1].row_bytes == pytest.approx(root_grads)
+    # Other frameworks keep a unit a layer id, all resharded.
+    gprog, gplan = plan_of(parallelism={"zero": 3})
+    assert len([i for i in gplan.ranks[0].instrs if type(i) is Collective and i.stream == Stream.DP_AG]) == 2 * (n + 2)
+
+
+def test_torchtitan_last_block_is_not_copied_out_again_in_backward():
+    prog, _ = plan_of(framework="torchtitan", parallelism={"zero": 3})
+    n = prog.scenario.model.num_layers
+    b = prog.segments[(0, "B")]
+    per_layer = {}
+    for t, L in zip(b.compute_s, b.layer):
+        per_layer[int(L)] = per_layer.get(int(L), 0.0) + float(t)
+    # Same ops but the copy-out: the last block's backward is the shorter.
+    assert per_layer[n - 1] < per_layer[n - 2]

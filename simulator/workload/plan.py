@@ -355,8 +355,15 @@ class GradBuckets:
 
     def __init__(self, out: list, new_handle, zero: int, bucket_bytes: float, use_dp: bool, use_edp: bool,
                  hsdp_shard: int | None, bucketed: set[int] | None = None, hsdp_expert_shard: int | None = None,
-                 wait_previous: bool = False):
+                 wait_previous: bool = False, unit_of: dict[int, int] | None = None):
         self.out, self.new_handle = out, new_handle
+        # FSDP units of several layer ids (Program.fsdp_unit_of). The root unit (-1 among them)
+        # wraps the whole model: its post-backward runs after every other unit's, where the
+        # backward ends (torch 2.13 FSDPState._root_post_backward_final_callback: the root's
+        # inputs, the token ids, need no gradient, so no RegisterPostBackwardFunction fires for
+        # it earlier); its gradients wait in ``root_fill`` until the action's last segment.
+        self.unit_of = unit_of or {}
+        self.root_fill = [0.0, 0.0]
         # FSDP2: the compute stream waits for the reductions in flight before it issues the next
         # (Program.grad_reduce_waits_previous).
         self.wait_previous = wait_previous
@@ -383,15 +390,22 @@ class GradBuckets:
             self.fill[i] = 0.0
 
     def add(self, a: Action, j: int, seg, last: bool) -> None:
-        self.fill[0] += seg.grad_bytes[j]
+        unit_of = self.unit_of
+        L = int(seg.layer[j])
+        fill = self.root_fill if unit_of and unit_of.get(L, L) == -1 else self.fill
+        fill[0] += seg.grad_bytes[j]
         if seg.expert_grad_bytes is not None:
-            self.fill[1] += seg.expert_grad_bytes[j]
+            fill[1] += seg.expert_grad_bytes[j]
         # FSDP reduces per unit; DDP/ZeRO-1/2 per bucket.
-        unit_done = self.zero >= 3 and (last or int(seg.layer[j + 1]) != int(seg.layer[j]))
+        unit_done = self.zero >= 3 and (last or unit_of.get(int(seg.layer[j + 1]), int(seg.layer[j + 1])) != unit_of.get(L, L))
         total = self.fill[0] + self.fill[1]
         full = total >= self.bucket_bytes and (self.bucketed is None or a.stage in self.bucketed)
         if full or (unit_done and total > 0):
             self.flush(f"grads stage {a.stage}")
+        if last and self.root_fill[0] + self.root_fill[1] > 0:
+            # (the unit before it was flushed just above: fill is empty)
+            self.fill, self.root_fill = self.root_fill, [0.0, 0.0]
+            self.flush(f"grads stage {a.stage} root")
 
     def split(self, dense: float, expert: float, label: str, one_piece: bool = False) -> None:
         """Reduce ``dense`` + ``expert`` bytes in equal buckets (no overlap with backward), or in one
@@ -587,7 +601,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     hsdp_expert_shard = hsdp_expert_shard_of(hsdp_shard, mesh.ep, prog.edp_tp)
     buckets = GradBuckets(out, new_handle, prog.zero, prog.grad_bucket_bytes, use_dp, use_edp, hsdp_shard,
                           bucketed_stages(sched, pp_rank, prog.grad_buckets_first_chunk_only), hsdp_expert_shard,
-                          wait_previous=prog.grad_reduce_waits_previous)
+                          wait_previous=prog.grad_reduce_waits_previous, unit_of=prog.fsdp_unit_of)
 
     # ZeRO-1/2: the updated parameters are all-gathered; Megatron overlaps that with the next
     # step's forward, so a stage's first forward waits for its own gather.
@@ -618,6 +632,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     gathers: list[tuple[int, int, float, float]] = []  # (action index, layer, bytes, expert bytes) in execution order
     ag_dim = Dim.DP_SHARD if hsdp_shard is not None else Dim.DP
     eag_dim = Dim.EDP_SHARD if hsdp_shard is not None else Dim.EDP
+    unit_of = prog.fsdp_unit_of
     if zero3 and (use_dp or use_edp):
         gathered: set[tuple[int, int]] = set()
         for idx, a in enumerate(actions):
@@ -625,14 +640,23 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
                 if sub.kind == "W" or (sub.kind != "F" and not prog.fsdp_reshard_after_forward):
                     continue
                 seg = prog.segments[(sched.stage_position[sub.stage], sub.kind)]
-                for L in dict.fromkeys(int(x) for x in seg.layer):
-                    if prog.fsdp_reshard_after_forward or (sub.stage, L) not in gathered:
-                        gathered.add((sub.stage, L))
-                        nbytes = prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes)
-                        ebytes = prog.unit_expert_gather_bytes.get(L, 0.0)
+                layers = list(dict.fromkeys(int(x) for x in seg.layer))
+                # A unit of several layer ids (torchtitan's root: the embedding, the final norm
+                # and the head) is gathered whole where the first of them runs, once an action.
+                members: dict[int, list[int]] = {}
+                for L in layers:
+                    members.setdefault(unit_of.get(L, L), []).append(L)
+                for u, ls in members.items():
+                    if sub.kind != "F" and u in prog.fsdp_keep_gathered:
+                        continue  # not resharded after its forward: still whole for its backward
+                    if prog.fsdp_reshard_after_forward or (sub.stage, u) not in gathered:
+                        gathered.add((sub.stage, u))
+                        nbytes = sum(prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes)
+                                     for L in ls)
+                        ebytes = sum(prog.unit_expert_gather_bytes.get(L, 0.0) for L in ls)
                         dense, ebytes = (nbytes - ebytes if use_dp else 0.0), (ebytes if use_edp else 0.0)
                         if dense > 0 or ebytes > 0:
-                            gathers.append((idx, L, dense, ebytes))
+                            gathers.append((idx, ls[0], dense, ebytes))
     gather_handles = [new_handle() for _ in gathers]
     next_gather = [0, 0]  # [next to wait for, next to issue]
 

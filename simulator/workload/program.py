@@ -95,6 +95,9 @@ class Program:
     # FSDP units: layer id -> the unit it belongs to, where not its own (torchtitan's root module:
     # the embedding, the final norm and the output head, fully_shard(model) in apply_fsdp).
     fsdp_unit_of: dict[int, int] = field(default_factory=dict)
+    # FSDP units kept whole from their forward to their backward though the others reshard
+    # (torchtitan's last transformer block: apply_fsdp's "default" policy).
+    fsdp_keep_gathered: frozenset[int] = frozenset()
     # A stage's gradients reduced after its last backward, unit by unit, the compute stream
     # waiting for each (torch.distributed.pipelining's REDUCE_GRAD over FSDP2: plan.reduce_stage_grads).
     grad_reduce_after_stage_backward: bool = False
@@ -674,6 +677,21 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
             return "moe"
         return "dense"
 
+    # torchtitan's FSDP units (0.1.0 models/llama3/infra/parallelize.py apply_fsdp): one per
+    # transformer block, and the root, fully_shard(model), holding the embedding, the final norm
+    # and the output head together (a pipeline stage's model part holds those of them it has).
+    # The root is resharded after forward (torch 2.13 fully_shard: reshard_after_forward given
+    # as True is kept; FSDPState._lazy_init keeps a root whole only when it is left None) and
+    # gathered again where the backward starts. Without PP the "default" policy keeps the last
+    # block whole ("FSDP would prefetch it immediately"): reshard_after_forward =
+    # int(layer_id) < len(model.layers) - 1; under PP none reshards (fsdp_reshard_after_forward).
+    fsdp_unit_of: dict[int, int] = {}
+    fsdp_keep: frozenset[int] = frozenset()
+    if sc.framework == "torchtitan" and p.zero >= 3:
+        fsdp_unit_of = {-1: -1, m.num_layers: -1}
+        if p.pp == 1 and p.fsdp_reshard_after_forward:
+            fsdp_keep = frozenset({m.num_layers - 1})
+
     segments: dict[tuple[int, str], Segments] = {}
     stage_params: list[float] = []
     stage_expert_params: list[float] = []
@@ -689,7 +707,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         i_ops, w_ops, b_ops = [], [], []
         for k, L in reversed(chain):
             rec = [(o, L) for o in run_ops(recompute_ops(k, L in recompute_layers))] if k not in ("embedding", "head") else []
-            li = [(o, L) for o in run_ops(bwd[k][0])]
+            # A unit kept whole since its forward is not gathered, nor copied out, again.
+            li = [(o, L) for o in run_ops(bwd[k][0]) if not (L in fsdp_keep and o.name == "fsdp_copy_out.bwd")]
             lw = [(o, L) for o in bwd[k][1]]
             i_ops += rec + li
             w_ops += lw
@@ -788,6 +807,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
         fsdp_prefetch=p.fsdp_prefetch,
         fsdp_shard_size=p.fsdp_shard_size,
+        fsdp_unit_of=fsdp_unit_of,
+        fsdp_keep_gathered=fsdp_keep,
         # torchtitan runs PP through torch.distributed.pipelining, which reduces FSDP2's
         # gradients after a stage's last backward (plan.reduce_stage_grads).
         grad_reduce_after_stage_backward=sc.framework == "torchtitan" and p.zero >= 3 and p.pp > 1,
