@@ -877,6 +877,15 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
         out.append(StepCollective("grad norm", dims[0] if dims else "tp", "all_reduce", 4.0 if dims else 0.0, norm_s))
         for d in dims[1:]:
             out.append(StepCollective("grad norm", d, "all_reduce", 4.0))
+        if sc.framework == "torchtitan":
+            # torchtitan 0.1.0 distributed/utils.py clip_grad_norm_ ends in
+            # torch.nn.utils.clip_grads_with_norm_, which multiplies every gradient by the clamped
+            # coefficient whether or not it clips (torch 2.13 clip_grad.py _clip_grads_with_norm_:
+            # _foreach_mul_, "avoids a `if clip_coef < 1:` conditional"): reads and writes the
+            # rank's fp32 gradient shard. (Megatron scales only when the coefficient is below 1.)
+            clip_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]),
+                                                  np.array([opt_params_max * 2 * GRAD_REDUCE_BYTES]))[0])
+            out.append(StepCollective("grad clip", "tp", "all_reduce", 0.0, clip_s))
     return out
 
 
