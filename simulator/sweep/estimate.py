@@ -54,8 +54,8 @@ from simulator.schedules.base import Action
 from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim
 from simulator.workload.plan import (
     GradBuckets, bucketed_stages, grad_reduce_bytes, communication_groups, edp_tp_of, emit_action, hsdp_expert_shard_of,
-    hsdp_shard_of, linear_replay, ADAM_BYTES_PER_PARAM, adam_tensor_count, optimizer_shards, optimizer_state_bytes,
-    pp_message_bytes,
+    hsdp_shard_of, linear_replay, ADAM_BYTES_PER_PARAM, adam_bytes_per_param, adam_tensor_count, optimizer_shards,
+    optimizer_state_bytes, pp_message_bytes,
 )
 from simulator.workload.ops import optimizer_time_s, tied_head_shares_embedding
 from simulator.workload.program import Program, build_program, checkpointed_layers, split_layers, step_terms
@@ -822,7 +822,8 @@ class Estimator:
                                                              edp_tp=edp_tp))
         opt_params = opt_bytes / ADAM_BYTES_PER_PARAM
         # The program's own optimizer model (multi-tensor Adam launches by shape, or the class curve).
-        opt_s = optimizer_time_s(prof, opt_params, adam_tensor_count(sc.model.num_layers, p.pp), ADAM_BYTES_PER_PARAM, sc)
+        opt_s = optimizer_time_s(prof, opt_params, adam_tensor_count(sc.model.num_layers, p.pp),
+                                 adam_bytes_per_param(sc.framework), sc)
         tp_dup = max(float(sum(pos_tp_dup[stage_pos[st]] for st in stages)) for stages in rank_stages)
         terms_end = self._step_terms_end(sc, prof, (netkey, p.tp, p.cp, p.ep, dp, p.pp, p.mesh_order, hsdp), opt_params,
                                          dp_cp, ends, tie_ranks, coll, exposed, tp_dup)

@@ -207,6 +207,16 @@ def grad_reduce_bytes(dtype: str, zero: int) -> int:
     return 2 if dtype == "fp16" and zero < 3 else GRAD_REDUCE_BYTES
 # Adam step per parameter: read fp32 master, grad, m, v; write master, m, v; write bf16 copy.
 ADAM_BYTES_PER_PARAM = 30
+# torchtitan's AdamW (0.1.0 config_manager.py Optimizer.implementation = "fused": torch's
+# _fused_adamw_) over FSDP2's fp32 sharded parameters: read param, grad, m, v; write param, m, v.
+# No bf16 copy: FSDP2 casts to param_dtype in its all-gather copy-in.
+TORCHTITAN_ADAM_BYTES_PER_PARAM = 28
+
+
+def adam_bytes_per_param(framework: str) -> int:
+    """HBM bytes per parameter of the optimizer step's kernels (the state's size stays
+    ``optimizer_state_bytes``'s, in ADAM_BYTES_PER_PARAM units)."""
+    return TORCHTITAN_ADAM_BYTES_PER_PARAM if framework == "torchtitan" else ADAM_BYTES_PER_PARAM
 # Parameter tensors the multi-tensor Adam walks (its launches: kernels.adam_kernels), a GPT layer's
 # 12 (QKV, out, fc1, fc2 weights and biases, two LayerNorms' weight and bias) and 4 outside the
 # layers (word and position embeddings, final norm weight and bias). Counted for GPT; a Llama

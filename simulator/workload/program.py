@@ -24,8 +24,8 @@ from simulator.workload.ops import (Comm, LayerOps, Op, build_layer_ops, embeddi
                                    optimizer_time_s, tied_head_shares_embedding)
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
-    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, adam_tensor_count, edp_tp_of, grad_reduce_bytes, optimizer_shards,
-    optimizer_state_bytes, pp_message_bytes,
+    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, adam_bytes_per_param, adam_tensor_count, edp_tp_of, grad_reduce_bytes,
+    optimizer_shards, optimizer_state_bytes, pp_message_bytes,
 )
 
 
@@ -781,7 +781,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
                                                          edp_tp=edp_tp))
     opt_params_max = opt_bytes / ADAM_BYTES_PER_PARAM
     shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp, edp_tp=edp_tp)
-    optimizer_s = optimizer_time_s(profile, opt_params_max, adam_tensor_count(m.num_layers, p.pp), ADAM_BYTES_PER_PARAM, sc)
+    optimizer_s = optimizer_time_s(profile, opt_params_max, adam_tensor_count(m.num_layers, p.pp),
+                                   adam_bytes_per_param(sc.framework), sc)
 
     # Under SP: the duplicated weights' gradients of the rank's layers, all-reduced over tp.
     tp_duplicated_max = rank_max(schedule, stage_tp_duplicated)
