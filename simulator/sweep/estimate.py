@@ -472,8 +472,9 @@ class Estimator:
         (``program.step_terms``) for this point's optimizer shard, priced once per layout and
         network (``net_key``: the network, GPU and mesh the collectives run on)."""
         p, m = sc.parallelism, sc.model
+        # (the framework: torchtitan's clip multiplies every gradient, program.step_terms)
         key = (net_key, m.tied_embeddings, m.vocab_size, m.hidden_size, p.zero, p.fsdp_shard_size, sc.dtype, p.grad_clip,
-               opt_params, tp_duplicated_params)
+               opt_params, tp_duplicated_params, sc.framework)
         priced = self._step_terms.get(key)
         if priced is None:
             shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
