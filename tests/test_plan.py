@@ -273,3 +273,25 @@ def test_torchtitan_last_block_is_not_copied_out_again_in_backward():
         per_layer[int(L)] = per_layer.get(int(L), 0.0) + float(t)
     # Same ops but the copy-out: the last block's backward is the shorter.
     assert per_layer[n - 1] < per_layer[n - 2]
+
+
+def test_torchtitan_gradient_accumulation_reduces_every_microbatch():
+    # torchtitan 0.1.0 train.py train_step: loss.backward() per microbatch with FSDP2's gradient
+    # sync left on (no set_requires_gradient_sync(False)), so every backward reduce-scatters and
+    # the fp32 shards accumulate into .grad; the gradients never sit unsharded across microbatches.
+    from simulator.workload.memory import memory_report
+
+    over = dict(parallelism={"zero": 3}, batch={"global_batch_size": 64})
+    prog, plan = plan_of(framework="torchtitan", **over)
+    nmb = prog.schedule.num_microbatches
+    assert nmb == 4
+    per_step = float(prog.segments[(0, "W")].grad_bytes.sum())
+    reduced = sum(c.steps[0][2] for c in plan.ranks[0].collectives() if c.stream == Stream.DP and "grads" in c.name)
+    assert reduced == pytest.approx(nmb * per_step)
+    # Other ZeRO-3 (and the capture harness's FSDP2 loop) reduces on the last microbatch only.
+    gprog, gplan = plan_of(**over)
+    greduced = sum(c.steps[0][2] for c in gplan.ranks[0].collectives() if c.stream == Stream.DP and "grads" in c.name)
+    assert greduced == pytest.approx(float(gprog.segments[(0, "W")].grad_bytes.sum()))
+    mem = memory_report(prog.scenario, prog, 80.0, 1.0).per_rank_gib[0]["gradients_gib"]
+    gmem = memory_report(gprog.scenario, gprog, 80.0, 1.0).per_rank_gib[0]["gradients_gib"]
+    assert mem == pytest.approx(gmem / 16)  # sharded over the 16 ranks, not whole

@@ -230,14 +230,15 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             return per_param * (dense / shard + expert / expert_shard)
 
         grads = state_bytes(4, 2)
-        if z >= 2 and sched.num_microbatches > 1:
+        if z >= 2 and sched.num_microbatches > 1 and not prog.grad_reduce_every_microbatch:
             # The plan reduces gradients at a stage's last microbatch only, at every ZeRO stage
             # (Megatron's full main-grad buffer; torch.distributed.pipelining stage.py and the
             # capture harness turn FSDP2's set_requires_gradient_sync off until the last
             # backward), so until then each rank accumulates its whole stages' gradients
             # unsharded, in fp32 (FSDP2 _fsdp_param.py to_accumulated_grad_if_needed: the reduce
             # dtype). ZeRO-2/3 shard them only when each microbatch is reduced as it is produced,
-            # which a one-microbatch step is.
+            # which a one-microbatch step is, and torchtitan's gradient accumulation without PP
+            # (Program.grad_reduce_every_microbatch: sync stays on, the fp32 shards accumulate).
             grads = 4 * (dense + expert)
         row = {
             "parameters_gib": state_bytes(param_bytes, 3) / GIB,

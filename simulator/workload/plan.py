@@ -773,7 +773,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
         for sub in a.leaves:
             # The stage's last weight-gradient action: a W, or a full B (DualPipe's first and last
             # ranks end one of their stages with a B though they split others into I and W).
-            g = last_grad_action.get(sub.stage) == idx and sub.kind in ("B", "W")
+            g = (last_grad_action.get(sub.stage) == idx or prog.grad_reduce_every_microbatch) and sub.kind in ("B", "W")
             run_segments(sub, idx, g, blocking=a.kind != "FB")
             complete(sub)
             if g and reduce_after:

@@ -107,6 +107,10 @@ class Program:
     # reduce-scatter event before it copies in the next), so a backward whose reductions outlast
     # its compute is held back by them rather than running ahead of them.
     grad_reduce_waits_previous: bool = False
+    # Every microbatch's backward reduces its gradients (not only a stage's last): torchtitan's
+    # gradient accumulation without PP (0.1.0 train.py train_step runs loss.backward() per
+    # microbatch with FSDP2's gradient sync left on; the reduced shards add into .grad).
+    grad_reduce_every_microbatch: bool = False
     stage_expert_params: list[float] = field(default_factory=list)  # the expert share of stage_params (sharded over edp)
     # Per position: SP-duplicated parameters (LayerOps.tp_duplicated_params), summed over tp once a step.
     stage_tp_duplicated_params: list[float] = field(default_factory=list)
@@ -814,6 +818,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         # gradients after a stage's last backward (plan.reduce_stage_grads).
         grad_reduce_after_stage_backward=sc.framework == "torchtitan" and p.zero >= 3 and p.pp > 1,
         grad_reduce_waits_previous=sc.framework == "torchtitan" and p.zero >= 3,
+        grad_reduce_every_microbatch=sc.framework == "torchtitan" and p.zero >= 3 and p.pp == 1,
         notes=notes,
     )
 
