@@ -243,3 +243,16 @@ def test_estimate_prices_zero3_gathers_on_its_exact_program_path(schedule):
     sim = simulate(sc, with_critical_path=False).timeline.step_time_s
     est = Estimator().estimate(sc).step_time_s
     assert est == pytest.approx(sim, rel=0.02), f"estimate {est * 1e3:.2f} ms, simulation {sim * 1e3:.2f} ms"
+
+
+def test_estimate_reduces_torchtitan_gradients_every_microbatch_as_the_plan_does():
+    # torchtitan's gradient accumulation without PP reduce-scatters every microbatch's gradients
+    # (Program.grad_reduce_every_microbatch), waiting for the previous unit's reduction before
+    # the next (grad_reduce_waits_previous); the estimate replayed the last backward's reductions
+    # only: small dense ZeRO-3 on 16 H100, 4 microbatches, 99.6 ms against the simulation's 107.1 (now 106.9).
+    from agreement_scenarios import scenario
+
+    sc = build_scenario(scenario("tt-accum", framework="torchtitan", gbs=64, parallelism={"zero": 3}))
+    assert sc.num_microbatches == 4
+    sim = simulate(sc, with_critical_path=False).timeline.step_time_s
+    assert Estimator().estimate(sc).step_time_s == pytest.approx(sim, rel=0.02)

@@ -233,23 +233,28 @@ class Estimator:
             hit = self._sched_info[key] = (counts, counts_fb, int(hops), stages, tie)
         return hit
 
-    def _tail_actions(self, key: tuple, sched: PipelineSchedule, r: int) -> list[tuple[str, int, bool, bool, int]]:
+    def _tail_actions(self, key: tuple, sched: PipelineSchedule, r: int,
+                      every: bool = False) -> list[tuple[str, int, bool, bool, int]]:
         """(kind, position, reduces gradients, blocking, stage) of rank r's actions from its first
-        last-backward to the end: the plan's gradient buckets fill there (the planner's rule)."""
-        tkey = (key, r)
+        last-backward to the end: the plan's gradient buckets fill there (the planner's rule).
+        ``every`` (Program.grad_reduce_every_microbatch): every backward reduces, so the actions
+        from the rank's first backward on."""
+        tkey = (key, r, every)
         hit = self._tails_of.get(tkey)
         if hit is None:
             actions = sched.actions[r]
             last_grad: dict[int, int] = {}
+            first_grad: dict[int, int] = {}
             for idx, a in enumerate(actions):
                 for leaf in a.leaves:
                     if leaf.kind in ("B", "W"):
                         last_grad[leaf.stage] = idx
+                        first_grad.setdefault(leaf.stage, idx)
             hit = []
-            for idx in range(min(last_grad.values(), default=len(actions)), len(actions)):
+            for idx in range(min((first_grad if every else last_grad).values(), default=len(actions)), len(actions)):
                 a = actions[idx]
                 for leaf in a.leaves:
-                    g = last_grad.get(leaf.stage) == idx and leaf.kind in ("B", "W")  # (the plan's rule)
+                    g = (every or last_grad.get(leaf.stage) == idx) and leaf.kind in ("B", "W")  # (the plan's rule)
                     hit.append((leaf.kind, sched.stage_position[leaf.stage], g, a.kind != "FB", leaf.stage))
             self._tails_of[tkey] = hit
         return hit
@@ -768,13 +773,16 @@ class Estimator:
             bucket_bytes = sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero)
             # The tail differs by the stages a rank holds: the first and last ranks hold the
             # embedding and the head, every middle rank the same layers (up to uneven splits).
+            # FSDP2's rules (the plan's Program.grad_reduce_waits_previous and
+            # grad_reduce_every_microbatch), read off the point's scenario as build_program sets them.
+            fsdp2 = sc.framework == "torchtitan" and p.zero >= 3
             for r in ends:
                 stages = rank_stages[r]
-                tail_actions = self._tail_actions(skey, sched, r)
+                tail_actions = self._tail_actions(skey, sched, r, every=fsdp2 and p.pp == 1)
                 bucketed = bucketed_stages(sched, r, sc.grad_buckets_first_chunk_only)
                 tkey = (id(tab), ckey, tuple((k, bounds[q], g, blk) for k, q, g, blk, _ in tail_actions),
                         tuple(bounds[stage_pos[st]] for st in stages), p.zero, bucket_bytes, p.overlap_grad_reduce, use_edp,
-                        None if bucketed is None else tuple(sorted(bucketed)), sc.grad_reduce_in_one_piece)
+                        None if bucketed is None else tuple(sorted(bucketed)), sc.grad_reduce_in_one_piece, fsdp2)
                 tail = self._tails.get(tkey)
                 if tail is None:
                     # The plan's own buckets over the last backward of each stage, replayed alone:
@@ -786,7 +794,10 @@ class Estimator:
                         handles[0] += 1
                         return handles[0]
 
-                    gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp_cp > 1, use_edp, hsdp, bucketed, hsdp_expert)
+                    # (The root unit's reduction at the backward's end, fsdp_unit_of, is not replayed:
+                    # the replay emits one layer a position, so a unit's end is every position's.)
+                    gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp_cp > 1, use_edp, hsdp, bucketed, hsdp_expert,
+                                     wait_previous=fsdp2)
                     bare_s = 0.0  # the same actions without buckets: the tail is the difference
                     if p.overlap_grad_reduce:
                         # From the first of the rank's last backwards to the end, as the plan runs it.
