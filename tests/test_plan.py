@@ -295,3 +295,13 @@ def test_torchtitan_gradient_accumulation_reduces_every_microbatch():
     mem = memory_report(prog.scenario, prog, 80.0, 1.0).per_rank_gib[0]["gradients_gib"]
     gmem = memory_report(gprog.scenario, gprog, 80.0, 1.0).per_rank_gib[0]["gradients_gib"]
     assert mem == pytest.approx(gmem / 16)  # sharded over the 16 ranks, not whole
+
+
+def test_fsdp2_under_hsdp_does_not_wait_for_the_replica_all_reduce():
+    # FSDP2 waits on the previous unit's reduce-scatter event only; HSDP's all-reduce runs on its
+    # own all_reduce_stream (torch 2.13 _fsdp_collectives.foreach_reduce) and is joined at the
+    # backward's end. The plan's HSDP reduction is one reduce-scatter + all-reduce chain under one
+    # handle: waiting on it would hold the backward for the replicas' all-reduce.
+    _, plan = plan_of(framework="torchtitan", parallelism={"zero": 3, "fsdp_shard_size": 4})
+    waits = [i for i in plan.ranks[0].instrs if type(i) is Wait and "previous FSDP unit" in i.reason]
+    assert not waits

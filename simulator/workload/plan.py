@@ -375,8 +375,11 @@ class GradBuckets:
         self.unit_of = unit_of or {}
         self.root_fill = [0.0, 0.0]
         # FSDP2: the compute stream waits for the reductions in flight before it issues the next
-        # (Program.grad_reduce_waits_previous).
-        self.wait_previous = wait_previous
+        # (Program.grad_reduce_waits_previous). It waits on the reduce-scatter's event only; under
+        # HSDP the all-reduce runs after it on FSDP2's all_reduce_stream and is waited for at the
+        # backward's end (finalize_backward), but the plan chains the two on one stream under one
+        # handle, so waiting on it would wait for the all-reduce too: HSDP keeps them in flight.
+        self.wait_previous = wait_previous and hsdp_shard is None and hsdp_expert_shard is None
         self.zero, self.bucket_bytes, self.hsdp_shard = zero, bucket_bytes, hsdp_shard
         self.hsdp_expert_shard = hsdp_expert_shard
         # Stages whose gradients go in buckets (None: all); the others reduce theirs in one piece
