@@ -51,9 +51,9 @@ from simulator.topology.placement import Mesh
 from simulator.workload.memory import memory_report
 from simulator.contention import collective_ctas, compute_slowdown, measured_excess_scale, scaled_slowdown
 from simulator.schedules.base import Action
-from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim
+from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim, Stream
 from simulator.workload.plan import (
-    GradBuckets, bucketed_stages, grad_reduce_bytes, communication_groups, edp_tp_of, emit_action, hsdp_expert_shard_of,
+    Collective, GradBuckets, bucketed_stages, grad_reduce_bytes, grad_reduction_steps, communication_groups, edp_tp_of, emit_action, hsdp_expert_shard_of,
     hsdp_shard_of, linear_replay, ADAM_BYTES_PER_PARAM, adam_bytes_per_param, adam_tensor_count, optimizer_shards,
     optimizer_state_bytes, pp_message_bytes,
 )
@@ -782,7 +782,8 @@ class Estimator:
                 bucketed = bucketed_stages(sched, r, sc.grad_buckets_first_chunk_only)
                 tkey = (id(tab), ckey, tuple((k, bounds[q], g, blk) for k, q, g, blk, _ in tail_actions),
                         tuple(bounds[stage_pos[st]] for st in stages), p.zero, bucket_bytes, p.overlap_grad_reduce, use_edp,
-                        None if bucketed is None else tuple(sorted(bucketed)), sc.grad_reduce_in_one_piece, fsdp2)
+                        None if bucketed is None else tuple(sorted(bucketed)), sc.grad_reduce_in_one_piece, fsdp2,
+                        p.pp > 1)
                 tail = self._tails.get(tkey)
                 if tail is None:
                     # The plan's own buckets over the last backward of each stage, replayed alone:
@@ -799,6 +800,9 @@ class Estimator:
                     gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp_cp > 1, use_edp, hsdp, bucketed, hsdp_expert,
                                      wait_previous=fsdp2)
                     bare_s = 0.0  # the same actions without buckets: the tail is the difference
+                    # torchtitan under PP: a stage's units reduced after its last backward, each
+                    # blocking (the plan's reduce_stage_grads; one layer a position, one unit each).
+                    reduce_after = fsdp2 and p.pp > 1
                     if p.overlap_grad_reduce:
                         # From the first of the rank's last backwards to the end, as the plan runs it.
                         for kind, q0, g, blocking, stage in tail_actions:
@@ -807,9 +811,16 @@ class Estimator:
                             order = range(lo, hi) if kind == "F" else range(hi - 1, lo - 1, -1)
                             for q in order:
                                 emit_action(out, prog.segments[(q, kind)], leaf, blocking, new_handle,
-                                            on_grads=gb.add if g else None)
+                                            on_grads=gb.add if g and not reduce_after else None)
                                 bare_s += (bare_cost if blocking else bare_cost_nb)[kind][q]
-                            if g:
+                            if g and reduce_after:
+                                for q in range(lo, hi):
+                                    for nbytes, expert, on in ((float(tab.grad_bytes[q]), False, dp_cp > 1),
+                                                               (float(tab.expert_grad_bytes[q]), True, use_edp)):
+                                        if nbytes > 0 and on:
+                                            out.append(Collective(Stream.DP, grad_reduction_steps(
+                                                p.zero, nbytes, expert, hsdp, hsdp_expert), -1, "dp", "grads"))
+                            elif g:
                                 gb.flush("grads")
                     else:
                         for st in stages:
