@@ -305,3 +305,34 @@ def test_fsdp2_under_hsdp_does_not_wait_for_the_replica_all_reduce():
     _, plan = plan_of(framework="torchtitan", parallelism={"zero": 3, "fsdp_shard_size": 4})
     waits = [i for i in plan.ranks[0].instrs if type(i) is Wait and "previous FSDP unit" in i.reason]
     assert not waits
+
+
+def test_fsdp2_gradient_buffers_replace_the_bucket_reserve():
+    # FSDP2 keeps no gradient buckets: beside the sharded .grad it holds the unit in backward's
+    # bf16 gradients (2 B a parameter), the previous unit's fp32 reduce-scatter input (4 B) until
+    # its post_backward_rs_wait, and the root's head gradient (bf16) from the head's backward to
+    # the root's post_backward at the end (torch 2.13 _fsdp_param_group.py post_backward).
+    from simulator.workload.memory import GIB, RUNTIME_RESERVE_BYTES, memory_report
+
+    # They come after the loss's backward, whose working set is gone by then: the larger of the two
+    # counts (the loss's is counted already).
+    prog, _ = plan_of(framework="torchtitan", parallelism={"zero": 3})
+    n = prog.scenario.model.num_layers
+    row = memory_report(prog.scenario, prog, 80.0, 1.0).per_rank_gib[0]
+    assert row["buffers_gib"] == pytest.approx(RUNTIME_RESERVE_BYTES / GIB)
+    held = (6 * prog.unit_params[0] + 2 * prog.unit_params[n]) / GIB
+    assert 0 < row["loss_working_set_gib"] < held
+    assert row["fsdp_grad_buffers_gib"] + row["loss_working_set_gib"] == pytest.approx(held)
+    # An eager loss's working set at 8K tokens outgrows them: nothing more.
+    eager, _ = plan_of(framework="torchtitan", compile_loss=False, parallelism={"zero": 3}, batch={"seq_length": 8192})
+    erow = memory_report(eager.scenario, eager, 80.0, 1.0).per_rank_gib[0]
+    assert erow["loss_working_set_gib"] > held and erow["fsdp_grad_buffers_gib"] == 0.0
+    # A pipeline stage without the loss holds the unit's bf16 gradients only (reduced at the end).
+    pp, _ = plan_of(framework="torchtitan", parallelism={"zero": 3, "pp": 4, "fsdp_reshard_after_forward": False},
+                    batch={"global_batch_size": 32})
+    prow = memory_report(pp.scenario, pp, 80.0, 1.0).per_rank_gib[1]
+    assert prow["fsdp_grad_buffers_gib"] == pytest.approx(2 * pp.unit_params[0] / GIB)
+    # Megatron-style ZeRO-3 keeps its bucket reserve and no such row.
+    gprog, _ = plan_of(parallelism={"zero": 3})
+    grow = memory_report(gprog.scenario, gprog, 80.0, 1.0).per_rank_gib[0]
+    assert "fsdp_grad_buffers_gib" not in grow and grow["buffers_gib"] > RUNTIME_RESERVE_BYTES / GIB
