@@ -169,3 +169,170 @@ def test_tied_embedding_grads_are_all_reduced_between_the_ranks_holding_the_two_
     sizes = {rp.pp_rank: [c.steps[0][2] for c in rp.collectives() if c.steps[0][0] == Dim.EMB] for rp in plan.ranks}
     assert {r for r, s in sizes.items() if s} == tied_ranks
     assert all(s == [50304 * 1024 * 4] for r, s in sizes.items() if r in tied_ranks)
+
+
+def _fsdp2_pp(framework: str, schedule: str = "1f1b", vpp: int = 1):
+    return plan_of(framework=framework, schedule=schedule,
+                   parallelism={"pp": 4, "vpp": vpp, "zero": 3, "fsdp_reshard_after_forward": False},
+                   batch={"global_batch_size": 32})
+
+
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_torchtitan_pipeline_reduces_a_stages_gradients_after_its_last_backward_blocking(schedule, vpp):
+    # torch.distributed.pipelining (torch 2.13 stage.py backward_maybe_with_nosync, perform_reduce_grad;
+    # schedules.py _add_reduce_grad) runs FSDP2's post_backward for every unit of a stage after its
+    # last backward; each waits on the compute stream for the previous reduce-scatter
+    # (post_backward_rs_wait) and the final callback for the last: nothing overlaps a backward.
+    prog, plan = _fsdp2_pp("torchtitan", schedule, vpp)
+    sched = plan.schedule
+    for rp in plan.ranks:
+        grads = [i for i in rp.instrs if type(i) is Collective and i.stream == Stream.DP and "grads" in i.name]
+        assert grads and all(c.blocking for c in grads)
+        reduced = sum(c.steps[0][2] for c in grads)
+        expected = sum(float(prog.segments[(sched.stage_position[st], "W")].grad_bytes.sum())
+                       for st in sched.stages_of_rank(rp.pp_rank))
+        assert reduced == pytest.approx(expected, rel=1e-9)
+        # Every reduction comes after its stage's last backward compute, before any later compute
+        # of that stage.
+        for st in sched.stages_of_rank(rp.pp_rank):
+            last_b = max(k for k, i in enumerate(rp.instrs) if type(i) is Compute and i.stage == st and i.kind in "BW")
+            first = min(k for k, i in enumerate(rp.instrs) if i in grads and i.stage == st)
+            assert first > last_b
+    # Other frameworks' ZeRO-3 keeps reducing each unit beside the last backward.
+    _, generic = _fsdp2_pp("generic")
+    assert all(not c.blocking for c in generic.ranks[0].collectives() if c.stream == Stream.DP and "grads" in c.name)
+
+
+def test_torchtitan_pipeline_gradient_reduction_is_exposed():
+    # Replayed alone (plan.linear_replay, 1 GB/s for every collective), pp rank 0's reductions are
+    # exposed whole; reduced unit by unit beside the last backward they were mostly hidden.
+    from dataclasses import replace as dc_replace
+
+    from simulator.workload.plan import linear_replay
+
+    prog, plan = _fsdp2_pp("torchtitan")
+    coll = lambda dim, op, size: size / 1e9  # noqa: E731
+    after = linear_replay(plan.ranks[0].instrs, coll)
+    before = linear_replay(build_plan(dc_replace(prog, grad_reduce_after_stage_backward=False)).ranks[0].instrs, coll)
+    reductions = sum(c.steps[0][2] for c in plan.ranks[0].collectives() if c.stream == Stream.DP and "grads" in c.name) / 1e9
+    assert after.exposed_s[Dim.DP] >= reductions
+    assert before.exposed_s[Dim.DP] < after.exposed_s[Dim.DP]
+
+
+def test_fsdp2_waits_for_the_previous_units_reduce_scatter_before_issuing_the_next():
+    # torch 2.13 _fsdp_param_group.py post_backward (post_backward_rs_wait): with one reduce-scatter
+    # input buffer in flight (reduce_scatter_max_input_buffers = 1) the compute stream waits on the
+    # previous unit's reduce-scatter event before it copies in and issues the next, so the next
+    # unit's backward cannot start until then. Other ZeRO-3 keeps them all in flight to the end.
+    for framework, waits in (("torchtitan", True), ("generic", False)):
+        _, plan = plan_of(framework=framework, parallelism={"zero": 3})
+        instrs = plan.ranks[0].instrs
+        grads = [k for k, i in enumerate(instrs) if type(i) is Collective and i.stream == Stream.DP and "grads" in i.name]
+        assert len(grads) > 3
+        for a, b in zip(grads, grads[1:]):
+            between = instrs[a + 1:b]
+            waited = [i for i in between if type(i) is Wait and i.handle == instrs[a].handle]
+            assert bool(waited) == waits, framework
+            if waits:
+                # after the next unit's backward compute, right before its own reduction
+                assert between[-1] is waited[0]
+                assert any(type(i) is Compute for i in between[:-1])
+
+
+def test_torchtitan_fsdp_units_a_root_and_a_last_block_kept_whole():
+    # torchtitan 0.1.0 apply_fsdp: fully_shard per transformer block, the last one with
+    # reshard_after_forward False without PP; fully_shard(model) makes the embedding, the final
+    # norm and the head one root unit, resharded after forward under torch 2.13 (the True given is
+    # kept) and reduced in the final callback, after every block's reduction.
+    prog, plan = plan_of(framework="torchtitan", parallelism={"zero": 3})
+    n = prog.scenario.model.num_layers
+    instrs = plan.ranks[0].instrs
+    gathers = [i for i in instrs if type(i) is Collective and i.stream == Stream.DP_AG]
+    root_bytes = prog.unit_params[-1] * prog.param_bytes + prog.unit_params[n] * prog.param_bytes
+    names = [g.name for g in gathers]
+    # forward: the root, then every block; backward: the root again, every block but the last
+    assert names == ([f"all_gather params layer {L}" for L in [-1, *range(n)]]
+                     + [f"all_gather params layer {L}" for L in [n, *range(n - 2, -1, -1)]])
+    assert gathers[0].row_bytes == pytest.approx(root_bytes) and gathers[n + 1].row_bytes == pytest.approx(root_bytes)
+    grads = [i for i in instrs if type(i) is Collective and i.stream == Stream.DP and "grads" in i.name]
+    assert len(grads) == n + 1 and grads[-1].name.endswith("root")
+    root_grads = sum(float(w.grad_bytes[k]) for w in [prog.segments[(0, "W")]] for k in range(len(w.layer))
+                     if int(w.layer[k]) in (-1, n))
+    assert grads[-1].row_bytes == pytest.approx(root_grads)
+    # Other frameworks keep a unit a layer id, all resharded.
+    gprog, gplan = plan_of(parallelism={"zero": 3})
+    assert len([i for i in gplan.ranks[0].instrs if type(i) is Collective and i.stream == Stream.DP_AG]) == 2 * (n + 2)
+
+
+def test_torchtitan_last_block_is_not_copied_out_again_in_backward():
+    prog, _ = plan_of(framework="torchtitan", parallelism={"zero": 3})
+    n = prog.scenario.model.num_layers
+    b = prog.segments[(0, "B")]
+    per_layer = {}
+    for t, L in zip(b.compute_s, b.layer):
+        per_layer[int(L)] = per_layer.get(int(L), 0.0) + float(t)
+    # Same ops but the copy-out: the last block's backward is the shorter.
+    assert per_layer[n - 1] < per_layer[n - 2]
+
+
+def test_torchtitan_gradient_accumulation_reduces_every_microbatch():
+    # torchtitan 0.1.0 train.py train_step: loss.backward() per microbatch with FSDP2's gradient
+    # sync left on (no set_requires_gradient_sync(False)), so every backward reduce-scatters and
+    # the fp32 shards accumulate into .grad; the gradients never sit unsharded across microbatches.
+    from simulator.workload.memory import memory_report
+
+    over = dict(parallelism={"zero": 3}, batch={"global_batch_size": 64})
+    prog, plan = plan_of(framework="torchtitan", **over)
+    nmb = prog.schedule.num_microbatches
+    assert nmb == 4
+    per_step = float(prog.segments[(0, "W")].grad_bytes.sum())
+    reduced = sum(c.steps[0][2] for c in plan.ranks[0].collectives() if c.stream == Stream.DP and "grads" in c.name)
+    assert reduced == pytest.approx(nmb * per_step)
+    # Other ZeRO-3 (and the capture harness's FSDP2 loop) reduces on the last microbatch only.
+    gprog, gplan = plan_of(**over)
+    greduced = sum(c.steps[0][2] for c in gplan.ranks[0].collectives() if c.stream == Stream.DP and "grads" in c.name)
+    assert greduced == pytest.approx(float(gprog.segments[(0, "W")].grad_bytes.sum()))
+    mem = memory_report(prog.scenario, prog, 80.0, 1.0).per_rank_gib[0]["gradients_gib"]
+    gmem = memory_report(gprog.scenario, gprog, 80.0, 1.0).per_rank_gib[0]["gradients_gib"]
+    assert mem == pytest.approx(gmem / 16)  # sharded over the 16 ranks, not whole
+
+
+def test_fsdp2_under_hsdp_does_not_wait_for_the_replica_all_reduce():
+    # FSDP2 waits on the previous unit's reduce-scatter event only; HSDP's all-reduce runs on its
+    # own all_reduce_stream (torch 2.13 _fsdp_collectives.foreach_reduce) and is joined at the
+    # backward's end. The plan's HSDP reduction is one reduce-scatter + all-reduce chain under one
+    # handle: waiting on it would hold the backward for the replicas' all-reduce.
+    _, plan = plan_of(framework="torchtitan", parallelism={"zero": 3, "fsdp_shard_size": 4})
+    waits = [i for i in plan.ranks[0].instrs if type(i) is Wait and "previous FSDP unit" in i.reason]
+    assert not waits
+
+
+def test_fsdp2_gradient_buffers_replace_the_bucket_reserve():
+    # FSDP2 keeps no gradient buckets: beside the sharded .grad it holds the unit in backward's
+    # bf16 gradients (2 B a parameter), the previous unit's fp32 reduce-scatter input (4 B) until
+    # its post_backward_rs_wait, and the root's head gradient (bf16) from the head's backward to
+    # the root's post_backward at the end (torch 2.13 _fsdp_param_group.py post_backward).
+    from simulator.workload.memory import GIB, RUNTIME_RESERVE_BYTES, memory_report
+
+    # They come after the loss's backward, whose working set is gone by then: the larger of the two
+    # counts (the loss's is counted already).
+    prog, _ = plan_of(framework="torchtitan", parallelism={"zero": 3})
+    n = prog.scenario.model.num_layers
+    row = memory_report(prog.scenario, prog, 80.0, 1.0).per_rank_gib[0]
+    assert row["buffers_gib"] == pytest.approx(RUNTIME_RESERVE_BYTES / GIB)
+    held = (6 * prog.unit_params[0] + 2 * prog.unit_params[n]) / GIB
+    assert 0 < row["loss_working_set_gib"] < held
+    assert row["fsdp_grad_buffers_gib"] + row["loss_working_set_gib"] == pytest.approx(held)
+    # An eager loss's working set at 8K tokens outgrows them: nothing more.
+    eager, _ = plan_of(framework="torchtitan", compile_loss=False, parallelism={"zero": 3}, batch={"seq_length": 8192})
+    erow = memory_report(eager.scenario, eager, 80.0, 1.0).per_rank_gib[0]
+    assert erow["loss_working_set_gib"] > held and erow["fsdp_grad_buffers_gib"] == 0.0
+    # A pipeline stage without the loss holds the unit's bf16 gradients only (reduced at the end).
+    pp, _ = plan_of(framework="torchtitan", parallelism={"zero": 3, "pp": 4, "fsdp_reshard_after_forward": False},
+                    batch={"global_batch_size": 32})
+    prow = memory_report(pp.scenario, pp, 80.0, 1.0).per_rank_gib[1]
+    assert prow["fsdp_grad_buffers_gib"] == pytest.approx(2 * pp.unit_params[0] / GIB)
+    # Megatron-style ZeRO-3 keeps its bucket reserve and no such row.
+    gprog, _ = plan_of(parallelism={"zero": 3})
+    grow = memory_report(gprog.scenario, gprog, 80.0, 1.0).per_rank_gib[0]
+    assert "fsdp_grad_buffers_gib" not in grow and grow["buffers_gib"] > RUNTIME_RESERVE_BYTES / GIB

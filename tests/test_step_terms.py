@@ -107,3 +107,40 @@ def test_fp16_pays_unscale_and_inf_check():
     labels = [c.label for c in simulate(build_scenario(data)).program.step_collectives]
     assert "fp16 unscale + inf check" in labels
     assert "fp16 unscale + inf check" not in [c.label for c in simulate(build_scenario(_gpt())).program.step_collectives]
+
+
+def test_torchtitan_clip_multiplies_every_gradient():
+    # torch.nn.utils.clip_grads_with_norm_ (torchtitan's clip_grad_norm_) runs _foreach_mul_ on
+    # every gradient by the clamped coefficient, clipping or not: read and write 4 bytes a
+    # parameter of the fp32 shard, beside the norm's read of 4.
+    base = {"model": "llama3-8b", "parallelism": {"dp": 8, "zero": 3},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048},
+            "cluster": {"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}
+    tt = simulate(build_scenario({**base, "framework": "torchtitan"})).program.step_collectives
+    clip = [c for c in tt if c.label == "grad clip"]
+    norm = [c for c in tt if c.label == "grad norm"]
+    assert len(clip) == 1 and clip[0].size_bytes == 0.0
+    assert clip[0].compute_s == pytest.approx(2 * norm[0].compute_s, rel=0.05)
+    assert not [c for c in simulate(build_scenario(base)).program.step_collectives if c.label == "grad clip"]
+    off = simulate(build_scenario({**base, "framework": "torchtitan", "parallelism": {"dp": 8, "zero": 3, "grad_clip": False}}))
+    assert not [c for c in off.program.step_collectives if c.label.startswith("grad")]
+
+
+def test_torchtitan_fused_adamw_moves_28_bytes_a_parameter():
+    # torchtitan 0.1.0's optimizer implementation "fused" (torch _fused_adamw_) over FSDP2's fp32
+    # shards reads param, grad, m and v and writes param, m and v: 28 bytes, no bf16 copy (30).
+    from simulator.profile import load_profile
+    from simulator.workload.ops import optimizer_time_s
+    from simulator.workload.plan import adam_bytes_per_param
+
+    base = {"model": "llama3-8b", "parallelism": {"dp": 8, "zero": 3},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048},
+            "cluster": {"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}
+    assert adam_bytes_per_param("torchtitan") == 28 and adam_bytes_per_param("generic") == 30
+    tt = simulate(build_scenario({**base, "framework": "torchtitan"})).program
+    gen = simulate(build_scenario(base)).program
+    prof = load_profile("h100-sxm-80gb")
+    params = 8.03e9 / 8
+    sc = build_scenario(base)
+    assert tt.optimizer_s < gen.optimizer_s
+    assert optimizer_time_s(prof, params, 300, 28, sc) < optimizer_time_s(prof, params, 300, 30, sc)

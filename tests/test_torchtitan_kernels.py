@@ -102,7 +102,44 @@ def test_the_embedding_copies_out_its_tables_and_a_tied_head_keeps_its_transform
     bwd = {o.name: o.bytes for o in i_ops}
     assert bwd["final_norm.eager.bwd"] == pytest.approx(RMSNORM_EAGER_EXTRA["bwd_passes"] * SEQ * 2048 * 2)
     assert bwd["fsdp_copy_out.bwd"] == pytest.approx(4 * 2048)  # the norm weight only: the matrix is the embedding's
-    assert [(o.name, o.params) for o in w_ops] == [("lm_head.wgrad", 0.0), ("final_norm.wgrad", 2048)]
+    # (FSDP2's reduce-scatter copy-in follows each weight gradient; the shared matrix's is the
+    # embedding's, copied in once.)
+    assert [(o.name, o.params) for o in w_ops if not o.name.endswith(".grad_accumulate")] == \
+        [("lm_head.wgrad", 0.0), ("final_norm.wgrad", 2048)]
+    assert [o.name for o in w_ops if o.name.endswith(".grad_accumulate")] == ["final_norm.grad_accumulate"]
+
+
+def test_fsdp2_reduce_scatter_copy_in_runs_on_the_compute_stream():
+    # torch 2.13 _fsdp_collectives.foreach_reduce: foreach_reduce_scatter_copy_in (chunk_cat of the
+    # bf16 gradients into the fp32 reduce-scatter input) runs on the current stream, before
+    # reduce_scatter_stream.wait_stream: 2 + 4 bytes a parameter after every weight gradient.
+    layer = build_layer_ops(_sc(framework="torchtitan"))["dense"]
+    _, w_ops = layer.backward()
+    copy_in = [o for o in w_ops if o.name.endswith(".grad_accumulate")]
+    assert copy_in and sum(o.bytes for o in copy_in) == pytest.approx(6 * layer.params)
+    # Generic ZeRO-3 charges none; nor does torchtitan on one data-parallel rank (no FSDP applied).
+    assert not [o for o in build_layer_ops(_sc())["dense"].backward()[1] if o.name.endswith(".grad_accumulate")]
+    solo = _sc(framework="torchtitan", parallelism={"dp": 1, "zero": 3},
+               batch={"micro_batch_size": 1, "global_batch_size": 1, "seq_length": SEQ},
+               cluster={"gpus": 1, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"})
+    assert not [o for o in build_layer_ops(solo)["dense"].backward()[1] if o.name.endswith(".grad_accumulate")]
+
+
+def test_fsdp2_under_a_pipeline_accumulates_fp32_and_copies_out_once_a_step():
+    # torch.distributed.pipelining turns gradient sync off for every microbatch and reduces after
+    # the last (stage.py backward_maybe_with_nosync, perform_reduce_grad): the first microbatch
+    # casts the bf16 gradient to fp32 (6 B), the others add into it (10 B), the copy-in reads and
+    # writes fp32 once (8 B); units kept unsharded (torchtitan's rule under PP) are copied out at
+    # their first forward only.
+    pp = _sc(framework="torchtitan", parallelism={"dp": 2, "pp": 4, "zero": 3, "fsdp_reshard_after_forward": False},
+             batch={"micro_batch_size": 1, "global_batch_size": 16, "seq_length": SEQ})
+    assert pp.num_microbatches == 8
+    layer = build_layer_ops(pp)["dense"]
+    copy_in = sum(o.bytes for o in layer.backward()[1] if o.name.endswith(".grad_accumulate"))
+    assert copy_in == pytest.approx((6 + 7 * 10 + 8) / 8 * layer.params)
+    copy = layer.forward[0]
+    assert copy.name == "fsdp_copy_out" and copy.bytes == pytest.approx(4 * layer.params / 8)
+    assert not [o for o in layer.backward()[0] if o.name == "fsdp_copy_out.bwd"]
 
 def test_sac_op_recomputes_every_second_matmul_and_no_copy_out():
     from simulator.workload.program import layer_recompute_ops

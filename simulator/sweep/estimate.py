@@ -51,11 +51,11 @@ from simulator.topology.placement import Mesh
 from simulator.workload.memory import memory_report
 from simulator.contention import collective_ctas, compute_slowdown, measured_excess_scale, scaled_slowdown
 from simulator.schedules.base import Action
-from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim
+from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim, Stream
 from simulator.workload.plan import (
-    GradBuckets, bucketed_stages, grad_reduce_bytes, communication_groups, edp_tp_of, emit_action, hsdp_expert_shard_of,
-    hsdp_shard_of, linear_replay, ADAM_BYTES_PER_PARAM, adam_tensor_count, optimizer_shards, optimizer_state_bytes,
-    pp_message_bytes,
+    Collective, GradBuckets, bucketed_stages, grad_reduce_bytes, grad_reduction_steps, communication_groups, edp_tp_of, emit_action, hsdp_expert_shard_of,
+    hsdp_shard_of, linear_replay, ADAM_BYTES_PER_PARAM, adam_bytes_per_param, adam_tensor_count, optimizer_shards,
+    optimizer_state_bytes, pp_message_bytes,
 )
 from simulator.workload.ops import optimizer_time_s, tied_head_shares_embedding
 from simulator.workload.program import Program, build_program, checkpointed_layers, split_layers, step_terms
@@ -114,14 +114,18 @@ def _ops_inputs(sc: Scenario) -> tuple:
     leaves out: the per-microbatch loss all-reduce exists only with dp x cp > 1; FSDP2's copy-out
     and the rowwise Float8 weight cast on the shard depend on the ZeRO-3 shard
     (``fsdp2_copy_out_ops``, ``fp8_cast_bytes_per_elem``); Float8 weight casts are amortised
-    over the microbatches and DeepSpeed ZeRO-0 adds nmb - 1 gradients a step. A reference
+    over the microbatches and DeepSpeed ZeRO-0 adds nmb - 1 gradients a step; FSDP2 under a
+    pipeline accumulates its gradients in fp32 over the microbatches and copies a kept unit out
+    once a step (``fsdp2_grad_bytes_per_param``, ``fsdp2_copy_out_ops``). A reference
     Program built for one of these served the others (ZeRO-3's W segment, without
     main_grad adds, priced a ZeRO-1 point's backward)."""
     p = sc.parallelism
     edp_tp = edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe)
     shard = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp, edp_tp=edp_tp)[0] if p.zero >= 3 else None
-    nmb = sc.num_microbatches if sc.dtype == "fp8" or (sc.framework == "megatron-deepspeed" and p.zero == 0) else None
-    return (sc.dp * p.cp > 1, shard, nmb)
+    fsdp2 = sc.framework == "torchtitan" and p.zero >= 3
+    nmb = sc.num_microbatches if (sc.dtype == "fp8" or (sc.framework == "megatron-deepspeed" and p.zero == 0)
+                                  or (fsdp2 and (p.pp > 1 or not p.fsdp_reshard_after_forward))) else None
+    return (sc.dp * p.cp > 1, shard, nmb, fsdp2 and p.pp > 1)
 
 
 def _layer_key(sc: Scenario, layout: tuple) -> str:
@@ -229,23 +233,28 @@ class Estimator:
             hit = self._sched_info[key] = (counts, counts_fb, int(hops), stages, tie)
         return hit
 
-    def _tail_actions(self, key: tuple, sched: PipelineSchedule, r: int) -> list[tuple[str, int, bool, bool, int]]:
+    def _tail_actions(self, key: tuple, sched: PipelineSchedule, r: int,
+                      every: bool = False) -> list[tuple[str, int, bool, bool, int]]:
         """(kind, position, reduces gradients, blocking, stage) of rank r's actions from its first
-        last-backward to the end: the plan's gradient buckets fill there (the planner's rule)."""
-        tkey = (key, r)
+        last-backward to the end: the plan's gradient buckets fill there (the planner's rule).
+        ``every`` (Program.grad_reduce_every_microbatch): every backward reduces, so the actions
+        from the rank's first backward on."""
+        tkey = (key, r, every)
         hit = self._tails_of.get(tkey)
         if hit is None:
             actions = sched.actions[r]
             last_grad: dict[int, int] = {}
+            first_grad: dict[int, int] = {}
             for idx, a in enumerate(actions):
                 for leaf in a.leaves:
                     if leaf.kind in ("B", "W"):
                         last_grad[leaf.stage] = idx
+                        first_grad.setdefault(leaf.stage, idx)
             hit = []
-            for idx in range(min(last_grad.values(), default=len(actions)), len(actions)):
+            for idx in range(min((first_grad if every else last_grad).values(), default=len(actions)), len(actions)):
                 a = actions[idx]
                 for leaf in a.leaves:
-                    g = last_grad.get(leaf.stage) == idx and leaf.kind in ("B", "W")  # (the plan's rule)
+                    g = (every or last_grad.get(leaf.stage) == idx) and leaf.kind in ("B", "W")  # (the plan's rule)
                     hit.append((leaf.kind, sched.stage_position[leaf.stage], g, a.kind != "FB", leaf.stage))
             self._tails_of[tkey] = hit
         return hit
@@ -468,8 +477,9 @@ class Estimator:
         (``program.step_terms``) for this point's optimizer shard, priced once per layout and
         network (``net_key``: the network, GPU and mesh the collectives run on)."""
         p, m = sc.parallelism, sc.model
+        # (the framework: torchtitan's clip multiplies every gradient, program.step_terms)
         key = (net_key, m.tied_embeddings, m.vocab_size, m.hidden_size, p.zero, p.fsdp_shard_size, sc.dtype, p.grad_clip,
-               opt_params, tp_duplicated_params)
+               opt_params, tp_duplicated_params, sc.framework)
         priced = self._step_terms.get(key)
         if priced is None:
             shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
@@ -763,13 +773,17 @@ class Estimator:
             bucket_bytes = sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero)
             # The tail differs by the stages a rank holds: the first and last ranks hold the
             # embedding and the head, every middle rank the same layers (up to uneven splits).
+            # FSDP2's rules (the plan's Program.grad_reduce_waits_previous and
+            # grad_reduce_every_microbatch), read off the point's scenario as build_program sets them.
+            fsdp2 = sc.framework == "torchtitan" and p.zero >= 3
             for r in ends:
                 stages = rank_stages[r]
-                tail_actions = self._tail_actions(skey, sched, r)
+                tail_actions = self._tail_actions(skey, sched, r, every=fsdp2 and p.pp == 1)
                 bucketed = bucketed_stages(sched, r, sc.grad_buckets_first_chunk_only)
                 tkey = (id(tab), ckey, tuple((k, bounds[q], g, blk) for k, q, g, blk, _ in tail_actions),
                         tuple(bounds[stage_pos[st]] for st in stages), p.zero, bucket_bytes, p.overlap_grad_reduce, use_edp,
-                        None if bucketed is None else tuple(sorted(bucketed)), sc.grad_reduce_in_one_piece)
+                        None if bucketed is None else tuple(sorted(bucketed)), sc.grad_reduce_in_one_piece, fsdp2,
+                        p.pp > 1)
                 tail = self._tails.get(tkey)
                 if tail is None:
                     # The plan's own buckets over the last backward of each stage, replayed alone:
@@ -781,8 +795,14 @@ class Estimator:
                         handles[0] += 1
                         return handles[0]
 
-                    gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp_cp > 1, use_edp, hsdp, bucketed, hsdp_expert)
+                    # (The root unit's reduction at the backward's end, fsdp_unit_of, is not replayed:
+                    # the replay emits one layer a position, so a unit's end is every position's.)
+                    gb = GradBuckets(out, new_handle, p.zero, bucket_bytes, dp_cp > 1, use_edp, hsdp, bucketed, hsdp_expert,
+                                     wait_previous=fsdp2)
                     bare_s = 0.0  # the same actions without buckets: the tail is the difference
+                    # torchtitan under PP: a stage's units reduced after its last backward, each
+                    # blocking (the plan's reduce_stage_grads; one layer a position, one unit each).
+                    reduce_after = fsdp2 and p.pp > 1
                     if p.overlap_grad_reduce:
                         # From the first of the rank's last backwards to the end, as the plan runs it.
                         for kind, q0, g, blocking, stage in tail_actions:
@@ -791,9 +811,16 @@ class Estimator:
                             order = range(lo, hi) if kind == "F" else range(hi - 1, lo - 1, -1)
                             for q in order:
                                 emit_action(out, prog.segments[(q, kind)], leaf, blocking, new_handle,
-                                            on_grads=gb.add if g else None)
+                                            on_grads=gb.add if g and not reduce_after else None)
                                 bare_s += (bare_cost if blocking else bare_cost_nb)[kind][q]
-                            if g:
+                            if g and reduce_after:
+                                for q in range(lo, hi):
+                                    for nbytes, expert, on in ((float(tab.grad_bytes[q]), False, dp_cp > 1),
+                                                               (float(tab.expert_grad_bytes[q]), True, use_edp)):
+                                        if nbytes > 0 and on:
+                                            out.append(Collective(Stream.DP, grad_reduction_steps(
+                                                p.zero, nbytes, expert, hsdp, hsdp_expert), -1, "dp", "grads"))
+                            elif g:
                                 gb.flush("grads")
                     else:
                         for st in stages:
@@ -818,7 +845,8 @@ class Estimator:
                                                              edp_tp=edp_tp))
         opt_params = opt_bytes / ADAM_BYTES_PER_PARAM
         # The program's own optimizer model (multi-tensor Adam launches by shape, or the class curve).
-        opt_s = optimizer_time_s(prof, opt_params, adam_tensor_count(sc.model.num_layers, p.pp), ADAM_BYTES_PER_PARAM, sc)
+        opt_s = optimizer_time_s(prof, opt_params, adam_tensor_count(sc.model.num_layers, p.pp),
+                                 adam_bytes_per_param(sc.framework), sc)
         tp_dup = max(float(sum(pos_tp_dup[stage_pos[st]] for st in stages)) for stages in rank_stages)
         terms_end = self._step_terms_end(sc, prof, (netkey, p.tp, p.cp, p.ep, dp, p.pp, p.mesh_order, hsdp), opt_params,
                                          dp_cp, ends, tie_ranks, coll, exposed, tp_dup)

@@ -252,14 +252,15 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             return per_param * (dense / shard + expert / expert_shard)
 
         grads = state_bytes(4, 2)
-        if z >= 2 and sched.num_microbatches > 1:
+        if z >= 2 and sched.num_microbatches > 1 and not prog.grad_reduce_every_microbatch:
             # The plan reduces gradients at a stage's last microbatch only, at every ZeRO stage
             # (Megatron's full main-grad buffer; torch.distributed.pipelining stage.py and the
             # capture harness turn FSDP2's set_requires_gradient_sync off until the last
             # backward), so until then each rank accumulates its whole stages' gradients
             # unsharded, in fp32 (FSDP2 _fsdp_param.py to_accumulated_grad_if_needed: the reduce
             # dtype). ZeRO-2/3 shard them only when each microbatch is reduced as it is produced,
-            # which a one-microbatch step is.
+            # which a one-microbatch step is, and torchtitan's gradient accumulation without PP
+            # (Program.grad_reduce_every_microbatch: sync stays on, the fp32 shards accumulate).
             grads = 4 * (dense + expert)
         row = {
             "parameters_gib": state_bytes(param_bytes, 3) / GIB,
@@ -311,6 +312,24 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             # The loss's backward working set beside what it keeps (loss_bytes_per_logit),
             # vocab-sharded under loss parallelism.
             row["loss_working_set_gib"] = loss_bytes_per_logit(sc)[1] * s * b * m.vocab_size / t / GIB
+        if sc.framework == "torchtitan" and z >= 3 and shard > 1:
+            # FSDP2 has no gradient buckets (the reserve above is Megatron's). What it holds beside
+            # the sharded .grad during a backward (torch 2.13 _fsdp_param_group.py post_backward,
+            # _fsdp_collectives.py foreach_reduce): the unit in backward's bf16 gradients (2 B a
+            # parameter, AccumulateGrad's .grad until its post_backward copies them in), where each
+            # backward reduces (no pipeline) the previous unit's fp32 reduce-scatter input (4 B a
+            # parameter, kept in reduce_scatter_states until this unit's post_backward_rs_wait),
+            # and on the rank holding the head the root unit's head weight gradient in bf16, from
+            # the head's backward (the first) to the root's post_backward (the last). Under a
+            # pipeline the reduce-scatter inputs come after the last backward, the activations gone.
+            # They come after the loss's backward: where the rank runs the loss its working set
+            # (freed by then) and they are not held at once, and the larger of the two counts.
+            blocks = [prog.unit_params.get(L, 0.0) for q in positions for L in prog.position_layers[q]]
+            per_param = 2.0 + (4.0 if prog.grad_reduce_every_microbatch else 0.0)
+            head = prog.unit_params.get(m.num_layers, 0.0) if last_position in positions else 0.0
+            held = (per_param * max(blocks, default=0.0) + 2.0 * head) / GIB
+            row["buffers_gib"] = RUNTIME_RESERVE_BYTES / GIB
+            row["fsdp_grad_buffers_gib"] = max(0.0, held - row.get("loss_working_set_gib", 0.0))
         if sc.framework == "torchtitan" and p.pp > 1:
             # torch.distributed.pipelining allocates its receive buffers for every microbatch up
             # front (stage.py _setup_forward_recv_info, _setup_backward_recv_info, torch 2.13): a

@@ -324,16 +324,57 @@ def grad_accumulate_bytes_per_param(sc: Scenario, gemm_weight: bool = True) -> f
     fusion: ``param.main_grad.add_(param.grad.data)`` in the DDP backward hook, every microbatch
     (megatron/core/distributed/distributed_data_parallel.py); PyTorch's AccumulateGrad does the
     same add into ``.grad``. 0 with the fusion (the wgrad GEMM accumulates in its epilogue) and
-    under FSDP (zero 3: gradients are reduce-scattered, not accumulated by this pass).
+    under ZeRO-3 (gradients are reduce-scattered, not accumulated by this pass), except FSDP2's
+    own passes under torchtitan (``fsdp2_grad_bytes_per_param``).
     ``gemm_weight`` False: a weight no GEMM produces the gradient of (an embedding table): the
     fusion cannot reach it, so megatron-core's backward hook still adds its fresh ``.grad`` into
     ``main_grad`` every microbatch (distributed_data_parallel.py _make_backward_post_hook)."""
     p = sc.parallelism
+    if sc.framework == "torchtitan" and p.zero >= 3:
+        return fsdp2_grad_bytes_per_param(sc)
     if (p.grad_accumulation_fusion and gemm_weight) or p.zero >= 3:
         return 0.0
     main = grad_reduce_bytes(sc.dtype, p.zero)
     fresh = 4.0 if sc.dtype == "fp32" else 2.0  # fp8 runs keep bf16 parameters and gradients
     return 2.0 * main + fresh
+
+
+# FSDP2's gradient passes on the compute stream, bytes per parameter of the unsharded gradient
+# (torch 2.13 torch/distributed/fsdp/_fully_shard, torchtitan's MixedPrecisionPolicy(param_dtype=
+# bf16, reduce_dtype=fp32)):
+# - the reduce-scatter copy-in: foreach_reduce calls foreach_reduce_scatter_copy_in (torch.ops.fsdp
+#   .chunk_cat into the reduce_dtype input buffer) on the current stream, before
+#   reduce_scatter_stream.wait_stream(current_stream): reads the bf16 gradient (2), writes fp32 (4);
+FSDP2_RS_COPY_IN_BYTES_PER_PARAM = 2.0 + 4.0
+# - with gradient sync off (torch.distributed.pipelining stage.py backward_maybe_with_nosync sets
+#   set_requires_gradient_sync(False) for every microbatch, perform_reduce_grad reduces after the
+#   last), post_backward keeps the unsharded gradient in the reduce dtype: the first microbatch's
+#   to_accumulated_grad_if_needed casts it (grad.to(fp32): read 2, write 4), every later one's
+#   accumulate_unsharded_grad_if_needed adds into it (+=: read 4 and 2, write 4), and the copy-in
+#   then reads the fp32 accumulation (4) and writes fp32 (4).
+FSDP2_ACCUMULATE_CAST_BYTES_PER_PARAM = 2.0 + 4.0
+FSDP2_ACCUMULATE_ADD_BYTES_PER_PARAM = 4.0 + 2.0 + 4.0
+FSDP2_RS_COPY_IN_ACCUMULATED_BYTES_PER_PARAM = 4.0 + 4.0
+
+
+def fsdp2_grad_bytes_per_param(sc: Scenario) -> float:
+    """HBM bytes per parameter, per microbatch, FSDP2 (framework torchtitan, zero 3) spends on the
+    compute stream between autograd's gradient and the reduce-scatter: the copy-in every backward
+    where each backward reduces (no pipeline: torchtitan 0.1.0's gradient accumulation leaves
+    sync on, train.py train_step), else the cast, the adds and one
+    copy-in spread over the step's microbatches (the pipeline reduces once, after the stage's last
+    backward). Spreading puts the last copy-in inside the backwards rather than before each
+    reduce-scatter at the step's end (the plan's gradient reduction there): same bytes, an earlier place."""
+    p = sc.parallelism
+    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
+                                edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe))
+    if shard <= 1:
+        return 0.0  # torchtitan applies no FSDP to a one-rank data-parallel group (fsdp_enabled)
+    nmb = max(1, sc.num_microbatches)
+    if p.pp == 1:
+        return FSDP2_RS_COPY_IN_BYTES_PER_PARAM
+    return (FSDP2_ACCUMULATE_CAST_BYTES_PER_PARAM + (nmb - 1) * FSDP2_ACCUMULATE_ADD_BYTES_PER_PARAM
+            + FSDP2_RS_COPY_IN_ACCUMULATED_BYTES_PER_PARAM) / nmb
 
 
 def megatron_fused_softmax_available(micro_batch: int, heads_per_rank: int, s_q: int, s_k: int, dtype_bytes: int) -> bool:
@@ -711,7 +752,9 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
         # the backward of the eager RMSNorm's extra passes and of FSDP2's copy-out.
         untied = replace(head, forward=[lm_head if o.name == "lm_head" else o for o in head.forward])
         i_ops, w_ops = untied.backward()
-        w_ops = [replace(o, params=0.0) if o.name.startswith("lm_head") else o for o in w_ops]
+        w_ops = [replace(o, params=0.0) if o.name.startswith("lm_head") else o for o in w_ops
+                 # FSDP2 copies the shared matrix's gradient in once, on the embedding's unit.
+                 if not (o.name == "lm_head.grad_accumulate" and sc.framework == "torchtitan")]
         head.explicit_backward = (i_ops, w_ops)
     return layers
 
@@ -1001,8 +1044,12 @@ def fsdp2_copy_out_ops(sc: Scenario, lo: LayerOps) -> list[Op]:
     split_with_sizes_copy of the all-gather output into the unsharded parameters), which runs on
     the compute stream when the all-gather is waited for: read the gathered buffer, write the
     parameters, in the gather dtype (bf16; 1 byte for Float8 linears with FP8 all-gather). Once
-    in forward and once more in backward (torchtitan reshards after forward). The copy-in and the
-    reduce-scatter's chunk_cat run on the collective streams and are not charged here."""
+    in forward and once more in backward where units reshard after forward (torchtitan without
+    PP); where they do not (``fsdp_reshard_after_forward`` false: torchtitan under PP) a unit is
+    gathered, and copied out, once a step, at its first forward (the plan's gathers): its bytes
+    spread over the step's forwards, none in backward. The copy-in runs on the all-gather's
+    copy-in stream and is not charged here; the reduce-scatter's copy-in (chunk_cat) runs on the
+    compute stream and is charged per parameter (``fsdp2_grad_bytes_per_param``)."""
     p = sc.parallelism
     shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
                                 edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe))
@@ -1014,6 +1061,12 @@ def fsdp2_copy_out_ops(sc: Scenario, lo: LayerOps) -> list[Op]:
     nbytes = fsdp_gather_bytes(sc, lo.forward) + max(0.0, unowned) * sc.dtype_bytes
     if nbytes <= 0:
         return []
+    if not p.fsdp_reshard_after_forward:
+        # Kept unsharded from the first microbatch's forward to the step's reduction (FSDP2
+        # unshard() returns at once while the group is_unsharded; the pipeline turns
+        # reshard_after_backward off until perform_reduce_grad).
+        fwd = 2 * nbytes / max(1, sc.num_microbatches)
+        return [Op("fsdp_copy_out", "elementwise", "F", 0.0, 0.0, fwd, bwd_bytes=0.0, launches=1, recompute=False)]
     return [Op("fsdp_copy_out", "elementwise", "F", 0.0, 0.0, 2 * nbytes, bwd_bytes=2 * nbytes, launches=1,
                bwd_launches=1, recompute=False)]
 

@@ -207,6 +207,16 @@ def grad_reduce_bytes(dtype: str, zero: int) -> int:
     return 2 if dtype == "fp16" and zero < 3 else GRAD_REDUCE_BYTES
 # Adam step per parameter: read fp32 master, grad, m, v; write master, m, v; write bf16 copy.
 ADAM_BYTES_PER_PARAM = 30
+# torchtitan's AdamW (0.1.0 config_manager.py Optimizer.implementation = "fused": torch's
+# _fused_adamw_) over FSDP2's fp32 sharded parameters: read param, grad, m, v; write param, m, v.
+# No bf16 copy: FSDP2 casts to param_dtype in its all-gather copy-in.
+TORCHTITAN_ADAM_BYTES_PER_PARAM = 28
+
+
+def adam_bytes_per_param(framework: str) -> int:
+    """HBM bytes per parameter of the optimizer step's kernels (the state's size stays
+    ``optimizer_state_bytes``'s, in ADAM_BYTES_PER_PARAM units)."""
+    return TORCHTITAN_ADAM_BYTES_PER_PARAM if framework == "torchtitan" else ADAM_BYTES_PER_PARAM
 # Parameter tensors the multi-tensor Adam walks (its launches: kernels.adam_kernels), a GPT layer's
 # 12 (QKV, out, fc1, fc2 weights and biases, two LayerNorms' weight and bias) and 4 outside the
 # layers (word and position embeddings, final norm weight and bias). Counted for GPT; a Llama
@@ -354,8 +364,22 @@ class GradBuckets:
     or when an FSDP unit's gradients are complete; dense over dp (or HSDP), expert over edp."""
 
     def __init__(self, out: list, new_handle, zero: int, bucket_bytes: float, use_dp: bool, use_edp: bool,
-                 hsdp_shard: int | None, bucketed: set[int] | None = None, hsdp_expert_shard: int | None = None):
+                 hsdp_shard: int | None, bucketed: set[int] | None = None, hsdp_expert_shard: int | None = None,
+                 wait_previous: bool = False, unit_of: dict[int, int] | None = None):
         self.out, self.new_handle = out, new_handle
+        # FSDP units of several layer ids (Program.fsdp_unit_of). The root unit (-1 among them)
+        # wraps the whole model: its post-backward runs after every other unit's, where the
+        # backward ends (torch 2.13 FSDPState._root_post_backward_final_callback: the root's
+        # inputs, the token ids, need no gradient, so no RegisterPostBackwardFunction fires for
+        # it earlier); its gradients wait in ``root_fill`` until the action's last segment.
+        self.unit_of = unit_of or {}
+        self.root_fill = [0.0, 0.0]
+        # FSDP2: the compute stream waits for the reductions in flight before it issues the next
+        # (Program.grad_reduce_waits_previous). It waits on the reduce-scatter's event only; under
+        # HSDP the all-reduce runs after it on FSDP2's all_reduce_stream and is waited for at the
+        # backward's end (finalize_backward), but the plan chains the two on one stream under one
+        # handle, so waiting on it would wait for the all-reduce too: HSDP keeps them in flight.
+        self.wait_previous = wait_previous and hsdp_shard is None and hsdp_expert_shard is None
         self.zero, self.bucket_bytes, self.hsdp_shard = zero, bucket_bytes, hsdp_shard
         self.hsdp_expert_shard = hsdp_expert_shard
         # Stages whose gradients go in buckets (None: all); the others reduce theirs in one piece
@@ -366,6 +390,10 @@ class GradBuckets:
         self.pending: list[int] = []
 
     def flush(self, label: str) -> None:
+        if self.wait_previous and any(self.fill[i] > 0 and self.on[i] for i in (0, 1)):
+            for h in self.pending:
+                self.out.append(Wait(h, Dim.DP, "dp reduce-scatter of the previous FSDP unit"))
+            self.pending.clear()
         for i, expert in ((0, False), (1, True)):
             if self.fill[i] > 0 and self.on[i]:
                 h = self.new_handle()
@@ -375,15 +403,22 @@ class GradBuckets:
             self.fill[i] = 0.0
 
     def add(self, a: Action, j: int, seg, last: bool) -> None:
-        self.fill[0] += seg.grad_bytes[j]
+        unit_of = self.unit_of
+        L = int(seg.layer[j])
+        fill = self.root_fill if unit_of and unit_of.get(L, L) == -1 else self.fill
+        fill[0] += seg.grad_bytes[j]
         if seg.expert_grad_bytes is not None:
-            self.fill[1] += seg.expert_grad_bytes[j]
+            fill[1] += seg.expert_grad_bytes[j]
         # FSDP reduces per unit; DDP/ZeRO-1/2 per bucket.
-        unit_done = self.zero >= 3 and (last or int(seg.layer[j + 1]) != int(seg.layer[j]))
+        unit_done = self.zero >= 3 and (last or unit_of.get(int(seg.layer[j + 1]), int(seg.layer[j + 1])) != unit_of.get(L, L))
         total = self.fill[0] + self.fill[1]
         full = total >= self.bucket_bytes and (self.bucketed is None or a.stage in self.bucketed)
         if full or (unit_done and total > 0):
             self.flush(f"grads stage {a.stage}")
+        if last and self.root_fill[0] + self.root_fill[1] > 0:
+            # (the unit before it was flushed just above: fill is empty)
+            self.fill, self.root_fill = self.root_fill, [0.0, 0.0]
+            self.flush(f"grads stage {a.stage} root")
 
     def split(self, dense: float, expert: float, label: str, one_piece: bool = False) -> None:
         """Reduce ``dense`` + ``expert`` bytes in equal buckets (no overlap with backward), or in one
@@ -578,7 +613,8 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     use_edp = mesh.edp * mesh.cp * prog.edp_tp > 1
     hsdp_expert_shard = hsdp_expert_shard_of(hsdp_shard, mesh.ep, prog.edp_tp)
     buckets = GradBuckets(out, new_handle, prog.zero, prog.grad_bucket_bytes, use_dp, use_edp, hsdp_shard,
-                          bucketed_stages(sched, pp_rank, prog.grad_buckets_first_chunk_only), hsdp_expert_shard)
+                          bucketed_stages(sched, pp_rank, prog.grad_buckets_first_chunk_only), hsdp_expert_shard,
+                          wait_previous=prog.grad_reduce_waits_previous, unit_of=prog.fsdp_unit_of)
 
     # ZeRO-1/2: the updated parameters are all-gathered; Megatron overlaps that with the next
     # step's forward, so a stage's first forward waits for its own gather.
@@ -609,6 +645,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     gathers: list[tuple[int, int, float, float]] = []  # (action index, layer, bytes, expert bytes) in execution order
     ag_dim = Dim.DP_SHARD if hsdp_shard is not None else Dim.DP
     eag_dim = Dim.EDP_SHARD if hsdp_shard is not None else Dim.EDP
+    unit_of = prog.fsdp_unit_of
     if zero3 and (use_dp or use_edp):
         gathered: set[tuple[int, int]] = set()
         for idx, a in enumerate(actions):
@@ -616,14 +653,23 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
                 if sub.kind == "W" or (sub.kind != "F" and not prog.fsdp_reshard_after_forward):
                     continue
                 seg = prog.segments[(sched.stage_position[sub.stage], sub.kind)]
-                for L in dict.fromkeys(int(x) for x in seg.layer):
-                    if prog.fsdp_reshard_after_forward or (sub.stage, L) not in gathered:
-                        gathered.add((sub.stage, L))
-                        nbytes = prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes)
-                        ebytes = prog.unit_expert_gather_bytes.get(L, 0.0)
+                layers = list(dict.fromkeys(int(x) for x in seg.layer))
+                # A unit of several layer ids (torchtitan's root: the embedding, the final norm
+                # and the head) is gathered whole where the first of them runs, once an action.
+                members: dict[int, list[int]] = {}
+                for L in layers:
+                    members.setdefault(unit_of.get(L, L), []).append(L)
+                for u, ls in members.items():
+                    if sub.kind != "F" and u in prog.fsdp_keep_gathered:
+                        continue  # not resharded after its forward: still whole for its backward
+                    if prog.fsdp_reshard_after_forward or (sub.stage, u) not in gathered:
+                        gathered.add((sub.stage, u))
+                        nbytes = sum(prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes)
+                                     for L in ls)
+                        ebytes = sum(prog.unit_expert_gather_bytes.get(L, 0.0) for L in ls)
                         dense, ebytes = (nbytes - ebytes if use_dp else 0.0), (ebytes if use_edp else 0.0)
                         if dense > 0 or ebytes > 0:
-                            gathers.append((idx, L, dense, ebytes))
+                            gathers.append((idx, ls[0], dense, ebytes))
     gather_handles = [new_handle() for _ in gathers]
     next_gather = [0, 0]  # [next to wait for, next to issue]
 
@@ -652,10 +698,35 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
         if gathers:
             wait_gather(idx, layer)
 
+    reduce_after = prog.grad_reduce_after_stage_backward and prog.overlap_grad_reduce
+
     def run_segments(a: Action, idx: int, grads_here: bool, blocking: bool) -> None:
         seg = prog.segments[(sched.stage_position[a.stage], a.kind)]
         emit_action(out, seg, a, blocking, new_handle, idx=idx, on_layer=on_layer if gathers else None,
-                    on_grads=buckets.add if grads_here and prog.overlap_grad_reduce else None)
+                    on_grads=buckets.add if grads_here and prog.overlap_grad_reduce and not reduce_after else None)
+
+    def reduce_stage_grads(a: Action) -> None:
+        """torch.distributed.pipelining's REDUCE_GRAD after a stage's last backward (torch 2.13
+        stage.py perform_reduce_grad; schedules.py _add_reduce_grad puts it right after the
+        stage's n-th backward; Schedule1F1B after the schedule): FSDP2's post_backward for every
+        unit of the stage in turn, each waiting on the compute stream for the previous unit's
+        reduce-scatter before it copies in and issues its own (_fsdp_param_group.py
+        post_backward, post_backward_rs_wait), and _root_post_backward_final_callback waiting for
+        the last: the compute stream waits for every one, none overlaps a backward."""
+        w = prog.segments[(sched.stage_position[a.stage], "W")]
+        units: dict[int, list[float]] = {}
+        for j in range(len(w.compute_s)):
+            u = units.setdefault(prog.fsdp_unit_of.get(int(w.layer[j]), int(w.layer[j])), [0.0, 0.0])
+            u[0] += float(w.grad_bytes[j])
+            if w.expert_grad_bytes is not None:
+                u[1] += float(w.expert_grad_bytes[j])
+        for L in sorted(units):
+            for nbytes, expert, on in ((units[L][0], False, use_dp), (units[L][1], True, use_edp)):
+                if nbytes <= 0 or not on:
+                    continue
+                steps = grad_reduction_steps(prog.zero, nbytes, expert, hsdp_shard, hsdp_expert_shard)
+                out.append(Collective(Stream.DP, steps, -1, "dp", f"{steps[0][1]} grads stage {a.stage} layer {L}",
+                                      stage=a.stage, layer=L, row_bytes=steps[0][2], action=a))
 
     blocking_exchange = prog.pp_blocking_exchange
 
@@ -705,10 +776,12 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
         for sub in a.leaves:
             # The stage's last weight-gradient action: a W, or a full B (DualPipe's first and last
             # ranks end one of their stages with a B though they split others into I and W).
-            g = last_grad_action.get(sub.stage) == idx and sub.kind in ("B", "W")
+            g = (last_grad_action.get(sub.stage) == idx or prog.grad_reduce_every_microbatch) and sub.kind in ("B", "W")
             run_segments(sub, idx, g, blocking=a.kind != "FB")
             complete(sub)
-            if g and prog.overlap_grad_reduce:
+            if g and reduce_after:
+                reduce_stage_grads(sub)
+            elif g and prog.overlap_grad_reduce:
                 buckets.flush(f"grads stage {sub.stage}")
 
     def send_outputs(done: list[Action]) -> list[SendDone]:

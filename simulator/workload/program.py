@@ -24,8 +24,8 @@ from simulator.workload.ops import (Comm, LayerOps, Op, build_layer_ops, embeddi
                                    optimizer_time_s, tied_head_shares_embedding)
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
-    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, adam_tensor_count, edp_tp_of, grad_reduce_bytes, optimizer_shards,
-    optimizer_state_bytes, pp_message_bytes,
+    ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, adam_bytes_per_param, adam_tensor_count, edp_tp_of, grad_reduce_bytes,
+    optimizer_shards, optimizer_state_bytes, pp_message_bytes,
 )
 
 
@@ -92,6 +92,25 @@ class Program:
     fsdp_reshard_after_forward: bool = True
     fsdp_prefetch: int = 1
     fsdp_shard_size: int | None = None  # HSDP shard group size (None: the whole dp group)
+    # FSDP units: layer id -> the unit it belongs to, where not its own (torchtitan's root module:
+    # the embedding, the final norm and the output head, fully_shard(model) in apply_fsdp).
+    fsdp_unit_of: dict[int, int] = field(default_factory=dict)
+    # FSDP units kept whole from their forward to their backward though the others reshard
+    # (torchtitan's last transformer block: apply_fsdp's "default" policy).
+    fsdp_keep_gathered: frozenset[int] = frozenset()
+    # A stage's gradients reduced after its last backward, unit by unit, the compute stream
+    # waiting for each (torch.distributed.pipelining's REDUCE_GRAD over FSDP2: plan.reduce_stage_grads).
+    grad_reduce_after_stage_backward: bool = False
+    # Before it issues a unit's gradient reduction the compute stream waits for the one in flight
+    # (FSDP2's post_backward_rs_wait: torch 2.13 _fsdp_param_group.py post_backward keeps
+    # reduce_scatter_max_input_buffers = 1 input buffer, waiting on the previous unit's
+    # reduce-scatter event before it copies in the next), so a backward whose reductions outlast
+    # its compute is held back by them rather than running ahead of them.
+    grad_reduce_waits_previous: bool = False
+    # Every microbatch's backward reduces its gradients (not only a stage's last): torchtitan's
+    # gradient accumulation without PP (0.1.0 train.py train_step runs loss.backward() per
+    # microbatch with FSDP2's gradient sync left on; the reduced shards add into .grad).
+    grad_reduce_every_microbatch: bool = False
     stage_expert_params: list[float] = field(default_factory=list)  # the expert share of stage_params (sharded over edp)
     # Per position: SP-duplicated parameters (LayerOps.tp_duplicated_params), summed over tp once a step.
     stage_tp_duplicated_params: list[float] = field(default_factory=list)
@@ -675,6 +694,21 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
             return "moe"
         return "dense"
 
+    # torchtitan's FSDP units (0.1.0 models/llama3/infra/parallelize.py apply_fsdp): one per
+    # transformer block, and the root, fully_shard(model), holding the embedding, the final norm
+    # and the output head together (a pipeline stage's model part holds those of them it has).
+    # The root is resharded after forward (torch 2.13 fully_shard: reshard_after_forward given
+    # as True is kept; FSDPState._lazy_init keeps a root whole only when it is left None) and
+    # gathered again where the backward starts. Without PP the "default" policy keeps the last
+    # block whole ("FSDP would prefetch it immediately"): reshard_after_forward =
+    # int(layer_id) < len(model.layers) - 1; under PP none reshards (fsdp_reshard_after_forward).
+    fsdp_unit_of: dict[int, int] = {}
+    fsdp_keep: frozenset[int] = frozenset()
+    if sc.framework == "torchtitan" and p.zero >= 3:
+        fsdp_unit_of = {-1: -1, m.num_layers: -1}
+        if p.pp == 1 and p.fsdp_reshard_after_forward:
+            fsdp_keep = frozenset({m.num_layers - 1})
+
     segments: dict[tuple[int, str], Segments] = {}
     stage_params: list[float] = []
     stage_expert_params: list[float] = []
@@ -690,7 +724,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         i_ops, w_ops, b_ops = [], [], []
         for k, L in reversed(chain):
             rec = [(o, L) for o in run_ops(recompute_ops(k, L in recompute_layers))] if k not in ("embedding", "head") else []
-            li = [(o, L) for o in run_ops(bwd[k][0])]
+            # A unit kept whole since its forward is not gathered, nor copied out, again.
+            li = [(o, L) for o in run_ops(bwd[k][0]) if not (L in fsdp_keep and o.name == "fsdp_copy_out.bwd")]
             lw = [(o, L) for o in bwd[k][1]]
             i_ops += rec + li
             w_ops += lw
@@ -763,7 +798,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
                                                          edp_tp=edp_tp))
     opt_params_max = opt_bytes / ADAM_BYTES_PER_PARAM
     shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp, edp_tp=edp_tp)
-    optimizer_s = optimizer_time_s(profile, opt_params_max, adam_tensor_count(m.num_layers, p.pp), ADAM_BYTES_PER_PARAM, sc)
+    optimizer_s = optimizer_time_s(profile, opt_params_max, adam_tensor_count(m.num_layers, p.pp),
+                                   adam_bytes_per_param(sc.framework), sc)
 
     # Under SP: the duplicated weights' gradients of the rank's layers, all-reduced over tp.
     tp_duplicated_max = rank_max(schedule, stage_tp_duplicated)
@@ -789,6 +825,13 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
         fsdp_prefetch=p.fsdp_prefetch,
         fsdp_shard_size=p.fsdp_shard_size,
+        fsdp_unit_of=fsdp_unit_of,
+        fsdp_keep_gathered=fsdp_keep,
+        # torchtitan runs PP through torch.distributed.pipelining, which reduces FSDP2's
+        # gradients after a stage's last backward (plan.reduce_stage_grads).
+        grad_reduce_after_stage_backward=sc.framework == "torchtitan" and p.zero >= 3 and p.pp > 1,
+        grad_reduce_waits_previous=sc.framework == "torchtitan" and p.zero >= 3,
+        grad_reduce_every_microbatch=sc.framework == "torchtitan" and p.zero >= 3 and p.pp == 1,
         notes=notes,
     )
 
@@ -853,6 +896,15 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
         out.append(StepCollective("grad norm", dims[0] if dims else "tp", "all_reduce", 4.0 if dims else 0.0, norm_s))
         for d in dims[1:]:
             out.append(StepCollective("grad norm", d, "all_reduce", 4.0))
+        if sc.framework == "torchtitan":
+            # torchtitan 0.1.0 distributed/utils.py clip_grad_norm_ ends in
+            # torch.nn.utils.clip_grads_with_norm_, which multiplies every gradient by the clamped
+            # coefficient whether or not it clips (torch 2.13 clip_grad.py _clip_grads_with_norm_:
+            # _foreach_mul_, "avoids a `if clip_coef < 1:` conditional"): reads and writes the
+            # rank's fp32 gradient shard. (Megatron scales only when the coefficient is below 1.)
+            clip_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]),
+                                                  np.array([opt_params_max * 2 * GRAD_REDUCE_BYTES]))[0])
+            out.append(StepCollective("grad clip", "tp", "all_reduce", 0.0, clip_s))
     return out
 
 
