@@ -19,6 +19,7 @@ from simulator.schedules import (
     load_schedule_csv,
     parse_schedule_csv,
     peak_activations,
+    replay_action_costs,
     replay_unit_costs,
     save_schedule_csv,
     validate_schedule,
@@ -309,6 +310,38 @@ def test_makespan_counts_overlapped_pair_cost():
 def test_replay_reports_deadlock():
     with pytest.raises(UserError, match=r"deadlocks: rank 0 at action 1 \(0B0\)"):
         replay_unit_costs(_sched("0F0,0B0,0F1,0B1\n1F0,1F1,1B0,1B1\n"), F=1.0, B=2.0)
+
+
+@pytest.mark.parametrize("name,vpp", [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 1), ("dualpipev", 1),
+                                      ("dualpipe", 1)])
+def test_replay_action_costs_is_the_unit_replay_with_equal_stages(name, vpp):
+    s = build_schedule(name, 4, 8, vpp)
+    leaf = {"F": 1.0, "B": 2.0, "I": 1.2, "W": 0.8}
+    r = replay_action_costs(s, lambda a: 2.7 if a.kind == "FB" else leaf[a.kind])
+    unit = replay_unit_costs(s, F=1.0, B=2.0, W=0.8, FB=2.7)
+    assert r.makespan == pytest.approx(unit.makespan)
+    assert r.busy == pytest.approx(unit.busy)
+    assert [t for e in r.end for t in e] == pytest.approx([t for e in unit.end for t in e])
+
+
+@pytest.mark.parametrize("name,idle", [("zbv", 0.0), ("dualpipev", 0.0), ("1f1b", 10.8)])
+def test_replay_action_costs_puts_heavy_end_stages_where_the_schedule_does(name, idle):
+    # The first stage holds the embedding, the last the LM head and loss. With both 1.6x a middle
+    # stage (pp 4, 16 microbatches, F = I = W = 1), a V placement puts both on rank 0, whose extra
+    # work fills the idle it has with equal stages (3 for zbv, 6 for DualPipeV): the makespan is
+    # its busy time. A mean-stage replay plus the heaviest rank's excess (the sweep estimate's
+    # reading until round 23) adds that idle on top: 157.05 and 160.5 against 153.6. Under 1F1B
+    # the heavy ends sit on ranks 0 and 3, and rank 3 still idles through the fill and drain.
+    s = build_schedule(name, 4, 16)
+    P = s.num_positions
+
+    def cost(a):
+        return sum((1.6 if s.stage_position[x.stage] in (0, P - 1) else 1.0) * {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}[x.kind]
+                   for x in a.leaves)
+
+    r = replay_action_costs(s, cost)
+    assert r.busy[0] == pytest.approx(16 * 1.6 * 3 * (1 if name == "1f1b" else 2))  # F + I + W of its end stages
+    assert r.makespan - max(r.busy) == pytest.approx(idle)
 
 
 # ---------------------------------------------------------------- activations

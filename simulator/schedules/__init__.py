@@ -8,6 +8,7 @@ from simulator.schedules.analysis import (
     UnitCostReplay,
     makespan_unit_costs,
     peak_activations,
+    replay_action_costs,
     replay_unit_costs,
 )
 from simulator.schedules.base import Action, PipelineSchedule, required_inputs
@@ -25,6 +26,7 @@ __all__ = [
     "validate_schedule",
     "UnitCostReplay",
     "replay_unit_costs",
+    "replay_action_costs",
     "makespan_unit_costs",
     "peak_activations",
     "load_schedule_csv",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from simulator.schedules.base import Action, PipelineSchedule, required_inputs
 from simulator.schedules.validate import check_progress
@@ -57,12 +57,20 @@ def replay_unit_costs(
             return FB if FB is not None else sum(leaf_cost[a.kind] for a in action.leaves)
         return leaf_cost[action.kind]
 
+    return replay_action_costs(schedule, cost)
+
+
+def replay_action_costs(schedule: PipelineSchedule, cost: Callable[[Action], float]) -> UnitCostReplay:
+    """``replay_unit_costs`` with any cost per action (``cost(action)``, an FB pair's as a
+    whole): stages that differ, such as a first stage holding the embedding and a last one
+    holding the LM head and loss, replayed as the schedule places them."""
     finish: dict[tuple[int, str, int], float] = {}
     waiting: dict[tuple[int, str, int], list[int]] = defaultdict(list)
     pos = [0] * schedule.num_ranks
     clock = [0.0] * schedule.num_ranks
     starts: list[list[float]] = [[] for _ in range(schedule.num_ranks)]
     ends: list[list[float]] = [[] for _ in range(schedule.num_ranks)]
+    busy = [0.0] * schedule.num_ranks
     ready = list(range(schedule.num_ranks))
     while ready:
         rank = ready.pop()
@@ -81,7 +89,9 @@ def replay_unit_costs(
             if lacking is not None:
                 waiting[lacking].append(rank)
                 break
-            t = begin + cost(action)
+            c = cost(action)
+            t = begin + c
+            busy[rank] += c
             starts[rank].append(begin)
             ends[rank].append(t)
             for leaf in action.leaves:
@@ -94,12 +104,11 @@ def replay_unit_costs(
     if any(pos[r] < len(schedule.actions[r]) for r in range(schedule.num_ranks)):
         check_progress(schedule)  # raises, naming the blocked ranks
         raise AssertionError(f"replay stalled but the progress check passed: {pos=}")
-    busy = tuple(sum(cost(a) for a in ops) for ops in schedule.actions)
     return UnitCostReplay(
         makespan=max(clock, default=0.0),
         start=tuple(map(tuple, starts)),
         end=tuple(map(tuple, ends)),
-        busy=busy,
+        busy=tuple(busy),
     )
 
 

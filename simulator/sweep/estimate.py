@@ -11,9 +11,11 @@ global batch or GPU count share one reference Program.
 Step time of a point:
 
     all-gather of the first stage's parameters (ZeRO >= 1; nothing hides it at step start)
-  + pipeline makespan: a unit-cost replay of the schedule (cached per schedule and cost ratio)
-    with mean per-stage costs, plus the load imbalance of the heaviest rank
-    (per-stage costs include the blocking tp / cp / ep collectives, priced by the network's
+  + pipeline makespan: the heaviest rank's busy time plus the idle above it in a replay of the
+    schedule with each position's own costs (quantised, cached per schedule and costs: the
+    first position holds the embedding, the last the LM head and loss, and a V placement puts
+    both on one rank)
+    (per-position costs include the blocking tp / cp / ep collectives, priced by the network's
     ``collective_time_s``)
   + pipeline p2p on the fill/drain critical path: 2 x (cross-rank stage boundaries) x send time
   + exposed DP gradient reduction: what the last backward of each stage cannot hide
@@ -44,7 +46,7 @@ from simulator.errors import UserError
 from simulator.network.alpha_beta import TierNetwork
 from simulator.network.base import CollectiveRequest
 from simulator.scenario import Scenario, spec_key
-from simulator.schedules import build_schedule, replay_unit_costs
+from simulator.schedules import build_schedule, replay_action_costs
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology import load_topology
 from simulator.topology.placement import Mesh
@@ -259,22 +261,32 @@ class Estimator:
             self._tails_of[tkey] = hit
         return hit
 
-    def _replay(self, key: tuple, sched: PipelineSchedule, rb: float, rw: float,
-                rfb: float | None = None) -> tuple[float, tuple[float, ...]]:
-        """Makespan of the schedule with F=1, B=rb, W=rw (and an overlapped F&B pair rfb), in units
-        of F, and each rank's slack: how long before the makespan its last action ends."""
-        qb = max(RATIO_STEP, round(rb / RATIO_STEP) * RATIO_STEP)
-        qw = min(qb, round(rw / RATIO_STEP) * RATIO_STEP)
-        qfb = None if rfb is None else max(RATIO_STEP, round(rfb / RATIO_STEP) * RATIO_STEP)
-        rkey = (key, qb, qw, qfb)
+    def _replay(self, key: tuple, sched: PipelineSchedule, steps: np.ndarray,
+                pair_steps: int | None) -> tuple[float, tuple[float, ...], float]:
+        """The schedule replayed with each position's own (F, B, I, W) costs, ``steps[position]``
+        in RATIO_STEPs of the unit, an overlapped F&B pair ``pair_steps`` RATIO_STEPs of its two
+        halves. Returns, in units: the replay's idle above its heaviest rank (makespan minus that
+        rank's busy time), each rank's slack (how long before the makespan its last action ends)
+        and the ranks' summed busy time. Cached by the schedule and the quantised costs: the
+        middle positions of a split mostly cost the same, so the points of one schedule and split
+        shape share a few replays."""
+        rkey = (key, steps.tobytes(), pair_steps)
         hit = self._replays.get(rkey)
         if hit is None:
-            rep = replay_unit_costs(sched, 1.0, qb, qw, FB=qfb)
+            rows = (steps * RATIO_STEP).tolist()
+            leaf = {(st, k): rows[pos][i] for st, pos in enumerate(sched.stage_position) for i, k in enumerate(KINDS)}
+            pair = None if pair_steps is None else pair_steps * RATIO_STEP
+
+            def cost(a: Action) -> float:
+                if a.kind == "FB":
+                    return pair * sum(leaf[(x.stage, x.kind)] for x in a.leaves)
+                return leaf[(a.stage, a.kind)]
+
+            rep = replay_action_costs(sched, cost)
             slack = tuple(rep.makespan - (e[-1] if e else 0.0) for e in rep.end)
-            hit = self._replays[rkey] = (rep.makespan, slack)
+            hit = self._replays[rkey] = (rep.makespan - max(rep.busy), slack, sum(rep.busy))
             self.stats["replays"] += 1
-        scale = (1 + rb) / (1 + qb) if qb > 0 else 1.0
-        return hit[0] * scale, tuple(x * scale for x in hit[1])
+        return hit
 
     # ------------------------------------------------------------------ reference programs
 
@@ -715,25 +727,42 @@ class Estimator:
                 self._action_gathers(skey, sched, firsts, f_c, np.arange(len(tab.params)), ones, p.fsdp_prefetch,
                                      pos_cost, pos_cost_nb, pos_dim, pos_dim_nb)
 
-        # Pipeline: unit-cost replay with the mean stage, plus the heaviest rank's excess load.
+        # Pipeline: the heaviest rank's busy time plus the idle above it (below).
         counts, counts_fb, hops, rank_stages, tie_ranks = self._schedule_info(skey, sched)
         cost_mat = np.stack([pos_cost[k] for k in KINDS], axis=1)  # positions x kinds
         cost_mat_nb = np.stack([pos_cost_nb[k] for k in KINDS], axis=1)
         busy = np.einsum("rpk,pk->r", counts, cost_mat) + np.einsum("rpk,pk->r", counts_fb, cost_mat_nb)
-        f = float(pos_cost["F"].mean())
-        b = float(pos_cost["B"].mean())
-        w = float(pos_cost["W"].mean())
-        n_pairs = float(counts_fb[:, :, 0].sum())
-        # An overlapped F&B pair costs its two halves, each joining its own collectives at its end.
-        fb = float((counts_fb * cost_mat_nb).sum()) / n_pairs if n_pairs else None
-        if f > 0:
-            makespan, slack_u = self._replay(skey, sched, b / f, w / f, None if fb is None else fb / f)
-            makespan *= f
-            slack = [f * x for x in slack_u]
+        # The pipeline: the heaviest rank's busy time, plus the idle above it in a replay of the
+        # schedule with each position's own costs. A replay of the mean stage plus the heaviest
+        # rank's excess (until round 23) assumed that rank idles as long as a rank of the mean
+        # stage does. The first position holds the embedding and the last the LM head and loss,
+        # so they cost more than the middle ones (the small model's 2-layer stages: LM head +60%
+        # F). Under 1F1B the heavy last rank idles in the fill and drain that the other stages
+        # set, and the assumption held; V placements (zbv, dualpipev) put both ends on rank 0,
+        # whose idle is the round trip of its own microbatches through the lighter ranks, which
+        # its extra work fills: the mean replay's bubble plus its excess counted that time twice
+        # (small model pp 4: DualPipeV +5.8%, zbv +2.7%).
+        u = float(pos_cost["F"][sched.num_positions // 2])  # the unit: a middle position's F
+        if u > 0:
+            # Costs in RATIO_STEPs of the unit, so that points whose positions cost alike share a
+            # replay. I is its own, not B - W: a ZeRO-3 I waits for its gathers as B does, so
+            # I + W exceeds B where the gathers bind.
+            steps = np.rint(cost_mat / (u * RATIO_STEP)).astype(np.int64)
+            pair_steps = None
+            if counts_fb.any():
+                # An overlapped F&B pair costs its two halves, each joining its own collectives at
+                # its end: in the replay, its blocking halves times their ratio over the pairs.
+                rfb = float((counts_fb * cost_mat_nb).sum()) / float((counts_fb * cost_mat).sum())
+                pair_steps = max(1, round(rfb / RATIO_STEP))
+            idle_u, slack_u, busy_u = self._replay(skey, sched, steps, pair_steps)
+            # The quantised costs rescaled to the point's own on the whole: the idle is the other
+            # positions' work, mostly the middle ones'.
+            unit_s = float(busy.sum()) / busy_u if busy_u > 0 else u
+            pipeline = float(busy.max()) + idle_u * unit_s
+            slack = [unit_s * x for x in slack_u]
         else:
-            makespan = float(busy.max())
+            pipeline = float(busy.max())
             slack = [0.0] * p.pp
-        pipeline = makespan + float(busy.max() - busy.mean())
 
         exposed = dict.fromkeys(DIM_NAMES, 0.0)
         # Blocking collectives of the busiest rank are exposed by construction.
