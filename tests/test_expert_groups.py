@@ -225,3 +225,20 @@ def test_te_fp8_weight_cache_under_zero3_holds_the_experts_shard_of_the_expert_g
     dp = sc.dp
     expected = 2 * ((layer_params - expert) / dp + expert / (dp // 4)) / 1024**3
     assert row["fp8_weights_gib"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_rowwise_fp8_casts_an_experts_weight_on_the_expert_groups_shard():
+    # torchao rowwise under ZeRO-3 with the FP8 all-gather casts each weight on its shard before the
+    # gather (5 B a parameter of the shard); an expert's shard is the expert group's (dp / ep = 4
+    # ranks here), not the dense one (dp = 16), which left the experts' cast 4x too small.
+    def cast_bytes(all_gather: bool) -> tuple[float, float]:
+        sc = build_scenario(scenario("moe-rowwise", model=SMALL_MOE, dtype="fp8",
+                                     fp8={"recipe": "rowwise", "param_all_gather": all_gather},
+                                     parallelism={"ep": 4, "zero": 3}))
+        op = {o.name: o for o in build_layer_ops(sc)["moe"].forward}["experts_fc1.fp8_cast"]
+        fc1 = {o.name: o for o in build_layer_ops(sc)["moe"].forward}["experts_fc1"]
+        return op.bytes, fc1.params
+
+    whole, weights = cast_bytes(False)
+    sharded, _ = cast_bytes(True)
+    assert whole - sharded == pytest.approx(5.0 * weights * (1 - 1 / 4), rel=1e-9)
