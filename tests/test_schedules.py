@@ -382,3 +382,17 @@ def test_every_schedule_capture_runs_is_one_the_simulator_runs():
     for name, (torch_class, _layout) in CAPTURE_SCHEDULES.items():
         ours = _SCHEDULE_ALIASES.get(name, name)
         assert SCHEDULES[ours].torch_class == torch_class, name
+
+
+def test_replay_action_costs_hides_a_wait_in_the_idle_before_the_action():
+    # An action's ``wait`` runs from the rank's previous end: idle waiting for input hides it.
+    s = build_schedule("1f1b", 2, 1)
+    plain = replay_action_costs(s, lambda a: 1.0)
+    assert plain.makespan == pytest.approx(4.0)  # F0 on rank 0, F0 and B0 on rank 1, B0 on rank 0
+    # Rank 1's F idles 1.0 for rank 0's F, which hides its 0.5 wait: it ends at 1.5, not 2.0.
+    # Rank 0's F has nothing before it to hide its wait in (its cost is its whole span).
+    r = replay_action_costs(s, lambda a: 1.0, lambda a: 0.5 if a.kind == "F" else 0.0)
+    assert r.makespan == pytest.approx(3.5)
+    assert r.hidden == pytest.approx((0.0, 0.5))
+    assert r.start[1][0] == pytest.approx(1.0) and r.end[1][0] == pytest.approx(1.5)
+    assert r.busy == plain.busy

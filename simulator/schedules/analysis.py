@@ -26,6 +26,8 @@ class UnitCostReplay:
     end: tuple[tuple[float, ...], ...]
     # Sum of the rank's action costs (its compute time).
     busy: tuple[float, ...]
+    # Per rank, how much of its actions' ``wait`` (replay_action_costs) its idle hid.
+    hidden: tuple[float, ...] = ()
 
     def bubble(self, rank: int) -> float:
         """Idle time of ``rank`` within the makespan."""
@@ -60,10 +62,18 @@ def replay_unit_costs(
     return replay_action_costs(schedule, cost)
 
 
-def replay_action_costs(schedule: PipelineSchedule, cost: Callable[[Action], float]) -> UnitCostReplay:
+def replay_action_costs(schedule: PipelineSchedule, cost: Callable[[Action], float],
+                        wait: Callable[[Action], float] | None = None) -> UnitCostReplay:
     """``replay_unit_costs`` with any cost per action (``cost(action)``, an FB pair's as a
     whole): stages that differ, such as a first stage holding the embedding and a last one
-    holding the LM head and loss, replayed as the schedule places them."""
+    holding the LM head and loss, replayed as the schedule places them.
+
+    ``wait(action)``: the part of its cost (at most all of it) the action spends waiting at
+    its start for something the rank issued before it, independent of its inputs -- a ZeRO-3
+    parameter gather the plan prefetches on the rank's own order. That wait runs from the
+    rank's previous action's end, so idle spent waiting for inputs hides it: the action
+    starts at max(inputs ready, previous end + wait) and runs its cost less the wait, not
+    at inputs ready plus its whole cost. ``start`` is then when the action's work begins."""
     finish: dict[tuple[int, str, int], float] = {}
     waiting: dict[tuple[int, str, int], list[int]] = defaultdict(list)
     pos = [0] * schedule.num_ranks
@@ -71,6 +81,7 @@ def replay_action_costs(schedule: PipelineSchedule, cost: Callable[[Action], flo
     starts: list[list[float]] = [[] for _ in range(schedule.num_ranks)]
     ends: list[list[float]] = [[] for _ in range(schedule.num_ranks)]
     busy = [0.0] * schedule.num_ranks
+    hidden = [0.0] * schedule.num_ranks
     ready = list(range(schedule.num_ranks))
     while ready:
         rank = ready.pop()
@@ -90,8 +101,14 @@ def replay_action_costs(schedule: PipelineSchedule, cost: Callable[[Action], flo
                 waiting[lacking].append(rank)
                 break
             c = cost(action)
-            t = begin + c
             busy[rank] += c
+            if wait is not None:
+                w = min(wait(action), c)
+                # The wait ran from the previous end (t); what of it the idle up to the inputs covered is hidden.
+                hidden[rank] += min(w, begin - t)
+                begin = max(begin, t + w)
+                c -= w
+            t = begin + c
             starts[rank].append(begin)
             ends[rank].append(t)
             for leaf in action.leaves:
@@ -109,6 +126,7 @@ def replay_action_costs(schedule: PipelineSchedule, cost: Callable[[Action], flo
         start=tuple(map(tuple, starts)),
         end=tuple(map(tuple, ends)),
         busy=tuple(busy),
+        hidden=tuple(hidden),
     )
 
 
