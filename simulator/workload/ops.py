@@ -950,14 +950,24 @@ def torch_cp_attention_ops(b: int, s: int, cp: int, heads: int, head_dim: int, c
             bwd += [attention_backward_op(st),
                     Op(f"cp_dkv_rotate{i}", "other", "I", comm=Comm("cp", "ring_step", size, overlap=True))]
         bwd.append(Op("cp_dkv_rotate.wait", "other", "I", comm=Comm("cp", JOIN, 0.0)))
-        for i, st in enumerate(steps):
-            if i < cp - 1:
-                fwd.append(Op(f"cp_kv_rotate{i}", "other", "F", comm=Comm("cp", "ring_step", kv_bytes, overlap=True),
-                              bwd_ops=tuple(bwd) if i == 0 else ()))
-            fwd.append(replace(st, bwd_ops=()))
-            if i == cp - 2:
-                fwd.append(Op("cp_kv_rotate.wait", "other", "F", comm=Comm("cp", JOIN, 0.0)))
+        fwd += _kv_ring_forward(steps, kv_bytes, bwd, "cp_kv_rotate", "cp_kv_rotate.wait")
     return fwd + [torch_cp_merge_op(E, cp, load_balance)]
+
+
+def _kv_ring_forward(steps: list[Op], kv_bytes: float, bwd: list[Op], name: str, wait_name: str) -> list[Op]:
+    """A K/V ring's forward: before each attention step but the last, the next K/V block is sent
+    on (``name``{i}, overlapped with the step), the last one waited (``wait_name``) before the last
+    step; the first send carries the whole backward (Op.bwd_ops)."""
+    cp = len(steps)
+    fwd: list[Op] = []
+    for i, st in enumerate(steps):
+        if i < cp - 1:
+            fwd.append(Op(f"{name}{i}", "other", "F", comm=Comm("cp", "ring_step", kv_bytes, overlap=True),
+                          bwd_ops=tuple(bwd) if i == 0 else ()))
+        fwd.append(replace(st, bwd_ops=()))
+        if i == cp - 2:
+            fwd.append(Op(wait_name, "other", "F", comm=Comm("cp", JOIN, 0.0)))
+    return fwd
 
 
 def te_cp_p2p_ops(b: int, s: int, cp: int, heads: int, head_dim: int, core_model: float, io_bytes: float,
@@ -989,15 +999,8 @@ def te_cp_p2p_ops(b: int, s: int, cp: int, heads: int, head_dim: int, core_model
         bwd += [Op(f"cp_kv_ring_step{i}.bwd", "other", "I", comm=Comm("cp", "ring_step", size, overlap=True)),
                 attention_backward_op(st)]
     bwd.append(Op("cp_kv_ring.wait.bwd", "other", "I", comm=Comm("cp", JOIN, 0.0)))
-    fwd: list[Op] = []
-    for i, st in enumerate(steps):
-        if i < cp - 1:
-            fwd.append(Op(f"cp_kv_ring_step{i}", "other", "F", comm=Comm("cp", "ring_step", kv_bytes, overlap=True),
-                          bwd_ops=tuple(bwd) if i == 0 else ()))
-        fwd.append(replace(st, bwd_ops=()))
-        if i == cp - 2:
-            fwd.append(Op("cp_kv_ring.wait", "other", "F", comm=Comm("cp", JOIN, 0.0)))
-    return fwd + [te_cp_merge_op(out_elems, kv_bytes / dt, cp, dt)]
+    return (_kv_ring_forward(steps, kv_bytes, bwd, "cp_kv_ring_step", "cp_kv_ring.wait")
+            + [te_cp_merge_op(out_elems, kv_bytes / dt, cp, dt)])
 
 
 def te_cp_merge_op(out_elems: float, kv_elems: float, cp: int, dt: int) -> Op:
