@@ -317,6 +317,16 @@ def hsdp_expert_shard_of(hsdp_shard: int | None, ep: int, edp_tp: int) -> int | 
     return hsdp_shard // ep * edp_tp
 
 
+def _shard_and_replica_groups(groups: np.ndarray, shard: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """HSDP over ``groups`` (one row a data-parallel group): the shard groups, consecutive blocks
+    of ``shard`` ranks of a row (the whole row without HSDP), and the replica groups, the ranks
+    at the same place in each block."""
+    size = groups.shape[1]
+    shard = shard or size
+    return (groups.reshape(-1, shard),
+            groups.reshape(len(groups), -1, shard).transpose(0, 2, 1).reshape(-1, size // shard))
+
+
 def communication_groups(mesh: Mesh, hsdp_shard: int | None, edp_tp: int) -> dict[Dim, np.ndarray]:
     """Every group a plan may name. The data-parallel groups (dp, edp) take in the context-
     parallel ranks: every collective on them reduces or gathers parameters and gradients, which
@@ -329,14 +339,9 @@ def communication_groups(mesh: Mesh, hsdp_shard: int | None, edp_tp: int) -> dic
     groups = {Dim(d): mesh.groups(d) for d in (Dim.TP, Dim.CP, Dim.EP, Dim.PP)}
     groups[Dim.DP] = dp_groups = mesh.groups("dp-cp")
     groups[Dim.EDP] = edp_groups = mesh.groups("edp-cp-tp" if edp_tp > 1 else "edp-cp")
-    size = dp_groups.shape[1]
-    shard = hsdp_shard or size
-    groups[Dim.DP_SHARD] = dp_groups.reshape(-1, shard)
-    groups[Dim.DP_REP] = dp_groups.reshape(len(dp_groups), -1, shard).transpose(0, 2, 1).reshape(-1, size // shard)
-    esize = edp_groups.shape[1]
-    eshard = hsdp_expert_shard_of(hsdp_shard, mesh.ep, edp_tp) or esize
-    groups[Dim.EDP_SHARD] = edp_groups.reshape(-1, eshard)
-    groups[Dim.EDP_REP] = edp_groups.reshape(len(edp_groups), -1, eshard).transpose(0, 2, 1).reshape(-1, esize // eshard)
+    groups[Dim.DP_SHARD], groups[Dim.DP_REP] = _shard_and_replica_groups(dp_groups, hsdp_shard)
+    groups[Dim.EDP_SHARD], groups[Dim.EDP_REP] = _shard_and_replica_groups(
+        edp_groups, hsdp_expert_shard_of(hsdp_shard, mesh.ep, edp_tp))
     # First and last pipeline stage of each replica: Megatron's tied-embedding gradient all-reduce.
     groups[Dim.EMB] = groups[Dim.PP][:, [0, -1]] if mesh.pp > 1 else groups[Dim.PP]
     return groups
