@@ -168,11 +168,12 @@ class ParallelConfig(BaseModel):
     fsdp_shard_size: Whole | None = Field(
         None, ge=1, description="HSDP: shard parameters within groups of this many DP ranks (with their CP ranks) and replicate across groups; with ep, a multiple of ep (each EP group inside one shard group)."
     )
-    cp_attention: Literal["allgather", "ring"] = Field(
-        "allgather", description="Context parallelism's K/V exchange: allgather gathers K/V of the whole sequence (Llama 3; "
+    cp_attention: Literal["allgather", "ring"] | None = Field(
+        None, description="Context parallelism's K/V exchange: allgather gathers K/V of the whole sequence (Llama 3; "
         "Transformer Engine cp_comm_type all_gather; torch's default rotate method under framework torchtitan); ring "
-        "passes K/V blocks around while each step computes (TE's p2p, megatron-core's default; torch's alltoall rotate "
-        "method under framework torchtitan)."
+        "passes K/V blocks around while each step computes (TE's p2p; torch's alltoall rotate method under framework "
+        "torchtitan). None (default): the framework's own default, allgather under torchtitan (torch's "
+        "context_parallel rotate method), ring otherwise (megatron-core's cp_comm_type None runs TE's p2p)."
     )
     cp_load_balance: bool = Field(
         True, description="torch's context parallel (framework torchtitan): round-robin load balancing of causal attention "
@@ -431,6 +432,17 @@ class Scenario(BaseModel):
             raise ValueError(f"the name {value!r} holds control characters: use printable text")
         return value
 
+    @property
+    def cp_attention(self) -> str:
+        """parallelism.cp_attention, or the framework's default where it is unset: torch's
+        context_parallel rotates K/V by all-gather unless told otherwise (torch 2.13
+        _context_parallel/_attention.py, _cp_options.rotate_method ALL_GATHER), which torchtitan
+        keeps by default; megatron-core passes cp_comm_type None to Transformer Engine as "p2p"
+        (megatron-core 0.16.1 extensions/transformer_engine.py TEDotProductAttention), the ring."""
+        if self.parallelism.cp_attention is not None:
+            return self.parallelism.cp_attention
+        return "allgather" if self.framework == "torchtitan" else "ring"
+
     def check(self) -> "Scenario":
         """Consistency across sections; raises UserError naming the value and the fix."""
         m, p, b, c = self.model, self.parallelism, self.batch, self.cluster
@@ -464,6 +476,22 @@ class Scenario(BaseModel):
             raise UserError(f"ep={p.ep} does not divide dp={dp}: expert parallelism is carved out of data parallelism")
         if p.ep > 1 and not m.is_moe:
             raise UserError(f"ep={p.ep} needs a mixture-of-experts model, but {m.name!r} is dense: set ep=1")
+        if self.framework == "torchtitan" and p.tp > 1 and not p.sequence_parallel:
+            # torchtitan's TP plan shards the norms over the sequence unconditionally, with no
+            # option to turn it off (0.1.0 models/llama3/infra/parallelize.py apply_tp:
+            # "attention_norm" / "ffn_norm" / "norm": SequenceParallel()).
+            raise UserError(
+                f"framework torchtitan runs tensor parallelism (tp={p.tp}) with sequence parallelism always "
+                f"(apply_tp's SequenceParallel norms): set parallelism.sequence_parallel true (--sequence-parallel) or tp=1"
+            )
+        if m.is_moe and p.tp > 1 and not p.sequence_parallel and self.framework == "generic":
+            # megatron-core 0.16.1 transformer/moe/moe_layer.py MoELayer.forward raises in training
+            # when attention's tp group is larger than one and sequence_parallel is off.
+            raise UserError(
+                f"a mixture-of-experts model with tp={p.tp} needs sequence_parallel: megatron-core refuses MoE with "
+                f"tensor parallelism without it (MoELayer.forward): set parallelism.sequence_parallel true "
+                f"(--sequence-parallel) or tp=1"
+            )
         if m.is_moe and m.num_experts % p.ep:
             raise UserError(f"ep={p.ep} does not divide num_experts={m.num_experts}: choose ep among {_divisors(m.num_experts, 1024)}")
         if b.global_batch_size % (b.micro_batch_size * dp):
@@ -535,7 +563,7 @@ class Scenario(BaseModel):
                 f"inside one HSDP shard group (torchtitan carves ep out of the sharded data-parallel ranks, never the "
                 f"replicated ones): use fsdp_shard_size among {', '.join(fits)}, or an ep that divides {p.fsdp_shard_size}"
             )
-        if p.cp_attention == "ring" and p.cp > 1 and (b.seq_length // p.cp) % 2:
+        if self.cp_attention == "ring" and p.cp > 1 and (b.seq_length // p.cp) % 2:
             raise UserError(f"ring attention splits each rank's {b.seq_length // p.cp} tokens in two chunks: use an even seq_length/cp")
         if b.seq_length % p.cp:
             raise UserError(f"cp={p.cp} does not divide seq_length={b.seq_length}: use a seq_length multiple of {p.cp}")

@@ -213,3 +213,16 @@ def test_torch_cp_attention_working_set_memory():
     assert cp_attention_working_set_bytes(_sc("torchtitan", cp=1)) == 0.0
     row = simulate(sc).memory.per_rank_gib[0]
     assert row["cp_attention_working_set_gib"] == pytest.approx(cp_attention_working_set_bytes(sc) / 2**30)
+
+
+@pytest.mark.parametrize("framework, expected", [("generic", "ring"), ("torchtitan", "allgather")])
+def test_cp_attention_defaults_to_the_frameworks_own_method(framework, expected):
+    """Unset, cp_attention is what the framework runs by default: megatron-core passes cp_comm_type
+    None to TE as "p2p" (the K/V ring), torch's context_parallel all-gathers K/V (torchtitan's
+    context_parallel_rotate_method "allgather"). Set, it is kept whatever the framework."""
+    default = _sc(framework, attn=None)
+    assert default.parallelism.cp_attention is None and default.cp_attention == expected
+    other = "allgather" if expected == "ring" else "ring"
+    assert _cp(build_layer_ops(default)["dense"].forward) == _cp(build_layer_ops(_sc(framework, attn=expected))["dense"].forward)
+    assert _cp(build_layer_ops(default)["dense"].forward) != _cp(build_layer_ops(_sc(framework, attn=other))["dense"].forward)
+    assert _sc(framework, attn=other).cp_attention == other

@@ -89,7 +89,9 @@ def test_expert_optimizer_state_divides_by_the_expert_data_parallel_group():
 
 def test_experts_without_sequence_parallelism_keep_tp_out_of_the_expert_group():
     # Without SP every tp rank routes the same tokens: its expert gradients equal its tp peer's.
-    d = scenario("moe-tp2-nosp", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 1, "sequence_parallel": False})
+    # megatron-core refuses MoE under tp without SP (MoELayer.forward); Megatron-DeepSpeed runs it.
+    d = scenario("moe-tp2-nosp", model=SMALL_MOE, framework="megatron-deepspeed",
+                 parallelism={"tp": 2, "ep": 2, "zero": 1, "sequence_parallel": False})
     sc, prog, plan = plan_of(d)
     assert np.array_equal(plan.groups[Dim.EDP], prog.mesh.groups("edp-cp"))
     res = simulate(sc)
@@ -206,8 +208,8 @@ def test_the_router_gradient_is_all_reduced_over_tp_under_sequence_parallelism()
                    for q in range(prog.schedule.num_positions))
     step = {t.label: t for t in prog.step_collectives}["sp duplicated weight grads"]
     assert step.dim == "tp" and step.size_bytes == 4 * h * E * per_rank and per_rank <= moe_layers
-    nosp = build_scenario(scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 1,
-                                                                            "sequence_parallel": False}))
+    nosp = build_scenario(scenario("moe-tp2", model=SMALL_MOE, framework="megatron-deepspeed",
+                                   parallelism={"tp": 2, "ep": 2, "zero": 1, "sequence_parallel": False}))
     assert build_layer_ops(nosp)["moe"].tp_duplicated_params == 0
 
 
@@ -242,3 +244,13 @@ def test_rowwise_fp8_casts_an_experts_weight_on_the_expert_groups_shard():
     whole, weights = cast_bytes(False)
     sharded, _ = cast_bytes(True)
     assert whole - sharded == pytest.approx(5.0 * weights * (1 - 1 / 4), rel=1e-9)
+
+
+def test_megatron_core_moe_under_tp_without_sequence_parallelism_is_refused():
+    # megatron-core 0.16.1 MoELayer.forward raises in training when attention's tp group is larger
+    # than one and sequence_parallel is off; Megatron-DeepSpeed's MoE runs that layout.
+    par = {"tp": 2, "ep": 2, "zero": 1, "sequence_parallel": False}
+    with pytest.raises(UserError, match=r"mixture-of-experts model with tp=2 needs sequence_parallel.*set parallelism.sequence_parallel true"):
+        build_scenario(scenario("moe-tp2-nosp", model=SMALL_MOE, parallelism=par))
+    assert build_scenario(scenario("moe-tp2-nosp", model=SMALL_MOE, framework="megatron-deepspeed", parallelism=par)).parallelism.tp == 2
+    assert build_scenario(scenario("moe-tp2-sp", model=SMALL_MOE, parallelism={**par, "sequence_parallel": True})).parallelism.tp == 2

@@ -312,7 +312,9 @@ def test_deepseek_v3_like_scenario_simulates_end_to_end():
 def test_llama3_405b_like_with_cp16_and_fsdp_simulates_end_to_end():
     sc = build_scenario({
         "name": "llama3-405b-cp16-fsdp", "model": "llama3-405b",
-        "parallelism": {"tp": 8, "pp": 16, "cp": 16, "zero": 3, "fsdp_reshard_after_forward": False},
+        # Llama 3 all-gathers K/V (Dubey et al. 2024, Sec. 3.3.2); the generic default is TE's ring.
+        "parallelism": {"tp": 8, "pp": 16, "cp": 16, "zero": 3, "fsdp_reshard_after_forward": False,
+                        "cp_attention": "allgather"},
         "batch": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 131072},
         "cluster": {"gpus": 16384, "gpu": "h100-sxm-80gb", "topology": "llama3-24k"}, "network": "alpha-beta",
     })
@@ -517,11 +519,17 @@ def test_mla_runs_its_down_projections_on_this_ranks_tokens_and_gathers_the_late
     from simulator.profile import load_profile
     from simulator.simulate import resolve_schedule
 
-    sc = build_scenario({"model": "deepseek-v3", "parallelism": {"tp": 2, "pp": 1, "ep": 8, "sequence_parallel": sp},
+    from simulator.scenario import resolve_model
+
+    # megatron-core refuses MoE under tp without SP (MoELayer.forward): without SP, DeepSeek-V3's
+    # attention in a dense model of the same shape.
+    model = "deepseek-v3" if sp else {**resolve_model("deepseek-v3").model_dump(), "num_experts": 0,
+                                      "num_shared_experts": 0, "num_dense_layers": 0}
+    sc = build_scenario({"model": model, "parallelism": {"tp": 2, "pp": 1, "ep": 8 if sp else 1, "sequence_parallel": sp},
                          "batch": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 4096},
                          "cluster": {"gpus": 64, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}})
     T, t, h, q_lora, kv_lora, rope = 4096, 2, 7168, 1536, 512, 64
-    lo = build_layer_ops(sc)["moe"]
+    lo = build_layer_ops(sc)["moe" if sp else "dense"]
     ops = {o.name: o for o in lo.forward}
     tokens = T // t if sp else T
     assert ops["q_down_proj"].kernel.m == ops["kv_down_proj"].kernel.m == tokens
@@ -531,9 +539,12 @@ def test_mla_runs_its_down_projections_on_this_ranks_tokens_and_gathers_the_late
     out = "reduce_scatter" if sp else "all_reduce"
     # The shared expert is tensor-parallel as the dense MLP is (megatron-core SharedExpertMLP).
     expected = {"q_latent_in": (gather, T * q_lora * 2), "kv_latent_in": (gather, T * kv_lora * 2),
-                "attn_out": (out, T * h * 2), "shared_in": (gather, T * h * 2), "shared_out": (out, T * h * 2)}
+                "attn_out": (out, T * h * 2)}
     if sp:
-        expected["k_rope_gather"] = ("all_gather", T * rope * 2)
+        expected |= {"k_rope_gather": ("all_gather", T * rope * 2), "shared_in": (gather, T * h * 2),
+                     "shared_out": (out, T * h * 2)}
+    else:
+        expected |= {"mlp_in": ("identity_ar", T * h * 2), "mlp_out": ("all_reduce", T * h * 2)}
     assert comms == expected
     i_ops, _ = lo.backward()
     regathers = {o.name for o in i_ops if o.name.endswith(".input_regather")}

@@ -223,7 +223,8 @@ def test_cp_merge_and_repeated_kv_gather():
 
     par = {"dp": 2, "cp": 4, "zero": 3}
     tt = {o.name: o for o in build_layer_ops(_sc(framework="torchtitan", parallelism=par))["dense"].forward}
-    gen = {o.name: o for o in build_layer_ops(_sc(parallelism=par))["dense"].forward}
+    # Against megatron-core with TE's all-gather CP (cp_comm_type all_gather; its default is p2p).
+    gen = {o.name: o for o in build_layer_ops(_sc(parallelism={**par, "cp_attention": "allgather"}))["dense"].forward}
     # torchtitan repeats K/V to all 32 heads before SDPA: CP gathers 4x the 8-KV-head bytes.
     assert tt["cp_kv_all_gather"].comm.size_bytes == pytest.approx(4 * gen["cp_kv_all_gather"].comm.size_bytes)
     assert "cp_sdpa_merge" not in gen
@@ -256,7 +257,8 @@ def test_cp_sdpa_kernels_torch_launches():
     shapes = [(o.kernel.m, o.kernel.n, o.kernel.causal) for o in steps]
     assert shapes == [(s, s, True), (s, s // 2, False), (s, s // 2, False), (s // 2, s, False)]
     assert all(o.exec_flops == pytest.approx(steps[0].exec_flops) for o in steps)
-    gen = [o for o in build_layer_ops(_sc(parallelism=par))["dense"].forward if o.op_class == "attention"]
+    gen = [o for o in build_layer_ops(_sc(parallelism={**par, "cp_attention": "allgather"}))["dense"].forward
+           if o.op_class == "attention"]
     assert len(gen) == 1 and gen[0].kernel.causal and (gen[0].kernel.m, gen[0].kernel.n) == (s, SEQ)
     assert sum(o.exec_flops for o in steps) == pytest.approx(gen[0].exec_flops)
     # Same work in about the same time: three more launches, and the causal step's diagonal

@@ -8,6 +8,7 @@ import pytest
 from simulator.workload.kernel_model import kernel_model_of
 from simulator.profile import load_profile
 from simulator.scenario import build_scenario
+from simulator.errors import UserError
 from simulator.workload.kernels import adam_kernels
 from simulator.workload.ops import build_layer_ops, op_durations_s
 
@@ -244,3 +245,13 @@ def test_megatron_selective_recompute_reruns_core_attention_whole():
         rec = layer_recompute_ops(cp, build_layer_ops(cp)["dense"])
         assert [o.name for o in rec if o.comm is not None] == comms
         assert all(o.comm is None or o.comm.dim == "cp" for o in rec)
+
+
+def test_torchtitan_tensor_parallelism_without_sequence_parallelism_is_refused():
+    # torchtitan's apply_tp shards the norms over the sequence (SequenceParallel) with no option to
+    # turn it off; megatron-core's dense layers run tp without SP.
+    tt = {"framework": "torchtitan", "parallelism": {"tp": 2, "pp": 1, "sequence_parallel": False}}
+    with pytest.raises(UserError, match=r"framework torchtitan runs tensor parallelism \(tp=2\) with sequence parallelism always"):
+        _sc(**tt)
+    assert not _sc(parallelism={"tp": 2, "pp": 1, "sequence_parallel": False}).parallelism.sequence_parallel
+    assert _sc(framework="torchtitan").parallelism.sequence_parallel

@@ -154,7 +154,7 @@ def cp_attention_working_set_bytes(sc: Scenario) -> float:
     s = sc.batch.seq_length / p.cp
     E = sc.batch.micro_batch_size * s * max(m.num_attention_heads // p.tp, 1) * m.dim_head
     kv = 2.0 * E * sc.dtype_bytes
-    rotating = (p.cp + 1) * kv if p.cp_attention == "allgather" else 3 * kv
+    rotating = (p.cp + 1) * kv if sc.cp_attention == "allgather" else 3 * kv
     return rotating + 4.0 * E + 3 * 2.0 * E * 4.0 + 3 * E * sc.dtype_bytes
 
 

@@ -581,8 +581,8 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
     kv_local_bytes = (b * s * heads * (dqk + dv) if m.is_mla else 2 * b * s * max(g // t, 1) * d) * dt
     if cp > 1 and sc.framework == "torchtitan" and sc.flash_attention:
         attn += torch_cp_attention_ops(b, s, cp, heads, qk_dim, core_model, io_bytes, dt, fp8 and sc.fp8.attention,
-                                       p.cp_load_balance, "alltoall" if p.cp_attention == "ring" else "allgather")
-    elif cp > 1 and p.cp_attention == "ring":
+                                       p.cp_load_balance, "alltoall" if sc.cp_attention == "ring" else "allgather")
+    elif cp > 1 and sc.cp_attention == "ring":
         attn += te_cp_p2p_ops(b, s, cp, heads, qk_dim, core_model, io_bytes, kv_local_bytes, T * attn_width, dt,
                               sc.flash_attention, fp8 and sc.fp8.attention)
     else:
