@@ -14,7 +14,7 @@ import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from simulator.profile import Profile, load_profile
 from simulator.errors import UserError, Whole, check_document_kind, did_you_mean, did_you_mean_name, path_exists, read_json, read_yaml, validation_error_line
@@ -431,6 +431,22 @@ class Scenario(BaseModel):
         if any(ord(ch) < 32 or 0x7F <= ord(ch) <= 0x9F for ch in value):
             raise ValueError(f"the name {value!r} holds control characters: use printable text")
         return value
+
+    # (the GPU it was read for, compute.fp8_non_tn_gemm): the profile is read once per scenario
+    # and GPU, not at every op the workload builds.
+    _fp8_non_tn_memo: tuple[Any, bool] | None = PrivateAttr(None)
+
+    @property
+    def te_fp8_transposes(self) -> bool:
+        """Transformer Engine's per-tensor FP8 (te-delayed, te-current) keeps a transposed copy of
+        each quantized tensor for the GEMM that reads it the other way: Hopper's FP8 GEMMs take
+        only TN. On compute capability 10.x (profile compute.fp8_non_tn_gemm) one row-wise buffer
+        serves both and no transpose is made."""
+        gpu = self.cluster.gpu
+        key = gpu if isinstance(gpu, str) else id(gpu)
+        if self._fp8_non_tn_memo is None or self._fp8_non_tn_memo[0] != key:
+            self._fp8_non_tn_memo = (key, load_profile(gpu).compute.fp8_non_tn_gemm)
+        return not self._fp8_non_tn_memo[1]
 
     @property
     def cp_attention(self) -> str:

@@ -152,15 +152,18 @@ def test_mxfp8_userbuffers_gather_one_copy_of_the_output_gradient():
     assert grad.comm.size_bytes == 4096 * 4096 * (1 + 1 / 32)
 
 
-@pytest.mark.parametrize("recipe,full_b,shard_b,transpose_b", [("te-delayed", 2.0, 0.0, 2.0), ("te-current", 4.0, 3.0, 2.0),
-                                                               ("mxfp8", 4 + 2 / 32, 4 + 2 / 32, 0.0)])
-def test_te_fp8_sequence_parallel_quantizes_the_shard_and_transposes_the_gathered_copy(recipe, full_b, shard_b, transpose_b):
+@pytest.mark.parametrize("recipe,gpu,full_b,shard_b,transpose_b", [
+    ("te-delayed", "h100-sxm-80gb", 2.0, 0.0, 2.0), ("te-current", "h100-sxm-80gb", 4.0, 3.0, 2.0),
+    ("mxfp8", "b200", 4 + 2 / 32, 4 + 2 / 32, 0.0),
+    # Compute capability 10.x: per-tensor FP8 writes the row-wise copy only and transposes nothing.
+    ("te-delayed", "b200", 0.0, 0.0, 0.0), ("te-current", "b200", 3.0, 3.0, 0.0)])
+def test_te_fp8_sequence_parallel_quantizes_the_shard_and_transposes_the_gathered_copy(recipe, gpu, full_b, shard_b, transpose_b):
     """TE under SP quantizes a norm-fed input on its T / tp shard before the FP8 gather (delayed
     scaling inside the norm kernel, current scaling after a norm that writes the amax, MXFP8 both
     copies with scales); per-tensor scaling transposes the gathered copy in backward, MXFP8
     re-gathers its column-wise copy instead. Without SP the norm-fed cast quantizes all T tokens
     into both copies (``full_b`` bytes an element, test_te_fp8_quantizes_a_norm_fed_input_inside_the_norm)."""
-    gpu, topo = ("b200", "dgx-b200") if recipe == "mxfp8" else ("h100-sxm-80gb", "dgx-h100-fattree")
+    topo = "dgx-b200" if gpu == "b200" else "dgx-h100-fattree"
     T, tp, h = 4096, 2, 4096
     sp = {o.name: o for o in build_layer_ops(_sc("fp8", gpu=gpu, topo=topo, recipe=recipe, tp=tp,
                                                  sequence_parallel=True))["dense"].forward}
@@ -176,15 +179,31 @@ def test_te_fp8_sequence_parallel_quantizes_the_shard_and_transposes_the_gathere
         assert sp[name + ".fp8_cast"].bytes == full[name + ".fp8_cast"].bytes
 
 
-@pytest.mark.parametrize("recipe,norm_fed_b,cast_b", [("te-delayed", 2.0, 4.0), ("te-current", 4.0, 6.0)])
-def test_te_fp8_quantizes_a_norm_fed_input_inside_the_norm(recipe, norm_fed_b, cast_b):
+@pytest.mark.parametrize("recipe,gpu,norm_fed_b,cast_b", [("te-delayed", "h100-sxm-80gb", 2.0, 4.0),
+                                                         ("te-current", "h100-sxm-80gb", 4.0, 6.0),
+                                                         ("te-delayed", "b200", 0.0, 3.0), ("te-current", "b200", 3.0, 5.0)])
+def test_te_fp8_quantizes_a_norm_fed_input_inside_the_norm(recipe, gpu, norm_fed_b, cast_b):
     """Without SP, TE's LayerNormLinear hands the norm its input quantizer: delayed scaling writes
     FP8 from the norm kernel and transposes it (2 B an element), current scaling has the norm
     write the amax and then cast-transposes (4 B); TE Linear (fc2, the attention output) keeps a
     separate cast-transpose (4 B, 6 B with current scaling's amax pass)."""
-    ops = {o.name: o for o in build_layer_ops(_sc("fp8", recipe=recipe))["dense"].forward}
+    topo = "dgx-b200" if gpu == "b200" else "dgx-h100-fattree"
+    ops = {o.name: o for o in build_layer_ops(_sc("fp8", gpu=gpu, topo=topo, recipe=recipe))["dense"].forward}
     T, h, ffn, qkv = 4096, 4096, 14336, (32 + 2 * 8) * 128
     w_f = cast_b  # one microbatch a step: the weight cast every microbatch
     assert ops["qkv_proj.fp8_cast"].bytes == pytest.approx(T * h * norm_fed_b + h * qkv * w_f)
     assert ops["fc1_gate_up.fp8_cast"].bytes == pytest.approx(T * h * norm_fed_b + h * 2 * ffn * w_f)
     assert ops["fc2.fp8_cast"].bytes == pytest.approx(T * ffn * cast_b + ffn * h * w_f)
+
+
+@pytest.mark.parametrize("recipe,copies", [("te-delayed", 1), ("te-current", 1), ("mxfp8", 2)])
+def test_blackwell_per_tensor_fp8_caches_no_weight_transpose(recipe, copies):
+    """TE caches each linear weight's FP8 copy across microbatches; on Hopper per-tensor scaling
+    adds its transpose (2 bytes a parameter), on compute capability 10.x one row-wise buffer serves
+    both GEMM layouts (1 byte), while MXFP8 keeps its two block-scaled copies on any GPU."""
+    def cached(gpu, topo, r):
+        return simulate(_sc("fp8", gpu=gpu, topo=topo, recipe=r)).memory.per_rank_gib[0]["fp8_weights_gib"]
+
+    hopper = cached("h100-sxm-80gb", "dgx-h100-fattree", "te-delayed")
+    assert cached("b200", "dgx-b200", recipe) == pytest.approx(hopper * copies / 2, rel=1e-12)
+    assert not _sc("fp8", gpu="b200", topo="dgx-b200").te_fp8_transposes and _sc("fp8").te_fp8_transposes

@@ -124,6 +124,11 @@ class ComputeModel(BaseModel):
     kernels: KernelModel | None = Field(None, description="Kernels by shape: GEMM tiles and waves, HBM bytes, launch floor.")
     # Block-scaled MXFP8 (OCP microscaling) tensor-core peak; None = the device has none (Hopper and older).
     peak_tflops_mxfp8: float | None = Field(None, gt=0, description="Peak dense MXFP8 TFLOP/s (None: no MXFP8 tensor cores).")
+    # Hopper's and Ada's FP8 GEMMs take only the TN layout, so per-tensor FP8 keeps a transposed
+    # copy of each quantized tensor for the other GEMM; compute capability 10.x (B200, GB200) takes
+    # any layout and one row-wise buffer serves both (Transformer Engine 2.20.2
+    # utils.is_non_tn_fp8_gemm_supported: 10.0 <= cc < 12.0 or cc >= 13.0).
+    fp8_non_tn_gemm: bool = Field(False, description="FP8 GEMMs take non-TN layouts (compute capability 10.x): per-tensor FP8 needs no transposed copies.")
     classes: dict[str, OpClassModel] = Field(description="Cost model per op class; must include 'other', the fallback.")
     # Compute kernels slow down while communication kernels share the SMs and HBM. Calibration
     # measures and carries it; no simulation path reads it yet, so spec profiles leave it out.

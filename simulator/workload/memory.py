@@ -341,11 +341,14 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
         if sc.dtype == "fp8" and sc.fp8.recipe in ("te-delayed", "te-current", "mxfp8"):
             # Transformer Engine caches each linear weight's FP8 copy and its transpose across
             # microbatches (2 bytes a parameter of the transformer layers), on the rank's shard
-            # of them under ZeRO-3: the experts' over the expert group, the rest over dp.
+            # of them under ZeRO-3: the experts' over the expert group, the rest over dp. On
+            # compute capability 10.x per-tensor scaling keeps no transpose (1 byte); MXFP8 keeps
+            # its row-wise and column-wise copies everywhere.
             layer_params = sum(prog.unit_params.get(L, 0.0) for q in positions for L in prog.position_layers[q])
             layer_dense = layer_params - expert  # the experts are all in the transformer layers
             cached = layer_dense / shard + expert / expert_shard if z >= 3 else layer_params
-            row["fp8_weights_gib"] = 2 * cached / GIB
+            copies = 2 if sc.fp8.recipe == "mxfp8" or sc.te_fp8_transposes else 1
+            row["fp8_weights_gib"] = copies * cached / GIB
         row["total_gib"] = sum(row.values())
         rows.append(row)
     peak = max(r["total_gib"] for r in rows)

@@ -664,11 +664,13 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
     elif sp and fp8 and recipe in TE_FP8_RECIPES:
         ub = p.tp_comm_overlap
         act_f = fp8_cast_bytes_per_elem(recipe, nmb, sc)[0]
-        attn, mlp = (te_fp8_sequence_parallel_comm(attn, T, Tn, h, recipe, act_f, ub),
-                     te_fp8_sequence_parallel_comm(mlp, T, Tn, h, recipe, act_f, ub))
+        tr = sc.te_fp8_transposes
+        attn, mlp = (te_fp8_sequence_parallel_comm(attn, T, Tn, h, recipe, act_f, ub, tr),
+                     te_fp8_sequence_parallel_comm(mlp, T, Tn, h, recipe, act_f, ub, tr))
     elif fp8 and recipe in TE_FP8_RECIPES:
         act_f = fp8_cast_bytes_per_elem(recipe, nmb, sc)[0]
-        attn, mlp = te_fp8_norm_fused_casts(attn, recipe, act_f), te_fp8_norm_fused_casts(mlp, recipe, act_f)
+        tr = sc.te_fp8_transposes
+        attn, mlp = te_fp8_norm_fused_casts(attn, recipe, act_f, tr), te_fp8_norm_fused_casts(mlp, recipe, act_f, tr)
     layers: dict[str, LayerOps] = {}
     dense = LayerOps("dense", attn + mlp, sp_regather=sp and sp_regathers_input(sc),
                      tp_norm_grad_bytes=sp_norm_grad_bytes(norm_params) if sp else 0.0, grad_accum_bytes_per_param=acc_bpp,
@@ -1152,7 +1154,7 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt, tp_in, tp_o
     if sp and m.num_shared_experts and sc.dtype == "fp8" and sc.fp8.recipe in TE_FP8_RECIPES:
         # The shared experts' TE linears gather FP8 as the dense MLP's do.
         act_f = fp8_cast_bytes_per_elem(sc.fp8.recipe, max(1, sc.num_microbatches), sc)[0]
-        ops = te_fp8_sequence_parallel_comm(ops, T, Tn, h, sc.fp8.recipe, act_f, p.tp_comm_overlap)
+        ops = te_fp8_sequence_parallel_comm(ops, T, Tn, h, sc.fp8.recipe, act_f, p.tp_comm_overlap, sc.te_fp8_transposes)
     # Its attention block re-gathers as the dense layer's does (not under torchtitan's DTensor TP).
     layer = LayerOps("moe", attn + ops, sp_regather=sp and sp_regathers_input(sc),
                      tp_norm_grad_bytes=sp_norm_grad_bytes(2 * h if m.mlp == "gelu" else h) if sp else 0.0)
@@ -1277,12 +1279,12 @@ TE_FP8_RECIPES = ("te-delayed", "te-current", "mxfp8")
 # Float8Tensor.update_usage(columnwise_usage=True): a transpose kernel reads the FP8 data (1 B)
 # and writes its transpose (1 B) an element (TE 2.20.2 tensor/storage/float8_tensor_storage.py
 # _create_transpose, tex.fp8_transpose). Hopper only: on compute capability 10.x
-# (is_non_tn_fp8_gemm_supported) the GEMM reads the row-wise copy; like fp8_cast_bytes_per_elem's
-# cast-transpose, the model prices per-tensor recipes as on Hopper.
+# (is_non_tn_fp8_gemm_supported, Scenario.te_fp8_transposes false) update_usage makes none and
+# the GEMM reads the row-wise copy.
 TE_FP8_TRANSPOSE_BYTES_PER_ELEM = 2.0
 
 
-def te_fp8_norm_fed_cast_bytes_per_elem(recipe: str) -> float:
+def te_fp8_norm_fed_cast_bytes_per_elem(recipe: str, transposes: bool = True) -> float:
     """HBM bytes an element Transformer Engine spends quantizing a norm-fed linear's input without
     sequence parallelism (TE 2.20.2 module/layernorm_linear.py: the norm kernel takes the input
     quantizer, row-wise and column-wise usage; csrc/extensions/normalization.cpp picks the kernel).
@@ -1292,17 +1294,19 @@ def te_fp8_norm_fed_cast_bytes_per_elem(recipe: str) -> float:
     - current scaling (FUSED_NORM_AMAX_FP8): the norm writes bf16 and the amax; the quantize reads 2
       and writes both 1-byte copies (cast-transpose): 4, where a separate amax pass would add 2.
     - MXFP8 (UNFUSED): the norm writes bf16, the quantize reads it and writes both copies with
-      their block scales: as a separate cast (fp8_cast_bytes_per_elem)."""
+      their block scales: as a separate cast (fp8_cast_bytes_per_elem).
+    Without transposes (``transposes`` false: compute capability 10.x) per-tensor scaling writes
+    the row-wise copy only: delayed 0, current 3."""
     if recipe == "te-delayed":
-        return 2.0
+        return 2.0 if transposes else 0.0
     if recipe == "te-current":
-        return 4.0
+        return 4.0 if transposes else 3.0
     if recipe == "mxfp8":
         return 4.0 + 2 * MXFP8_SCALE_BYTES_PER_ELEM
     raise ValueError(f"not a Transformer Engine FP8 recipe: {recipe!r}")
 
 
-def te_fp8_norm_fused_casts(ops: list[Op], recipe: str, act_f: float) -> list[Op]:
+def te_fp8_norm_fused_casts(ops: list[Op], recipe: str, act_f: float, transposes: bool = True) -> list[Op]:
     """Without SP, the casts of linears a norm feeds (through tp's forward identity) take
     ``te_fp8_norm_fed_cast_bytes_per_elem`` instead of a separate cast's ``act_f`` bytes an input
     element; the others (fc2, the attention output projection) are TE Linear's own cast."""
@@ -1317,7 +1321,7 @@ def te_fp8_norm_fused_casts(ops: list[Op], recipe: str, act_f: float) -> list[Op
             continue
         g = ops[i + 1].kernel
         tokens_k = g.m * g.k  # the GEMM's input, all the tokens the cast quantized
-        out[i] = replace(cast, bytes=cast.bytes - tokens_k * (act_f - te_fp8_norm_fed_cast_bytes_per_elem(recipe)))
+        out[i] = replace(cast, bytes=cast.bytes - tokens_k * (act_f - te_fp8_norm_fed_cast_bytes_per_elem(recipe, transposes)))
     return out
 
 
@@ -1350,7 +1354,7 @@ MXFP8_SCALE_BYTES_PER_ELEM = 1.0 / 32
 
 
 def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, Tn: int, h: int, recipe: str, act_f: float,
-                                  userbuffers: bool = False) -> list[Op]:
+                                  userbuffers: bool = False, transposes: bool = True) -> list[Op]:
     """Transformer Engine under FP8 with sequence parallelism (2.20.2 PyPI wheel,
     module/layernorm_linear.py and linear.py forward and backward, module/base.py
     grad_output_preprocess): a linear quantizes its input on the sequence shard and all-gathers
@@ -1368,10 +1372,11 @@ def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, Tn: int, h: int, recipe
     per-tensor FP8 gathers the row-wise data and transposes it after (distributed.py
     _all_gather_fp8), but MXFP8's column-wise data has its own block scales and is gathered too
     (_all_gather_mxfp8, linear.py backward set_usage(rowwise=True, columnwise=True)): two copies,
-    except under userbuffers (``userbuffers``: tp_comm_overlap), which gather the row-wise one only."""
+    except under userbuffers (``userbuffers``: tp_comm_overlap), which gather the row-wise one only.
+    ``transposes`` false (compute capability 10.x): per-tensor scaling transposes nothing."""
     per_elem = 1.0 + (MXFP8_SCALE_BYTES_PER_ELEM if recipe == "mxfp8" else 0.0)
     grad_gather_bytes = T * h * per_elem * (2 if recipe == "mxfp8" and not userbuffers else 1)
-    transpose_b = 0.0 if recipe == "mxfp8" else TE_FP8_TRANSPOSE_BYTES_PER_ELEM
+    transpose_b = 0.0 if recipe == "mxfp8" or not transposes else TE_FP8_TRANSPOSE_BYTES_PER_ELEM
     out: list[Op] = []
     recast: dict[int, Op] = {}  # index of a gathered input's cast -> the cast on the shard
     for i, op in enumerate(ops):
@@ -1406,19 +1411,20 @@ def fp8_cast_bytes_per_elem(recipe: str, num_microbatches: int, sc: Scenario) ->
     cast-transpose reads bf16 (2 bytes) and writes two FP8 copies (1 + 1), 4 bytes an element
     (Transformer Engine's cast_transpose). Current (dynamic) scaling first needs the tensor's
     amax: one more bf16 read, 2 bytes (TE Float8CurrentScaling, torchao tensorwise). Delayed
-    scaling takes the scale from the amax history and fuses the new amax into the cast.
+    scaling takes the scale from the amax history and fuses the new amax into the cast. On
+    compute capability 10.x (B200, GB200) TE's per-tensor recipes write the row-wise copy only,
+    one byte less (Scenario.te_fp8_transposes); torchao's recipes lay out their own copies and
+    are priced as on Hopper.
     MXFP8 computes a scale per 32-element block inside the cast (one E8M0 byte per block and
     layout: +2/32). torchao rowwise scales each row: an amax and a cast per layout (2+2+1 twice).
     Weights: TE casts them once per step and caches the FP8 copy across microbatches; torchao
     casts them in every forward (and their transpose in backward), or, with the FP8 all-gather, in
     FSDP2's copy-in (not charged here). torchao tensorwise is read from its source below.
     """
-    if recipe == "te-delayed":
-        act = 4.0
-        w_f, w_b = 4.0 / num_microbatches, 0.0
-    elif recipe == "te-current":
-        act = 6.0
-        w_f, w_b = 6.0 / num_microbatches, 0.0
+    if recipe in ("te-delayed", "te-current"):
+        # Compute capability 10.x takes FP8 GEMMs in any layout: the cast writes one 1-byte copy.
+        act = (4.0 if recipe == "te-delayed" else 6.0) - (0.0 if sc.te_fp8_transposes else 1.0)
+        w_f, w_b = act / num_microbatches, 0.0
     elif recipe == "mxfp8":
         act = 4.0 + 2.0 / 32
         w_f, w_b = act / num_microbatches, 0.0
