@@ -43,7 +43,9 @@ SCHEMA_VERSION = 1
 # experts; TE FP8 casts on the shard; a tied head once under V schedules; torchtitan's layer AC per
 # rank; contention from collectives that start during a segment; context parallelism as torch's
 # and Transformer Engine's sources run it; torchtitan's FSDP2 as torch 2.13 runs it).
-RESULTS_VERSION = "4"
+# 5: round 24 (cp_attention unset follows the framework: TE's p2p ring outside torchtitan; TE's
+# per-tensor FP8 on compute capability 10.x without transposes).
+RESULTS_VERSION = "5"
 # The key fields kept as columns (the rest lives in report_json).
 KEY_FIELDS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_memory_gib", "fits_in_memory", "gpus")
 
