@@ -173,8 +173,20 @@ class ParallelConfig(BaseModel):
         "Transformer Engine cp_comm_type all_gather; torch's default rotate method under framework torchtitan); ring "
         "passes K/V blocks around while each step computes (TE's p2p; torch's alltoall rotate method under framework "
         "torchtitan). None (default): the framework's own default, allgather under torchtitan (torch's "
-        "context_parallel rotate method), ring otherwise (megatron-core's cp_comm_type None runs TE's p2p)."
+        "context_parallel rotate method), ring otherwise (megatron-core's cp_comm_type None runs TE's p2p). The "
+        "frameworks' names are taken too: p2p and alltoall mean ring, all_gather means allgather."
     )
+
+    @field_validator("cp_attention", mode="before")
+    @classmethod
+    def _cp_attention_alias(cls, v: Any) -> Any:
+        # The frameworks' own names: megatron-core's cp_comm_type (p2p, all_gather) and
+        # torchtitan's context_parallel_rotate_method (allgather, alltoall: torch's K/V ring).
+        if isinstance(v, str) and v in ("a2a", "a2a+p2p"):
+            raise ValueError(f"{v!r} (Ulysses-style all-to-all CP) is not modelled: use ring (megatron-core's p2p) "
+                             f"or allgather")
+        return {"p2p": "ring", "all_gather": "allgather", "alltoall": "ring"}.get(v, v) if isinstance(v, str) else v
+
     cp_load_balance: bool = Field(
         True, description="torch's context parallel (framework torchtitan): round-robin load balancing of causal attention "
         "(torch 2.6 default); false = torch 2.5's contiguous shards, where the last CP rank runs every block and sets the pace."

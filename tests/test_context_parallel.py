@@ -226,3 +226,16 @@ def test_cp_attention_defaults_to_the_frameworks_own_method(framework, expected)
     assert _cp(build_layer_ops(default)["dense"].forward) == _cp(build_layer_ops(_sc(framework, attn=expected))["dense"].forward)
     assert _cp(build_layer_ops(default)["dense"].forward) != _cp(build_layer_ops(_sc(framework, attn=other))["dense"].forward)
     assert _sc(framework, attn=other).cp_attention == other
+
+
+@pytest.mark.parametrize("given, method", [("p2p", "ring"), ("all_gather", "allgather"), ("alltoall", "ring")])
+def test_cp_attention_takes_the_frameworks_own_names(given, method):
+    # megatron-core's cp_comm_type names and torchtitan's context_parallel_rotate_method names.
+    assert _sc(attn=given).cp_attention == method
+
+
+def test_ulysses_cp_is_refused_with_the_methods_that_are_modelled():
+    from simulator.errors import UserError
+
+    with pytest.raises(UserError, match=r"cp_attention: 'a2a' \(Ulysses-style all-to-all CP\) is not modelled: use ring"):
+        _sc(attn="a2a")
