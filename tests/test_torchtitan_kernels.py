@@ -305,3 +305,31 @@ def test_torch_pipelining_holds_a_receive_buffer_per_microbatch():
         [nmb * boundary_gib, 2 * nmb * boundary_gib, 2 * nmb * boundary_gib, nmb * boundary_gib])
     assert all("pp_recv_buffers_gib" not in r for r in simulate(_sc(parallelism={"pp": 4, "dp": 2, "zero": 3}, batch={
         "micro_batch_size": 1, "global_batch_size": 16, "seq_length": SEQ})).memory.per_rank_gib)
+
+
+def test_per_op_sac_recomputes_grouped_expert_gemms_and_keeps_the_all_to_alls():
+    """torchtitan's MoE experts run torch._grouped_mm, which per-op SAC neither counts as aten.mm
+    nor saves (0.2.0 _op_sac_save_list), while all_to_all_single is saved: a MoE layer under
+    selective-op recomputes both expert GEMMs and keeps the dispatch and combine outputs. It had
+    raised AttributeError (the grouped GEMMs carry no single kernel)."""
+    from simulator.profile import load_profile
+    from simulator.simulate import resolve_schedule, simulate
+    from simulator.workload.program import build_program, layer_recompute_ops, selective_op_saved_bytes
+
+    d = {"model": "mixtral-8x7b", "framework": "torchtitan", "recompute": "selective-op",
+         "parallelism": {"tp": 2, "ep": 4, "zero": 3},
+         "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
+         "cluster": {"gpus": 16, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}, "network": "alpha-beta"}
+    sc = build_scenario(d)
+    moe = build_layer_ops(sc)["moe"]
+    rerun = {o.name for o in layer_recompute_ops(sc, moe)}
+    assert {"experts_fc1", "experts_fc2"} <= rerun
+    a2a = sum(o.comm.size_bytes for o in moe.forward if o.comm is not None and o.comm.op == "all_to_all")
+    assert a2a > 0
+    # The same layer with the all-to-alls left unsaved keeps exactly a2a bytes less.
+    from dataclasses import replace
+
+    no_a2a = replace(moe, forward=[o for o in moe.forward if not (o.comm is not None and o.comm.op == "all_to_all")])
+    assert selective_op_saved_bytes(sc, moe) - selective_op_saved_bytes(sc, no_a2a) == pytest.approx(a2a)
+    rep = simulate(sc).report
+    assert rep.step_time_s > 0 and rep.peak_memory_gib > 0

@@ -457,6 +457,13 @@ def micro_pipeline_tp(ops: list[Op], tp: int, style: str = "torch") -> list[Op]:
     return out
 
 
+def is_grouped_expert_gemm(o: Op) -> bool:
+    """A MoE layer's routed-expert GEMM: torchtitan runs it as torch._grouped_mm, which neither
+    counts as aten.mm nor is in per-op SAC's save list (0.2.0 models/llama4/infra/parallelize.py
+    _op_sac_save_list), so it is recomputed and its output not kept."""
+    return o.name in ("experts_fc1", "experts_fc2")
+
+
 def _sac_mm_parts(sc: Scenario, lo: LayerOps):
     """torchtitan's per-op SAC verdict on each mm a layer's forward runs, in order: (GEMM op, part
     index, fraction of its output columns, recomputed). The policy counts aten.mm per layer and
@@ -464,7 +471,7 @@ def _sac_mm_parts(sc: Scenario, lo: LayerOps):
     its separate projections (``_torchtitan_mm_parts``), otherwise over our fused GEMMs."""
     n_mm = 0
     for o in lo.forward:
-        if o.comm is not None or o.op_class != "gemm" or not o.recompute:
+        if o.comm is not None or o.op_class != "gemm" or not o.recompute or is_grouped_expert_gemm(o):
             continue
         for j, frac in enumerate(_torchtitan_mm_parts(sc, o) if sc.framework == "torchtitan" else [1.0]):
             n_mm += 1
@@ -544,7 +551,7 @@ def layer_recompute_ops(sc: Scenario, lo: LayerOps, checkpointed: bool = False) 
         for o in lo.forward:
             if o.comm is not None or o.op_class == "attention" or not o.recompute or o.name in SDPA_INTERNAL_OPS:
                 continue
-            if o.op_class == "gemm":
+            if o.op_class == "gemm" and id(o) in verdicts:
                 parts = verdicts[id(o)]
                 rerun[o.name] = any(rec for _, _, rec in parts)
                 out += [_gemm_part(o, frac, f"mm{j}") for j, frac, rec in parts if rec]
@@ -558,7 +565,8 @@ def layer_recompute_ops(sc: Scenario, lo: LayerOps, checkpointed: bool = False) 
                 if gemm is None:
                     recast.append(o)
                     continue
-                r = fp8_recompute_cast_op(o, gemm, sc, rerun.get(gemm.name, False))
+                # A grouped expert GEMM has no mm verdict: it is recomputed whole.
+                r = fp8_recompute_cast_op(o, gemm, sc, rerun.get(gemm.name, is_grouped_expert_gemm(gemm)))
                 if r is not None:
                     recast.append(r)
             out = recast
@@ -587,7 +595,8 @@ def selective_op_saved_bytes(sc: Scenario, lo: LayerOps) -> float:
     0.3.0 ``_get_default_save_ops`` the same kinds): the block's input (bf16, sharded under
     sequence parallelism), each saved mm part's bf16 output (FP8 GEMMs write bf16 too), the
     attention output with its fp32 logsumexp, and each forward tensor-parallel reduce-scatter's
-    output. ``aten.max`` (FP8 amax) is a scalar."""
+    output. ``aten.max`` (FP8 amax) is a scalar. In a MoE layer the routed experts' grouped
+    GEMMs are not saved (``is_grouped_expert_gemm``) and the all-to-alls' outputs are."""
     p = sc.parallelism
     t = p.tp
     sp = p.sequence_parallel and t > 1
@@ -598,6 +607,10 @@ def selective_op_saved_bytes(sc: Scenario, lo: LayerOps) -> float:
         if o.comm is not None:
             if o.comm.dim == "tp" and o.comm.op == "reduce_scatter":
                 saved += o.comm.size_bytes / t
+            elif o.comm.dim == "ep" and o.comm.op == "all_to_all":
+                # MoE dispatch and combine (all_to_all_single, in the MoE models' save list,
+                # torchtitan 0.2.0): the tokens this rank receives, as many as it sends.
+                saved += o.comm.size_bytes
         elif o.op_class == "attention" and not attention_seen:
             # One SDPA output per layer: context parallelism's per-step kernels (ops.torch_cp_sdpa_ops)
             # are one aten SDPA call, whose merged output and logsumexp are the rank's queries',
