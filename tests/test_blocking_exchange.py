@@ -104,3 +104,20 @@ def test_blocking_exchange_needs_a_megatron_schedule():
     flat = scenario("bx-flat", parallelism={"tp": 2})
     assert simulate(build_scenario(_with(flat, "blocking"))).report.step_time_s == \
         simulate(build_scenario(flat)).report.step_time_s
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_interleaved_with_every_microbatch_in_warm_up_runs(pp):
+    """num_microbatches == pp: Megatron-LM 2021's interleaved schedule runs every forward as
+    warm-up (all_warmup_microbatches), exchanging send_forward_recv_forward after the last one and
+    receiving the first gradient by recv_backward. Pairing the last forward with the first
+    backward in one exchange had stalled the run on a dependency cycle."""
+    d = scenario("bx-allwarm", gbs=8, gpus=16,
+                 parallelism={"pp": pp, "vpp": 2, "tp": 2, "zero": 0, "pp_exchange": "blocking"},
+                 schedule="interleaved-1f1b")
+    sc = build_scenario(d)
+    assert sc.num_microbatches == pp
+    blocking = simulate(sc).report.step_time_s
+    eager = simulate(build_scenario(_with(d, "eager"))).report.step_time_s
+    # Blocking exchanges only add waits to the eager schedule's.
+    assert blocking >= eager > 0

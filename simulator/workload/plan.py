@@ -814,10 +814,18 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
         # send_backward_recv_forward) and sends, then receives, in its warm-up and cool-down
         # (send_forward; recv_forward).
         interleaved = sched.num_stages > sched.num_ranks
+        # Steady F+B pairs exist only where a forward follows the first backward. When every
+        # forward is warm-up (num_microbatches == pp: all_warmup_microbatches), the last warm-up
+        # forward's exchange is send_forward_recv_forward and the backward's gradient comes by
+        # its own recv_backward; pairing that forward with the first backward waited for a
+        # gradient that needs the forward's output (a dependency cycle).
+        kinds = [a.kind for a in actions]
+        steady = "B" in kinds and "F" in kinds[kinds.index("B"):]
         groups: list[list[int]] = []
         i = 0
         while i < len(actions):
-            pair = interleaved and i + 1 < len(actions) and actions[i].kind == "F" and actions[i + 1].kind == "B"
+            pair = (interleaved and steady and i + 1 < len(actions) and actions[i].kind == "F"
+                    and actions[i + 1].kind == "B")
             groups.append([i, i + 1] if pair else [i])
             i += len(groups[-1])
         done: list[Action] = []
