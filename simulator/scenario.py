@@ -492,7 +492,8 @@ class Scenario(BaseModel):
         model_ranks = p.tp * p.cp * p.pp
         if c.gpus % model_ranks:
             raise UserError(
-                f"gpus={c.gpus} is not divisible by tp*cp*pp={model_ranks}: use a multiple of {model_ranks} GPUs"
+                f"gpus={c.gpus} is not divisible by tp*cp*pp={p.tp}*{p.cp}*{p.pp}={model_ranks}: use a multiple of "
+                f"{model_ranks} GPUs, or a tp, cp and pp (--tp, --cp, --pp) whose product divides {c.gpus}"
             )
         if p.dp is not None and p.tp * p.cp * p.pp * p.dp != c.gpus:
             raise UserError(

@@ -207,3 +207,11 @@ def test_blackwell_per_tensor_fp8_caches_no_weight_transpose(recipe, copies):
     hopper = cached("h100-sxm-80gb", "dgx-h100-fattree", "te-delayed")
     assert cached("b200", "dgx-b200", recipe) == pytest.approx(hopper * copies / 2, rel=1e-12)
     assert not _sc("fp8", gpu="b200", topo="dgx-b200").te_fp8_transposes and _sc("fp8").te_fp8_transposes
+
+
+@pytest.mark.parametrize("gpu,topo,fix", [("h100-sxm-80gb", "dgx-h100-fattree", "use fp8.recipe te-delayed, te-current, tensorwise or rowwise"),
+                                          ("a100-sxm-80gb", "dgx-a100-fattree", "use dtype bf16, or a b200/gb200 profile")])
+def test_mxfp8_refusal_names_a_fix_that_works_on_the_gpu(gpu, topo, fix):
+    # A GPU without any FP8 tensor cores cannot take the per-tensor recipes either.
+    with pytest.raises(UserError, match=rf"fp8 recipe mxfp8 needs MXFP8 tensor cores.*{fix}"):
+        simulate(_sc("fp8", gpu=gpu, topo=topo, recipe="mxfp8"))

@@ -448,7 +448,9 @@ class Engine:
             detail = "; ".join(f"rank {r} (pp {int(self.coords[r, 0])}) waits on {self._waiting(r)}" for r in stuck[:6])
             more = f" and {len(stuck) - 6} more" if len(stuck) > 6 else ""
             raise SimulationStalled(
-                f"simulation stalled at t={env.now:.6f}s: {detail}{more}: the schedule has a dependency cycle; fix the schedule"
+                f"simulation stalled at t={env.now:.6f}s: {detail}{more}: the schedule has a dependency cycle; "
+                f"with a schedule_file, fix its order; with a shipped schedule this is a ClusterSim bug: report it "
+                f"with the scenario"
             )
         step = max(self.end_time.values())
         events = self._event_frame()

@@ -70,7 +70,7 @@ def rank_speeds(pert: Perturbations, world: int, gpus_per_node: int) -> np.ndarr
             speed[g.rank] = g.speed
         else:
             if g.node >= n_nodes:
-                raise UserError(f"perturbations.gpus: node {g.node} is outside the job's {n_nodes} nodes: use 0..{n_nodes - 1}")
+                raise UserError(f"perturbations.gpus: node {g.node} is outside the job's {n_nodes} node{'s' if n_nodes != 1 else ''}: use 0..{n_nodes - 1}")
             speed[g.node * gpus_per_node:(g.node + 1) * gpus_per_node] = g.speed
     return speed
 
@@ -255,7 +255,7 @@ def failure_answer(pert: Perturbations, gpus: int, gpus_per_node: int, step_time
     n_nodes = -(-gpus // gpus_per_node)
     for n in fl.nodes:
         if n >= n_nodes:
-            raise UserError(f"perturbations.failures.nodes: node {n} is outside the job's {n_nodes} nodes: use 0..{n_nodes - 1}")
+            raise UserError(f"perturbations.failures.nodes: node {n} is outside the job's {n_nodes} node{'s' if n_nodes != 1 else ''}: use 0..{n_nodes - 1}")
     restart = fl.restart_cost_s if fl.policy == "restart" else fl.spare_swap_s
     g = goodput(gpus, FailurePolicy(fl.mtbf_per_gpu_h, fl.checkpoint_interval_s, fl.checkpoint_cost_s, restart))
     per_failure_gpu_h = g.cost_per_failure_s * gpus / 3600.0

@@ -65,7 +65,8 @@ def peak_flops(profile: Profile, dtype: str) -> float:
     d = normalize_dtype(dtype)
     if d == "fp32":
         if c.peak_tflops_fp32 is None:
-            raise UserError(f"profile {profile.name!r} has no peak_tflops_fp32: add the device's FP32 peak (datasheet) to simulate fp32")
+            raise UserError(f"profile {profile.name!r} has no peak_tflops_fp32: use dtype bf16 (or fp16), or add the device's "
+                            f"FP32 peak (datasheet) to a copy of the profile to simulate fp32")
         return c.peak_tflops_fp32 * 1e12
     if d == "mxfp8":
         return (c.peak_tflops_mxfp8 or c.peak_tflops_fp8 or c.peak_tflops) * 1e12

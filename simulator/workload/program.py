@@ -142,9 +142,10 @@ def fp8_speedup(sc: Scenario, profile: Profile) -> float:
         return 1.0
     if sc.fp8.recipe == "mxfp8":
         if c.peak_tflops_mxfp8 is None:
+            other = ("use fp8.recipe te-delayed, te-current, tensorwise or rowwise (per-tensor or row-wise FP8), or a "
+                     "b200/gb200 profile") if c.peak_tflops_fp8 else "use dtype bf16, or a b200/gb200 profile"
             raise UserError(
-                f"fp8 recipe mxfp8 needs MXFP8 tensor cores (Blackwell) but GPU profile {profile.name!r} has none: "
-                "use fp8.recipe te-delayed/te-current/tensorwise on Hopper, or a b200/gb200 profile"
+                f"fp8 recipe mxfp8 needs MXFP8 tensor cores (Blackwell) but GPU profile {profile.name!r} has none: {other}"
             )
         return c.peak_tflops_mxfp8 / c.peak_tflops
     if c.peak_tflops_fp8 is None:
