@@ -160,7 +160,7 @@ def test_huggingface_configs_resolve(name, layers, experts):
      r"global_batch_size=60 is not divisible by micro_batch_size\*dp=2\*8: use a multiple of 16"),
     ({"parallelism": {"tp": 1, "pp": 64}}, r"pp\*vpp=64 exceeds num_layers=32: every pipeline stage needs at least one layer"),
     ({"model": "llama9-1t"}, r"unknown model 'llama9-1t': use a preset \(gpt3-175b, .*\) or a path to a HuggingFace config.json"),
-    ({"cluster": {"gpus": 60}}, r"gpus=60 is not divisible by tp\*cp\*pp=8\*1\*1=8: use a multiple of 8 GPUs, or a tp, cp and pp"),
+    ({"cluster": {"gpus": 60}}, r"gpus=60 is not divisible by tp\*cp\*pp=2\*1\*4=8: use a multiple of 8 GPUs, or a tp, cp and pp"),
     ({"model": str(DATA / "hf" / "bert.json")}, r"model_type 'bert' in .* is not supported: supported are gpt2, llama"),
     ({"model": str(DATA / "hf" / "truncated.json")}, r"is not valid JSON \(.*\): fix the file"),
     ({"model": str(DATA / "hf" / "llama_missing_key.json")}, r"lacks 'intermediate_size': add it or use a preset"),
