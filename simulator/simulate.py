@@ -68,7 +68,7 @@ def make_network(sc: Scenario, topo: TopologySpec, profile: Profile):
     placement = Placement(Mesh(p.tp, p.cp, p.ep, sc.dp, p.pp, p.mesh_order), domain_gpus=topo.node.nvlink_domain_gpus)
     n_gpus = sc.cluster.gpus if placement.is_identity else placement.gpus_spanned
     if sc.network == "alpha-beta":
-        net = TierNetwork.from_profile(topo.node, profile)
+        net = TierNetwork.for_topology(topo, profile)
     else:
         from simulator.network.fabric import FlowNetwork
 

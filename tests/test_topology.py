@@ -131,3 +131,29 @@ def test_placed_network_maps_a_request_to_the_same_object():
     assert a.groups.tolist() == [[int(pl.gpu_of_rank[0]), int(pl.gpu_of_rank[1])]]
     other = CollectiveRequest("all_reduce", "tp", np.array([[0, 1]]), 2048.0)
     assert net._map(other) is not a and net._map(other).size_bytes == 2048.0
+
+
+def test_alpha_beta_on_a_torus_prices_the_torus_links_not_the_host_nic():
+    """torus-3d's host NIC (200 Gb/s for 4 chips) is not part of the torus graph; the alpha-beta
+    tier model had priced every cross-node collective on it (6.25 GB/s a GPU) while the flow
+    fabric used the 45 GB/s torus links, 5x apart on a ZeRO-3 step. A cross-node all-gather on the
+    tier model now moves at the torus link's rate, within the flow fabric's time on the graph."""
+    from simulator.network.alpha_beta import TierNetwork
+    from simulator.network.base import CollectiveRequest
+    from simulator.network.fabric import FlowNetwork
+    from simulator.vocabulary import CollectiveOp, Dim
+    from simulator.profile import load_profile
+
+    topo, prof = load_topology("torus-3d"), load_profile("a100-pcie-40gb")
+    tier = TierNetwork.for_topology(topo, prof)
+    assert tier.nccl is None
+    assert tier.inter_GBps == pytest.approx(45.0 * prof.comm.nic_efficiency)
+    groups = np.array([[0, 4]])  # two chips on two hosts, torus neighbours
+    size = 256 * 2**20
+    req = CollectiveRequest(CollectiveOp.ALL_GATHER, Dim.DP, groups, size)
+    t_tier = tier.collective_time_s(req)
+    t_flow = FlowNetwork.from_profile(topo, 64, prof).collective_time_s(req)
+    assert t_tier == pytest.approx(t_flow, rel=0.25)
+    # The NIC's rate (the old pricing) is 7x slower.
+    nic = TierNetwork(topo.node, prof.comm, None).collective_time_s(req)
+    assert nic > 5 * t_tier

@@ -44,6 +44,19 @@ class TierNetwork:
 
         return cls(node, profile.comm, NcclModel.from_specs(node, profile))
 
+    @classmethod
+    def for_topology(cls, topo, profile) -> "TierNetwork":
+        """The tier model of a topology. On a torus the scale-out tier is the torus: each GPU
+        reaches its neighbour on another node over its own link (fabric.link_GBps, the slowest
+        dimension's), not over the host NIC the torus graph leaves unused, and NCCL's tuner
+        (NVSwitch nodes and NICs) does not apply, as on the flow fabric (fabric.nccl_model_for)."""
+        fab = topo.fabric
+        if getattr(fab, "kind", "") != "torus":
+            return cls.from_profile(topo.node, profile)
+        link = fab.link_GBps if isinstance(fab.link_GBps, (int, float)) else min(fab.link_GBps)
+        node = topo.node.model_copy(update={"nics_per_node": topo.node.gpus_per_node, "nic_gbps": 8.0 * float(link)})
+        return cls(node, profile.comm, None)
+
     def _shape(self, group: np.ndarray) -> tuple[int, int]:
         """(nodes m, GPUs per node k) of one group."""
         nodes = np.unique(np.asarray(group) // self.node.gpus_per_node)

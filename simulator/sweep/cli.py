@@ -48,7 +48,7 @@ def sweep_command(
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU count(s): 1024 or 512,1024."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile(s), comma-separated."),
     topology: Optional[str] = typer.Option(None, "--topology", help="Topology name(s) or path(s), comma-separated."),
-    network: Optional[str] = typer.Option(None, "--network", help="flow and/or alpha-beta (the simulation's network)."),
+    network: Optional[str] = typer.Option(None, "--network", help="flow and/or alpha-beta: the network the simulated points run on. The estimate that ranks the space prices collectives on the alpha-beta tier model either way."),
     seq_length: Optional[str] = typer.Option(None, "--seq-length", help="Sequence length(s), tokens per sequence."),
     global_batch_size: Optional[str] = typer.Option(None, "--global-batch-size", help="Global batch size(s), sequences."),
     tp: Optional[str] = typer.Option(None, "--tp", help="Tensor-parallel sizes, e.g. 2,4,8."),

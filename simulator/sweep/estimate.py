@@ -156,6 +156,10 @@ def _layer_key(sc: Scenario, layout: tuple) -> str:
 class Estimator:
     """Estimates points; caches profiles, topologies, schedules, reference Programs and replays.
 
+    Collectives are priced on the alpha-beta tier model (``TierNetwork``) whatever the point's
+    ``network``: a point set to ``flow`` is estimated as on ``alpha-beta``, and its simulation
+    runs the flow fabric.
+
     One Estimator per process: its caches assume the files it loaded do not change.
     """
 
@@ -192,7 +196,7 @@ class Estimator:
         hit = self._nets.get(key)
         if hit is None:
             topo = load_topology(sc.cluster.topology)
-            hit = self._nets[key] = (TierNetwork.from_profile(topo.node, self.profile(sc.cluster.gpu)), topo.node.gpus_per_node)
+            hit = self._nets[key] = (TierNetwork.for_topology(topo, self.profile(sc.cluster.gpu)), topo.node.gpus_per_node)
         return hit
 
     def schedule(self, name: str, pp: int, nmb: int, vpp: int) -> PipelineSchedule:
