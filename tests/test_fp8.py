@@ -215,3 +215,25 @@ def test_mxfp8_refusal_names_a_fix_that_works_on_the_gpu(gpu, topo, fix):
     # A GPU without any FP8 tensor cores cannot take the per-tensor recipes either.
     with pytest.raises(UserError, match=rf"fp8 recipe mxfp8 needs MXFP8 tensor cores.*{fix}"):
         simulate(_sc("fp8", gpu=gpu, topo=topo, recipe="mxfp8"))
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_delayed_scaling_norm_writes_its_output_in_fp8(sp):
+    """TE's fused norm under delayed scaling (Impl::FULLY_FUSED) writes the FP8 output itself: it
+    reads 2 bytes an element and writes 1, on the sequence shard under SP. Current scaling's norm
+    writes bf16 (then the quantize reads it). The backward, on bf16 tensors, is the same."""
+    from simulator.workload.ops import build_layer_ops
+
+    def norms(recipe):
+        lo = build_layer_ops(_sc("fp8", recipe=recipe, tp=2, sequence_parallel=sp))["dense"]
+        fwd = {o.name: o for o in lo.forward}
+        bwd = {o.name: o for o in lo.backward()[0]}
+        return fwd, bwd
+
+    T, h = 4096, 4096
+    Tn = T // 2 if sp else T
+    (df, db), (cf, cb) = norms("te-delayed"), norms("te-current")
+    for name in ("attn_norm", "mlp_norm"):
+        assert cf[name].bytes == pytest.approx(4 * Tn * h)
+        assert df[name].bytes == pytest.approx(3 * Tn * h)
+        assert db[name + ".bwd"].bytes == pytest.approx(cb[name + ".bwd"].bytes) == pytest.approx(8 * Tn * h)

@@ -157,7 +157,7 @@ class LayerOps:
                     w_ops += self.grad_accumulate_ops(op)
             elif op.op_class == "attention":
                 i_ops.append(attention_backward_op(op))
-            elif op.bwd_bytes is not None:
+            elif op.bwd_bytes is not None and op.op_class != "norm":
                 # FP8 casts: the backward quantizes the output gradient, with its own size.
                 if op.bwd_bytes > 0:
                     i_ops.append(replace(op, name=op.name + ".bwd", phase="I", bytes=op.bwd_bytes, exec_flops=0.0,
@@ -168,7 +168,9 @@ class LayerOps:
                 # and final gamma/beta grads); an elementwise op's backward two per forward kernel
                 # (the gradient, and the bias-gradient reduction or the residual's gradient sum).
                 launches = 3 if op.op_class == "norm" else 2 * op.launches
-                i_ops.append(replace(op, name=op.name + ".bwd", phase="I", bytes=2 * op.bytes,
+                # (A norm whose forward writes FP8 carries its bf16 backward bytes in bwd_bytes.)
+                i_ops.append(replace(op, name=op.name + ".bwd", phase="I",
+                                     bytes=op.bwd_bytes if op.bwd_bytes is not None else 2 * op.bytes,
                                      exec_flops=2 * op.exec_flops, model_flops=0.0, params=0.0,
                                      launches=launches if op.bwd_launches is None else op.bwd_launches))
                 if op.params > 0:
@@ -1306,6 +1308,13 @@ def te_fp8_norm_fed_cast_bytes_per_elem(recipe: str, transposes: bool = True) ->
     raise ValueError(f"not a Transformer Engine FP8 recipe: {recipe!r}")
 
 
+def te_fp8_norm_writes_fp8(norm: Op, out_elems: float) -> Op:
+    """Delayed scaling's fused norm (Impl::FULLY_FUSED, te_fp8_norm_fed_cast_bytes_per_elem) writes
+    its output as FP8, 1 byte an element where the norm op counts its dtype's 2; its backward
+    (bf16 gradients and the bf16 input it saved) keeps the bytes derived from the bf16 norm."""
+    return replace(norm, bytes=norm.bytes - out_elems, bwd_bytes=2 * norm.bytes)
+
+
 def te_fp8_norm_fused_casts(ops: list[Op], recipe: str, act_f: float, transposes: bool = True) -> list[Op]:
     """Without SP, the casts of linears a norm feeds (through tp's forward identity) take
     ``te_fp8_norm_fed_cast_bytes_per_elem`` instead of a separate cast's ``act_f`` bytes an input
@@ -1322,6 +1331,8 @@ def te_fp8_norm_fused_casts(ops: list[Op], recipe: str, act_f: float, transposes
         g = ops[i + 1].kernel
         tokens_k = g.m * g.k  # the GEMM's input, all the tokens the cast quantized
         out[i] = replace(cast, bytes=cast.bytes - tokens_k * (act_f - te_fp8_norm_fed_cast_bytes_per_elem(recipe, transposes)))
+        if recipe == "te-delayed":
+            out[j] = te_fp8_norm_writes_fp8(ops[j], tokens_k)
     return out
 
 
@@ -1334,8 +1345,7 @@ def te_fp8_sp_input_cast_bytes_per_elem(recipe: str, norm_fed: bool) -> float:
     copy; MXFP8 writes both copies with their block scales (the column-wise one is saved and
     re-gathered for the weight gradient).
     - delayed scaling, after a norm: the norm kernel writes FP8 itself (Impl::FULLY_FUSED): 0.
-      (The norm's own output write is 1 byte, not 2; the norm op keeps its bf16 bytes, about
-      1 byte an element of the shard over.)
+      (The norm's own output write is 1 byte, not 2: ``te_fp8_norm_writes_fp8``.)
     - current scaling, after a norm: the norm writes bf16 and its amax (FUSED_NORM_AMAX_FP8), then
       quantize_with_amax reads 2 and writes 1: 3.
     - MXFP8 (UNFUSED, without NVTE_NORM_FWD_USE_CUDNN): bf16 read 2, two 1-byte copies, a scale
@@ -1387,9 +1397,11 @@ def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, Tn: int, h: int, recipe
         if c is not None and c.dim == "tp" and c.op == "all_gather" and i + 2 < len(ops) \
                 and ops[i + 1].name.endswith(".fp8_cast") and ops[i + 2].kernel is not None:
             cast, k = ops[i + 1], ops[i + 2].kernel.k
+            norm_fed = i > 0 and ops[i - 1].op_class == "norm"
+            if norm_fed and recipe == "te-delayed" and out and out[-1] is ops[i - 1]:
+                out[-1] = te_fp8_norm_writes_fp8(ops[i - 1], Tn * k)  # the norm on the shard writes FP8
             # The gathered input is the GEMM's: T x k (the hidden state, or an MLA latent).
             out.append(replace(op, comm=replace(c, size_bytes=T * k * per_elem, bwd_size_bytes=c.size_bytes)))
-            norm_fed = i > 0 and ops[i - 1].op_class == "norm"
             # linear() built the cast over all T tokens the GEMM sees (act_f bytes an element,
             # beside its weight's): TE quantizes the Tn-token shard before the gather instead.
             shard_bytes = Tn * k * te_fp8_sp_input_cast_bytes_per_elem(recipe, norm_fed)
