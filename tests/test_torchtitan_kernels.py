@@ -331,5 +331,10 @@ def test_per_op_sac_recomputes_grouped_expert_gemms_and_keeps_the_all_to_alls():
 
     no_a2a = replace(moe, forward=[o for o in moe.forward if not (o.comm is not None and o.comm.op == "all_to_all")])
     assert selective_op_saved_bytes(sc, moe) - selective_op_saved_bytes(sc, no_a2a) == pytest.approx(a2a)
+    # At ep 1 no all-to-all runs, so none is kept.
+    sc1 = build_scenario({**d, "parallelism": {"tp": 2, "ep": 1, "zero": 3}})
+    moe1 = build_layer_ops(sc1)["moe"]
+    no_a2a1 = replace(moe1, forward=[o for o in moe1.forward if not (o.comm is not None and o.comm.op == "all_to_all")])
+    assert selective_op_saved_bytes(sc1, moe1) == pytest.approx(selective_op_saved_bytes(sc1, no_a2a1))
     rep = simulate(sc).report
     assert rep.step_time_s > 0 and rep.peak_memory_gib > 0

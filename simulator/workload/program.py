@@ -608,9 +608,10 @@ def selective_op_saved_bytes(sc: Scenario, lo: LayerOps) -> float:
         if o.comm is not None:
             if o.comm.dim == "tp" and o.comm.op == "reduce_scatter":
                 saved += o.comm.size_bytes / t
-            elif o.comm.dim == "ep" and o.comm.op == "all_to_all":
+            elif o.comm.dim == "ep" and o.comm.op == "all_to_all" and p.ep > 1:
                 # MoE dispatch and combine (all_to_all_single, in the MoE models' save list,
-                # torchtitan 0.2.0): the tokens this rank receives, as many as it sends.
+                # torchtitan 0.2.0): the tokens this rank receives, as many as it sends. At ep 1
+                # no all-to-all runs (the tokens are permuted in place) and nothing is kept.
                 saved += o.comm.size_bytes
         elif o.op_class == "attention" and not attention_seen:
             # One SDPA output per layer: context parallelism's per-step kernels (ops.torch_cp_sdpa_ops)
