@@ -247,7 +247,7 @@ def test_torchtitan_fsdp_units_a_root_and_a_last_block_kept_whole():
     prog, plan = plan_of(framework="torchtitan", parallelism={"zero": 3})
     n = prog.scenario.model.num_layers
     instrs = plan.ranks[0].instrs
-    gathers = [i for i in instrs if type(i) is Collective and i.stream == Stream.DP_AG]
+    gathers = [i for i in instrs if type(i) is Collective and i.name.startswith("all_gather params")]
     root_bytes = prog.unit_params[-1] * prog.param_bytes + prog.unit_params[n] * prog.param_bytes
     names = [g.name for g in gathers]
     # forward: the root, then every block; backward: the root again, every block but the last
@@ -336,3 +336,46 @@ def test_fsdp2_gradient_buffers_replace_the_bucket_reserve():
     gprog, _ = plan_of(parallelism={"zero": 3})
     grow = memory_report(gprog.scenario, gprog, 80.0, 1.0).per_rank_gib[0]
     assert "fsdp_grad_buffers_gib" not in grow and grow["buffers_gib"] > RUNTIME_RESERVE_BYTES / GIB
+
+
+@pytest.mark.parametrize("over,shared", [
+    ({"framework": "torchtitan", "parallelism": {"zero": 3}}, True),
+    # HSDP: the all-reduce after each reduce-scatter runs on the replicate group's communicator,
+    # chained to the reduce-scatter in the plan; sharing would queue gathers behind it too.
+    ({"framework": "torchtitan", "parallelism": {"zero": 3, "fsdp_shard_size": 8}}, False),
+    ({"framework": "generic", "parallelism": {"zero": 3}}, False),
+])
+def test_fsdp2_gathers_queue_with_the_reduce_scatters_on_one_communicator(over, shared):
+    # torch 2.13 FSDPModule.set_separate_reduce_scatter_group: by default FSDP's all-gather and
+    # reduce-scatter go through one process group, "one NCCL communicator, which processes one
+    # collective at a time and so serializes them"; the plan queues them on one stream, in issue
+    # order (a backward's gather behind the reduce-scatter of the unit before).
+    prog, plan = plan_of(**over)
+    assert prog.fsdp_one_communicator == (over["framework"] == "torchtitan")
+    colls = [i for i in plan.ranks[0].instrs if type(i) is Collective]
+    gathers = [c for c in colls if c.name.startswith("all_gather params")]
+    reductions = [c for c in colls if "grads" in c.name]
+    assert gathers and reductions
+    assert {c.stream for c in reductions} == {Stream.DP}
+    assert {c.stream for c in gathers} == ({Stream.DP} if shared else {Stream.DP_AG})
+    if shared:
+        # issue order on the shared stream: some gather is queued after a reduce-scatter
+        names = [c.name for c in colls if c.stream == Stream.DP]
+        first_rs = next(i for i, n in enumerate(names) if "grads" in n)
+        assert any(n.startswith("all_gather params") for n in names[first_rs:])
+
+
+def test_one_communicator_runs_gathers_and_reduce_scatters_one_at_a_time():
+    # The engine runs a stream's work in order: under torchtitan no gather overlaps a
+    # reduce-scatter on a rank; with its own stream (framework generic) they overlap, and the
+    # overlapped backward pays both collectives' SMs (simulator.contention).
+    def dp_rows(framework):
+        sc = build_scenario(scenario(framework=framework, parallelism={"zero": 3}))
+        rows = simulate(sc, with_critical_path=False).timeline.events
+        rows = rows[(rows["rank"] == 0) & rows["stream"].isin(["dp", "dp-ag"])]
+        ag = rows[rows["name"].str.startswith("all_gather params")][["start_s", "end_s"]].to_numpy()
+        rs = rows[rows["name"].str.contains("grads")][["start_s", "end_s"]].to_numpy()
+        return sum(max(0.0, min(a1, r1) - max(a0, r0)) for a0, a1 in ag for r0, r1 in rs)
+
+    assert dp_rows("torchtitan") == 0.0
+    assert dp_rows("generic") > 0.0

@@ -36,8 +36,10 @@ from simulator.vocabulary import COMM_STREAMS, Stream
 
 # Capture schedule names (simulator.capture.spec.SCHEDULES) -> simulator schedule names.
 _SCHEDULE_ALIASES = {"interleaved-zb": "zb-h1"}
-# Streams whose rows are communication (dp-ag excluded: parameter gathers are not compared).
+# Streams whose rows are communication (dp-ag excluded: parameter gathers are not compared; under
+# FSDP2's one communicator they share the dp stream, so they are also told apart by name).
 _COMM_STREAMS = tuple(s.value for s in COMM_STREAMS if s is not Stream.DP_AG)
+_PARAM_GATHER_PREFIX = "all_gather params"  # the plan's ZeRO/FSDP parameter gathers (plan._plan_rank)
 
 
 def _topology_for(manifest, profile: Profile) -> str:
@@ -146,7 +148,7 @@ def measured_times(ops: pd.DataFrame, n_steps: int) -> tuple[dict[str, float], d
 
 def predicted_collective_times(tl) -> dict[str, float]:
     ev = tl.events
-    ev = ev[ev["stream"].isin(_COMM_STREAMS)]
+    ev = ev[ev["stream"].isin(_COMM_STREAMS) & ~ev["name"].astype(str).str.startswith(_PARAM_GATHER_PREFIX)]
     if ev.empty:
         return {}
     op = ev["name"].astype(str).str.split(" ", n=1).str[0]

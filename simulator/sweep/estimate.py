@@ -55,7 +55,7 @@ from simulator.contention import collective_ctas, compute_slowdown, measured_exc
 from simulator.schedules.base import Action
 from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim, Stream
 from simulator.workload.plan import (
-    Collective, GradBuckets, bucketed_stages, grad_reduce_bytes, grad_reduction_steps, communication_groups, edp_tp_of, emit_action, hsdp_expert_shard_of,
+    Collective, GradBuckets, Wait, bucketed_stages, grad_reduce_bytes, grad_reduction_steps, communication_groups, edp_tp_of, emit_action, hsdp_expert_shard_of,
     hsdp_shard_of, linear_replay, ADAM_BYTES_PER_PARAM, adam_bytes_per_param, adam_tensor_count, optimizer_shards,
     optimizer_state_bytes, pp_message_bytes,
 )
@@ -419,6 +419,79 @@ class Estimator:
 
         emit_action(out, prog.segments[(pos, kind)], Action(pos, kind, 0), blocking, new_handle, on_grads=on_grads)
         return out
+
+    @staticmethod
+    def _one_communicator_replay(prog: Program, sched: PipelineSchedule, microbatches: int, bounds: list, stage_pos,
+                                 layer_cost: dict, layer_cost_nb: dict, coll, sm_count, scale: float, zero: int,
+                                 bucket_bytes: float, prefetch: int, ag_dim: Dim) -> tuple[float, float]:
+        """(replayed seconds, the same actions' priced costs) of a pp 1 rank's first ``microbatches``
+        microbatches, with FSDP's gathers and gradient reduce-scatters queued on one stream as the
+        plan queues them under one communicator (Program.fsdp_one_communicator): a unit's gather
+        waits behind the reduce-scatters issued before it. The per-row costs price each gather
+        alone; the difference is what the shared queue adds."""
+        out: list = []
+        handles = [0]
+
+        def new_handle() -> int:
+            handles[0] += 1
+            return handles[0]
+
+        unit_of, keep = prog.fsdp_unit_of, prog.fsdp_keep_gathered
+        members: dict[int, list[int]] = {}
+        for L, u in unit_of.items():
+            members.setdefault(u, []).append(L)
+
+        def unit_bytes(u: int) -> float:
+            return sum(prog.unit_gather_bytes.get(L, prog.unit_params.get(L, 0.0) * prog.param_bytes) for L in members.get(u, [u]))
+
+        # The rows in execution order, each with the unit it gathers first in its action (the plan's rule).
+        rows: list[tuple] = []  # (leaf, blocking, row, bytes of each unit it gathers first)
+        for a in sched.actions[0]:
+            if a.microbatch >= microbatches:
+                continue
+            for leaf in a.leaves:
+                lo, hi = bounds[stage_pos[leaf.stage]]
+                seen: set[int] = set()
+                for q in (range(lo, hi) if leaf.kind == "F" else range(hi - 1, lo - 1, -1)):
+                    units: list[float] = []
+                    if leaf.kind != "W":
+                        for L in dict.fromkeys(int(x) for x in prog.segments[(q, leaf.kind)].layer):
+                            u = unit_of.get(L, L)
+                            if u in seen or (leaf.kind != "F" and u in keep):
+                                continue
+                            seen.add(u)
+                            if unit_bytes(u) > 0:
+                                units.append(unit_bytes(u))
+                    rows.append((leaf, a.kind != "FB", q, units))
+        gathers = [b for r in rows for b in r[3]]
+        gh = [new_handle() for _ in gathers]
+        issued = [0]
+
+        def issue(upto: int) -> None:
+            while issued[0] < min(upto, len(gathers)):
+                i = issued[0]
+                out.append(Collective(Stream.DP, ((ag_dim, CollectiveOp.ALL_GATHER, gathers[i]),), gh[i], "dp",
+                                      "all_gather params"))
+                issued[0] += 1
+
+        issue(1 + prefetch)
+        # The root unit's gradients (the embedding's and the head's) are reduced last, at the
+        # action's end (GradBuckets.unit_of), not where their rows end.
+        gb = GradBuckets(out, new_handle, zero, bucket_bytes, True, False, None, wait_previous=True, unit_of=unit_of)
+        nxt = 0
+        priced = 0.0
+        for i, (leaf, blocking, q, units) in enumerate(rows):
+            for _ in units:
+                issue(nxt + 1 + prefetch)
+                out.append(Wait(gh[nxt], Dim.DP, "dp all_gather"))
+                nxt += 1
+            action_end = i + 1 == len(rows) or rows[i + 1][0] is not leaf
+            emit_action(out, prog.segments[(q, leaf.kind)], leaf, blocking, new_handle,
+                        on_grads=(lambda a, j, seg, last, _end=action_end: gb.add(a, j, seg, last, last and _end))
+                        if leaf.kind in ("B", "W") else None)
+            priced += (layer_cost if blocking else layer_cost_nb)[leaf.kind][q]
+        gb.join()
+        return linear_replay(out, coll, sm_count, scale).end_s, priced
 
     def _action_gathers(self, skey: tuple, sched: PipelineSchedule, firsts: np.ndarray, f_c: float, starts: np.ndarray,
                         counts_: np.ndarray, prefetch: int, pos_cost: dict, pos_cost_nb: dict, pos_dim: dict,
@@ -836,7 +909,32 @@ class Estimator:
             # FSDP2's rules (the plan's Program.grad_reduce_waits_previous and
             # grad_reduce_every_microbatch), read off the point's scenario as build_program sets them.
             fsdp2 = sc.framework == "torchtitan" and p.zero >= 3
+            # FSDP2 without a pipeline: its gathers and reduce-scatters share one communicator
+            # (Program.fsdp_one_communicator), so the whole step's queue is replayed below (the
+            # rank's one chain of actions; periodic in the microbatch from the second on).
+            one_comm = (fsdp and prog.fsdp_one_communicator and p.pp == 1 and hsdp is None and p.overlap_grad_reduce
+                        and p.fsdp_reshard_after_forward and not (use_edp and float(tab.expert_params.sum()) > 0))
             for r in ends:
+                if one_comm:
+                    ks = (nmb,) if nmb <= 3 else (2, 3)
+                    # Keyed by the replayed actions themselves: points that differ only in their
+                    # microbatch count (beyond three) share the two replays.
+                    order = tuple((a.kind, a.microbatch, a.stage) for a in sched.actions[0] if a.microbatch < ks[-1])
+                    okey = (id(tab), ckey, tuple(bounds), ks, order, bucket_bytes)
+                    got = self._tails.get(okey)
+                    if got is None:
+                        got = self._tails[okey] = tuple(
+                            self._one_communicator_replay(prog, sched, k, bounds, stage_pos, layer_cost, layer_cost_nb, coll,
+                                                          prof.compute.sm_count, _contention_scale(prof), p.zero,
+                                                          bucket_bytes, p.fsdp_prefetch, Dim.DP)
+                            for k in ks)
+                    if len(got) == 1:
+                        replayed, priced = got[0]
+                    else:
+                        (r2, b2), (r3, b3) = got
+                        replayed, priced = r2 + (nmb - 2) * (r3 - r2), b2 + (nmb - 2) * (b3 - b2)
+                    ends[r] = max(0.0, replayed - priced - start_s) - slack[r]
+                    continue
                 stages = rank_stages[r]
                 tail_actions = self._tail_actions(skey, sched, r, every=fsdp2 and p.pp == 1)
                 bucketed = bucketed_stages(sched, r, sc.grad_buckets_first_chunk_only)

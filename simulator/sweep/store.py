@@ -45,7 +45,8 @@ SCHEMA_VERSION = 1
 # and Transformer Engine's sources run it; torchtitan's FSDP2 as torch 2.13 runs it).
 # 5: round 24 (cp_attention unset follows the framework: TE's p2p ring outside torchtitan; TE's
 # per-tensor FP8 on compute capability 10.x without transposes).
-RESULTS_VERSION = "5"
+# 6: round 25 (FSDP2's gathers and reduce-scatters queue on one communicator).
+RESULTS_VERSION = "6"
 # The key fields kept as columns (the rest lives in report_json).
 KEY_FIELDS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_memory_gib", "fits_in_memory", "gpus")
 

@@ -407,7 +407,10 @@ class GradBuckets:
                 self.out.append(Collective(Stream.DP, steps, h, "dp", f"{steps[0][1]} {label}", row_bytes=steps[0][2]))
             self.fill[i] = 0.0
 
-    def add(self, a: Action, j: int, seg, last: bool) -> None:
+    def add(self, a: Action, j: int, seg, last: bool, action_last: bool | None = None) -> None:
+        """Gradients of op ``j`` of ``seg``; ``last``: the segment's last op. ``action_last``: whether
+        the action's gradients end there (default ``last``; a caller emitting one action as several
+        segments, the sweep estimate's one-layer rows, says where the action ends)."""
         unit_of = self.unit_of
         L = int(seg.layer[j])
         fill = self.root_fill if unit_of and unit_of.get(L, L) == -1 else self.fill
@@ -420,7 +423,7 @@ class GradBuckets:
         full = total >= self.bucket_bytes and (self.bucketed is None or a.stage in self.bucketed)
         if full or (unit_done and total > 0):
             self.flush(f"grads stage {a.stage}")
-        if last and self.root_fill[0] + self.root_fill[1] > 0:
+        if (last if action_last is None else action_last) and self.root_fill[0] + self.root_fill[1] > 0:
             # (the unit before it was flushed just above: fill is empty)
             self.fill, self.root_fill = self.root_fill, [0.0, 0.0]
             self.flush(f"grads stage {a.stage} root")
@@ -677,6 +680,15 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
                             gathers.append((idx, ls[0], dense, ebytes))
     gather_handles = [new_handle() for _ in gathers]
     next_gather = [0, 0]  # [next to wait for, next to issue]
+    # FSDP2 (Program.fsdp_one_communicator): a unit's gather queues behind the reduce-scatters
+    # issued before it, and they behind it, on the one communicator's stream. Not under HSDP
+    # (the all-reduce that follows each reduce-scatter is on the replicate group's communicator,
+    # FSDP2's all_reduce_stream, but the plan chains it to the reduce-scatter) nor with sharded
+    # experts (their gathers and reductions run on the expert mesh's own communicator, the plan
+    # chains their gathers to the dense ones): there the gathers keep their own stream.
+    experts_sharded = use_edp and any(x > 0 for x in (prog.stage_expert_params or ()))
+    gather_stream = (Stream.DP if prog.fsdp_one_communicator and hsdp_shard is None and not experts_sharded
+                     else Stream.DP_AG)
 
     def issue_gathers(upto: int) -> None:
         while next_gather[1] < min(upto, len(gathers)):
@@ -685,7 +697,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
             steps: tuple[Step, ...] = ((ag_dim, CollectiveOp.ALL_GATHER, nbytes),) if nbytes > 0 else ()
             if ebytes > 0:
                 steps += ((eag_dim, CollectiveOp.ALL_GATHER, ebytes),)
-            out.append(Collective(Stream.DP_AG, steps, gather_handles[i], "dp", f"all_gather params layer {L}",
+            out.append(Collective(gather_stream, steps, gather_handles[i], "dp", f"all_gather params layer {L}",
                                   row_bytes=nbytes + ebytes))
             next_gather[1] += 1
 

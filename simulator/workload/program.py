@@ -111,6 +111,13 @@ class Program:
     # gradient accumulation without PP (0.1.0 train.py train_step runs loss.backward() per
     # microbatch with FSDP2's gradient sync left on; the reduced shards add into .grad).
     grad_reduce_every_microbatch: bool = False
+    # FSDP's parameter all-gathers and gradient reduce-scatters go through one NCCL communicator,
+    # which runs one collective at a time in issue order (torch 2.13 FSDPModule
+    # set_separate_reduce_scatter_group: "By default FSDP runs all-gather and reduce-scatter on
+    # separate CUDA streams but through the **same** process group -- one NCCL communicator, which
+    # processes one collective at a time and so serializes them on the wire"; the opt-out is
+    # experimental and torchtitan does not call it). The plan queues both on one stream.
+    fsdp_one_communicator: bool = False
     stage_expert_params: list[float] = field(default_factory=list)  # the expert share of stage_params (sharded over edp)
     # Per position: SP-duplicated parameters (LayerOps.tp_duplicated_params), summed over tp once a step.
     stage_tp_duplicated_params: list[float] = field(default_factory=list)
@@ -847,6 +854,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         grad_reduce_after_stage_backward=sc.framework == "torchtitan" and p.zero >= 3 and p.pp > 1,
         grad_reduce_waits_previous=sc.framework == "torchtitan" and p.zero >= 3,
         grad_reduce_every_microbatch=sc.framework == "torchtitan" and p.zero >= 3 and p.pp == 1,
+        fsdp_one_communicator=sc.framework == "torchtitan" and p.zero >= 3,
         notes=notes,
     )
 
