@@ -512,7 +512,10 @@ def layout_line(sc) -> str:
     p = sc.parallelism
     dims = [f"TP{p.tp}", f"PP{p.pp}"] + ([f"VPP{p.vpp}"] if p.vpp > 1 else []) + [f"DP{sc.dp}"]
     dims += ([f"CP{p.cp}"] if p.cp > 1 else []) + ([f"EP{p.ep}"] if p.ep > 1 else []) + [f"ZeRO-{p.zero}"]
-    sched = f"schedule file {Path(sc.schedule_file).name}" if sc.schedule_file else f"schedule {sc.schedule}"
+    from simulator.textsafe import plain
+
+    # (the model's name and the schedule file's come from the user's files: no control characters)
+    sched = f"schedule file {plain(Path(sc.schedule_file).name)}" if sc.schedule_file else f"schedule {sc.schedule}"
     # precision and recompute change the step as much as the layout: a fp8 run must not read as bf16
     prec = f"{sc.dtype} ({sc.fp8.recipe})" if sc.dtype == "fp8" else sc.dtype
     extras = ([f"recompute {sc.recompute}"] if sc.recompute != "none" else []) + (["async TP"] if p.async_tp else []) \
@@ -520,7 +523,7 @@ def layout_line(sc) -> str:
     from simulator.workload.ops import active_parameters, model_size_text, total_parameters
 
     size = model_size_text(total_parameters(sc), active_parameters(sc))
-    return (f"{sc.model.name} ({size}) · {' '.join(dims)} · {sched} · global batch {plural(sc.batch.global_batch_size, 'sequence')} "
+    return (f"{plain(sc.model.name)} ({size}) · {' '.join(dims)} · {sched} · global batch {plural(sc.batch.global_batch_size, 'sequence')} "
             f"of {sc.batch.seq_length:,} tokens · {' · '.join([prec, *extras])} · {sc.cluster.gpu_name} on {sc.cluster.topology_name}")
 
 

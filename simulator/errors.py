@@ -145,6 +145,9 @@ def validation_error_line(exc, hide_loc: tuple[str, ...] = (), model=None) -> st
         line = f"got {value}: write true or false"
     elif err["type"] == "finite_number":
         line = f"got {value}: write a finite number"
+    elif err["type"] == "string_type":
+        # (YAML reads `name: 12345` as a number and `schedule: [1f1b]` as a list)
+        line = f"got {value}: write one piece of text (quote it if YAML would read it otherwise, e.g. \"12345\")"
     elif err["type"] in ("dict_type", "model_type", "model_attributes_type"):
         # (pydantic: "Input should be a valid dictionary or instance of BatchConfig")
         line = f"got {value}: write a section of keys, e.g. {loc.rsplit('.', 1)[-1] or 'it'}: {{key: value}}"
@@ -326,6 +329,8 @@ def _yaml_loader():
     def construct_mapping(loader, node, deep=False):
         keys = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults`: SafeLoader merges it (keys written here override it)
             key = loader.construct_object(key_node, deep=deep)
             try:
                 duplicate = key in keys

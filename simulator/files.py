@@ -104,9 +104,16 @@ def write_atomic(path: Path, text: str) -> None:
     and never a device or folder replaced by a file (``check_output_path``). A path ending in
     .gz is written gzip-compressed (as its name says)."""
     check_output_path(path, "output")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # The folders this write creates: removed again if it fails, so a failed command leaves nothing.
+    created = []
+    folder = Path(path).parent
+    while not folder.exists() and folder != folder.parent:
+        created.append(folder)
+        folder = folder.parent
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         if Path(path).suffix.lower() == ".gz":
             import gzip
 
@@ -117,7 +124,18 @@ def write_atomic(path: Path, text: str) -> None:
                 f.write(text)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; a dashboard is meant to be shared
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        for d in created:  # (innermost first; a folder something else wrote into stays)
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        if isinstance(exc, OSError):
+            # Disk full, quota, file too large, I/O error, permission: the user's to fix, one line.
+            reason = exc.strerror or type(exc).__name__
+            raise UserError(f"could not write {str(path)!r}: {reason}: free space there or give another path; "
+                            "nothing was written") from None
         raise
 

@@ -695,6 +695,10 @@ def _qwen_moe_dense_layers(cfg: dict[str, Any], path: str, layers: int) -> int:
 
 
 def model_from_hf_config(path: Path) -> ModelConfig:
+    if Path(path).suffix.lower() in (".yaml", ".yml"):
+        # (read as JSON it was "not valid JSON: fix the file", of a file that is fine)
+        raise UserError(f"model config {str(path)!r} is YAML: a model is a preset name or a HuggingFace config.json; a "
+                        f"scenario YAML goes first on the command line (clustersim simulate {str(path)})")
     cfg = read_json(path, "model config", fix="fix the file")
     check_document_kind(cfg, "model config", str(path), "a HuggingFace model config", fix="give a HuggingFace config.json")
     mt = cfg.get("model_type")

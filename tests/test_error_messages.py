@@ -161,3 +161,24 @@ def test_user_files_may_be_gzip_and_a_broken_one_is_one_line(tmp_path):
     cut.write_bytes(good.read_bytes()[:-6])
     with pytest.raises(UserError, match=r"report '.*cut\.json\.gz' is a truncated or corrupt gzip file"):
         read_user_text(cut, "report")
+
+
+@pytest.mark.parametrize("override,pattern", [
+    ({"name": 12345}, r"name: got 12345: write one piece of text \(quote it"),
+    ({"schedule": ["1f1b"]}, r"schedule: got \['1f1b'\]: write one piece of text"),
+])
+def test_a_value_that_should_be_text_says_so(override, pattern):
+    # Was pydantic's "Input should be a valid string", with no fix.
+    with pytest.raises(UserError, match=pattern):
+        build_scenario({**TINY, **override})
+
+
+def test_yaml_merge_keys_are_read_and_duplicates_still_refused():
+    # `<<: *defaults` was "could not determine a constructor for the tag ...merge": the duplicate-key
+    # check constructed the merge key itself. Keys written beside it override it, as YAML says.
+    from simulator.errors import parse_yaml_text
+
+    doc = "base: &b {tp: 2, pp: 4}\nparallelism:\n  <<: *b\n  tp: 8\n"
+    assert parse_yaml_text(doc, "scenario file", "s.yaml")["parallelism"] == {"tp": 8, "pp": 4}
+    with pytest.raises(UserError, match="duplicate key 'tp'"):
+        parse_yaml_text("parallelism:\n  tp: 2\n  tp: 8\n", "scenario file", "s.yaml")

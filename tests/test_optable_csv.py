@@ -87,3 +87,53 @@ def test_a_table_named_from_inside_its_folder_keeps_its_device(monkeypatch):
     monkeypatch.chdir(folder)
     assert load_op_table(Path("gpt2_large-train-1024-4.csv")).device == "NVIDIA H100 80GB HBM3"
     assert load_op_table(Path("./gpt2_large-train-1024-4.csv")).device == "NVIDIA H100 80GB HBM3"
+
+
+def _copy_neusight(tmp_path, edit_csv=None, step=None):
+    import json
+
+    import pandas as pd
+
+    src = H100 / "gpt2_large-train-1024-4.csv"
+    df = pd.read_csv(src)
+    if edit_csv:
+        df = edit_csv(df)
+    p = tmp_path / src.name
+    df.to_csv(p, index=False)
+    side = json.loads(src.with_suffix(".json").read_text())
+    side.update(step or {})
+    p.with_suffix(".json").write_text(json.dumps(side))
+    return p
+
+
+def test_neusight_table_without_its_op_column_names_it(tmp_path):
+    # Was KeyError 'op' with a traceback: the check took a table without 'op' for NeuSight's.
+    p = _copy_neusight(tmp_path, lambda df: df.drop(columns=["op"]))
+    with pytest.raises(UserError, match=r"NeuSight's op missing"):
+        load_op_table(p)
+
+
+def test_a_gemm_row_without_its_operands_names_the_row(tmp_path):
+    # Was IndexError with a traceback: an addmm recorded with two shapes has no bias before them.
+    def cut(df):
+        i = df.index[df["target"].astype(str).str.contains("addmm")][0]
+        df.loc[i, "input_shapes"] = "[[4096, 1280], [1280, 3840]]"
+        return df
+
+    p = _copy_neusight(tmp_path, cut)
+    with pytest.raises(UserError, match=r"row \d+: addmm with input_shapes .* lacks the operands"):
+        load_op_table(p)
+
+
+@pytest.mark.parametrize("step,what", [
+    ({"e2e_latency": -5.0}, r"e2e_latency=-5\.0 is not a positive time"),
+    ({"e2e_latency": "638"}, r"e2e_latency='638' is not a positive time"),
+    ({"fw_latency": 0}, r"fw_latency=0 is not a positive time"),
+    ({"num_layer": "36"}, r"num_layer='36' is not a positive whole number"),
+    ({"num_layer": 0}, r"num_layer=0 is not a positive whole number"),
+])
+def test_an_unusable_step_file_value_is_an_error_not_a_fallback(tmp_path, step, what):
+    # Was silent: the measured step fell back to the sum of the ops, with a note saying there was
+    # no step time beside the table.
+    with pytest.raises(UserError, match=what):
+        load_op_table(_copy_neusight(tmp_path, step=step))

@@ -117,6 +117,18 @@ def test_corrupt_fields_do_not_raise_tracebacks(tmp_path):
         assert len(import_kineto(_mutated(tmp_path, lambda tr: _set_args(tr, "Input type", 5))).ops) > 0
 
 
+@pytest.mark.parametrize("key,value", [("Input Dims", [[10**15, 10**15], [10**15, 10**15]]),
+                                       ("In msg nelems", -5), ("Out msg nelems", -5)])
+def test_impossible_message_sizes_are_unknown_and_said(tmp_path, key, value):
+    # Dims of 10^15 x 10^15 were an OverflowError traceback (Int64 column); negative nelems gave
+    # collectives of -16,785,408 and -10 bytes, which calibrate fitted.
+    with pytest.warns(UserWarning, match=r"collective\(s\) record a message size below 0 or above 1 PiB"):
+        t = import_kineto(_mutated(tmp_path, lambda tr: _set_args(tr, key, value)))
+    for col in ("msg_bytes", "in_msg_bytes", "out_msg_bytes"):
+        sizes = t.ops[col].dropna()
+        assert ((sizes >= 0) & (sizes <= 1 << 50)).all(), col
+
+
 @pytest.mark.parametrize("di, match", [
     ({"rank": -1, "world_size": 16}, r"distributedInfo\.rank -1 is not a rank"),
     ({"rank": 99, "world_size": 16}, r"distributedInfo\.rank 99 is not below its world_size 16"),

@@ -94,6 +94,19 @@ def test_published_json_reports_rows_and_mape(monkeypatch: pytest.MonkeyPatch) -
     assert obj["rows"][0]["step_time_error"] == pytest.approx(-0.1 / 3.5)
 
 
+@pytest.mark.parametrize("args,match", [
+    (("--published", "megatron-2021", "--profile", "a100-sxm-40gb"), r"drop --profile$"),
+    (("--published", "megatron-2021", "--topology", "torus-3d", "--scenario", "s.yaml"), r"drop --topology, --scenario$"),
+    (("traces/some-bundle", "--rows", "3"), r"--rows 3 sizes the per-row table of --published NAME only"),
+])
+def test_options_a_validation_would_ignore_are_refused(args, match):
+    # They were silently ignored: --published megatron-2021 --profile nosuchprofile printed the
+    # same table, exit 0 (each row runs on the hardware its source states).
+    r = _run(*args)
+    assert isinstance(r.exception, UserError) and r.exit_code != 0
+    assert __import__("re").search(match, str(r.exception)), str(r.exception)
+
+
 def test_a_step_that_agrees_while_its_parts_miss_is_said():
     # Was silent: a CPU gloo bundle validated at step -2.6% while elementwise -97%, optimizer -99%
     # and all_reduce -86%: the host-overhead term compensated.

@@ -386,3 +386,22 @@ def test_imbalance_split_shaped_around_a_slow_gpu_elsewhere_says_so():
     assert "(the what-if slows a GPU of pp rank 1: a split below also works around it" in imb.message
     clean = [f for f in find(res.clean, budget_s=0) if f.kind == "imbalance"]
     assert clean and all("what-if" not in f.message for f in clean)
+
+
+@pytest.mark.parametrize("pert,match", [
+    ({"gpus": [{"rank": 1, "speed": 0.5}, {"rank": 1, "speed": 0.9}]}, r"gpus names rank 1 twice: give one speed"),
+    ({"gpus": [{"node": 0, "speed": 0.5}, {"node": 0, "speed": 0.5}]}, r"gpus names node 0 twice"),
+    ({"links": [{"name": "nic:0", "bandwidth": 0.5}, {"name": "nic:0", "bandwidth": 0.2}]},
+     r"links names 'nic:0' twice: give one bandwidth"),
+])
+def test_a_scenario_names_each_perturbed_gpu_or_link_once(pert, match):
+    # A YAML with two entries for rank 1 (0.5 then 0.9) simulated 0.9 alone while the report
+    # listed both; the --slow-gpu / --slow-link flags already refused it.
+    d = {"name": "t", "model": "llama3-8b", "parallelism": {"tp": 1, "pp": 2},
+         "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 1024},
+         "cluster": {"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}, "perturbations": pert}
+    with pytest.raises(UserError, match=match):
+        build_scenario(d)
+    # one entry each is fine
+    one = {k: v[:1] for k, v in pert.items()}
+    assert build_scenario({**d, "perturbations": one}).perturbations is not None

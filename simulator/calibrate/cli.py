@@ -167,10 +167,14 @@ def _summary(prof, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from simulator.textsafe import for_rich
+
     con = Console(stderr=True)
+    # (the name and device come from the user's flags and files: no markup, no control characters)
+    name, device = for_rich(prof.name), for_rich(prof.device)
     fitted = {cls: m for cls, m in prof.compute.classes.items() if m.fit_samples}
     if fitted:  # (from nccl-tests logs alone, every class is the base profile's: no table of them)
-        t = Table(title=f"{prof.name}: {prof.device}")
+        t = Table(title=f"{name}: {device}")
         for c in ("op class", "basis", "ops", "overhead", "held-out error"):
             t.add_column(c)
         for cls, m in fitted.items():
@@ -178,7 +182,7 @@ def _summary(prof, out: Path) -> None:
                       "-" if m.fit_error is None else f"{m.fit_error:.1%}")
         con.print(t)
     else:
-        con.print(f"{prof.name}: {prof.device}: compute as the base profile (the inputs time no compute ops)")
+        con.print(f"{name}: {device}: compute as the base profile (the inputs time no compute ops)")
     if prof.comm.collectives:
         c = Table(title="collectives")
         for col in ("collective", "group", "tier", "alpha", "sizes", "held-out error"):
@@ -196,9 +200,9 @@ def _summary(prof, out: Path) -> None:
               f"overlap_slowdown {prof.compute.overlap_slowdown:.3f}{unread}")
     if prof.comm.nccl is not None:
         n = prof.comm.nccl
-        con.print(f"NCCL model ({n.system}): " + ", ".join(f"{k} {v:.3g}" for k, v in n.model_dump(exclude={"system", "fit_error"}).items() if v is not None)
+        con.print(f"NCCL model ({for_rich(n.system)}): " + ", ".join(f"{k} {v:.3g}" for k, v in n.model_dump(exclude={"system", "fit_error"}).items() if v is not None)
                   + "; worst error per log: " + ", ".join(f"{k} {v:.1%}" for k, v in n.fit_error.items()))
-    con.print(f"wrote {out}")
+    con.print(f"wrote {for_rich(out)}")
 
 
 calibrate_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)

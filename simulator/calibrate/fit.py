@@ -467,11 +467,13 @@ def calibrate(
         raise UserError("calibrate needs at least one input: a trace bundle, a Kineto trace or an nccl-tests log")
     topo_pre = load_topology(topology) if topology else None
     src = read_sources([Path(p) for p in paths], topo_pre, mesh=mesh, collective=collective)
+    _refuse_mixed_gpus(src)
     device = next((d for d in src.devices if d and d != "unknown"), None)
     backend = src.backends[0] if src.backends else None
     mem_gib = None
     if base:
         base_profile = load_profile(base)
+        _refuse_base_of_another_gpu(base, base_profile, device)
     elif src.device_props:
         dp = src.device_props[0]
         match = identify_gpu(str(dp.get("name")), dp.get("totalGlobalMem"), dp.get("numSms"))
@@ -703,6 +705,32 @@ LOW_EFFICIENCY = 0.5
 # Only 16-bit (and 8-bit) matrix work sets the tensor-core curves the simulator uses; FP32 GEMMs
 # run on the FP32/TF32 pipes at a fraction of peak_tflops.
 _TENSOR_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+
+
+def _refuse_mixed_gpus(src: "Sources") -> None:
+    """One profile describes one GPU: inputs that name different GPU models (an H100 trace with an
+    A100 nccl-tests log) would fit one system's compute with another's collectives."""
+    from simulator.calibrate.physics import gpu_model
+
+    by_model: dict[str, list[str]] = {}
+    for rec in src.records:
+        for d in rec.get("devices") or []:
+            m = gpu_model(str(d))
+            if m is not None:
+                by_model.setdefault(m, []).append(Path(str(rec["path"])).name)
+    if len(by_model) > 1:
+        listed = "; ".join(f"{m.upper()} ({', '.join(sorted(set(files))[:3])})" for m, files in sorted(by_model.items()))
+        raise UserError(f"the inputs measured different GPUs: {listed}: calibrate one system at a time")
+
+
+def _refuse_base_of_another_gpu(base, base_profile: Profile, device: str | None) -> None:
+    """--base supplies what the inputs do not measure (peaks, HBM, SMs): of the measured GPU only."""
+    from simulator.calibrate.physics import gpu_model
+
+    measured, based = (gpu_model(device) if device else None), gpu_model(base_profile.device)
+    if measured is not None and based is not None and measured != based:
+        raise UserError(f"--base {str(base)!r} describes {base_profile.device!r} but the inputs measured {device!r}: "
+                        f"give a base profile of the {measured.upper()} (or leave --base out to pick it from the inputs)")
 
 
 def _is_gpu_name(name: str) -> bool:

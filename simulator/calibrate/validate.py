@@ -32,6 +32,7 @@ import typer
 from simulator.contention import measured_excess_scale
 from simulator.profile import OP_CLASSES, OpClassModel, Profile, load_profile
 from simulator.errors import UserError, path_exists
+from simulator.textsafe import for_rich
 from simulator.vocabulary import COMM_STREAMS, Stream
 
 # Capture schedule names (simulator.capture.spec.SCHEDULES) -> simulator schedule names.
@@ -70,7 +71,15 @@ def scenario_from_manifest(manifest, profile_path: str, topology: str | None, na
     data["cluster"] = {"gpus": manifest.world_size, "gpu": profile_path, "topology": topology or _topology_for(manifest, profile)}
     # torch's scaled_dot_product_attention runs a fused (flash) kernel on CPU and GPU alike.
     data.setdefault("flash_attention", True)
-    return build_scenario(data)
+    if manifest.trace_files and len(manifest.trace_files) != manifest.world_size:
+        raise UserError(f"bundle {name!r}: its manifest.json says world_size {manifest.world_size} but lists "
+                        f"{len(manifest.trace_files)} rank traces: fix manifest.json or re-capture the bundle")
+    try:
+        return build_scenario(data)
+    except UserError as exc:
+        # (its own fix names flags; what is wrong here is the file)
+        raise UserError(f"bundle {name!r}: the scenario its manifest.json records is refused ({exc}): fix manifest.json "
+                        "or re-capture the bundle") from None
 
 
 def _free_class() -> OpClassModel:
@@ -286,12 +295,12 @@ def print_validation(res: dict[str, Any]) -> None:
     from rich.console import Console
 
     con = Console()
-    t = _step_table(f"validate {Path(res['bundle']).name} with profile {res['profile']} (median of {res['steps']} steps)",
-                    res)
+    t = _step_table(f"validate {for_rich(Path(res['bundle']).name)} with profile {for_rich(res['profile'])} "
+                    f"(median of {res['steps']} steps)", res)
     for title, key in (("op class", "op_classes"), ("collective", "collectives")):
         t.add_section()
         for name, row in res[key].items():
-            t.add_row(f"{title} {name}", _fmt_s(row["measured_time_s"]), _fmt_s(row["predicted_time_s"]), _fmt_e(row["error"]))
+            t.add_row(f"{title} {for_rich(name)}", _fmt_s(row["measured_time_s"]), _fmt_s(row["predicted_time_s"]), _fmt_e(row["error"]))
     con.print(t)
     if res.get("predicted_host_bound_s"):
         con.print(f"engine critical path {_fmt_s(res['predicted_critical_path_s'])}; ranks' compute over the host's cores "
@@ -300,7 +309,7 @@ def print_validation(res: dict[str, Any]) -> None:
         con.print(f"predicted host overhead between kernels: {_fmt_s(res['predicted_host_overhead_s'])} per step and rank")
     con.print("per op class and collective: time per step on one rank, mean over ranks")
     for w in res.get("warnings", []):
-        con.print(f"warning: {w}")
+        con.print(f"warning: {for_rich(w)}")
 
 
 def validate_command(
@@ -310,13 +319,19 @@ def validate_command(
     published: Annotated[Optional[str], typer.Option("--published", help="Validate against a published table instead: megatron-2021, torchtitan-2024 or vtrain-single-node.")] = None,
     topology: Annotated[Optional[str], typer.Option("--topology", help="Topology to simulate on; default from the bundle's host kind.")] = None,
     scenario: Annotated[Optional[Path], typer.Option("--scenario", help="Scenario the measurement ran (needed for op tables and step files).")] = None,
-    rows: Annotated[int, typer.Option("--rows", min=0, help="--published: rows of the per-row table to print (0: all); the summary covers every row, --json lists them all.")] = 60,
+    rows: Annotated[Optional[int], typer.Option("--rows", min=0, help="--published: rows of the per-row table to print (0: all; default 60); the summary covers every row, --json lists them all.")] = None,
 ) -> None:
     """Simulate what a measurement ran and compare: a captured bundle, a per-operator latency
     table (.csv, e.g. NeuSight's) or a step JSON with --scenario, or a published table."""
     if published is not None:
         if bundle is not None:
             raise UserError(f"give either a bundle ({str(bundle)!r}) or --published {published!r}, not both")
+        # Each published row is simulated as its source describes the run: its own GPU, topology
+        # and layout. An option that would change that was silently ignored.
+        given = [flag for flag, v in (("--profile", profile), ("--topology", topology), ("--scenario", scenario)) if v is not None]
+        if given:
+            raise UserError(f"--published {published!r} simulates each row on the hardware and layout its source states: "
+                            f"drop {', '.join(given)}")
         from simulator.calibrate.published import print_published, published_set_name, validate_published
 
         published = published_set_name(published)
@@ -328,10 +343,12 @@ def validate_command(
         if as_json:
             print(json.dumps(result.to_json()))
         else:
-            print_published(result, max_rows=rows or None)
+            print_published(result, max_rows=60 if rows is None else (rows or None))
         return
     if bundle is None:
         raise UserError("validate needs a BUNDLE (a traces/<name> folder) or --published NAME")
+    if rows is not None:
+        raise UserError(f"--rows {rows} sizes the per-row table of --published NAME only: drop it here")
     if scenario is not None or bundle.suffix in (".csv", ".json") or bundle.name.endswith(".json.gz"):
         if scenario is None:
             raise UserError(f"validate {str(bundle)!r} needs --scenario S.yaml: the model, layout and batch it measured")
@@ -598,25 +615,25 @@ def print_trace_validation(res: dict[str, Any]) -> None:
     from rich.console import Console
 
     con = Console()
-    t = _step_table(f"validate {Path(res['trace']).name} ({res['mode']}, profile {res['profile']})", res)
+    t = _step_table(f"validate {for_rich(Path(res['trace']).name)} ({res['mode']}, profile {for_rich(res['profile'])})", res)
     t.add_section()
     for name, r in res["op_classes"].items():
-        t.add_row(f"compute {name}", _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
+        t.add_row(f"compute {for_rich(name)}", _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
     rows = [(f"exposed comm {name}", r) for name, r in res["exposed_comm"].items()] + [("bubble", res["bubble"])]
     # A dimension the run does not use (cp on one GPU) has nothing measured or predicted: a row of zeros says nothing.
     shown = [(label, r) for label, r in rows if r["measured_time_s"] or r["predicted_time_s"]]
     if shown:
         t.add_section()
     for label, r in shown:
-        t.add_row(label, _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
+        t.add_row(for_rich(label), _fmt_s(r["measured_time_s"]), _fmt_s(r["predicted_time_s"]), _fmt_e(r["error"]))
     con.print(t)
     hidden = [label.removeprefix("exposed comm ") for label, r in rows if (label, r) not in shown]
     con.print("per class, dimension and bubble: time per step on one rank, mean over ranks"
               + (f"; nothing measured or predicted, not shown: {', '.join(hidden)}" if hidden else ""))
     for n in res["notes"]:
-        con.print(f"note: {n}")
+        con.print(f"note: {for_rich(n)}")
     for w in res.get("warnings", []):
-        con.print(f"warning: {w}")
+        con.print(f"warning: {for_rich(w)}")
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

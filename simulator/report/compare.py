@@ -358,9 +358,15 @@ def compare_command(
 def print_metric_table(a: Side, b: Side) -> None:
     """The dashboard's lead table in the terminal: each metric for A and B and B's change."""
     from rich.console import Console
+
+    from simulator.textsafe import plain
     from rich.table import Table
 
-    t = Table(title=f"B vs A: A = {a.report.name} ({a.path.name}), B = {b.report.name} ({b.path.name})")
+    from simulator.textsafe import for_rich
+
+    # (names and file names come from the user's files: no markup, no control characters)
+    t = Table(title=f"B vs A: A = {for_rich(a.report.name)} ({for_rich(a.path.name)}), "
+                    f"B = {for_rich(b.report.name)} ({for_rich(b.path.name)})")
     t.add_column("metric")
     t.add_column("A", justify="right")
     t.add_column("B", justify="right")
@@ -373,7 +379,7 @@ def print_metric_table(a: Side, b: Side) -> None:
     con.print(t)
     differs = setup_differences(a.report.setup, b.report.setup)
     if differs:
-        con.print("B differs from A in: " + ", ".join(differs), highlight=False, markup=False, soft_wrap=True)
+        con.print("B differs from A in: " + plain(", ".join(differs)), highlight=False, markup=False, soft_wrap=True)
 
 
 def setup_differences(a: dict, b: dict) -> list[str]:
@@ -389,7 +395,9 @@ def print_delta_table(a: "Report", b: "Report") -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"B vs A: {a.name} → {b.name}")
+    from simulator.textsafe import for_rich
+
+    t = Table(title=f"B vs A: {for_rich(a.name)} → {for_rich(b.name)}")
     for col, just in (("component", "left"), ("A", "right"), ("B", "right"), ("B − A", "right"), ("of A's step", "right")):
         t.add_column(col, justify=just)
     for r in step_delta(a, b):

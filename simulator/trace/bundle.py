@@ -40,7 +40,7 @@ class Manifest(BaseModel):
     nccl_version: str | None = None
     devices: list[str] = Field(default_factory=list, description="Device name of each rank.")
     device_counts: dict[str, int] = Field(default_factory=dict)
-    world_size: int
+    world_size: int = Field(ge=1, description="Ranks that ran the capture.")
     hosts: list[str] = Field(default_factory=list)
     workload: str = Field(description="collectives | compute | train | imported")
     workload_args: dict[str, Any] = Field(default_factory=dict)

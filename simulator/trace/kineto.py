@@ -560,6 +560,9 @@ class _Coll:
 
 
 MAX_GROUP_RANKS = 1 << 24  # no job has more ranks in one process group; beyond it a group size is corrupt
+# No GPU holds a tensor near a pebibyte (the largest HBM is a few hundred GB): a message size below 0
+# or above this comes from corrupt Input Dims or nelems, and is taken as unknown.
+MAX_MESSAGE_BYTES = 1 << 50
 
 
 def _coll_from_args(args: dict, source: str) -> _Coll | None:
@@ -782,6 +785,10 @@ def _import_kineto(path: Path, rank: int | None) -> KinetoTrace:
 
     # Unknown collectives keep their rows (class communication, collective 'other') and are named.
     unknown = ops.pop("_unknown_colls")
+    corrupt = ops.pop("_corrupt_sizes", 0)
+    if corrupt:
+        warn.append(f"{path.name}: {corrupt} collective(s) record a message size below 0 or above 1 PiB (corrupt "
+                    "Input Dims or nelems): their size is taken as unknown")
     if unknown:
         listed = ", ".join(f"{n!r} x{c}" for n, c in sorted(unknown.items()))
         warn.append(f"{path.name}: unknown collective names kept as collective 'other': {listed}")
@@ -1114,11 +1121,24 @@ def _coll_columns(colls: dict[int, _Coll], n: int, ts: np.ndarray, stream: np.nd
     seq = [pd.NA] * n
     peer = [pd.NA] * n
     src = [None] * n
+    corrupt = 0
+
+    def size_or_na(b):
+        nonlocal corrupt
+        if b is None:
+            return pd.NA
+        if not 0 <= b <= MAX_MESSAGE_BYTES:
+            corrupt += 1
+            return pd.NA
+        return b
+
     for r, c in colls.items():
         collective[r] = c.collective
-        msg[r] = c.msg_bytes if c.msg_bytes is not None else pd.NA
-        inb[r] = c.in_bytes if c.in_bytes is not None else pd.NA
-        outb[r] = c.out_bytes if c.out_bytes is not None else pd.NA
+        bad_before = corrupt
+        msg[r], inb[r], outb[r] = size_or_na(c.msg_bytes), size_or_na(c.in_bytes), size_or_na(c.out_bytes)
+        if corrupt > bad_before:  # one collective: count it once, and know none of its sizes
+            corrupt = bad_before + 1
+            msg[r] = inb[r] = outb[r] = pd.NA
         # (a group beyond MAX_GROUP_RANKS is no real job's, whichever record gave it: unknown)
         gsize[r] = c.group_size if c.group_size is not None and 0 < c.group_size <= MAX_GROUP_RANKS else pd.NA
         granks[r] = c.group_ranks
@@ -1142,6 +1162,7 @@ def _coll_columns(colls: dict[int, _Coll], n: int, ts: np.ndarray, stream: np.nd
         "in_msg_bytes": pd.array(inb, dtype="Int64"), "out_msg_bytes": pd.array(outb, dtype="Int64"),
         "group_size": pd.array(gsize, dtype="Int32"), "group_ranks": granks, "pg_name": pg,
         "seq": pd.array(seq, dtype="Int64"), "coll_source": src, "peer": pd.array(peer, dtype="Int32"),
+        "_corrupt_sizes": corrupt,
     }
 
 

@@ -193,11 +193,15 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
         raw = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise UserError(f"op table {str(path)!r} is not a readable CSV ({' '.join(str(exc).split())[:80]}): fix or re-export it") from None
-    neusight = {"target", "input_shapes", "fw_latency", "bw_latency"} <= set(raw.columns)
+    neusight_cols = ("op", "target", "input_shapes", "fw_latency", "bw_latency")
+    neusight = set(neusight_cols) <= set(raw.columns)
     plain = {"op", "input_shapes", "fw_ms", "bw_ms"} <= set(raw.columns)
     if not (neusight or plain):
-        raise UserError(f"op table {str(path)!r} lacks the columns of a latency table: give NeuSight's "
-                        f"(target, input_shapes, fw_latency, bw_latency) or op, input_shapes, dtype, fw_ms, bw_ms")
+        missing = [c for c in neusight_cols if c not in raw.columns] if "fw_latency" in raw.columns else []
+        raise UserError(f"op table {str(path)!r} lacks the columns of a latency table"
+                        + (f" (NeuSight's {', '.join(missing)} missing)" if missing else "")
+                        + ": give NeuSight's (op, target, input_shapes, fw_latency, bw_latency) or op, input_shapes, "
+                        "dtype, fw_ms, bw_ms")
     if raw.empty:
         raise UserError(f"op table {str(path)!r} has no rows: re-export it")
     with path.open("rb") as f:
@@ -215,11 +219,21 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
     if side.exists():
         j = read_json(side, "op table step file", fix="fix it or remove it")
         if isinstance(j, dict):
-            if num_layers is None and isinstance(j.get("num_layer"), int) and j["num_layer"] > 0:
-                num_layers = j["num_layer"]
+            # A value that is there but unusable is an error, not a silent fall-back to the op sum.
+            nl = j.get("num_layer")
+            if nl is not None and (isinstance(nl, bool) or not isinstance(nl, int) or nl <= 0):
+                raise UserError(f"op table step file {str(side)!r}: num_layer={nl!r} is not a positive whole number of "
+                                "layers: fix it or remove the key")
+            if num_layers is None and nl is not None:
+                num_layers = nl
             for key, name in (("e2e_latency", "e2e"), ("fw_latency", "fw"), ("bwall_latency", "bw")):
-                if isinstance(j.get(key), (int, float)) and j[key] > 0:
-                    step_ms[name] = float(j[key])
+                v = j.get(key)
+                if v is None:
+                    continue
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0:
+                    raise UserError(f"op table step file {str(side)!r}: {key}={v!r} is not a positive time in ms: "
+                                    "fix it or remove the key")
+                step_ms[name] = float(v)
     # (resolved: a table given as a bare name from inside its folder has parent '.', named '')
     device = path.resolve().parent.name.replace("_", " ") if neusight else "unknown"
 
@@ -285,7 +299,13 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
             cls = r["op_class"] = "host"  # a cast to the dtype the tensor has is a no-op
         if r["op_type"] in DROPOUT_OPS and r["dropout_p"] == 0.0:
             cls = r["op_class"] = "host"  # dropout with p = 0 (OPT's attention) launches nothing
-        fw, bw = op_kernels(r["op_type"], cls, r["in_shapes"], r["out_shape"], dt, has_bias=has_bias, table_rows=table_rows)
+        try:
+            fw, bw = op_kernels(r["op_type"], cls, r["in_shapes"], r["out_shape"], dt, has_bias=has_bias, table_rows=table_rows)
+        except (IndexError, TypeError, ValueError):
+            # The op's recorded shapes do not have the operands it takes (a GEMM with one input).
+            raise UserError(f"op table {str(path)!r} row {r['row']}: {r['op_type']} with input_shapes {r['in_shapes']!r} "
+                            f"and output_shape {r['out_shape']!r} lacks the operands the op takes: fix the row's shapes "
+                            "or re-export the table") from None
         r["flops"] = sum(k.flops for k in fw)
         r["bytes"] = sum(k.bytes for k in fw)
         r["bw_flops"] = sum(k.flops for k in bw)

@@ -124,6 +124,22 @@ class Perturbations(BaseModel):
     failures: Failures | None = Field(None, description="Failed nodes and the restart policy: feeds the goodput model.")
     jitter: Jitter | None = Field(None, description="Seeded noise per kernel or per collective, and the number of seeds.")
 
+    @model_validator(mode="after")
+    def _each_target_once(self) -> "Perturbations":
+        # Two entries for one GPU or link would both apply, one on top of the other: not what
+        # either says (the --slow-gpu / --slow-link flags refuse it the same way).
+        seen: set[tuple[str, int]] = set()
+        for g in self.gpus:
+            key = ("rank", g.rank) if g.rank is not None else ("node", g.node)
+            if key in seen:
+                raise ValueError(f"gpus names {key[0]} {key[1]} twice: give one speed for it")
+            seen.add(key)
+        names = [link.name for link in self.links]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"links names {twice[0]!r} twice: give one bandwidth for it")
+        return self
+
     @property
     def changes_step(self) -> bool:
         """Does anything here change the simulated step (failures alone do not)."""
