@@ -385,6 +385,10 @@ def simulate(
                        default_key: default_dash if write_dash and explicit_dashboard is None else None},
                       scenario_input_files(scenario, overrides).items(),
                       replaces_only={"--dashboard": HTML_SUFFIXES, default_key: HTML_SUFFIXES})
+        if report_json is not None and not str(report_json).lower().endswith((".json", ".json.gz")):
+            # (compare tells a report from a scenario by its name: a report named r.yaml read as a scenario)
+            raise UserError(f"--report {report_json!r} writes a JSON report: name it .json (or .json.gz), e.g. "
+                            f"{Path(str(report_json)).stem or 'report'}.json")
         # (str until checked: a trailing slash names a folder, and Path() would drop it)
         perfetto = None if perfetto is None else Path(perfetto)
         report_json = None if report_json is None else Path(report_json)

@@ -392,3 +392,12 @@ def test_bad_flag_values_are_named_as_typed(tmp_path, tiny, flags, match):
     p = clustersim(["simulate", tiny, "--no-dashboard", *flags], tmp_path)
     assert_one_line_error(p, match)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["tiny.yaml"]
+
+
+def test_a_report_named_as_yaml_is_refused_before_simulating(tmp_path, tiny):
+    # Was written (JSON under a .yaml name), then `compare r.yaml ...` read it as a scenario and
+    # said it was a report, not a scenario.
+    before = _files(tmp_path)
+    p = clustersim(["simulate", tiny, "--no-dashboard", "--report", "r.yaml"], tmp_path)
+    assert_one_line_error(p, r"^error: --report 'r\.yaml' writes a JSON report: name it \.json \(or \.json\.gz\), e\.g\. r\.json$")
+    assert _files(tmp_path) == before

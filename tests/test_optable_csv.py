@@ -59,7 +59,8 @@ def test_plain_csv(tmp_path):
 @pytest.mark.parametrize("text,what", [
     ("a,b\n1,2\n", "lacks the columns"),
     ('op,input_shapes,dtype,fw_ms,bw_ms\nmatmul,"[[8, 64",bf16,0.1,0.2\n', "is not a list of shapes"),
-    ('op,input_shapes,dtype,fw_ms,bw_ms\nmatmul,"[[8, 64]]",bf16,-1,0.2\n', "non-negative"),
+    ('op,input_shapes,dtype,fw_ms,bw_ms\nmatmul,"[[8, 64]]",bf16,-1,0.2\n', r"row 0: fw_ms -1 is not a latency: write a non-negative"),
+    ('op,input_shapes,dtype,fw_ms,bw_ms\nmatmul,"[[8, 64]]",bf16,0.1,nan\n', r"row 0: bw_ms nan is not a latency"),
     ('op,input_shapes,dtype,fw_ms,bw_ms\nmatmul,"[[8, 64]]",bf16,fast,0.2\n', "row 0: fw_ms 'fast' is not a number"),
     ('op,input_shapes,dtype,fw_ms,bw_ms,count\nmatmul,"[[8, 64]]",bf16,0.1,0.2,x\n', "row 0: count 'x' is not a number"),
 ])

@@ -270,9 +270,12 @@ def load_op_table(path: str | Path, num_layers: int | None = None) -> MeasuredOp
                              count_given=int(_number(r["count"], "count", path, i)) if "count" in raw.columns else 1,
                              dropout_p=None))
 
-    bad = [r for r in rows if not np.isfinite(r["fw_us"]) or not np.isfinite(r["bw_us"]) or r["fw_us"] < 0 or r["bw_us"] < 0]
-    if bad:
-        raise UserError(f"op table {str(path)!r} row {bad[0]['row']}: latency must be a non-negative number: fix the row")
+    for r in rows:
+        for key, column in (("fw_us", times[0]), ("bw_us", times[1])):
+            if not np.isfinite(r[key]) or r[key] < 0:
+                # (the cell as written: the table's unit, ms)
+                raise UserError(f"op table {str(path)!r} row {r['row']}: {column} {r[key] / 1e3:g} is not a latency: "
+                                "write a non-negative number of ms (a row without one: remove it)")
     has_layer = any(r["in_layer0"] for r in rows)
     if has_layer and num_layers is None:
         raise UserError(f"op table {str(path)!r} records one layer but not how many the model has: "
