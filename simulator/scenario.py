@@ -164,7 +164,12 @@ class ParallelConfig(BaseModel):
     fsdp_reshard_after_forward: bool = Field(
         True, description="ZeRO-3/FSDP: free gathered parameters after forward and gather again for backward."
     )
-    fsdp_prefetch: Whole = Field(1, ge=0, le=MAX_LAYERS, description="ZeRO-3/FSDP: parameter all-gathers issued ahead of the unit that needs them. Under framework torchtitan (FSDP2) they queue with the gradient reduce-scatters on one NCCL communicator, one collective at a time (torch's default; HSDP and sharded experts excepted).")
+    fsdp_prefetch: Whole = Field(1, ge=0, le=MAX_LAYERS, description="ZeRO-3/FSDP: parameter all-gathers issued ahead of the unit that needs them. Under framework torchtitan (FSDP2) they queue with the gradient reduce-scatters on one NCCL communicator, one collective at a time (torch's default; HSDP and sharded experts excepted; see fsdp_separate_reduce_scatter_group).")
+    fsdp_separate_reduce_scatter_group: bool = Field(
+        False, description="framework torchtitan (FSDP2) only: torch's FSDPModule.set_separate_reduce_scatter_group() "
+        "(experimental, torch 2.13): the gradient reduce-scatters get a communicator of their own, so they run beside "
+        "the parameter all-gathers instead of queuing with them; the two then share the links and both take SMs from "
+        "the compute they overlap. Ignored by other frameworks.")
     fsdp_shard_size: Whole | None = Field(
         None, ge=1, description="HSDP: shard parameters within groups of this many DP ranks (with their CP ranks) and replicate across groups; with ep, a multiple of ep (each EP group inside one shard group)."
     )

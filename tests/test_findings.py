@@ -267,3 +267,22 @@ def test_a_suggestion_not_simulated_says_why():
     assert unsimulated and all(s.get("note") for s in unsimulated)
     assert any(s.get("note") == "not simulated (--findings-budget-s 0)" for s in unsimulated)
     assert any("not simulated (--findings-budget-s 0)" in n for n in rep.notes), rep.notes
+
+
+def test_exposed_dp_under_fsdp2_tries_a_separate_reduce_scatter_group():
+    # FSDP2's gathers queue behind its reduce-scatters on one communicator (torch's default);
+    # torch's set_separate_reduce_scatter_group() gives the reductions their own. The finding
+    # re-simulates it; bucket sizes, which a ZeRO-3 unit's reduction does not use, are not offered.
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from agreement_scenarios import scenario
+
+    sc = build_scenario(scenario("tt-accum", framework="torchtitan", gbs=64, parallelism={"zero": 3}))
+    rep = attach(simulate(sc), budget_s=30).report
+    f = _kinds(rep)["exposed-dp"]
+    by = {s["label"]: s for s in f["suggestions"]}
+    sep = by["fsdp_separate_reduce_scatter_group=true"]
+    assert sep["simulated"] and sep["predicted_step_s"] < rep.step_time_s
+    assert not any(label.startswith("grad_bucket_params") for label in by)

@@ -344,6 +344,8 @@ def test_fsdp2_gradient_buffers_replace_the_bucket_reserve():
     # chained to the reduce-scatter in the plan; sharing would queue gathers behind it too.
     ({"framework": "torchtitan", "parallelism": {"zero": 3, "fsdp_shard_size": 8}}, False),
     ({"framework": "generic", "parallelism": {"zero": 3}}, False),
+    # torch's set_separate_reduce_scatter_group(): the reductions get their own communicator
+    ({"framework": "torchtitan", "parallelism": {"zero": 3, "fsdp_separate_reduce_scatter_group": True}}, False),
 ])
 def test_fsdp2_gathers_queue_with_the_reduce_scatters_on_one_communicator(over, shared):
     # torch 2.13 FSDPModule.set_separate_reduce_scatter_group: by default FSDP's all-gather and
@@ -351,7 +353,8 @@ def test_fsdp2_gathers_queue_with_the_reduce_scatters_on_one_communicator(over, 
     # collective at a time and so serializes them"; the plan queues them on one stream, in issue
     # order (a backward's gather behind the reduce-scatter of the unit before).
     prog, plan = plan_of(**over)
-    assert prog.fsdp_one_communicator == (over["framework"] == "torchtitan")
+    assert prog.fsdp_one_communicator == (over["framework"] == "torchtitan"
+                                          and not over["parallelism"].get("fsdp_separate_reduce_scatter_group"))
     colls = [i for i in plan.ranks[0].instrs if type(i) is Collective]
     gathers = [c for c in colls if c.name.startswith("all_gather params")]
     reductions = [c for c in colls if "grads" in c.name]

@@ -646,7 +646,13 @@ def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     if p.zero >= 3:
         cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 1}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 1}))
         cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 2}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 2}))
-    if not sc.grad_reduce_in_one_piece:  # (the framework reduces in one piece whatever the bucket)
+        if sc.framework == "torchtitan" and not p.fsdp_separate_reduce_scatter_group:
+            # FSDP2's gathers queue behind its reduce-scatters on one communicator (torch's
+            # default); torch's experimental set_separate_reduce_scatter_group() lifts that.
+            cands.append(("fsdp_separate_reduce_scatter_group=true",
+                          {"parallelism.fsdp_separate_reduce_scatter_group": True}))
+    # (the framework reduces in one piece whatever the bucket; ZeRO-3 reduces a unit at a time)
+    if not sc.grad_reduce_in_one_piece and p.zero < 3:
         bucket = sc.grad_bucket_params
         cands.append((f"grad_bucket_params={bucket // 2:,}", {"parallelism.grad_bucket_params": bucket // 2}))
         cands.append((f"grad_bucket_params={bucket * 2:,}", {"parallelism.grad_bucket_params": bucket * 2}))

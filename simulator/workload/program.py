@@ -116,7 +116,8 @@ class Program:
     # set_separate_reduce_scatter_group: "By default FSDP runs all-gather and reduce-scatter on
     # separate CUDA streams but through the **same** process group -- one NCCL communicator, which
     # processes one collective at a time and so serializes them on the wire"; the opt-out is
-    # experimental and torchtitan does not call it). The plan queues both on one stream.
+    # experimental and torchtitan does not call it: parallelism.fsdp_separate_reduce_scatter_group
+    # asks for it). The plan queues both on one stream.
     fsdp_one_communicator: bool = False
     stage_expert_params: list[float] = field(default_factory=list)  # the expert share of stage_params (sharded over edp)
     # Per position: SP-duplicated parameters (LayerOps.tp_duplicated_params), summed over tp once a step.
@@ -854,7 +855,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         grad_reduce_after_stage_backward=sc.framework == "torchtitan" and p.zero >= 3 and p.pp > 1,
         grad_reduce_waits_previous=sc.framework == "torchtitan" and p.zero >= 3,
         grad_reduce_every_microbatch=sc.framework == "torchtitan" and p.zero >= 3 and p.pp == 1,
-        fsdp_one_communicator=sc.framework == "torchtitan" and p.zero >= 3,
+        fsdp_one_communicator=sc.framework == "torchtitan" and p.zero >= 3 and not p.fsdp_separate_reduce_scatter_group,
         notes=notes,
     )
 
