@@ -14,7 +14,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from simulator.schedules.base import Action, PipelineSchedule, required_inputs
+import numpy as np
+
+from simulator.schedules.base import Action, PipelineSchedule
 from simulator.schedules.validate import check_progress
 
 
@@ -83,15 +85,18 @@ def replay_action_costs(schedule: PipelineSchedule, cost: Callable[[Action], flo
     busy = [0.0] * schedule.num_ranks
     hidden = [0.0] * schedule.num_ranks
     ready = list(range(schedule.num_ranks))
+    events = schedule.action_events
     while ready:
         rank = ready.pop()
         ops = schedule.actions[rank]
+        ev_of = events[rank]
         i, t = pos[rank], clock[rank]
         while i < len(ops):
             action = ops[i]
+            needs, makes = ev_of[i]
             begin = t
             lacking = None
-            for event in required_inputs(schedule, action):
+            for event in needs:
                 at = finish.get(event)
                 if at is None:
                     lacking = event
@@ -111,11 +116,9 @@ def replay_action_costs(schedule: PipelineSchedule, cost: Callable[[Action], flo
             t = begin + c
             starts[rank].append(begin)
             ends[rank].append(t)
-            for leaf in action.leaves:
-                if leaf.kind != "W":
-                    event = (leaf.stage, "F" if leaf.kind == "F" else "BI", leaf.microbatch)
-                    finish[event] = t
-                    ready.extend(waiting.pop(event, ()))
+            for event in makes:
+                finish[event] = t
+                ready.extend(waiting.pop(event, ()))
             i += 1
         pos[rank], clock[rank] = i, t
     if any(pos[r] < len(schedule.actions[r]) for r in range(schedule.num_ranks)):
@@ -164,18 +167,15 @@ def peak_activations(schedule: PipelineSchedule, stage_weights: Sequence[float] 
         weights = stage_weights
         if len(weights) != schedule.num_stages:
             raise ValueError(f"{len(weights)=} must equal {schedule.num_stages=}")
+    # Per rank, the stash after each F and B/I leaf in order; only an F raises it, so the peak is
+    # the largest running sum (and at least nothing held). One pass of numpy a rank: the sweep
+    # estimate asks this for every layout's memory.
+    w = np.asarray(weights, dtype=float)
     peaks = []
-    for ops in schedule.actions:
-        held = peak = 0.0
-        for action in ops:
-            for leaf in action.leaves:
-                if leaf.kind == "F":
-                    held += weights[leaf.stage]
-                    peak = max(peak, held)
-                elif leaf.kind in ("B", "I"):
-                    held -= weights[leaf.stage]
-        peaks.append(peak)
+    for stages, signs in schedule.stash_steps:
+        peaks.append(max(0.0, float(np.cumsum(signs * w[stages]).max())) if len(stages) else 0.0)
     return peaks
+
 
 
 __all__ = ["UnitCostReplay", "replay_unit_costs", "makespan_unit_costs", "peak_activations"]

@@ -534,6 +534,11 @@ def build_plan(prog) -> Plan:
 def _template(seg) -> list[tuple]:
     """Per segment, what every action of this (position, kind) emits: parsed once per Segments."""
     tpl = getattr(seg, "_plan_template", None)
+    if tpl is None and getattr(seg, "_template_of", None) is not None:
+        # A one-layer position's copy of another layer's segments (program.build_program): its
+        # instructions but for the layer id, every segment of which is this layer.
+        L = int(seg.layer[0]) if len(seg.layer) else 0
+        tpl = seg._plan_template = [(c, label, L, info) for c, label, _, info in _template(seg._template_of)]
     if tpl is None:
         tpl = []
         for j in range(len(seg.compute_s)):

@@ -736,6 +736,11 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
     stage_params: list[float] = []
     stage_expert_params: list[float] = []
     stage_tp_duplicated: list[float] = []
+    # A position of one layer (the sweep estimate's reference programs have one a position) has
+    # the segments of any other layer of its kind, recompute and FSDP keep but for the layer id:
+    # built once a kind (a 126-layer reference Program merged 504 op lists into alike segments).
+    one_layer: dict[tuple, tuple[Segments, ...]] = {}
+    expert_params_of = {k: sum(o.params for o in lo.forward if o.name.startswith("experts_")) for k, lo in layer_kinds.items()}
     for pos, layers in enumerate(positions):
         chain: list[tuple[str, int]] = []
         if pos == 0:
@@ -743,6 +748,17 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         chain += [(kind_of(L), L) for L in layers]
         if pos == P - 1:
             chain.append(("head", m.num_layers))
+        stage_params.append(sum(layer_kinds[k].params for k, _ in chain))
+        stage_expert_params.append(sum(expert_params_of[k] for k, _ in chain))
+        stage_tp_duplicated.append(sum(layer_kinds[k].tp_duplicated_params for k, _ in chain))
+        okey = (chain[0][0], chain[0][1] in recompute_layers, chain[0][1] in fsdp_keep) if len(chain) == 1 else None
+        hit = one_layer.get(okey) if okey is not None else None
+        if hit is not None:
+            L = chain[0][1]
+            for kind, tpl in zip("FIWB", hit):
+                seg = segments[(pos, kind)] = replace(tpl, layer=np.full(len(tpl.layer), L, dtype=tpl.layer.dtype))
+                seg._template_of = tpl  # (plan._template: the same instructions but for the layer id)
+            continue
         f_ops = [(o, L) for k, L in chain for o in run_ops(layer_kinds[k].forward)]
         i_ops, w_ops, b_ops = [], [], []
         for k, L in reversed(chain):
@@ -757,9 +773,8 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         segments[(pos, "I")] = _segments(i_ops, times, host, gbytes)
         segments[(pos, "W")] = _segments(w_ops, times, host, gbytes)
         segments[(pos, "B")] = _segments(b_ops, times, host, gbytes)
-        stage_params.append(sum(layer_kinds[k].params for k, _ in chain))
-        stage_expert_params.append(sum(o.params for k, _ in chain for o in layer_kinds[k].forward if o.name.startswith("experts_")))
-        stage_tp_duplicated.append(sum(layer_kinds[k].tp_duplicated_params for k, _ in chain))
+        if okey is not None:
+            one_layer[okey] = tuple(segments[(pos, kind)] for kind in "FIWB")
 
     # Model FLOPs per step: forward + backward of every op on every rank, no recomputation.
     per_pos_model = []
