@@ -60,3 +60,17 @@ def test_info_bad_input_exit_2():
     res = runner.invoke(trace_app, ["info", str(DATA / "not_kineto.json")])
     assert res.exit_code == 2
     assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1
+
+
+def test_info_says_when_a_manifest_world_size_is_not_its_ranks(tmp_path):
+    # Was printed side by side without a word (ranks: 2 [0, 1]   world size: 8).
+    import shutil
+
+    b = tmp_path / "b"
+    shutil.copytree(DATA / "gloo_bundle", b)
+    m = json.loads((b / "manifest.json").read_text())
+    assert not any("world_size" in w for w in _info_json(b)["warnings"])
+    m["world_size"] = 8
+    (b / "manifest.json").write_text(json.dumps(m))
+    assert any("manifest.json says world_size 8 but the bundle holds traces of 2 ranks" in w
+               for w in _info_json(b)["warnings"])

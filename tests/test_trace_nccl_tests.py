@@ -121,3 +121,24 @@ def test_a_log_whose_bandwidths_disagree_with_its_times_is_said_to(tmp_path):
     res = import_nccl_tests(edited)
     assert any("algbw column is 2.00x size / time" in w for w in res.warnings), res.warnings
     assert not any("algbw column" in w for w in import_nccl_tests(src).warnings)
+
+
+@pytest.mark.parametrize("edit,match", [
+    # every time negated: was "has no nccl-tests result rows: expected lines ...", naming nothing
+    (lambda t: [t[0], t[1], t[2], t[3], "-" + t[4], *t[5:8], "-" + t[8], *t[9:]],
+     r"line \d+: '-[0-9.]+' is not a non-negative number"),
+    # out-of-place columns only
+    (lambda t: t[:8], r"line \d+: 8 fields where a result row has 11 to 13: .*in-place columns is not read"),
+])
+def test_a_log_of_rows_that_do_not_parse_names_the_first(tmp_path, edit, match):
+    from simulator.errors import UserError
+
+    src = (REF / "azure-ndv4-a100-40gb-2gpu_all_reduce_perf.txt").read_text().splitlines()
+    out = []
+    for line in src:
+        tok = line.split()
+        out.append(" ".join(edit(tok)) if tok and tok[0].isdigit() and len(tok) == 12 else line)
+    p = tmp_path / "log.txt"
+    p.write_text("\n".join(out) + "\n")
+    with pytest.raises(UserError, match=match):
+        import_nccl_tests(p)

@@ -65,8 +65,18 @@ def summarise_traces(ts: TraceSet) -> dict[str, Any]:
         "op_classes": op_classes,
         "collectives": colls,
         "span_us": round(ts.span_us, 3),
-        "warnings": list(ts.warnings),
+        "warnings": list(ts.warnings) + _world_size_mismatch(ts),
     }
+
+
+def _world_size_mismatch(ts: TraceSet) -> list[str]:
+    """A bundle whose manifest's world_size is not the ranks its traces hold (an edited or
+    partly copied bundle): said, as validate refuses it."""
+    m = ts.manifest
+    if m is None or not ts.ranks or m.world_size == len(ts.ranks):
+        return []
+    return [f"manifest.json says world_size {m.world_size} but the bundle holds traces of {len(ts.ranks)} ranks: "
+            "fix manifest.json or re-capture the bundle"]
 
 
 def summarise_nccl_tests(res: NcclTestsResult, path: Path) -> dict[str, Any]:

@@ -148,6 +148,7 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: i
         parsed = _parse_row(tok, has_root)
         if parsed is None:
             bad_rows += 1
+            first_bad = first_bad or f"line {lineno}: {_row_problem(tok)}"
             continue
         size, count, dtype, redop, halves = parsed
         why = _implausible(size, halves)
@@ -215,6 +216,19 @@ def _implausible(size: int, halves) -> str:
         if not (math.isfinite(time_us) and 0 < time_us <= MAX_ROW_TIME_US):
             return f"time {time_us!r} us is not a positive time a call takes"
     return ""
+
+
+def _row_problem(tok: list[str]) -> str:
+    """Why a line that starts like a result row is not one (``_parse_row`` returned None)."""
+    n = len(tok)
+    if n not in (11, 12, 13):
+        return (f"{n} fields where a result row has 11 to 13: size count type redop [root], then time algbw busbw "
+                "#wrong out-of-place and again in-place; a log without the in-place columns is not read")
+    start = {13: 5, 12: 4, 11: 3}[n]
+    for t in [tok[1], *tok[start:start + 3], *tok[start + 4:start + 7]]:
+        if _num(t) is None and not t.isdigit():
+            return f"{t!r} is not a non-negative number"
+    return "a field is not a number"
 
 
 def _num(s: str) -> float | None:
