@@ -707,6 +707,9 @@ def model_from_hf_config(path: Path) -> ModelConfig:
     cfg = read_json(path, "model config", fix="fix the file")
     check_document_kind(cfg, "model config", str(path), "a HuggingFace model config", fix="give a HuggingFace config.json")
     mt = cfg.get("model_type")
+    if mt is None:
+        raise UserError(f"model config {str(path)!r} has no model_type: add the architecture's (one of "
+                        f"{', '.join(HF_MODEL_TYPES)}), as transformers writes it in config.json")
     if mt not in HF_MODEL_TYPES:
         raise UserError(
             f"model_type {mt!r} in {str(path)!r} is not supported: supported are {', '.join(HF_MODEL_TYPES)}"

@@ -97,3 +97,22 @@ def test_sliding_window_is_said_to_be_not_modelled(tmp_path):
             "seq_length=8192 tokens") in p.stderr
     p = clustersim(base + ["--seq-length", "4096"], tmp_path)
     assert p.returncode == 0 and "sliding_window" not in p.stderr
+
+
+def test_a_config_without_model_type_says_to_add_it(tmp_path):
+    # Was "model_type None ... is not supported".
+    cfg = json.loads((HF / "mistral.json").read_text())
+    del cfg["model_type"]
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match=r"has no model_type: add the architecture's \(one of .*llama"):
+        resolve_model(str(p))
+
+
+def test_a_scenario_yaml_given_as_the_model_says_where_it_goes(tmp_path):
+    # Was "model config 's.yaml' is not valid JSON: fix the file", of a file that is fine.
+    p = tmp_path / "s.yaml"
+    p.write_text("name: x\nmodel: llama3-8b\n")
+    with pytest.raises(UserError, match=r"is YAML: a model is a preset name or a HuggingFace config\.json; a scenario YAML "
+                                        r"goes first on the command line"):
+        resolve_model(str(p))

@@ -169,3 +169,26 @@ def test_gpu_work_overlapping_itself_on_a_stream_is_refused(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (its unlinked-kernel note is expected)
         assert len(import_kineto(src).ops) > 0  # the real one imports
+
+
+def test_a_trace_whose_every_event_is_corrupt_says_so_not_how_to_profile(tmp_path):
+    # Was "no GPU kernels and no CPU ops: profile with activities=[CPU]", for a trace whose
+    # kernels were there with a ts of "bad".
+    def spoil(tr):
+        for e in tr["traceEvents"]:
+            if "ts" in e:
+                e["ts"] = "bad"
+
+    with pytest.raises(UserError, match=r"has \d+ events but none usable: \d+ were skipped .* the trace is corrupt"):
+        import_kineto(_mutated(tmp_path, spoil))
+
+
+def test_clustersims_own_perfetto_export_is_named_as_such(tmp_path):
+    # Was the same activities=[CPU] advice, for a file this tool wrote.
+    import json
+
+    p = tmp_path / "sim.json"
+    p.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "F", "ts": 0, "dur": 5, "pid": 0, "tid": 0}],
+                             "displayTimeUnit": "ms", "otherData": {"generator": "clustersim", "step_time_s": 1.0}}))
+    with pytest.raises(UserError, match=r"is a timeline ClusterSim simulated \(simulate --perfetto\), not a profiler trace"):
+        import_kineto(p)

@@ -776,6 +776,13 @@ def _import_kineto(path: Path, rank: int | None) -> KinetoTrace:
     elif len(col.h_ts):
         ops = _cpu_rows(col, default_group, warn, path)
     else:
+        other = top.get("otherData")
+        if isinstance(other, dict) and other.get("generator") == "clustersim":
+            raise UserError(f"{str(path)!r} is a timeline ClusterSim simulated (simulate --perfetto), not a profiler "
+                            "trace: open it in ui.perfetto.dev; give trace, validate and calibrate a torch.profiler trace")
+        if col.malformed:
+            raise UserError(f"{str(path)!r} has {n_events} events but none usable: {col.malformed} were skipped for a ts, "
+                            "dur or name that is negative, non-finite or absurd: the trace is corrupt, re-export it")
         raise UserError(
             f"{str(path)!r} has {n_events} events but no GPU kernels and no CPU ops: "
             "profile with activities=[CPU] (and CUDA) so that ops are recorded"
