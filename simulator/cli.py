@@ -129,6 +129,14 @@ class Recompute(str, Enum):
     selective_layer = "selective-layer"
 
 
+class Framework(str, Enum):
+    # every value Scenario.framework takes
+    generic = "generic"
+    megatron_2021 = "megatron-2021"
+    megatron_deepspeed = "megatron-deepspeed"
+    torchtitan = "torchtitan"
+
+
 class Dtype(str, Enum):
     bf16 = "bf16"
     fp16 = "fp16"
@@ -274,6 +282,7 @@ def simulate(
     seq_length: Optional[int] = typer.Option(None, "--seq-length", help="Tokens per sequence. Default: the scenario's; built-in 8192.", rich_help_panel="Batch"),
     recompute: Optional[Recompute] = typer.Option(None, "--recompute", "--recompute-granularity", help="Activation recomputation: none (default), selective (Megatron: attention core), full (whole layers), selective-op (torchtitan per-op SAC) or selective-layer (torchtitan: every second block each pipeline rank holds).", rich_help_panel="Batch"),
     dtype: Optional[Dtype] = typer.Option(None, "--dtype", help="Compute precision: bf16 (default), fp16, fp32 or fp8 (recipe: --set fp8.recipe=...).", rich_help_panel="Batch"),
+    framework: Optional[Framework] = typer.Option(None, "--framework", help="Training framework whose defaults and refusals apply: generic (megatron-core, default), megatron-2021, megatron-deepspeed or torchtitan.", rich_help_panel="Batch"),
     schedule: Optional[str] = typer.Option(None, "--schedule", help=f"Pipeline schedule: {_SCHEDULE_CHOICES}.", rich_help_panel="Batch"),
     schedule_file: Optional[Path] = typer.Option(None, "--schedule-file", help="A torchtitan-style schedule CSV (overrides --schedule).", rich_help_panel="Batch"),
     # --- what-ifs on the hardware
@@ -328,6 +337,7 @@ def simulate(
         "batch.micro_batch_size": micro_batch_size,
         "batch.global_batch_size": global_batch_size, "batch.seq_length": seq_length,
         "recompute": recompute.value if recompute else None, "dtype": dtype.value if dtype else None, "schedule": schedule,
+        "framework": framework.value if framework else None,
         "schedule_file": str(schedule_file) if schedule_file else None, "network": network,
     }
     what_ifs = dict(nic_gbps=nic_gbps, nvlink_GBps=nvlink_GBps, leaf_oversubscription=leaf_oversubscription,
@@ -522,7 +532,8 @@ def layout_line(sc) -> str:
     sched = f"schedule file {plain(Path(sc.schedule_file).name)}" if sc.schedule_file else f"schedule {sc.schedule}"
     # precision and recompute change the step as much as the layout: a fp8 run must not read as bf16
     prec = f"{sc.dtype} ({sc.fp8.recipe})" if sc.dtype == "fp8" else sc.dtype
-    extras = ([f"recompute {sc.recompute}"] if sc.recompute != "none" else []) + (["async TP"] if p.async_tp else []) \
+    extras = ([sc.framework] if sc.framework != "generic" else []) \
+        + ([f"recompute {sc.recompute}"] if sc.recompute != "none" else []) + (["async TP"] if p.async_tp else []) \
         + (["TP comm overlap"] if p.tp_comm_overlap else [])
     from simulator.workload.ops import active_parameters, model_size_text, total_parameters
 

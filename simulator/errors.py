@@ -380,6 +380,7 @@ DOCUMENT_KINDS: tuple[tuple[str, frozenset[str]], ...] = (
     ("a Kineto trace (torch.profiler)", frozenset({"traceEvents"})),
     ("a trace bundle manifest", frozenset({"tool_version", "workload", "world_size"})),
     ("a HuggingFace model config", frozenset({"model_type", "hidden_size"})),
+    ("a sweep space file (clustersim sweep)", frozenset({"space"})),
 )
 
 

@@ -401,3 +401,18 @@ def test_a_report_named_as_yaml_is_refused_before_simulating(tmp_path, tiny):
     p = clustersim(["simulate", tiny, "--no-dashboard", "--report", "r.yaml"], tmp_path)
     assert_one_line_error(p, r"^error: --report 'r\.yaml' writes a JSON report: name it \.json \(or \.json\.gz\), e\.g\. r\.json$")
     assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["simulate", "{sweep}", "--no-dashboard"], r"is a sweep space file \(clustersim sweep\), not a scenario"),
+    (["sweep", "{scenario}", "--no-dashboard"], r"is a scenario, not a sweep space file: give a space file"),
+    (["validate", "{scenario}"], r"is YAML \(a scenario\?\), not a measurement"),
+    (["trace", "info", "{scenario}"], r"is YAML \(a scenario\?\), not a trace"),
+    (["simulate", "--slow-gpu", "515:0.8", "--no-dashboard"], r"--slow-gpu '515:0\.8' is not RANK=SPEED"),
+])
+def test_a_file_of_another_kind_is_named_as_such(tmp_path, args, pattern):
+    # Were "unknown key 'scenario'", "unknown key 'parallelism'", "needs --profile" and "is not a
+    # JSON object or array (starts with 'n')"; --slow-gpu's form is RANK=SPEED in its help.
+    files = {"sweep": str(DATA / "sweep" / "small.yaml"), "scenario": str(DATA / "scenarios" / "small-llama.yaml")}
+    p = clustersim([a.format(**files) for a in args], tmp_path)
+    assert_one_line_error(p, pattern)

@@ -269,3 +269,16 @@ def test_readme_sample_of_the_default_run_is_current():
     from simulator.cli import layout_line
 
     assert f"\n{layout_line(load_scenario(None, {}))}\n" in text
+
+
+def test_the_framework_is_a_flag_and_shows_on_the_layout_line(tmp_path):
+    # `simulate --framework torchtitan` was "No such option: --framework (Possible options:
+    # --network, --report)"; the summary's first line never named the framework.
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(TINY))
+    base = ["simulate", "t.yaml", "--no-dashboard", "--findings-budget-s", "0"]
+    p = clustersim([*base, "--framework", "torchtitan"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert " · torchtitan · " in p.stdout.splitlines()[0]
+    assert " · generic · " not in clustersim(base, tmp_path).stdout.splitlines()[0]
+    bad = clustersim([*base, "--framework", "titan"], tmp_path)
+    assert bad.returncode == 2 and "'titan' is not one of" in bad.stderr

@@ -135,3 +135,22 @@ def test_waiting_for_a_later_stage_at_a_pp_collective_is_bubble_not_communicatio
     for row in rep.per_pp_rank:
         b = row["breakdown_s"]
         assert abs(sum(v for k, v in b.items() if k != "unattributed") - rep.step_time_s) < 1e-6 * rep.step_time_s
+
+
+def test_the_critical_path_follows_collectives_queued_on_one_stream():
+    # FSDP2's gathers and reduce-scatters share one queue: a collective queued behind others
+    # started when the one before it ended. The walk went back to the compute lane at that
+    # instant, found nothing ending there, and called 37 ms of a 113 ms step without a pipeline
+    # "bubble: idle (a send queued behind another, or the end of the step)".
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from agreement_scenarios import scenario
+    from simulator.scenario import build_scenario
+    from simulator.simulate import simulate
+
+    rep = simulate(build_scenario(scenario("tt-accum", framework="torchtitan", gbs=64, parallelism={"zero": 3}))).report
+    assert "bubble" not in rep.critical_path_s, rep.critical_path_s
+    assert sum(rep.critical_path_s.values()) == pytest.approx(rep.step_time_s, rel=1e-9)
+    assert rep.critical_path_s["dp"] > rep.step_breakdown_s["exposed_dp"]

@@ -19,7 +19,7 @@ DATA = Path(__file__).parent / "data" / "trace"
     ("invalid.json", r"is not valid JSON: expected ',' or '\]' after event 1 at character 131"),
     ("not_kineto.json", r"has no traceEvents \(top-level keys: name, values\): it is not a Kineto/Chrome trace"),
     ("empty_trace.json", r"holds no trace events \(traceEvents is empty or holds no event objects\)"),
-    ("no_ops.json", r"has 1 events but no GPU kernels and no CPU ops"),
+    ("no_ops.json", r"has 1 event but no GPU kernels and no CPU ops"),
     ("empty.json", r"empty\.json' is empty: expected a Kineto JSON trace"),
 ])
 def test_bad_kineto_files(name, match):

@@ -349,6 +349,9 @@ def validate_command(
         raise UserError("validate needs a BUNDLE (a traces/<name> folder) or --published NAME")
     if rows is not None:
         raise UserError(f"--rows {rows} sizes the per-row table of --published NAME only: drop it here")
+    if bundle.suffix.lower() in (".yaml", ".yml"):
+        raise UserError(f"{str(bundle)!r} is YAML (a scenario?), not a measurement: validate a trace bundle, or a Kineto "
+                        "trace, op table or step file with --scenario S.yaml (the run it measured)")
     if scenario is not None or bundle.suffix in (".csv", ".json") or bundle.name.endswith(".json.gz"):
         if scenario is None:
             raise UserError(f"validate {str(bundle)!r} needs --scenario S.yaml: the model, layout and batch it measured")

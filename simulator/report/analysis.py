@@ -323,6 +323,15 @@ def critical_path(tl: "Timeline") -> list[dict[str, Any]]:
                 found = comm_by_rank.earliest_start(rank, cause, t, max(tol, 1e-9))
                 issued = s0 if found is None else found
             issued = min(float(issued), s0)
+            # A collective queued behind others on its stream (FSDP2's reduce-scatters one after
+            # another, a gather behind them) started when the one before it ended: follow the
+            # queue back to where it was first reached, or the walk lands on the compute lane at
+            # a time nothing ends and calls the queue idle.
+            while True:
+                before = comm_by_rank.earliest_start(rank, cause, issued, max(tol, 1e-9))
+                if before is None or before >= issued - max(tol, 1e-9):
+                    break
+                issued = before
             add(rank, cause, cause, row["what"], issued, t)
             t = issued
         else:

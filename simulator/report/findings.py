@@ -136,8 +136,11 @@ class _Budget:
         t = time.perf_counter()
         try:
             # the original run's path (fast path or not); the figures only, no critical path
-            rep = simulate(sc, mode=self.result.timeline.mode, fast_forward=self.result.fast_forward,
-                           with_critical_path=False).report
+            # (a what-if's timeline is its perturbed run's, 'split' or 'full': re-simulate in the
+            # mode the user asked for, kept in the report's what-if section)
+            mode = (self.result.report.whatif or {}).get("mode") or self.result.timeline.mode
+            rep = simulate(sc, mode=mode if mode in ("reduced", "full", "every-rank") else "reduced",
+                           fast_forward=self.result.fast_forward, with_critical_path=False).report
         except (UserError, ValueError) as exc:
             rep = None
             self.why_not = f"not simulated (the changed scenario does not run: {exc})"
@@ -477,7 +480,18 @@ def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | 
     head += f"; imbalance costs {rep.step_breakdown_s.get('imbalance', 0.0):.3f} s of the step"
     # (factors exist only for a what-if, so result.clean is its clean step)
     slowed = [] if factors is None else [i for i, f in enumerate(factors) if f > 1 + 1e-6]
-    if slow in slowed:
+    pert = sc.perturbations
+    noise_only = pert is not None and pert.jitter is not None and not (pert.gpus or pert.gpu_draw)
+    if slow in slowed and noise_only:
+        # Seeded jitter on every GPU: no faulty GPU to replace; the slowest replica draws longer kernels.
+        beyond = rep.step_breakdown_s.get("imbalance", 0.0) - result.clean.report.step_breakdown_s.get("imbalance", 0.0)
+        head += (f", {beyond:.3f} s of it beyond the clean step: under the what-if's jitter pp rank {slow}'s slowest "
+                 f"replica runs its layers {factors[slow]:.2f}x as long (noise on every GPU, not one slow GPU; a layer "
+                 "split only works around it)")
+    elif slowed and noise_only:
+        head += (f" (the what-if's jitter lengthens pp rank{'s' if len(slowed) > 1 else ''} {', '.join(map(str, slowed))}: "
+                 "a split below also works around that noise)")
+    elif slow in slowed:
         # A what-if's slow GPU: the first remedy is the GPU (replace or drain it); moving layers
         # off its stage only works around it, and would be wrong once the GPU is healthy again.
         beyond = rep.step_breakdown_s.get("imbalance", 0.0) - result.clean.report.step_breakdown_s.get("imbalance", 0.0)
@@ -505,6 +519,11 @@ def imbalance_finding(result: "SimulationResult", budget: _Budget) -> Finding | 
 def _stage_slowdowns(result: "SimulationResult") -> list[float] | None:
     """Per pipeline rank, its slowest rank's compute over the clean step's (what-if runs: a slow
     GPU's stage runs its layers that many times slower); None where the ranks are alike."""
+    pert = result.scenario.perturbations
+    if pert is None or not (pert.gpus or pert.gpu_draw or pert.jitter):
+        # Slower links lengthen compute only through the SMs their collectives hold longer: no
+        # GPU of a stage runs its layers slower.
+        return None
     rows = result.report.per_pp_rank
     clean = result.clean.report.per_pp_rank if result.clean is not None else []
     if not rows or len(clean) != len(rows) or any("slowest" not in r for r in rows):
@@ -649,7 +668,8 @@ def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
         if sc.framework == "torchtitan" and not p.fsdp_separate_reduce_scatter_group:
             # FSDP2's gathers queue behind its reduce-scatters on one communicator (torch's
             # default); torch's experimental set_separate_reduce_scatter_group() lifts that.
-            cands.append(("fsdp_separate_reduce_scatter_group=true",
+            cands.append(("fsdp_separate_reduce_scatter_group=true (torch's experimental "
+                          "FSDPModule.set_separate_reduce_scatter_group(): the reductions on a communicator of their own)",
                           {"parallelism.fsdp_separate_reduce_scatter_group": True}))
     # (the framework reduces in one piece whatever the bucket; ZeRO-3 reduces a unit at a time)
     if not sc.grad_reduce_in_one_piece and p.zero < 3:

@@ -235,6 +235,13 @@ def load_space(path: str | Path) -> SweepSpec:
     data = read_yaml(path, "space file")
     if not isinstance(data, dict):
         raise UserError(f"{where} must hold a mapping with a 'space' section (axis -> list of values)")
+    from simulator.errors import document_kind
+
+    kind = document_kind(data)
+    if kind is not None and "space" not in data:
+        # (a scenario given to sweep was "unknown key 'parallelism'")
+        raise UserError(f"{where} is {kind}, not a sweep space file: give a space file (a 'space' section of axes, "
+                        "as tests/data/sweep/small.yaml), or put this scenario under its 'base'")
     for k in data:
         if k not in SPACE_KEYS:
             raise UserError(f"{where}: unknown key {k!r}: use {', '.join(SPACE_KEYS)}")

@@ -169,6 +169,9 @@ def info(
                 # Per-operator latency tables are read by calibrate and validate, not summarised here.
                 raise UserError(f"{str(path)!r} is a per-operator latency table, not a trace: give it to 'clustersim "
                                 f"calibrate' or 'clustersim validate {path.name} --scenario S.yaml'")
+            if path.is_file() and path.suffix.lower() in (".yaml", ".yml"):
+                raise UserError(f"{str(path)!r} is YAML (a scenario?), not a trace: trace info reads Kineto traces, trace "
+                                "bundles and nccl-tests logs; simulate a scenario with 'clustersim simulate'")
             if path.is_file() and path.name.endswith(_NCCL_TESTS_SUFFIXES):
                 data = summarise_nccl_tests(import_nccl_tests(path, collective=collective), path)
             else:

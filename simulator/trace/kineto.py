@@ -781,10 +781,10 @@ def _import_kineto(path: Path, rank: int | None) -> KinetoTrace:
             raise UserError(f"{str(path)!r} is a timeline ClusterSim simulated (simulate --perfetto), not a profiler "
                             "trace: open it in ui.perfetto.dev; give trace, validate and calibrate a torch.profiler trace")
         if col.malformed:
-            raise UserError(f"{str(path)!r} has {n_events} events but none usable: {col.malformed} were skipped for a ts, "
+            raise UserError(f"{str(path)!r} has {n_events} event{'s' if n_events != 1 else ''} but none usable: {col.malformed} were skipped for a ts, "
                             "dur or name that is negative, non-finite or absurd: the trace is corrupt, re-export it")
         raise UserError(
-            f"{str(path)!r} has {n_events} events but no GPU kernels and no CPU ops: "
+            f"{str(path)!r} has {n_events} event{'s' if n_events != 1 else ''} but no GPU kernels and no CPU ops: "
             "profile with activities=[CPU] (and CUDA) so that ops are recorded"
         )
     if not len(ops["ts"]):

@@ -17,7 +17,9 @@ from simulator.errors import UserError
 
 def _pair(flag: str, item: str) -> tuple[str, float]:
     if "=" not in item:
-        raise UserError(f"{flag} {item!r} is not NAME=FACTOR: write e.g. {flag} {'3=0.8' if flag == '--slow-gpu' else 'uplink:0=0.5'}")
+        # (in the words of each flag's help: --slow-gpu RANK=SPEED, --slow-link LINK=BANDWIDTH)
+        form = "RANK=SPEED (or node:N=SPEED)" if flag == "--slow-gpu" else "LINK=BANDWIDTH"
+        raise UserError(f"{flag} {item!r} is not {form}: write e.g. {flag} {'3=0.8' if flag == '--slow-gpu' else 'uplink:0=0.5'}")
     name, raw = item.rsplit("=", 1)
     try:
         value = float(raw)
