@@ -124,3 +124,27 @@ def test_a_step_that_agrees_while_its_parts_miss_is_said():
     assert step_hides_parts(dict(res, step_time_error=-0.2), ("op_classes",)) == []  # the step misses: said by the step
     fine = {"measured_step_time_s": 1.0, "step_time_error": 0.01, "op_classes": {"gemm": row(0.5, 0.45)}}
     assert step_hides_parts(fine, ("op_classes",)) == []
+
+
+@pytest.mark.skipif(not (ROOT / "traces" / "cpu-gloo-train-dp2-tp2" / "manifest.json").exists(),
+                    reason="needs the shipped CPU train bundle traces/cpu-gloo-train-dp2-tp2")
+def test_a_profile_fitted_from_the_bundle_it_validates_is_said_to_be(tmp_path):
+    # cpu-gloo-host was fitted from the shipped CPU bundles (its provenance lists their
+    # manifests' sha256): validating on one of them checks the fit, and read as a prediction
+    # (step -2.6%) it misled. A profile fitted from other bundles is a prediction.
+    bundle = ROOT / "traces" / "cpu-gloo-train-dp2-tp2"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = validate_bundle(bundle, "cpu-gloo-host")
+    assert res["fitted_from_this_bundle"] is True
+    assert "fitted from this bundle: a self-consistency check" in res["warnings"][0]
+    others = [b for b in TRAIN_BUNDLES if b.name != bundle.name]
+    if others:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prof = calibrate([others[0]], "other")
+        path = tmp_path / "other.json"
+        path.write_text(prof.model_dump_json(exclude_none=True))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert validate_bundle(bundle, str(path))["fitted_from_this_bundle"] is False

@@ -246,7 +246,25 @@ def validate_bundle(bundle: str | Path, profile: str | Path, topology: str | Non
         "warnings": extrapolated,
     }
     out["warnings"] = out["warnings"] + step_hides_parts(out, ("op_classes", "collectives"))
+    # A profile fitted from this very bundle (its provenance records the manifest's sha256): the
+    # comparison checks the fit, it does not predict anything the profile has not seen.
+    out["fitted_from_this_bundle"] = _fitted_from(prof, bundle)
+    if out["fitted_from_this_bundle"]:
+        out["warnings"].insert(0, f"profile {prof.name!r} was fitted from this bundle: a self-consistency check, not a "
+                                  "prediction; validate on a bundle the profile has not seen")
     return out
+
+
+def _fitted_from(prof: Profile, bundle: Path) -> bool:
+    """Whether ``prof``'s provenance lists ``bundle`` among its sources (by its manifest's sha256)."""
+    import hashlib
+
+    manifest = bundle / "manifest.json"
+    sources = getattr(prof.provenance, "bundles", None) or []
+    if not sources or not manifest.is_file():
+        return False
+    digest = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    return any(isinstance(b, dict) and (b.get("files") or {}).get("manifest.json") == digest for b in sources)
 
 
 # A part that disagrees this much while the step agrees is a compensating error, not a fit.
@@ -296,7 +314,9 @@ def print_validation(res: dict[str, Any]) -> None:
 
     con = Console()
     t = _step_table(f"validate {for_rich(Path(res['bundle']).name)} with profile {for_rich(res['profile'])} "
-                    f"(median of {res['steps']} steps)", res)
+                    f"(median of {res['steps']} steps"
+                    + ("; self-consistency: the profile was fitted from this bundle)" if res.get("fitted_from_this_bundle") else ")"),
+                    res)
     for title, key in (("op class", "op_classes"), ("collective", "collectives")):
         t.add_section()
         for name, row in res[key].items():
