@@ -384,7 +384,8 @@ def simulate(
         # gets its own file (every what-if of one scenario wrote the same one, the last winning).
         flags = [f"slow-gpu-{x}" for x in slow_gpu] + [f"slow-link-{x}" for x in slow_link] + \
             [f"fail-node-{x}" for x in fail_node] + ([f"jitter{jitter}"] if jitter is not None else []) + \
-            ([f"seeds{seeds}"] if seeds is not None else [])
+            ([f"seeds{seeds}"] if seeds is not None else []) + \
+            ([] if mode == SimMode.reduced else [f"{mode.value}"])  # (full and every-rank wrote over the reduced run's file)
         from simulator.report.files import output_path
 
         default_dash = output_path(Path("dashboards"), _variant_name(sc.name, overrides, scenario is not None, flags), ".html")

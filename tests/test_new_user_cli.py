@@ -282,3 +282,15 @@ def test_the_framework_is_a_flag_and_shows_on_the_layout_line(tmp_path):
     assert " · generic · " not in clustersim(base, tmp_path).stdout.splitlines()[0]
     bad = clustersim([*base, "--framework", "titan"], tmp_path)
     assert bad.returncode == 2 and "'titan' is not one of" in bad.stderr
+
+
+def test_a_full_mode_run_writes_its_own_dashboard(tmp_path):
+    # --mode full and --mode every-rank wrote dashboards/<name>.html over the reduced run's.
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(TINY))
+    base = ["simulate", "t.yaml", "--findings-budget-s", "0", "--cdn"]
+    reduced = clustersim(base, tmp_path)
+    full = clustersim([*base, "--mode", "full"], tmp_path)
+    assert reduced.returncode == 0 and full.returncode == 0, (reduced.stderr, full.stderr)
+    names = [next(line for line in (p.stdout + p.stderr).splitlines() if line.startswith("dashboard: "))
+             for p in (reduced, full)]
+    assert names[0] != names[1] and names[1].endswith("-full.html"), names
