@@ -142,6 +142,14 @@ class Dtype(str, Enum):
     fp16 = "fp16"
     fp32 = "fp32"
     fp8 = "fp8"
+    # torch's names (collective -d takes nccl-tests' bfloat16 / float16 / float32): the same precisions
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+
+# torch's dtype names -> the scenario's
+_DTYPE_OF = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 def _stderr(msg: str) -> None:
@@ -336,7 +344,7 @@ def simulate(
         "parallelism.tp_comm_overlap": tp_comm_overlap,
         "batch.micro_batch_size": micro_batch_size,
         "batch.global_batch_size": global_batch_size, "batch.seq_length": seq_length,
-        "recompute": recompute.value if recompute else None, "dtype": dtype.value if dtype else None, "schedule": schedule,
+        "recompute": recompute.value if recompute else None, "dtype": _DTYPE_OF.get(dtype.value, dtype.value) if dtype else None, "schedule": schedule,
         "framework": framework.value if framework else None,
         "schedule_file": str(schedule_file) if schedule_file else None, "network": network,
     }

@@ -294,3 +294,12 @@ def test_a_full_mode_run_writes_its_own_dashboard(tmp_path):
     names = [next(line for line in (p.stdout + p.stderr).splitlines() if line.startswith("dashboard: "))
              for p in (reduced, full)]
     assert names[0] != names[1] and names[1].endswith("-full.html"), names
+
+
+def test_torch_dtype_names_are_taken(tmp_path):
+    # `--dtype bfloat16` was refused without a hint, while `collective -d` wants bfloat16.
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(TINY))
+    base = ["simulate", "t.yaml", "--no-dashboard", "--findings-budget-s", "0"]
+    p = clustersim([*base, "--dtype", "float16"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert " · fp16 · " in p.stdout.splitlines()[0]

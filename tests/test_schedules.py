@@ -100,6 +100,9 @@ def test_dualpipe_is_mirror_symmetric(pp, n):
     "name,pp,n,vpp,match",
     [
         ("pipedream", 4, 8, 1, r"unknown pipeline schedule 'pipedream'; choose one of: gpipe, 1f1b"),
+        # another case, or the name a schedule begins with: said (was the list alone)
+        ("1F1B", 4, 8, 1, r"unknown pipeline schedule '1F1B' \(did you mean '1f1b'\?\); choose one of"),
+        ("interleaved", 4, 8, 1, r"'interleaved' \(did you mean 'interleaved-1f1b'\?\)"),
         ("1f1b", 0, 8, 1, r"num_ranks=0 is invalid"),
         ("1f1b", 4, 0, 1, r"num_microbatches=0 is invalid"),
         ("1f1b", 4, 8, 2, r"vpp=2 is not supported; 1F1B holds one stage per rank"),

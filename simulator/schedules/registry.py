@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from simulator.errors import UserError
+from simulator.errors import UserError, did_you_mean_name
 from simulator.schedules.base import PipelineSchedule
 from simulator.schedules.dualpipe import dualpipe, dualpipev
 from simulator.schedules.one_f_one_b import gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
@@ -52,5 +52,7 @@ def build_schedule(name: str, num_ranks: int, num_microbatches: int, vpp: int = 
     """
     info = SCHEDULES.get(name) if isinstance(name, str) else None
     if info is None:
-        raise UserError(f"unknown pipeline schedule {name!r}; choose one of: {', '.join(SCHEDULES)}")
+        # (`1F1B` in another case, `interleaved` for interleaved-1f1b: the names it begins or holds)
+        raise UserError(f"unknown pipeline schedule {name!r}{did_you_mean_name(name, SCHEDULES)}; choose one of: "
+                        f"{', '.join(SCHEDULES)}")
     return info.generator(num_ranks, num_microbatches, vpp)
