@@ -271,25 +271,28 @@ def test_readme_sample_of_the_default_run_is_current():
     assert f"\n{layout_line(load_scenario(None, {}))}\n" in text
 
 
+def _simulate_tiny(tmp_path, *flags: str, dashboard: bool = False):
+    """``clustersim simulate`` of the tiny scenario in tmp_path with ``flags``, no findings."""
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(TINY))
+    quiet = ["--cdn"] if dashboard else ["--no-dashboard"]
+    return clustersim(["simulate", "t.yaml", *quiet, "--findings-budget-s", "0", *flags], tmp_path)
+
+
 def test_the_framework_is_a_flag_and_shows_on_the_layout_line(tmp_path):
     # `simulate --framework torchtitan` was "No such option: --framework (Possible options:
     # --network, --report)"; the summary's first line never named the framework.
-    (tmp_path / "t.yaml").write_text(yaml.safe_dump(TINY))
-    base = ["simulate", "t.yaml", "--no-dashboard", "--findings-budget-s", "0"]
-    p = clustersim([*base, "--framework", "torchtitan"], tmp_path)
+    p = _simulate_tiny(tmp_path, "--framework", "torchtitan")
     assert p.returncode == 0, p.stderr
     assert " · torchtitan · " in p.stdout.splitlines()[0]
-    assert " · generic · " not in clustersim(base, tmp_path).stdout.splitlines()[0]
-    bad = clustersim([*base, "--framework", "titan"], tmp_path)
+    assert " · generic · " not in _simulate_tiny(tmp_path).stdout.splitlines()[0]
+    bad = _simulate_tiny(tmp_path, "--framework", "titan")
     assert bad.returncode == 2 and "'titan' is not one of" in bad.stderr
 
 
 def test_a_full_mode_run_writes_its_own_dashboard(tmp_path):
     # --mode full and --mode every-rank wrote dashboards/<name>.html over the reduced run's.
-    (tmp_path / "t.yaml").write_text(yaml.safe_dump(TINY))
-    base = ["simulate", "t.yaml", "--findings-budget-s", "0", "--cdn"]
-    reduced = clustersim(base, tmp_path)
-    full = clustersim([*base, "--mode", "full"], tmp_path)
+    reduced = _simulate_tiny(tmp_path, dashboard=True)
+    full = _simulate_tiny(tmp_path, "--mode", "full", dashboard=True)
     assert reduced.returncode == 0 and full.returncode == 0, (reduced.stderr, full.stderr)
     names = [next(line for line in (p.stdout + p.stderr).splitlines() if line.startswith("dashboard: "))
              for p in (reduced, full)]
@@ -298,8 +301,6 @@ def test_a_full_mode_run_writes_its_own_dashboard(tmp_path):
 
 def test_torch_dtype_names_are_taken(tmp_path):
     # `--dtype bfloat16` was refused without a hint, while `collective -d` wants bfloat16.
-    (tmp_path / "t.yaml").write_text(yaml.safe_dump(TINY))
-    base = ["simulate", "t.yaml", "--no-dashboard", "--findings-budget-s", "0"]
-    p = clustersim([*base, "--dtype", "float16"], tmp_path)
+    p = _simulate_tiny(tmp_path, "--dtype", "float16")
     assert p.returncode == 0, p.stderr
     assert " · fp16 · " in p.stdout.splitlines()[0]

@@ -179,6 +179,7 @@ class Estimator:
         self._memory: dict[tuple, Any] = {}
         self._step_terms: dict[tuple, list[tuple]] = {}
         self._gather_preds: dict[tuple, tuple] = {}
+        self._replayed_orders: dict[tuple, tuple] = {}  # (schedule key, microbatches) -> the actions replayed
         self.stats = {"reference_programs": 0, "schedules": 0, "replays": 0, "slow_path": 0}
 
     # ------------------------------------------------------------------ cached loads
@@ -919,7 +920,11 @@ class Estimator:
                     ks = (nmb,) if nmb <= 3 else (2, 3)
                     # Keyed by the replayed actions themselves: points that differ only in their
                     # microbatch count (beyond three) share the two replays.
-                    order = tuple((a.kind, a.microbatch, a.stage) for a in sched.actions[0] if a.microbatch < ks[-1])
+                    okey_s = (skey, ks)
+                    order = self._replayed_orders.get(okey_s)
+                    if order is None:  # (once a schedule: a scan of every action per point was the hot path's)
+                        order = self._replayed_orders[okey_s] = tuple(
+                            (a.kind, a.microbatch, a.stage) for a in sched.actions[0] if a.microbatch < ks[-1])
                     okey = (id(tab), ckey, tuple(bounds), ks, order, bucket_bytes)
                     got = self._tails.get(okey)
                     if got is None:
