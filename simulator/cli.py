@@ -383,6 +383,7 @@ def simulate(
         _note_uneven_layer_split(sc)
         _note_sliding_window(sc)
         _note_unused_comm_inputs(sc, overrides)
+        _note_inert_settings(sc, scenario, overrides)
         # Checked before simulating, so a bad output path never costs the result.
         explicit_dashboard = None if dashboard in (None, _DASHBOARD_DEFAULT) else Path(dashboard)
         from simulator.scenario import scenario_input_files
@@ -476,6 +477,17 @@ def _note_unused_comm_inputs(sc, overrides: dict) -> None:
         note = unused_comm_note(keys, topo.node, load_profile(sc.cluster.gpu))
         if note:
             _stderr(f"note: {note}")
+
+
+def _note_inert_settings(sc, scenario: Path | None, overrides: dict) -> None:
+    """A setting this run does not read (fsdp_prefetch on a ZeRO-1 layout, fp8.recipe with bf16)
+    gets one note naming it and why, where it would otherwise change nothing without a word."""
+    from simulator.inert_settings import given_paths, inert_settings
+    from simulator.scenario import load_scenario_dict
+
+    data = None if scenario is None else load_scenario_dict(scenario)
+    for line in inert_settings(sc, given_paths(data, overrides)):
+        _stderr(f"note: {line}")
 
 
 def _variant_name(base: str, overrides: dict, scenario_given: bool, flags: list[str]) -> str:
