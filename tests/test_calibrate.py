@@ -213,6 +213,28 @@ def test_calibrate_cli_writes_profile(tmp_path: Path) -> None:
     assert isinstance(r.exception, UserError) and "already exists" in str(r.exception)
 
 
+def test_a_ring_sendrecv_of_four_ranks_fits_the_link_model(tmp_path: Path) -> None:
+    # The capture's (and nccl-tests') sendrecv of n ranks sends to the next rank and receives from
+    # the previous at once. Calibrating the repository's own collectives bundle said "cannot map
+    # send_recv x 4 ... give [src, dst] pairs", which no user could act on.
+    from simulator.calibrate.fit import _group
+
+    fit = load_profile(calibrate_bundle_profile(tmp_path)).comm.collectives
+    four = next(f for f in fit if f.collective == "send_recv" and f.group_size == 4)
+    pairs, gpus = _group(four, gpn=8)
+    assert pairs.tolist() == [[0, 1], [1, 2], [2, 3], [3, 0]] and gpus == 4
+
+
+def calibrate_bundle_profile(tmp_path: Path) -> Path:
+    out = tmp_path / "host.json"
+    traces = Path(__file__).parents[1] / "traces"
+    r = CliRunner().invoke(calibrate_app, [str(traces / "cpu-gloo-train-tp2-pp2"), str(traces / "cpu-gloo-collectives"),
+                                           "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "cannot map" not in r.output, r.output
+    return out
+
+
 def test_bad_inputs_give_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="does not exist: give trace bundles"):
         calibrate([tmp_path / "missing"], "x")

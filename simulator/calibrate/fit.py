@@ -345,12 +345,17 @@ def _network(topo: TopologySpec, n_gpus: int, lat_intra: float, lat_inter: float
 def _group(fit: CollectiveFit, gpn: int) -> tuple[np.ndarray, int]:
     n = fit.group_size
     if fit.tier == "intra" or n <= 1:
-        return np.arange(n)[None, :], max(n, 1)
-    # Inter-node: spread over as few full nodes as hold it, as the sweeps place ranks.
-    nodes = max(2, math.ceil(n / gpn))
-    per = math.ceil(n / nodes)
-    ids = np.concatenate([np.arange(per) + i * gpn for i in range(nodes)])[:n]
-    return ids[None, :], int(ids.max()) + 1
+        ids = np.arange(n)
+    else:
+        # Inter-node: spread over as few full nodes as hold it, as the sweeps place ranks.
+        nodes = max(2, math.ceil(n / gpn))
+        per = math.ceil(n / nodes)
+        ids = np.concatenate([np.arange(per) + i * gpn for i in range(nodes)])[:n]
+    if fit.collective == "send_recv" and n > 2:
+        # nccl-tests' sendrecv (and the capture's, simulator.capture.collectives): every rank
+        # sends to the next in the ring and receives from the previous, all at once: n pairs.
+        return np.stack([ids, np.roll(ids, -1)], axis=1), int(ids.max()) + 1
+    return ids[None, :], max(int(ids.max()) + 1 if n else 1, 1)
 
 
 def derive_link_model(fits: list[CollectiveFit], topo: TopologySpec, notes: Notes | None = None) -> dict:
@@ -535,7 +540,11 @@ def calibrate(
         if f.n_samples < FEW_SAMPLES:
             notes.add(f"{cls}: fitted on only {f.n_samples} ops: low confidence")
         if f.size_range[1] < 2.0 * f.size_range[0]:
-            notes.add(f"{cls}: every fitted op has about {f.size_range[0]:.3g} {f.basis}: other sizes extrapolate flat from it")
+            # (the classes `clustersim capture compute` times over a range of shapes: capture/compute.py)
+            more = (": a compute bundle (clustersim capture compute --out traces/NAME) times a range of them"
+                    if cls in ("gemm", "attention", "norm", "elementwise", "optimizer") else "")
+            notes.add(f"{cls}: every fitted op has about {f.size_range[0]:.3g} {f.basis}: other sizes extrapolate flat "
+                      f"from it{more}")
         classes[cls] = f.to_model(peak, hbm)
         items.append(ProvenanceItem(
             field=f"compute.classes.{cls}", value=f"{f.n_samples} ops, {f.basis} {f.size_range[0]:.3g}..{f.size_range[1]:.3g}",
