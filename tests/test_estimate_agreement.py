@@ -337,8 +337,14 @@ def test_estimate_queues_fsdp2_gathers_behind_its_reduce_scatters(gbs, prefetch)
     sc = build_scenario(scenario("tt-queue", framework="torchtitan", gbs=gbs,
                                  parallelism={"zero": 3, "fsdp_prefetch": prefetch}))
     assert sc.num_microbatches == gbs // 16
-    sim = simulate(sc, with_critical_path=False).timeline.step_time_s
-    assert Estimator().estimate(sc).step_time_s == pytest.approx(sim, rel=0.01)
+    rep = simulate(sc, with_critical_path=False).report
+    est = Estimator().estimate(sc)
+    assert est.step_time_s == pytest.approx(rep.step_time_s, rel=0.01)
+    # The queue's reduce-scatters slow the backward they overlap: compute, as the simulation
+    # counts it, not exposed dp (at 8 microbatches the estimate reported 35.5 ms exposed against
+    # the simulation's 21.5, its compute 11 ms short).
+    assert est.pipeline_s == pytest.approx(rep.step_breakdown_s["compute"], rel=0.02)
+    assert est.exposed_comm_s["dp"] == pytest.approx(rep.step_breakdown_s["exposed_dp"], rel=0.15, abs=2e-4)
 
 
 @pytest.mark.parametrize("schedule,vpp,rel", [("1f1b", 1, 0.02), ("interleaved-1f1b", 2, 0.04)])

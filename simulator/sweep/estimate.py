@@ -423,13 +423,17 @@ class Estimator:
 
     @staticmethod
     def _one_communicator_replay(prog: Program, sched: PipelineSchedule, microbatches: int, bounds: list, stage_pos,
-                                 layer_cost: dict, layer_cost_nb: dict, coll, sm_count, scale: float, zero: int,
-                                 bucket_bytes: float, prefetch: int, ag_dim: Dim) -> tuple[float, float]:
-        """(replayed seconds, the same actions' priced costs) of a pp 1 rank's first ``microbatches``
-        microbatches, with FSDP's gathers and gradient reduce-scatters queued on one stream as the
-        plan queues them under one communicator (Program.fsdp_one_communicator): a unit's gather
-        waits behind the reduce-scatters issued before it. The per-row costs price each gather
-        alone; the difference is what the shared queue adds."""
+                                 layer_cost: dict, layer_cost_nb: dict, by_dim: dict, by_dim_nb: dict, coll, sm_count,
+                                 scale: float, zero: int, bucket_bytes: float, prefetch: int,
+                                 ag_dim: Dim) -> tuple[float, float, float, float]:
+        """(replayed seconds, the same actions' priced costs, the replay's compute seconds, the
+        priced rows' compute seconds) of a pp 1 rank's first ``microbatches`` microbatches, with
+        FSDP's gathers and gradient reduce-scatters queued on one stream as the plan queues them
+        under one communicator (Program.fsdp_one_communicator): a unit's gather waits behind the
+        reduce-scatters issued before it. The per-row costs price each gather alone; the
+        difference is what the shared queue adds, in compute (the reduce-scatters' kernels slow
+        the backward they overlap) and in waiting. Compute is a row's cost less its exposed
+        communication (``by_dim``: seconds a row and kind, by dimension)."""
         out: list = []
         handles = [0]
 
@@ -480,7 +484,7 @@ class Estimator:
         # action's end (GradBuckets.unit_of), not where their rows end.
         gb = GradBuckets(out, new_handle, zero, bucket_bytes, True, False, None, wait_previous=True, unit_of=unit_of)
         nxt = 0
-        priced = 0.0
+        priced = priced_exposed = 0.0
         for i, (leaf, blocking, q, units) in enumerate(rows):
             for _ in units:
                 issue(nxt + 1 + prefetch)
@@ -491,8 +495,11 @@ class Estimator:
                         on_grads=(lambda a, j, seg, last, _end=action_end: gb.add(a, j, seg, last, last and _end))
                         if leaf.kind in ("B", "W") else None)
             priced += (layer_cost if blocking else layer_cost_nb)[leaf.kind][q]
+            ki = KINDS.index(leaf.kind)
+            priced_exposed += sum(float(v[q, ki]) for v in (by_dim if blocking else by_dim_nb).values())
         gb.join()
-        return linear_replay(out, coll, sm_count, scale).end_s, priced
+        lc = linear_replay(out, coll, sm_count, scale)
+        return lc.end_s, priced, lc.busy_s, priced - priced_exposed
 
     def _action_gathers(self, skey: tuple, sched: PipelineSchedule, firsts: np.ndarray, f_c: float, starts: np.ndarray,
                         counts_: np.ndarray, prefetch: int, pos_cost: dict, pos_cost_nb: dict, pos_dim: dict,
@@ -894,6 +901,7 @@ class Estimator:
         # reduction), from the pipeline's end: a rank whose last action ends before the makespan
         # starts that much early. The tied embedding's two ends are sampled for the step terms.
         ends = {r: -slack[r] for r in sorted({0, p.pp // 2, p.pp - 1, *tie_ranks})}
+        queue_compute_s = 0.0  # FSDP2's one-communicator queue: the tail's slowed compute (below)
         stage_pos = sched.stage_position
         param_bytes = prog.param_bytes  # the plan's ZeRO-1/2 gather (the dtype's bytes below ZeRO-3)
         if p.zero >= 3:
@@ -929,16 +937,20 @@ class Estimator:
                     got = self._tails.get(okey)
                     if got is None:
                         got = self._tails[okey] = tuple(
-                            self._one_communicator_replay(prog, sched, k, bounds, stage_pos, layer_cost, layer_cost_nb, coll,
-                                                          prof.compute.sm_count, _contention_scale(prof), p.zero,
-                                                          bucket_bytes, p.fsdp_prefetch, Dim.DP)
+                            self._one_communicator_replay(prog, sched, k, bounds, stage_pos, layer_cost, layer_cost_nb,
+                                                          by_dim, by_dim_nb, coll, prof.compute.sm_count,
+                                                          _contention_scale(prof), p.zero, bucket_bytes, p.fsdp_prefetch,
+                                                          Dim.DP)
                             for k in ks)
                     if len(got) == 1:
-                        replayed, priced = got[0]
+                        replayed, priced, busy_replayed, busy_priced = got[0]
                     else:
-                        (r2, b2), (r3, b3) = got
-                        replayed, priced = r2 + (nmb - 2) * (r3 - r2), b2 + (nmb - 2) * (b3 - b2)
+                        two, three = got
+                        replayed, priced, busy_replayed, busy_priced = (a + (nmb - 2) * (b - a) for a, b in zip(two, three))
                     ends[r] = max(0.0, replayed - priced - start_s) - slack[r]
+                    # The part of that tail that is compute slowed by the queue's kernels is the
+                    # pipeline's, as the simulation counts it (compute, not exposed dp).
+                    queue_compute_s = min(max(0.0, busy_replayed - busy_priced), max(0.0, ends[r]))
                     continue
                 stages = rank_stages[r]
                 tail_actions = self._tail_actions(skey, sched, r, every=fsdp2 and p.pp == 1)
@@ -1015,6 +1027,11 @@ class Estimator:
                                          dp_cp, ends, tie_ranks, coll, exposed, tp_dup)
 
         step = start_s + pipeline + p2p_s + terms_end + opt_s
+        if queue_compute_s:
+            # Reported with the compute, as the simulation counts it; the step is the same sum.
+            # (pp 1 only: the one rank's tail is end_dp, which holds it)
+            pipeline += queue_compute_s
+            exposed["dp"] -= queue_compute_s
         gpus = sc.cluster.gpus
         tokens = sc.batch.global_batch_size * sc.batch.seq_length
         flops = tab.model_flops_unit * nmb * dp
