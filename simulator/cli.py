@@ -555,7 +555,8 @@ def layout_line(sc) -> str:
     prec = f"{sc.dtype} ({sc.fp8.recipe})" if sc.dtype == "fp8" else sc.dtype
     extras = ([sc.framework] if sc.framework != "generic" else []) \
         + ([f"recompute {sc.recompute}"] if sc.recompute != "none" else []) + (["async TP"] if p.async_tp else []) \
-        + (["TP comm overlap"] if p.tp_comm_overlap else [])
+        + (["TP comm overlap"] if p.tp_comm_overlap else []) \
+        + (["parameter all-gather after the step"] if p.zero in (1, 2) and not sc.overlap_param_gather else [])
     from simulator.workload.ops import active_parameters, model_size_text, total_parameters
 
     size = model_size_text(total_parameters(sc), active_parameters(sc))

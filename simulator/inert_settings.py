@@ -61,6 +61,14 @@ def _one_pipeline_position(sc: Scenario) -> str | None:
     return None
 
 
+def _zero12(sc: Scenario) -> str | None:
+    z = sc.parallelism.zero
+    if z in (1, 2):
+        return None
+    return (f"it applies to the distributed optimizer's parameter all-gather (ZeRO-1/2) and this layout is ZeRO-{z}"
+            + (" (FSDP gathers by unit: fsdp_prefetch)" if z >= 3 else ""))
+
+
 def _nothing_to_reduce(sc: Scenario) -> str | None:
     if sc.dp * sc.parallelism.cp == 1:
         return "no rank shares this rank's parameters (dp=1, cp=1), so there are no gradients to reduce"
@@ -161,6 +169,7 @@ RULES: tuple[InertRule, ...] = (
     InertRule("parallelism.pp_exchange", _one_pipeline_position),
     InertRule("parallelism.grad_bucket_params", _fsdp2_has_no_buckets),
     InertRule("parallelism.overlap_grad_reduce", _nothing_to_reduce),
+    InertRule("parallelism.overlap_param_gather", _first(_zero12, _nothing_to_reduce)),
     InertRule("parallelism.loss_all_reduce_per_microbatch", _nothing_to_reduce),
     InertRule("moe.routing", _dense_model),
     InertRule("moe.skew", _first(_dense_model, _uniform_routing)),

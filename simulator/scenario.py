@@ -213,6 +213,13 @@ class ParallelConfig(BaseModel):
         "(Megatron-LM 2021 and megatron-core without the fusion: main_grad.add_(grad); PyTorch AccumulateGrad).",
     )
     overlap_grad_reduce: bool = Field(True, description="Overlap the DP gradient reduction with backward (DDP/Megatron buckets).")
+    overlap_param_gather: bool | None = Field(
+        None, description="ZeRO-1/2 (distributed optimizer): the updated parameters' all-gather overlaps the next "
+        "step's forward, each stage's first forward waiting for its own gather (megatron-core "
+        "DistributedDataParallelConfig.overlap_param_gather, --overlap-param-gather); false: gathered after the "
+        "optimizer step, every rank waiting for it (megatron-core without the flag; DeepSpeed ZeRO-1/2, whose "
+        "optimizer step ends in all_gather_dp_groups). None (default): the framework's own, false under "
+        "megatron-deepspeed, true otherwise (Megatron's performance flags, as overlap_grad_reduce).")
     grad_bucket_params: Whole | None = Field(
         None, ge=1, description="Parameters per DP gradient bucket. None: the framework's own rule. megatron-core "
         "(framework generic): max(40M, 1M x dp), buckets only on the first model chunk of the first pipeline rank "
@@ -409,6 +416,17 @@ class Scenario(BaseModel):
         if self.framework == "megatron-deepspeed" and not p.overlap_grad_reduce:
             return DEEPSPEED_ALLREDUCE_BUCKET_PARAMS
         return MEGATRON_GRAD_BUCKET_PARAMS
+
+    @property
+    def overlap_param_gather(self) -> bool:
+        """parallelism.overlap_param_gather, or the framework's default where it is unset: DeepSpeed
+        0.9.5's ZeRO-1/2 optimizer gathers the updated parameters at the end of its step, blocking
+        (runtime/zero/stage_1_and_2.py step -> runtime/utils.py all_gather_dp_groups, a sequence
+        of dist.all_gather calls); the generic framework is Megatron with its performance flags."""
+        p = self.parallelism
+        if p.overlap_param_gather is not None:
+            return p.overlap_param_gather
+        return self.framework != "megatron-deepspeed"
 
     @property
     def grad_buckets_first_chunk_only(self) -> bool:

@@ -33,6 +33,7 @@ AGREEMENT_SCENARIOS: list[dict] = [
     scenario("ddp-no-overlap", parallelism={"overlap_grad_reduce": False}),
     scenario("ddp-small-buckets", parallelism={"grad_bucket_params": 5_000_000}),
     scenario("zero1", parallelism={"zero": 1}),
+    scenario("zero1-no-param-overlap", parallelism={"zero": 1, "overlap_param_gather": False}),
     scenario("zero2", parallelism={"zero": 2}),
     scenario("zero3", parallelism={"zero": 3}),
     scenario("zero3-keep", parallelism={"zero": 3, "fsdp_reshard_after_forward": False}),
@@ -58,6 +59,8 @@ AGREEMENT_SCENARIOS: list[dict] = [
     *[scenario(f"pp2-{s}-dp", gbs=32, parallelism={"pp": 2, "vpp": _pp_vpp(s), "zero": 1}, schedule=s)
       for s in schedule_names()],
     scenario("pp4-1f1b-zero3", gbs=64, parallelism={"pp": 4, "zero": 3}),
+    scenario("pp4-interleaved-no-param-overlap", gbs=64, schedule="interleaved-1f1b",
+             parallelism={"pp": 4, "vpp": 2, "tp": 2, "zero": 1, "overlap_param_gather": False}),
     scenario("pp2-1f1b-moe-ep", model=SMALL_MOE, gbs=32, parallelism={"pp": 2, "ep": 4, "zero": 1}),
     scenario("pp2-tp4-cp2", gbs=32, seq=4096, gpus=32, parallelism={"pp": 2, "tp": 4, "cp": 2, "zero": 1}),
 ]

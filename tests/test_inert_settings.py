@@ -27,6 +27,7 @@ CASES: dict[str, tuple[dict, object]] = {
     "parallelism.pp_exchange": (scenario("pp1"), "blocking"),
     "parallelism.grad_bucket_params": (scenario("tt-z3", framework="torchtitan", parallelism={"zero": 3}), 2_000_000),
     "parallelism.overlap_grad_reduce": (scenario("dp1", gpus=8, gbs=4, parallelism={"tp": 8}), False),
+    "parallelism.overlap_param_gather": (scenario("z3", parallelism={"zero": 3}), False),
     "parallelism.loss_all_reduce_per_microbatch": (scenario("dp1", gpus=8, gbs=4, parallelism={"tp": 8}), True),
     "moe.routing": (scenario("dense"), "skewed"),
     "moe.skew": (scenario("moe-uniform", model=SMALL_MOE, parallelism={"ep": 4}), 2.0),
@@ -78,6 +79,7 @@ def test_a_rule_holds_in_the_engine(path):
      scenario("tt-z3", gbs=64, framework="torchtitan", parallelism={"zero": 3}), True),
     ("fp8.recipe", scenario("fp8", dtype="fp8"), "te-current"),
     ("parallelism.grad_bucket_params", scenario("z1", parallelism={"zero": 1}), 2_000_000),
+    ("parallelism.overlap_param_gather", scenario("z1", parallelism={"zero": 1}), False),
     ("parallelism.grad_bucket_params", scenario("z3", parallelism={"zero": 3}), 2_000_000),
     ("moe.skew", scenario("moe-skewed", model=SMALL_MOE, parallelism={"ep": 4}, moe={"routing": "skewed"}), 2.0),
 ])

@@ -382,3 +382,52 @@ def test_one_communicator_runs_gathers_and_reduce_scatters_one_at_a_time():
 
     assert dp_rows("torchtitan") == 0.0
     assert dp_rows("generic") > 0.0
+
+
+def test_param_buckets_are_filled_from_the_end_so_the_first_in_forward_is_the_remainder():
+    from simulator.workload.plan import param_buckets
+
+    params = {-1: 30.0, 0: 20.0, 1: 20.0, 2: 20.0, 3: 20.0}
+    assert param_buckets([-1, 0, 1, 2, 3], params, 40) == [[-1], [0, 1], [2, 3]]
+    assert param_buckets([-1, 0, 1, 2, 3], params, 1e9) == [[-1, 0, 1, 2, 3]]
+    assert param_buckets([0, 1], params, 1) == [[0], [1]]  # whole layers: a bucket is at least one
+
+
+def test_zero1_gathers_parameters_by_bucket_one_ahead_in_the_first_forward():
+    # megatron-core with overlap_param_gather: a module's forward pre-hook waits for its bucket,
+    # issuing it there if it is not yet (the first), then issues the next (one ahead).
+    prog, plan = plan_of(parallelism={"zero": 1, "grad_bucket_params": 400_000_000})
+    instrs = plan.ranks[0].instrs
+    gathers = [k for k, i in enumerate(instrs) if isinstance(i, Collective) and "all_gather params" in i.name]
+    waits = [k for k, i in enumerate(instrs) if isinstance(i, Wait) and "parameters" in i.reason]
+    # llama3-8b: 32 layers of 218M parameters, the embedding and the head 525M each: buckets of
+    # at least 400M parameters from the end: the head, 16 pairs of layers, the embedding
+    assert len(gathers) == len(waits) == 18
+    assert sum(instrs[g].steps[0][2] for g in gathers) == pytest.approx(sum(prog.stage_params) * 2)
+    first_compute = next(k for k, i in enumerate(instrs) if isinstance(i, Compute))
+    # the first two are issued where the first is waited for, not at step start; every later one
+    # where the one before it is waited for, and all in the first microbatch's forward
+    assert gathers[:2] == [first_compute - 1 - 2, first_compute - 1 - 1] and waits[0] == first_compute - 1
+    assert all(w > g for g, w in zip(gathers, waits))
+    first_backward = next(k for k, i in enumerate(instrs) if isinstance(i, Compute) and i.kind != "F")
+    assert max(gathers + waits) < first_backward
+
+
+def test_zero1_without_overlap_param_gather_waits_for_the_whole_gather_first():
+    over = dict(parallelism={"zero": 1}, batch={"global_batch_size": 64})
+    blocking_over = dict(over, parallelism={"zero": 1, "overlap_param_gather": False})
+    prog, plan = plan_of(**blocking_over)
+    instrs = plan.ranks[0].instrs
+    first_compute = next(k for k, i in enumerate(instrs) if isinstance(i, Compute))
+    (gather,) = [i for i in instrs if isinstance(i, Collective) and "all_gather params" in i.name]
+    assert gather.blocking and instrs.index(gather) < first_compute
+    assert gather.steps[0][2] == pytest.approx(prog.stage_params[0] * 2)
+    # the whole gather is exposed; by buckets, most of it hides behind the first forward
+    overlapped = simulate(build_scenario(scenario(**over)), with_critical_path=False).report
+    blocking = simulate(build_scenario(scenario(**blocking_over)), with_critical_path=False).report
+    gather_s = blocking.step_time_s - overlapped.step_time_s
+    assert gather_s > 0.5 * (blocking.exposed_comm_s["dp"] - overlapped.exposed_comm_s["dp"]) > 0
+    # DeepSpeed's ZeRO-1/2 optimizer step ends in a blocking all-gather (all_gather_dp_groups)
+    assert not build_scenario(scenario(framework="megatron-deepspeed", **blocking_over)).overlap_param_gather
+    assert not build_scenario(scenario(framework="megatron-deepspeed", **over)).overlap_param_gather
+    assert build_scenario(scenario(**over)).overlap_param_gather

@@ -666,6 +666,9 @@ def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     cands: list[tuple[str, dict[str, Any]]] = []
     if not p.overlap_grad_reduce:
         cands.append(("overlap_grad_reduce=true", {"parallelism.overlap_grad_reduce": True}))
+    if 1 <= p.zero <= 2 and not sc.overlap_param_gather:
+        cands.append(("overlap_param_gather=true (megatron-core --overlap-param-gather: the parameter all-gather by "
+                      "buckets in the first forward)", {"parallelism.overlap_param_gather": True}))
     if p.zero >= 3:
         cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 1}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 1}))
         cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 2}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 2}))
@@ -686,7 +689,8 @@ def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     if waits is not None and len(waits):
         w = waits[waits["cause"] == "dp"]
         if len(w):
-            share = (w["end_s"] - w["start_s"]).groupby(w["what"].str.contains("parameters")).sum()
+            # ("parameters": a wait for a gather; "params": a blocking ZeRO-1/2 gather itself)
+            share = (w["end_s"] - w["start_s"]).groupby(w["what"].str.contains("param")).sum()
             params = float(share.get(True, 0.0)) / max(1, len(result.timeline.ranks))
             where = (f" ({params:.3f} s of it waiting for parameter all-gathers, the rest for gradient reduction)"
                      if params > 0 else " (all of it waiting for gradient reduction)")

@@ -57,7 +57,7 @@ from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim, Stream
 from simulator.workload.plan import (
     Collective, GradBuckets, Wait, bucketed_stages, grad_reduce_bytes, grad_reduction_steps, communication_groups, edp_tp_of, emit_action, hsdp_expert_shard_of,
     hsdp_shard_of, linear_replay, ADAM_BYTES_PER_PARAM, adam_bytes_per_param, adam_tensor_count, optimizer_shards,
-    optimizer_state_bytes, pp_message_bytes,
+    optimizer_state_bytes, param_buckets, pp_message_bytes, zero12_bucket_bytes,
 )
 from simulator.workload.ops import optimizer_time_s, tied_head_shares_embedding
 from simulator.workload.program import Program, build_program, checkpointed_layers, split_layers, step_terms
@@ -501,6 +501,56 @@ class Estimator:
         lc = linear_replay(out, coll, sm_count, scale)
         return lc.end_s, priced, lc.busy_s, priced - priced_exposed
 
+    @staticmethod
+    def _zero12_first_forward(prog: Program, rows: range, coll, sm_count, scale: float, bucket_params: float,
+                              issue_at_start: bool, use_dp: bool, use_edp: bool,
+                              layer_cost: dict) -> tuple[float, float]:
+        """(exposed dp seconds, extra compute seconds) of a stage's first forward under ZeRO-1/2
+        with overlap_param_gather, replayed with the plan's bucketed parameter gathers
+        (plan.zero12_param_buckets): one bucket ahead from the first (issued where it is waited
+        for), or all issued at step start (``issue_at_start``: an interleaved schedule's aligned
+        gathers). Extra compute is what the gathers' kernels take from the rows they overlap."""
+        out: list = []
+        handles = [0]
+
+        def new_handle() -> int:
+            handles[0] += 1
+            return handles[0]
+
+        layers = list(dict.fromkeys(int(x) for q in rows for x in prog.segments[(q, "F")].layer))
+        gathers = []
+        for members in param_buckets(layers, prog.unit_params, bucket_params):
+            dense, ebytes = zero12_bucket_bytes(prog, members, use_dp, use_edp)
+            if dense > 0 or ebytes > 0:
+                steps = (((Dim.DP, CollectiveOp.ALL_GATHER, dense),) if dense > 0 else ()) + \
+                    (((Dim.EDP, CollectiveOp.ALL_GATHER, ebytes),) if ebytes > 0 else ())
+                gathers.append((members[0], steps, new_handle()))
+        prefetch = len(gathers) if issue_at_start else 1
+        state = [0, 0]  # next to wait for, next to issue
+
+        def issue(upto: int) -> None:
+            while state[1] < min(upto, len(gathers)):
+                _, steps, h = gathers[state[1]]
+                out.append(Collective(Stream.DP_AG, steps, h, "dp", "all_gather params"))
+                state[1] += 1
+
+        def on_layer(_idx: int, layer: int) -> None:
+            i = state[0]
+            if i < len(gathers) and gathers[i][0] == layer:
+                state[0] += 1
+                issue(i + 1 + prefetch)
+                out.append(Wait(gathers[i][2], Dim.DP, "dp all_gather"))
+
+        if issue_at_start:
+            issue(1 + prefetch)
+        priced = 0.0
+        for q in rows:
+            emit_action(out, prog.segments[(q, "F")], Action(q, "F", 0), True, new_handle, on_layer=on_layer)
+            priced += float(layer_cost["F"][q])
+        lc = linear_replay(out, coll, sm_count, scale)
+        waited = lc.exposed_s.get(Dim.DP, 0.0)
+        return waited, max(0.0, lc.end_s - priced - waited)
+
     def _action_gathers(self, skey: tuple, sched: PipelineSchedule, firsts: np.ndarray, f_c: float, starts: np.ndarray,
                         counts_: np.ndarray, prefetch: int, pos_cost: dict, pos_cost_nb: dict, pos_dim: dict,
                         pos_dim_nb: dict) -> np.ndarray:
@@ -902,15 +952,38 @@ class Estimator:
         # starts that much early. The tied embedding's two ends are sampled for the step terms.
         ends = {r: -slack[r] for r in sorted({0, p.pp // 2, p.pp - 1, *tie_ranks})}
         queue_compute_s = 0.0  # FSDP2's one-communicator queue: the tail's slowed compute (below)
+        start_compute_s = 0.0  # ZeRO-1/2's bucketed gathers: the first forwards' slowed compute (below)
         stage_pos = sched.stage_position
         param_bytes = prog.param_bytes  # the plan's ZeRO-1/2 gather (the dtype's bytes below ZeRO-3)
         if p.zero >= 3:
             start_s = start_gather
-        elif p.zero >= 1:
-            if dp_cp > 1:
-                start_s = coll(Dim.DP, CollectiveOp.ALL_GATHER, float(pos_params[0] - pos_eparams[0]) * param_bytes)
-            if pos_eparams[0] > 0 and use_edp:
-                start_s += coll(Dim.EDP, CollectiveOp.ALL_GATHER, float(pos_eparams[0]) * param_bytes)
+        elif p.zero >= 1 and not sc.overlap_param_gather:
+            # Gathered after the optimizer step, blocking: rank 0 waits for all its stages' (the
+            # other ranks' gathers run while they wait for their first input).
+            for st in rank_stages[0]:
+                q = stage_pos[st]
+                if dp_cp > 1:
+                    start_s += coll(Dim.DP, CollectiveOp.ALL_GATHER, float(pos_params[q] - pos_eparams[q]) * param_bytes)
+                if pos_eparams[q] > 0 and use_edp:
+                    start_s += coll(Dim.EDP, CollectiveOp.ALL_GATHER, float(pos_eparams[q]) * param_bytes)
+        elif p.zero >= 1 and (dp_cp > 1 or use_edp):
+            # megatron-core's bucketed gathers in each stage's first forward (the plan's
+            # zero12_param_buckets). Without interleaving each rank issues its first bucket where
+            # its first forward waits for it, so every rank's first-bucket wait lies on the fill
+            # path; an interleaved schedule issues them all at step start (aligned), where the
+            # first rank's first forward waits.
+            interleaved = sched.num_stages > sched.num_ranks
+            for r in ((0,) if interleaved else range(p.pp)):
+                st = next(leaf.stage for a in sched.actions[r] for leaf in a.leaves if leaf.kind == "F")
+                lo, hi = bounds[stage_pos[st]]
+                zkey = ("zero12", id(tab), ckey, lo, hi, sc.grad_bucket_params, interleaved)
+                got = self._tails.get(zkey)
+                if got is None:
+                    got = self._tails[zkey] = self._zero12_first_forward(
+                        prog, range(lo, hi), coll, prof.compute.sm_count, _contention_scale(prof),
+                        float(sc.grad_bucket_params), interleaved, dp_cp > 1, use_edp, layer_cost)
+                start_s += got[0] + got[1]
+                start_compute_s += got[1]
         if dp_cp > 1 or use_edp:
             bucket_bytes = sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero)
             # The tail differs by the stages a rank holds: the first and last ranks hold the
@@ -1027,11 +1100,11 @@ class Estimator:
                                          dp_cp, ends, tie_ranks, coll, exposed, tp_dup)
 
         step = start_s + pipeline + p2p_s + terms_end + opt_s
-        if queue_compute_s:
+        if queue_compute_s or start_compute_s:
             # Reported with the compute, as the simulation counts it; the step is the same sum.
-            # (pp 1 only: the one rank's tail is end_dp, which holds it)
-            pipeline += queue_compute_s
-            exposed["dp"] -= queue_compute_s
+            # (the queue: pp 1 only, where the one rank's tail is end_dp, which holds it)
+            pipeline += queue_compute_s + start_compute_s
+            exposed["dp"] -= queue_compute_s + start_compute_s
         gpus = sc.cluster.gpus
         tokens = sc.batch.global_batch_size * sc.batch.seq_length
         flops = tab.model_flops_unit * nmb * dp

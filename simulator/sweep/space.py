@@ -45,6 +45,7 @@ AXES: dict[str, str] = {
     "sequence_parallel": "parallelism.sequence_parallel",
     "async_tp": "parallelism.async_tp",
     "tp_comm_overlap": "parallelism.tp_comm_overlap",
+    "overlap_param_gather": "parallelism.overlap_param_gather",
     "mesh_order": "parallelism.mesh_order",
     "micro_batch_size": "batch.micro_batch_size",
     "mbs": "batch.micro_batch_size",

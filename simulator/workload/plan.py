@@ -602,6 +602,51 @@ def emit_action(out: list, seg, a: Action, blocking: bool, new_handle, idx: int 
         append(Wait(h, w.dim, w.reason))
 
 
+def param_buckets(layers: list[int], params_of: dict[int, float], bucket_params: float) -> list[list[int]]:
+    """megatron-core's parameter (and gradient) buckets of one model chunk whose layers run in
+    this forward order, as lists of layers in forward order: ParamAndGradBuffer fills one buffer
+    in reverse parameter order and closes a bucket once it holds bucket_size parameters, so the
+    first bucket in forward order is the remainder. Whole layers here (the embedding and the
+    head are layers of their own)."""
+    buckets: list[list[int]] = []
+    held = 0.0
+    for L in reversed(layers):
+        if not buckets or held >= bucket_params:
+            buckets.append([])
+            held = 0.0
+        buckets[-1].insert(0, L)
+        held += params_of.get(L, 0.0)
+    return buckets[::-1]
+
+
+def zero12_param_buckets(prog, pp_rank: int, use_dp: bool, use_edp: bool) -> list[tuple[int, int, float, float]]:
+    """ZeRO-1/2 with overlap_param_gather: megatron-core's parameter all-gathers of one rank, as
+    (action index, layer whose forward waits for it, dense bytes, expert bytes) in the order the
+    rank's first forward of each stage runs them (param_buckets)."""
+    sched = prog.schedule
+    out: list[tuple[int, int, float, float]] = []
+    seen: set[int] = set()
+    for idx, a in enumerate(sched.actions[pp_rank]):
+        for sub in a.leaves:
+            if sub.kind != "F" or sub.stage in seen:
+                continue
+            seen.add(sub.stage)
+            seg = prog.segments[(sched.stage_position[sub.stage], "F")]
+            layers = list(dict.fromkeys(int(x) for x in seg.layer))
+            for members in param_buckets(layers, prog.unit_params, prog.bucket_params):
+                dense, ebytes = zero12_bucket_bytes(prog, members, use_dp, use_edp)
+                if dense > 0 or ebytes > 0:
+                    out.append((idx, members[0], dense, ebytes))
+    return out
+
+
+def zero12_bucket_bytes(prog, members: list[int], use_dp: bool, use_edp: bool) -> tuple[float, float]:
+    """(dense bytes over dp, expert bytes over edp) one ZeRO-1/2 parameter bucket gathers."""
+    total = sum(prog.unit_params.get(L, 0.0) for L in members)
+    expert = sum(prog.unit_expert_params.get(L, 0.0) for L in members)
+    return ((total - expert) * prog.param_bytes if use_dp else 0.0), (expert * prog.param_bytes if use_edp else 0.0)
+
+
 def _plan_rank(prog, pp_rank: int) -> RankPlan:
     sched = prog.schedule
     mesh = prog.mesh
@@ -629,10 +674,12 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
                           bucketed_stages(sched, pp_rank, prog.grad_buckets_first_chunk_only), hsdp_expert_shard,
                           wait_previous=prog.grad_reduce_waits_previous, unit_of=prog.fsdp_unit_of)
 
-    # ZeRO-1/2: the updated parameters are all-gathered; Megatron overlaps that with the next
-    # step's forward, so a stage's first forward waits for its own gather.
-    param_ready: dict[int, int] = {}
-    if 1 <= prog.zero <= 2 and (use_dp or use_edp):
+    # ZeRO-1/2: the updated parameters are all-gathered. Without overlap_param_gather (megatron-
+    # core's default; DeepSpeed's ZeRO-1/2 step ends in all_gather_dp_groups) the gather ends the
+    # optimizer step and each rank waits for all of it (its stages' gathers one after another)
+    # before anything runs: here, at step start. With it, megatron-core gathers by buckets in the
+    # first forward (below, with the FSDP gathers).
+    if 1 <= prog.zero <= 2 and (use_dp or use_edp) and not prog.overlap_param_gather:
         for st in sched.stages_of_rank(pp_rank):
             pos = sched.stage_position[st]
             expert = prog.stage_expert_params[pos] if prog.stage_expert_params else 0.0
@@ -643,11 +690,9 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
                 steps += ((Dim.DP, CollectiveOp.ALL_GATHER, (prog.stage_params[pos] - expert) * prog.param_bytes),)
             if expert > 0 and use_edp:
                 steps += ((Dim.EDP, CollectiveOp.ALL_GATHER, expert * prog.param_bytes),)
-            if not steps:
-                continue
-            h = new_handle()
-            param_ready[st] = h
-            out.append(Collective(Stream.DP_AG, steps, h, "dp", f"all_gather params stage {st}", row_bytes=steps[0][2]))
+            if steps:
+                out.append(Collective(Stream.DP_AG, steps, -1, "dp", f"all_gather params stage {st}",
+                                      row_bytes=steps[0][2]))
 
     # ZeRO-3 / FSDP: every unit (layer) is all-gathered before it runs, forward and (when
     # resharded after forward) backward, `fsdp_prefetch` units ahead on its own stream. A MoE
@@ -659,6 +704,17 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     ag_dim = Dim.DP_SHARD if hsdp_shard is not None else Dim.DP
     eag_dim = Dim.EDP_SHARD if hsdp_shard is not None else Dim.EDP
     unit_of = prog.fsdp_unit_of
+    prefetch, issue_at_start = prog.fsdp_prefetch, True
+    if 1 <= prog.zero <= 2 and (use_dp or use_edp) and prog.overlap_param_gather:
+        gathers = zero12_param_buckets(prog, pp_rank, use_dp, use_edp)
+        # megatron-core (DistributedDataParallel._make_forward_pre_hook, _ParamAndGradBucketGroup
+        # finish_param_sync): a module's forward pre-hook waits for its bucket's gather, issuing it
+        # there if it is not yet (the first), and then issues the next bucket's: one bucket ahead,
+        # the first exposed. An interleaved schedule aligns them instead (align_param_gather, as
+        # NeMo 2.5 sets it for vpp > 1: megatron_comm_overlap.py): the schedule issues each
+        # chunk's gathers ahead of it (schedules.py param_sync_func), here all at step start.
+        interleaved = sched.num_stages > sched.num_ranks
+        prefetch, issue_at_start = (len(gathers), True) if interleaved else (1, False)
     if zero3 and (use_dp or use_edp):
         gathered: set[tuple[int, int]] = set()
         for idx, a in enumerate(actions):
@@ -706,14 +762,15 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
                                   row_bytes=nbytes + ebytes))
             next_gather[1] += 1
 
-    issue_gathers(1 + prog.fsdp_prefetch)
+    if issue_at_start:
+        issue_gathers(1 + prefetch)
 
     def wait_gather(idx: int, layer: int) -> None:
         i = next_gather[0]
         if i >= len(gathers) or gathers[i][0] != idx or gathers[i][1] != layer:
             return
         next_gather[0] += 1
-        issue_gathers(i + 1 + prog.fsdp_prefetch)
+        issue_gathers(i + 1 + prefetch)
         out.append(Wait(gather_handles[i], Dim.DP, f"dp all_gather of layer {layer} parameters"))
 
     def on_layer(idx: int, layer: int) -> None:
@@ -772,8 +829,6 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
             # rank are woken now.
             out.append(Complete(a.stage, kind, a.microbatch, () if blocking_exchange else sends_of(a, kind)))
 
-    waited_params: set[int] = set()
-
     def inputs(sub: Action, remote: bool | None = None) -> None:
         """Waits for the action's inputs: all, or (``remote``) only those from other ranks or
         only the rest (this rank's own outputs and parameter gathers)."""
@@ -790,9 +845,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
                     Stream.TP, ((Dim.TP, CollectiveOp.ALL_GATHER, prog.pp_gather_bytes),), -1, "pp",
                     f"gather {'activation' if kind == 'F' else 'gradient'} {st}{kind}{mb}", microbatch=mb, stage=st,
                     row_bytes=prog.pp_gather_bytes, action=sub, exposed_dim=Dim.PP))
-        if remote is not True and sub.kind == "F" and sub.stage in param_ready and sub.stage not in waited_params:
-            waited_params.add(sub.stage)
-            out.append(Wait(param_ready[sub.stage], Dim.DP, f"dp all_gather of stage {sub.stage} parameters"))
+
 
     def run_action(idx: int, a: Action) -> None:
         for sub in a.leaves:

@@ -84,6 +84,7 @@ class Program:
     pp_gather_bytes: float = 0.0  # > 0: after a p2p receive, a tp all-gather of this size (scatter/gather)
     pp_blocking_exchange: bool = False  # Megatron-LM 2021's blocking exchange (scenario parallelism.pp_exchange)
     unit_params: dict[int, float] = field(default_factory=dict)  # FSDP units: layer id -> parameters on one rank
+    unit_expert_params: dict[int, float] = field(default_factory=dict)  # layer id -> the routed experts' share of unit_params
     # FSDP units: layer id -> bytes one all-gather of it moves, where they are not unit_params x param_bytes.
     unit_gather_bytes: dict[int, float] = field(default_factory=dict)
     # FSDP units: layer id -> the routed experts' share of those bytes (MoE layers only), gathered
@@ -124,6 +125,10 @@ class Program:
     stage_tp_duplicated_params: list[float] = field(default_factory=list)
     edp_tp: int = 1  # tp ranks in the expert-data-parallel group (plan.edp_tp_of)
     overlap_grad_reduce: bool = True
+    # ZeRO-1/2: the updated parameters' all-gather overlaps the first forwards (scenario
+    # overlap_param_gather); else every rank waits for it before its first action.
+    overlap_param_gather: bool = True
+    bucket_params: float = float(MEGATRON_GRAD_BUCKET_PARAMS)  # Scenario.grad_bucket_params (a parameter and gradient bucket)
     grad_bucket_bytes: float = float(MEGATRON_GRAD_BUCKET_PARAMS) * GRAD_REDUCE_BYTES
     grad_buckets_first_chunk_only: bool = False  # Scenario.grad_buckets_first_chunk_only
     grad_reduce_in_one_piece: bool = False  # Scenario.grad_reduce_in_one_piece
@@ -848,13 +853,15 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         pp_bytes=pp_bytes, pp_gather_bytes=pp_gather_bytes, optimizer_s=optimizer_s, stage_params=stage_params,
         pp_blocking_exchange=p.pp_exchange == "blocking" and p.pp > 1,
         model_flops_per_step=model_flops, tokens_per_step=sc.batch.global_batch_size * sc.batch.seq_length,
-        zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce,
-        grad_bucket_bytes=sc.grad_bucket_params * gbytes,
+        zero=p.zero, overlap_grad_reduce=p.overlap_grad_reduce, overlap_param_gather=sc.overlap_param_gather,
+        grad_bucket_bytes=sc.grad_bucket_params * gbytes, bucket_params=float(sc.grad_bucket_params),
         grad_buckets_first_chunk_only=sc.grad_buckets_first_chunk_only,
         grad_reduce_in_one_piece=sc.grad_reduce_in_one_piece,
         # FSDP with FP8 all-gather moves 1-byte weights (torchtitan enable_fsdp_float8_all_gather).
         param_bytes=1 if sc.dtype == "fp8" and sc.fp8.param_all_gather and p.zero >= 3 else sc.dtype_bytes,
         unit_params=unit_params,
+        unit_expert_params={L: float(expert_params_of[kind_of(L)]) for L in range(m.num_layers)
+                            if expert_params_of[kind_of(L)] > 0},
         unit_gather_bytes=unit_gather_bytes,
         unit_expert_gather_bytes=unit_expert_gather_bytes,
         stage_expert_params=stage_expert_params,
