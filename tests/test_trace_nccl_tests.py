@@ -142,3 +142,44 @@ def test_a_log_of_rows_that_do_not_parse_names_the_first(tmp_path, edit, match):
     p.write_text("\n".join(out) + "\n")
     with pytest.raises(UserError, match=match):
         import_nccl_tests(p)
+
+
+def test_nccl_tests_logs_are_told_from_a_folders_other_files(tmp_path):
+    from simulator.trace.nccl_tests import looks_like_nccl_tests
+
+    assert all(looks_like_nccl_tests(p) for p in REF.iterdir())
+    (tmp_path / "notes.txt").write_text("size count type algbw\nnot a log\n")
+    kineto = Path(__file__).parent / "data" / "reference" / "kineto" / "hta_a100_rank0of16.json.gz"
+    assert not looks_like_nccl_tests(tmp_path / "notes.txt") and not looks_like_nccl_tests(kineto)
+
+
+def test_a_folder_of_logs_calibrates_as_its_logs_and_a_mixed_one_reads_both(tmp_path):
+    # An nccl-tests log in a folder of Kineto traces was skipped without a word, and a folder of
+    # a cluster's logs was "no .json or .json.gz trace files".
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    log = REF / "p4de-2nodes-16gpu_all_reduce_perf.txt"
+    logs, mixed = tmp_path / "logs", tmp_path / "mixed"
+    logs.mkdir(), mixed.mkdir()
+    shutil.copy(log, logs)
+    shutil.copy(log, mixed)
+    shutil.copy(Path(__file__).parent / "data" / "reference" / "kineto" / "hta_a100_rank0of16.json.gz", mixed)
+
+    def nccl_model(*inputs):
+        out = tmp_path / f"p{len(list(tmp_path.glob('p*.json')))}.json"
+        r = CliRunner().invoke(app, ["calibrate", *map(str, inputs), "--out", str(out), "--base", "a100-sxm-80gb"])
+        assert r.exit_code == 0, r.output
+        return json.loads(out.read_text())["comm"]["nccl"]
+
+    assert nccl_model(logs) == nccl_model(log) == nccl_model(mixed)
+    r = CliRunner().invoke(app, ["trace", "info", str(mixed), "--json"])
+    assert r.exit_code == 0, r.output
+    assert any("not read with the traces: 1 nccl-tests log(s) (p4de-2nodes-16gpu_all_reduce_perf.txt)" in w
+               for w in json.loads(r.stdout)["warnings"])
+    r = CliRunner().invoke(app, ["trace", "info", str(logs)])
+    assert r.exit_code == 2 and "all together by calibrate" in r.output

@@ -38,6 +38,7 @@ from simulator.profile import (
     load_profile,
 )
 from simulator.errors import UserError
+from simulator.trace.nccl_tests import NCCL_TESTS_SUFFIXES
 from simulator.network.base import CollectiveRequest
 from simulator.topology.spec import TopologySpec, load_topology
 from simulator.trace.collectives import AMBIGUOUS, MEMBERS_MISSING, NO_GROUP, NOT_IN_LAYOUT, UNMATCHED
@@ -48,7 +49,6 @@ COMPUTE_OP_CLASS = {
     "gelu": "elementwise", "swiglu": "elementwise", "cross_entropy": "elementwise", "softmax": "elementwise",
     "adamw": "optimizer", "adam": "optimizer",
 }
-_NCCL_TESTS_SUFFIXES = (".txt", ".log", ".out")
 CAUSAL_FRACTION = 0.5
 
 
@@ -103,10 +103,10 @@ def read_sources(paths: list[Path], topology: TopologySpec | None, mesh=None, co
         if not p.exists():
             raise UserError(f"calibration input {str(p)!r} does not exist: give trace bundles, Kineto traces or nccl-tests logs")
         if p.is_dir():
-            _read_dir(p, src, topology, mesh)
+            _read_dir(p, src, topology, mesh, collective)
         elif p.name.endswith((".json", ".json.gz")):
             _read_traces(p, src, topology, record=_files_record(p, [p]), mesh=mesh)
-        elif p.suffix in _NCCL_TESTS_SUFFIXES or p.suffix == "":
+        elif p.suffix in NCCL_TESTS_SUFFIXES or p.suffix == "":
             _read_nccl_tests(p, src, topology, collective)
         else:
             raise UserError(
@@ -115,14 +115,21 @@ def read_sources(paths: list[Path], topology: TopologySpec | None, mesh=None, co
     return src
 
 
-def _read_dir(p: Path, src: Sources, topology: TopologySpec | None, mesh=None) -> None:
+def _read_dir(p: Path, src: Sources, topology: TopologySpec | None, mesh=None, collective: str | None = None) -> None:
     from simulator.trace.bundle import MANIFEST_NAME, load_manifest
-    from simulator.trace.loader import _BUNDLE_TRACE_RE, find_trace_files
+    from simulator.trace.loader import _BUNDLE_TRACE_RE, find_trace_files, nccl_tests_logs
 
     if not (p / MANIFEST_NAME).exists() and not any(_BUNDLE_TRACE_RE.match(f.name) for f in p.iterdir() if f.is_file()):
-        # A folder of per-rank Kineto files from one job, at any depth (load_trace says what is wrong otherwise).
+        # A folder of per-rank Kineto files from one job, at any depth (load_trace says what is
+        # wrong otherwise), and nccl-tests logs beside them or on their own (a folder of a
+        # cluster's logs, as ../shared/reference/nccl-tests keeps them): each log is read as if
+        # given by itself.
         files, _ = find_trace_files(p)
-        _read_traces(p, src, topology, record=_files_record(p, files), mesh=mesh)
+        logs = nccl_tests_logs(p)
+        for log in logs:
+            _read_nccl_tests(log, src, topology, collective)
+        if files or not logs:
+            _read_traces(p, src, topology, record=_files_record(p, files), mesh=mesh)
         return
     m = load_manifest(p)
     files = sorted(f for f in p.iterdir() if f.is_file())

@@ -118,6 +118,14 @@ def find_trace_files(folder: Path) -> tuple[list[Path], list[Path]]:
     return files, skipped
 
 
+def nccl_tests_logs(folder: Path) -> list[Path]:
+    """nccl-tests logs anywhere under folder (hidden folders are not entered)."""
+    from simulator.trace.nccl_tests import looks_like_nccl_tests
+
+    return [p for p in sorted(folder.rglob("*")) if p.is_file()
+            and not any(part.startswith(".") for part in p.relative_to(folder).parts) and looks_like_nccl_tests(p)]
+
+
 def _import_quiet(args: tuple[Path, int | None]) -> KinetoTrace:
     with warnings.catch_warnings():
         # The set collects warnings once; per-file copies would repeat them.
@@ -159,6 +167,7 @@ def load_trace(path: str | Path, mesh=None) -> TraceSet:
         raise UserError(f"{str(path)!r} does not exist: give a trace bundle, a Kineto trace file or a folder of them")
     manifest = None
     skipped: list[Path] = []
+    logs: list[Path] = []
     if path.is_dir():
         entries = sorted(p for p in path.iterdir() if p.is_file())
         if (path / MANIFEST_NAME).exists() or any(_BUNDLE_TRACE_RE.match(p.name) for p in entries):
@@ -171,8 +180,12 @@ def load_trace(path: str | Path, mesh=None) -> TraceSet:
                 raise UserError(f"bundle {str(path)!r} lists no trace_files in its manifest: re-capture the bundle")
         else:
             files, skipped = find_trace_files(path)
+            logs = nccl_tests_logs(path)
             if not files:
                 extra = f" (skipped {len(skipped)} .json files that are not traces)" if skipped else ""
+                if logs:
+                    extra += (f"; its {len(logs)} nccl-tests log(s) are read one at a time here (trace info "
+                              f"{str(logs[0])!r}), or all together by calibrate (calibrate {str(path)!r})")
                 raise UserError(f"{str(path)!r} holds no .json or .json.gz trace files and no {MANIFEST_NAME}{extra}")
     else:
         files = [path]
@@ -181,6 +194,11 @@ def load_trace(path: str | Path, mesh=None) -> TraceSet:
     if skipped:
         names = ", ".join(str(p.relative_to(root)) for p in skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
         skip_line = f"skipped {len(skipped)} file(s) that are not Kineto traces: {names}"
+    if path.is_dir() and manifest is None and logs:
+        names = ", ".join(str(p.relative_to(root)) for p in logs[:5]) + (f" and {len(logs) - 5} more" if len(logs) > 5 else "")
+        skip_line = ((skip_line + "; ") if skip_line else "") + (
+            f"not read with the traces: {len(logs)} nccl-tests log(s) ({names}); calibrate reads them with the traces "
+            "when given this folder, trace info one log at a time")
 
     traces: list[KinetoTrace] = []
     ranks_given = []

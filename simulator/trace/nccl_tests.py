@@ -70,6 +70,7 @@ _VERSION = re.compile(r"#\s*nccl-tests version (\S+)")
 _RANK = re.compile(r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.*?)\s*$")
 _AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+)")
 _PROG = re.compile(r"(all_reduce|all_gather|reduce_scatter|alltoall|sendrecv|broadcast|reduce|gather|scatter|hypercube)_perf")
+_TABLE_HEADER = re.compile(r"#\s*size\s+count\s+type\b.*\balgbw\s+busbw\b")
 _NUM = re.compile(r"^[0-9.]+(?:[eE][+-]?\d+)?$")
 
 # Programs whose name is not a collective name.
@@ -90,6 +91,22 @@ def check_collective_name(collective: str | None) -> str | None:
     if coll is None:
         raise UserError(f"unknown collective {collective!r}: use all_reduce, all_gather, reduce_scatter, alltoall, broadcast, reduce, sendrecv, gather, scatter or hypercube")
     return coll
+
+
+NCCL_TESTS_SUFFIXES = (".txt", ".log", ".out")
+
+
+def looks_like_nccl_tests(path: Path) -> bool:
+    """A text log whose first 64 KiB carry nccl-tests' header (nThread / nGpus, or its table's
+    column line: size count type ... algbw busbw): what a folder's other files are not."""
+    if path.suffix not in NCCL_TESTS_SUFFIXES:
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(65536).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return bool(_THREADS.search(head) or _TABLE_HEADER.search(head))
 
 
 def import_nccl_tests(path: str | Path, collective: str | None = None, nranks: int | None = None) -> NcclTestsResult:
