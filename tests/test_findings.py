@@ -301,3 +301,20 @@ def test_exposed_dp_under_fsdp2_tries_a_separate_reduce_scatter_group():
     sep = next(v for k, v in by.items() if k.startswith("fsdp_separate_reduce_scatter_group=true (torch's experimental"))
     assert sep["simulated"] and sep["predicted_step_s"] < rep.step_time_s
     assert not any(label.startswith("grad_bucket_params") for label in by)
+
+
+def test_zero1_gathers_serialized_along_a_plain_pipelines_fill_suggest_gathering_after_the_step():
+    # megatron-core without interleaving issues a stage's parameter gathers in its first forward
+    # (no align_param_gather): pp 8 stages gather one after another along the fill. Gathered
+    # after the optimizer step (overlap_param_gather false) every stage gathers at once.
+    data = {"name": "t", "model": "llama3-70b", "parallelism": {"tp": 8, "pp": 8, "cp": 4, "zero": 1},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 8192},
+            "cluster": {"gpus": 1024, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}, "network": "alpha-beta"}
+    rep = attach(simulate(build_scenario(data)), budget_s=60).report
+    (s,) = [s for s in _kinds(rep)["exposed-dp"]["suggestions"] if "overlap_param_gather" in s["label"]]
+    assert s["overrides"] == {"parallelism.overlap_param_gather": False} and s["simulated"]
+    assert s["predicted_step_s"] < 0.9 * rep.step_time_s
+    # interleaved, the schedule issues the gathers ahead (aligned): no such suggestion
+    inter = dict(data, schedule="interleaved-1f1b", parallelism={**data["parallelism"], "vpp": 2})
+    found = _kinds(attach(simulate(build_scenario(inter)), budget_s=0).report).get("exposed-dp")
+    assert found is None or not any("overlap_param_gather" in s["label"] for s in found["suggestions"])

@@ -669,6 +669,13 @@ def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     if 1 <= p.zero <= 2 and not sc.overlap_param_gather:
         cands.append(("overlap_param_gather=true (megatron-core --overlap-param-gather: the parameter all-gather by "
                       "buckets in the first forward)", {"parallelism.overlap_param_gather": True}))
+    elif 1 <= p.zero <= 2 and p.pp > 1 and result.program.schedule.num_stages == result.program.schedule.num_ranks:
+        # Without interleaving megatron-core issues a stage's parameter gathers in its first
+        # forward only (no align_param_gather), so the stages gather one after another along the
+        # fill; gathered after the optimizer step, they all gather at once.
+        cands.append(("overlap_param_gather=false (the parameter all-gather after the optimizer step, every stage at "
+                      "once, instead of each stage's in its first forward, one stage after another)",
+                      {"parallelism.overlap_param_gather": False}))
     if p.zero >= 3:
         cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 1}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 1}))
         cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 2}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 2}))

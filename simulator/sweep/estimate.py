@@ -976,7 +976,9 @@ class Estimator:
             for r in ((0,) if interleaved else range(p.pp)):
                 st = next(leaf.stage for a in sched.actions[r] for leaf in a.leaves if leaf.kind == "F")
                 lo, hi = bounds[stage_pos[st]]
-                zkey = ("zero12", id(tab), ckey, lo, hi, sc.grad_bucket_params, interleaved)
+                # Keyed by what the rows are, not where: the middle ranks' first stages are alike.
+                zkey = ("zero12", id(tab), ckey, tuple((float(tab.params[q]), float(layer_cost["F"][q])) for q in range(lo, hi)),
+                        sc.grad_bucket_params, interleaved)
                 got = self._tails.get(zkey)
                 if got is None:
                     got = self._tails[zkey] = self._zero12_first_forward(
