@@ -843,6 +843,7 @@ class Estimator:
                 m_[:, fi] += wait
                 dims["dp"] = m_
         first_wait = None  # resharded ZeRO-3: each F, B, I action's first-unit gather wait, per position
+        split_key = None  # (the per-layer table's split of layers over positions: below)
         if tab.per_layer:
             L = len(tab.params)
             split_key = (L, P, tuple(p.pp_layer_split) if p.pp_layer_split else None,
@@ -973,19 +974,28 @@ class Estimator:
             # path; an interleaved schedule issues them all at step start (aligned), where the
             # first rank's first forward waits.
             interleaved = sched.num_stages > sched.num_ranks
-            for r in ((0,) if interleaved else range(p.pp)):
-                st = next(leaf.stage for a in sched.actions[r] for leaf in a.leaves if leaf.kind == "F")
-                lo, hi = bounds[stage_pos[st]]
-                # Keyed by what the rows are, not where: the middle ranks' first stages are alike.
-                zkey = ("zero12", id(tab), ckey, tuple((float(tab.params[q]), float(layer_cost["F"][q])) for q in range(lo, hi)),
-                        sc.grad_bucket_params, interleaved)
-                got = self._tails.get(zkey)
-                if got is None:
-                    got = self._tails[zkey] = self._zero12_first_forward(
-                        prog, range(lo, hi), coll, prof.compute.sm_count, _contention_scale(prof),
-                        float(sc.grad_bucket_params), interleaved, dp_cp > 1, use_edp, layer_cost)
-                start_s += got[0] + got[1]
-                start_compute_s += got[1]
+            # (once a schedule, split and bucket: a warm point looks it up, not its ranks)
+            tkey = ("zero12 total", id(tab), ckey, skey, split_key, sc.grad_bucket_params, interleaved)
+            total = self._tails.get(tkey)
+            if total is None:
+                waited_s = extra_s = 0.0
+                for r in ((0,) if interleaved else range(p.pp)):
+                    st = next(leaf.stage for a in sched.actions[r] for leaf in a.leaves if leaf.kind == "F")
+                    lo, hi = bounds[stage_pos[st]]
+                    # Replayed once for what the rows are, not where: the middle ranks' first
+                    # stages are alike.
+                    zkey = ("zero12", id(tab), ckey, tuple((float(tab.params[q]), float(layer_cost["F"][q]))
+                                                           for q in range(lo, hi)), sc.grad_bucket_params, interleaved)
+                    got = self._tails.get(zkey)
+                    if got is None:
+                        got = self._tails[zkey] = self._zero12_first_forward(
+                            prog, range(lo, hi), coll, prof.compute.sm_count, _contention_scale(prof),
+                            float(sc.grad_bucket_params), interleaved, dp_cp > 1, use_edp, layer_cost)
+                    waited_s += got[0]
+                    extra_s += got[1]
+                total = self._tails[tkey] = (waited_s, extra_s)
+            start_s += total[0] + total[1]
+            start_compute_s += total[1]
         if dp_cp > 1 or use_edp:
             bucket_bytes = sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero)
             # The tail differs by the stages a rank holds: the first and last ranks hold the
