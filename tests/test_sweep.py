@@ -112,6 +112,23 @@ def test_tp_overlap_axes_reach_their_fields_and_the_estimate_ranks_them():
     assert step[(True, False)] < step[(False, False)] and step[(False, True)] < step[(False, False)]
 
 
+
+def test_the_param_gather_axis_reaches_its_field_and_the_estimate_follows_the_simulation():
+    # A plain 1F1B pipeline with ZeRO-1: megatron-core's bucketed gathers serialize along the fill,
+    # gathered after the step every stage gathers at once (docs/design-notes.md, round 26).
+    base = {"name": "z1", "model": "llama3-70b", "parallelism": {"tp": 8, "pp": 8, "cp": 4, "zero": 1},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 8192},
+            "cluster": {"gpus": 1024, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}, "network": "alpha-beta"}
+    spec = make_spec(base, {"overlap_param_gather": [True, False]}, name="gather")
+    assert set(spec.axes) == {"parallelism.overlap_param_gather"}
+    est = Estimator()
+    for point in expand(spec):
+        sc = build_scenario(spec.base, point)
+        assert sc.overlap_param_gather is point["parallelism.overlap_param_gather"]
+        sim = simulate(sc, with_critical_path=False).report.step_time_s
+        assert est.estimate(sc).step_time_s == pytest.approx(sim, rel=0.01)
+
+
 # ------------------------------------------------------------------------------ pruning
 
 def test_pruning_reasons_are_counted():
