@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from simulator.errors import UserError
+from simulator.gcpause import cyclic_gc_paused
 from simulator.scenario import Scenario, build_scenario
 from simulator.sweep.estimate import Estimate, Estimator, rank_agreement
 from simulator.sweep.space import SHORT, SweepSpec, expand
@@ -145,46 +146,50 @@ def evaluate_space(
     total = 0
     keyer = ResultKeyer(spec.mode)
     base = _absolute_paths(json.loads(json.dumps(spec.base)))
-    for point in expand(spec):
-        total += 1
-        if progress is not None and total % 256 == 0:
-            progress(256)
-        try:
-            sc = build_scenario(base, point)
-        except UserError as exc:
-            prune(exc)
-            continue
-        gpus = sc.cluster.gpus
-        if c.max_gpus is not None and gpus > c.max_gpus:
-            pruned[f"gpus above max_gpus={c.max_gpus}"] += 1
-            continue
-        if c.min_gpus is not None and gpus < c.min_gpus:
-            pruned[f"gpus below min_gpus={c.min_gpus}"] += 1
-            continue
-        if sc.schedule in ("zbv", "dualpipev") and sc.parallelism.vpp == 2 and not sc.schedule_file:
-            pruned[f"duplicate: {sc.schedule} always holds 2 chunks per rank (vpp=N is vpp=N)".replace("N", "2", 1).replace("N", "1")] += 1
-            continue
-        d = _absolute_paths(sc.model_dump(mode="json"))
-        key = keyer.key(d)
-        h = key.hash
-        if h in seen:
-            pruned["duplicate of an earlier point"] += 1
-            continue
-        seen.add(h)
-        try:
-            e = est.estimate(sc)
-        except UserError as exc:
-            prune(exc)
-            continue
-        if not e.fits_in_memory:
-            pruned["does not fit in memory"] += 1
-            continue
-        if c.memory_headroom > 0 and e.peak_memory_gib > e.memory_capacity_gib * (1 - c.memory_headroom):
-            pruned[f"memory headroom below {c.memory_headroom:g}"] += 1
-            continue
-        d["name"] = f"{spec.name}-{h[:10]}"
-        short = {SHORT.get(k, k): v for k, v in point.items()}
-        cands.append(Candidate(h, short, d, e, getattr(e, spec.objective), key))
+    # The estimate's caches (reference programs, replays) grow into a large heap of live objects
+    # the cyclic collector re-scans for nothing (simulator.gcpause). Measured on the 30,240-point
+    # 405B slice: cold 149 -> 130 s, peak RSS 1,210 MiB either way.
+    with cyclic_gc_paused():
+        for point in expand(spec):
+            total += 1
+            if progress is not None and total % 256 == 0:
+                progress(256)
+            try:
+                sc = build_scenario(base, point)
+            except UserError as exc:
+                prune(exc)
+                continue
+            gpus = sc.cluster.gpus
+            if c.max_gpus is not None and gpus > c.max_gpus:
+                pruned[f"gpus above max_gpus={c.max_gpus}"] += 1
+                continue
+            if c.min_gpus is not None and gpus < c.min_gpus:
+                pruned[f"gpus below min_gpus={c.min_gpus}"] += 1
+                continue
+            if sc.schedule in ("zbv", "dualpipev") and sc.parallelism.vpp == 2 and not sc.schedule_file:
+                pruned[f"duplicate: {sc.schedule} always holds 2 chunks per rank (vpp=N is vpp=N)".replace("N", "2", 1).replace("N", "1")] += 1
+                continue
+            d = _absolute_paths(sc.model_dump(mode="json"))
+            key = keyer.key(d)
+            h = key.hash
+            if h in seen:
+                pruned["duplicate of an earlier point"] += 1
+                continue
+            seen.add(h)
+            try:
+                e = est.estimate(sc)
+            except UserError as exc:
+                prune(exc)
+                continue
+            if not e.fits_in_memory:
+                pruned["does not fit in memory"] += 1
+                continue
+            if c.memory_headroom > 0 and e.peak_memory_gib > e.memory_capacity_gib * (1 - c.memory_headroom):
+                pruned[f"memory headroom below {c.memory_headroom:g}"] += 1
+                continue
+            d["name"] = f"{spec.name}-{h[:10]}"
+            short = {SHORT.get(k, k): v for k, v in point.items()}
+            cands.append(Candidate(h, short, d, e, getattr(e, spec.objective), key))
     if progress is not None:
         progress(total % 256)
     cands.sort(key=lambda x: (-x.score if spec.maximize else x.score, x.hash))
