@@ -831,7 +831,7 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
 
     def inputs(sub: Action, remote: bool | None = None) -> None:
         """Waits for the action's inputs: all, or (``remote``) only those from other ranks or
-        only the rest (this rank's own outputs and parameter gathers)."""
+        only the rest (this rank's own outputs; parameter gathers are waited for by layer)."""
         for (st, kind, mb) in required_inputs(sched, sub):
             src_pp = sched.stage_rank[st]
             if remote is not None and remote != (src_pp != pp_rank):
@@ -845,7 +845,6 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
                     Stream.TP, ((Dim.TP, CollectiveOp.ALL_GATHER, prog.pp_gather_bytes),), -1, "pp",
                     f"gather {'activation' if kind == 'F' else 'gradient'} {st}{kind}{mb}", microbatch=mb, stage=st,
                     row_bytes=prog.pp_gather_bytes, action=sub, exposed_dim=Dim.PP))
-
 
     def run_action(idx: int, a: Action) -> None:
         for sub in a.leaves:
