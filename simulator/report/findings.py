@@ -272,6 +272,25 @@ def memory_finding(result: "SimulationResult", budget: _Budget) -> Finding | Non
     return Finding("memory", msg, rep.peak_memory_gib - rep.memory_capacity_gib, sugg)
 
 
+# Without interleaving megatron-core issues a stage's parameter gathers in its first forward only
+# (no align_param_gather), so the stages gather one after another along the fill (exposed dp on
+# each, bubble on the ranks after it); gathered after the optimizer step, they all gather at once.
+SERIALIZED_GATHER_SUGGESTION = (
+    "overlap_param_gather=false (the parameter all-gather after the optimizer step, every stage at once, instead "
+    "of each stage's in its first forward, one stage after another along the fill)",
+    {"parallelism.overlap_param_gather": False})
+
+
+def serialized_param_gathers(result: "SimulationResult") -> bool:
+    """ZeRO-1/2 gathering by buckets in each stage's first forward on a plain (non-interleaved)
+    pipeline with data parallelism: the layouts SERIALIZED_GATHER_SUGGESTION is for."""
+    sc = result.scenario
+    p = sc.parallelism
+    sched = result.program.schedule
+    return (1 <= p.zero <= 2 and sc.overlap_param_gather and p.pp > 1 and sc.dp * p.cp > 1
+            and sched.num_stages == sched.num_ranks)
+
+
 def bubble_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     rep = result.report
     sc = result.scenario
@@ -287,6 +306,8 @@ def bubble_finding(result: "SimulationResult", budget: _Budget) -> Finding | Non
         cands.append(("zb-h1", {"schedule": "zb-h1"}))
     if sc.schedule not in ("zbv", "dualpipev") and not sc.schedule_file:
         cands.append(("zbv", {"schedule": "zbv", "parallelism.vpp": 1, "parallelism.pp_layer_split": None}))
+    if serialized_param_gathers(result):
+        cands.append(SERIALIZED_GATHER_SUGGESTION)
     if sc.schedule_file:
         pass  # the file fixes the order and the microbatch count: a batch change would not run it
     elif sc.batch.micro_batch_size > 1:
@@ -669,13 +690,8 @@ def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
     if 1 <= p.zero <= 2 and not sc.overlap_param_gather:
         cands.append(("overlap_param_gather=true (megatron-core --overlap-param-gather: the parameter all-gather by "
                       "buckets in the first forward)", {"parallelism.overlap_param_gather": True}))
-    elif 1 <= p.zero <= 2 and p.pp > 1 and result.program.schedule.num_stages == result.program.schedule.num_ranks:
-        # Without interleaving megatron-core issues a stage's parameter gathers in its first
-        # forward only (no align_param_gather), so the stages gather one after another along the
-        # fill; gathered after the optimizer step, they all gather at once.
-        cands.append(("overlap_param_gather=false (the parameter all-gather after the optimizer step, every stage at "
-                      "once, instead of each stage's in its first forward, one stage after another)",
-                      {"parallelism.overlap_param_gather": False}))
+    elif serialized_param_gathers(result):
+        cands.append(SERIALIZED_GATHER_SUGGESTION)
     if p.zero >= 3:
         cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 1}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 1}))
         cands.append((f"fsdp_prefetch={p.fsdp_prefetch + 2}", {"parallelism.fsdp_prefetch": p.fsdp_prefetch + 2}))
