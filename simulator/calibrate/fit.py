@@ -637,6 +637,7 @@ def calibrate(
                                                 source=f"not fitted: no {tier}-node collective was measured; 1.0 leaves the "
                                                        f"topology's {link_name} as given"))
                 continue
+            offered_GBps = topo.node.nic_GBps_per_gpu if tier == "inter" else topo.node.nvlink_GBps
             if raw > 1.0:
                 notes.add(
                     f"measured {tier}-node bandwidth is {raw:.2f}x what topology {topo.name!r} allows; efficiency capped at 1 "
@@ -645,7 +646,7 @@ def calibrate(
                 # The CPU topology's bandwidths are placeholders (cpu-loopback.yaml): the fitted
                 # efficiency is how the host's own rate gets into the profile, nothing to fix.
                 notes.add(f"{key} {raw:.2f}: this host's {tier}-node transfers reach {raw:.0%} of the placeholder "
-                          f"{topo.node.nic_GBps_per_gpu if tier == 'inter' else topo.node.nvlink_GBps:.4g} GB/s a rank of "
+                          f"{offered_GBps:.4g} GB/s a rank of "
                           f"topology {topo.name!r}; the profile carries the measured rate")
             elif raw < LOW_EFFICIENCY:
                 logs = [r for r in src.nccl_tests]
@@ -653,7 +654,7 @@ def calibrate(
                 notes.add(
                     f"{'nic' if tier == 'inter' else 'nvlink'}_efficiency {raw:.2f}: the measured {tier}-node bandwidth{what} is "
                     f"{raw:.0%} of what topology {topo.name!r} offers "
-                    f"({topo.node.nic_GBps_per_gpu if tier == 'inter' else topo.node.nvlink_GBps:.4g} GB/s per GPU): the inputs "
+                    f"({offered_GBps:.4g} GB/s per GPU): the inputs "
                     "likely ran on another fabric (or the topology models it poorly); pass --topology matching it")
             comm_kw[key] = float(min(1.0, max(raw, 1e-6)))
             items.append(ProvenanceItem(field=f"comm.{key}", value=comm_kw[key],

@@ -110,20 +110,23 @@ def find_trace_files(folder: Path) -> tuple[list[Path], list[Path]]:
     """Kineto traces anywhere under folder (per-rank subfolders at any depth), and the files
     skipped: .json files that are not traces. Hidden folders are not entered."""
     files, skipped = [], []
-    for p in sorted(folder.rglob("*")):
-        if not p.is_file() or any(part.startswith(".") for part in p.relative_to(folder).parts):
-            continue
+    for p in _visible_files(folder):
         if p.name.endswith(_TRACE_SUFFIXES):
             (files if _looks_like_trace(p) else skipped).append(p)
     return files, skipped
+
+
+def _visible_files(folder: Path) -> list[Path]:
+    """The files anywhere under folder, sorted; hidden folders (and files) are not entered."""
+    return [p for p in sorted(folder.rglob("*"))
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)]
 
 
 def nccl_tests_logs(folder: Path) -> list[Path]:
     """nccl-tests logs anywhere under folder (hidden folders are not entered)."""
     from simulator.trace.nccl_tests import looks_like_nccl_tests
 
-    return [p for p in sorted(folder.rglob("*")) if p.is_file()
-            and not any(part.startswith(".") for part in p.relative_to(folder).parts) and looks_like_nccl_tests(p)]
+    return [p for p in _visible_files(folder) if looks_like_nccl_tests(p)]
 
 
 def _import_quiet(args: tuple[Path, int | None]) -> KinetoTrace:
