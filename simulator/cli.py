@@ -278,7 +278,7 @@ def simulate(
     vpp: Optional[int] = typer.Option(None, "--vpp", "--virtual-pipeline-model-parallel-size", help="Virtual pipeline stages (model chunks) per pipeline rank; > 1 selects interleaved-1f1b unless --schedule is given.", rich_help_panel="Parallelism"),
     layers_per_virtual_stage: Optional[int] = typer.Option(None, "--num-layers-per-virtual-pipeline-stage", help="Megatron's way to give vpp: layers per model chunk; vpp = num_layers / (pp x this).", rich_help_panel="Parallelism"),
     cp: Optional[int] = typer.Option(None, "--cp", "--context-parallel-size", help="Context-parallel size: GPUs that split each sequence (default 1).", rich_help_panel="Parallelism"),
-    ep: Optional[int] = typer.Option(None, "--ep", "--expert-model-parallel-size", help="Expert-parallel size (MoE), carved out of dp (default 1).", rich_help_panel="Parallelism"),
+    ep: Optional[int] = typer.Option(None, "--ep", "--expert-model-parallel-size", help="Expert-parallel size (MoE), folded over dp x cp, and tp under sequence parallelism (default 1).", rich_help_panel="Parallelism"),
     dp: Optional[int] = typer.Option(None, "--dp", "--data-parallel-size", help="Data-parallel size; derived as gpus / (tp x cp x pp) when omitted.", rich_help_panel="Parallelism"),
     zero: Optional[int] = typer.Option(None, "--zero", help=f"ZeRO stage: 0 replicated (DDP), 1 + optimizer sharded, 2 + gradients, 3 + parameters (FSDP); {DEFAULT_ZERO_HELP}.", rich_help_panel="Parallelism"),
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism with tp > 1 (default on).", rich_help_panel="Parallelism"),

@@ -131,7 +131,7 @@ class ParallelConfig(BaseModel):
     pp: Whole = Field(1, ge=1, le=MAX_GPUS, description="Pipeline-parallel ranks.")
     vpp: Whole = Field(1, ge=1, le=MAX_LAYERS, description="Model chunks per pipeline rank (interleaved schedules).")
     cp: Whole = Field(1, ge=1, le=MAX_GPUS, description="Context-parallel size: the sequence split across ranks.")
-    ep: Whole = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel size, carved out of dp.")
+    ep: Whole = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel size, folded over a stage's dp x cp ranks (x tp under sequence parallelism): megatron-core's MoE parallel folding with expert tensor parallelism 1.")
     dp: Whole | None = Field(None, ge=1, le=MAX_GPUS, description="Data-parallel size; derived as gpus / (tp*cp*pp) when omitted.")
     zero: Whole = Field(1, ge=0, le=3, description="ZeRO stage: 0 DDP, 1 sharded optimizer, 2 + gradients, 3 + parameters (FSDP); sharded over dp x cp, whose ranks hold the same parameters.")
     sequence_parallel: bool = Field(True, description="Megatron sequence parallelism: all-gather / reduce-scatter instead of all-reduce.")
@@ -524,10 +524,22 @@ class Scenario(BaseModel):
                 f"set --gpus {model_ranks * p.dp} or omit --dp to derive it"
             )
         dp = self.dp
-        if dp % p.ep:
-            raise UserError(f"ep={p.ep} does not divide dp={dp}: expert parallelism is carved out of data parallelism")
         if p.ep > 1 and not m.is_moe:
             raise UserError(f"ep={p.ep} needs a mixture-of-experts model, but {m.name!r} is dense: set ep=1")
+        # Expert parallelism folds over the ranks of a pipeline stage that route their own tokens:
+        # dp x cp, and the tp ranks under sequence parallelism (each routes its T/tp tokens through
+        # unsplit experts; megatron-core's MoE parallel folding with expert tensor parallelism 1,
+        # torchtitan's ep over dp_shard x cp x tp). topology.placement.Mesh lays the groups out.
+        sp_tp = p.tp if m.is_moe and p.sequence_parallel and p.tp > 1 else 1
+        expert_ranks = dp * p.cp * sp_tp
+        if expert_ranks % p.ep:
+            formula = f"dp x cp{' x tp' if sp_tp > 1 else ''} = {dp} x {p.cp}{f' x {p.tp}' if sp_tp > 1 else ''}"
+            fits = [str(e) for e in range(1, min(expert_ranks, m.num_experts) + 1)
+                    if expert_ranks % e == 0 and m.num_experts % e == 0]
+            raise UserError(
+                f"ep={p.ep} does not divide the {expert_ranks} ranks of a pipeline stage that route tokens to the "
+                f"experts ({formula}): choose ep among {', '.join(fits)}"
+                + ("" if sp_tp > 1 or p.tp == 1 else " (with sequence_parallel the tp ranks join them)"))
         if self.framework == "torchtitan" and p.tp > 1 and not p.sequence_parallel:
             # torchtitan's TP plan shards the norms over the sequence unconditionally, with no
             # option to turn it off (0.1.0 models/llama3/infra/parallelize.py apply_tp:
@@ -604,16 +616,18 @@ class Scenario(BaseModel):
             raise UserError(
                 f"fsdp_shard_size={p.fsdp_shard_size} needs zero=3 and must divide dp={dp}: set --zero 3 and a divisor of {dp}"
             )
-        if p.fsdp_shard_size is not None and p.fsdp_shard_size % p.ep:
+        if p.fsdp_shard_size is not None and (p.fsdp_shard_size * p.cp * sp_tp) % p.ep:
             # torchtitan carves ep out of the sharded dimension, never the replicated one (0.2.0
             # parallel_dims.py: dp_shard = dp_shard_mod_ep x dp_shard_in_ep, asserting (dp_shard x
-            # cp [x tp]) % ep == 0; 0.3.0: efsdp = dp_shard x cp x tp / ep, inside dp_replicate), and
-            # here ep is carved out of dp: an HSDP shard group must hold whole EP groups.
-            fits = [str(s) for s in range(p.ep, dp + 1, p.ep) if dp % s == 0]
+            # cp [x tp]) % ep == 0; 0.3.0: efsdp = dp_shard x cp x tp / ep, inside dp_replicate):
+            # an HSDP shard group's ranks (with their cp and routing tp ranks) hold whole EP groups.
+            inner = p.cp * sp_tp
+            fits = [str(s) for s in range(1, dp + 1) if dp % s == 0 and (s * inner) % p.ep == 0]
+            what = f"fsdp_shard_size x cp{' x tp' if sp_tp > 1 else ''} = {p.fsdp_shard_size * inner}"
             raise UserError(
-                f"fsdp_shard_size={p.fsdp_shard_size} is not a multiple of ep={p.ep}: an expert-parallel group must lie "
-                f"inside one HSDP shard group (torchtitan carves ep out of the sharded data-parallel ranks, never the "
-                f"replicated ones): use fsdp_shard_size among {', '.join(fits)}, or an ep that divides {p.fsdp_shard_size}"
+                f"fsdp_shard_size={p.fsdp_shard_size} splits ep={p.ep} groups across HSDP replicas: {what} must be a "
+                f"multiple of ep (torchtitan carves ep out of the sharded data-parallel ranks, never the replicated "
+                f"ones): use fsdp_shard_size among {', '.join(fits)}, or an ep that divides {p.fsdp_shard_size * inner}"
             )
         if self.cp_attention == "ring" and p.cp > 1 and (b.seq_length // p.cp) % 2:
             raise UserError(f"ring attention splits each rank's {b.seq_length // p.cp} tokens in two chunks: use an even seq_length/cp")

@@ -21,7 +21,7 @@ from simulator.schedules.base import PipelineSchedule
 from simulator.topology import TopologySpec, load_topology
 from simulator.workload.memory import MemoryReport, memory_report
 from simulator.workload.ops import active_parameters, total_parameters
-from simulator.workload.plan import Plan, build_plan
+from simulator.workload.plan import Plan, build_plan, mesh_of
 from simulator.workload.program import Program, build_program
 
 
@@ -60,12 +60,12 @@ def resolve_schedule(sc: Scenario) -> PipelineSchedule:
 
 
 def make_network(sc: Scenario, topo: TopologySpec, profile: Profile):
-    from simulator.topology.placement import Mesh, Placement, PlacedNetwork
+    from simulator.topology.placement import Placement, PlacedNetwork
 
     p = sc.parallelism
     # The placement knows the NVLink domain (72 GPUs on a GB200 NVL72): groups that do not
     # divide it are packed whole into each domain, leaving its remainder idle.
-    placement = Placement(Mesh(p.tp, p.cp, p.ep, sc.dp, p.pp, p.mesh_order), domain_gpus=topo.node.nvlink_domain_gpus)
+    placement = Placement(mesh_of(sc), domain_gpus=topo.node.nvlink_domain_gpus)
     n_gpus = sc.cluster.gpus if placement.is_identity else placement.gpus_spanned
     if sc.network == "alpha-beta":
         net = TierNetwork.for_topology(topo, profile)

@@ -18,7 +18,7 @@ class Dim(StrEnum):
     EP = "ep"
     PP = "pp"
     DP = "dp"
-    # expert data parallel: the ranks that hold the same experts (dp / ep x cp, x tp under
+    # expert data parallel: the ranks that hold the same experts (dp x cp / ep, x tp under
     # sequence parallelism: plan.edp_tp_of)
     EDP = "edp"
     DP_SHARD = "dp_shard"  # HSDP: the ranks a parameter is sharded over

@@ -43,24 +43,41 @@ def split_params(prog) -> tuple[float, float]:
     return prog.stage_params[0] - expert, expert
 
 
-def test_the_edp_cp_tp_group_holds_every_rank_of_one_pipeline_and_expert_index_tp_fastest():
-    mesh = Mesh(tp=2, cp=2, ep=2, dp=4, pp=2)
-    groups = mesh.groups("edp-cp-tp")
-    assert groups.shape == (mesh.pp * mesh.ep, mesh.edp * mesh.cp * mesh.tp) == (4, 8)
+def test_the_expert_folding_cuts_a_stages_tp_cp_dp_ranks_into_consecutive_ep_groups():
+    # megatron-core 0.16.1's expert rank generator (etp 1, the default order): a stage's ranks in
+    # tp-cp-dp order, ep consecutive ranks an EP group, the ranks at the same place in each group
+    # the expert-data-parallel group.
+    mesh = Mesh(tp=2, cp=2, ep=2, dp=4, pp=2, edp_tp=2)
+    ep, edp = mesh.groups("ep"), mesh.groups("edp")
+    assert ep.shape == (16, 2) and edp.shape == (mesh.pp * mesh.ep, mesh.edp) == (4, 8)
+    assert mesh.edp == mesh.dp * mesh.cp * mesh.tp // mesh.ep == 8
+    for groups in (ep, edp):
+        assert sorted(groups.ravel().tolist()) == list(range(mesh.world_size))
+    # An EP group of 2 is a TP pair (consecutive ranks); the expert data-parallel group takes one
+    # rank of each pair, across cp and dp.
+    assert ep[:2].tolist() == [[0, 1], [2, 3]]
+    assert edp[0].tolist() == [0, 2, 4, 6, 8, 10, 12, 14]
     c = mesh.coords  # pp, dp, cp, tp, ep
-    assert sorted(groups.ravel().tolist()) == list(range(mesh.world_size))
-    for g in groups:
+    for g in edp:
         assert len({(int(c[r, 0]), int(c[r, 4])) for r in g}) == 1, "one (pp, ep) index per group"
-        # tp varies fastest: members pair up as tp peers, on consecutive GPU ids (default order)
-        assert (c[g[0::2], 3] == 0).all() and (c[g[1::2], 3] == 1).all()
-        assert (g[1::2] - g[0::2] == 1).all()
-    # With tp = 1 the group is the edp-cp array, element for element.
-    flat = Mesh(tp=1, cp=2, ep=2, dp=4, pp=2)
-    assert np.array_equal(flat.groups("edp-cp-tp"), flat.groups("edp-cp"))
+    # An EP group larger than dp: 16 ranks a stage (tp 2 x dp 8), ep 16 spans every one of them.
+    wide = Mesh(tp=2, cp=1, ep=16, dp=8, pp=2, edp_tp=2)
+    assert wide.groups("ep").tolist() == [list(range(16)), list(range(16, 32))]
+    assert wide.edp == 1 and wide.ep_dp_span == 8
+    # Where tp ranks route the same tokens (no sequence parallelism), the folding runs over each
+    # tp index's cp x dp ranks: an EP group keeps one tp index.
+    same_tokens = Mesh(tp=2, cp=1, ep=2, dp=4, pp=1)
+    assert same_tokens.groups("ep").tolist() == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert same_tokens.groups("edp").tolist() == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    with pytest.raises(UserError, match=r"^ep=3 must divide the 8 ranks of a pipeline stage that route tokens to "
+                                        r"experts \(dp x cp x tp = 4 x 1 x 2\): choose an ep that divides 8$"):
+        Mesh(tp=2, cp=1, ep=3, dp=4, pp=1, edp_tp=2)
 
 
 def test_expert_gradients_are_reduced_over_dp_tp_cp_over_ep_ranks_under_sequence_parallelism():
-    # 16 GPUs, tp 2 with SP, ep 2: dp 8, and the experts of one ep index live on dp / ep x tp = 8 ranks.
+    # 16 GPUs, tp 2 with SP, ep 2: dp 8, and the experts of one ep index live on dp x tp / ep = 8 ranks.
+    # The folding makes each TP pair an EP group, so a group of ranks holding the same experts
+    # holds one tp index: the experts of the pair's two halves differ.
     sc, prog, plan = plan_of(scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 1}))
     mesh = prog.mesh
     assert (mesh.dp, mesh.tp, mesh.cp, mesh.ep) == (8, 2, 1, 2)
@@ -68,7 +85,8 @@ def test_expert_gradients_are_reduced_over_dp_tp_cp_over_ep_ranks_under_sequence
     assert groups.shape == (2, 8)
     c = mesh.coords
     for g in groups:
-        assert len(set(c[g, 4].tolist())) == 1 and set(c[g, 3].tolist()) == {0, 1}  # one ep index, both tp ranks
+        assert len(set(c[g, 4].tolist())) == 1 and len(set(c[g, 1].tolist())) == 8  # one ep index, every dp rank
+    assert np.array_equal(plan.groups[Dim.EP], plan.groups[Dim.TP])
     assert sorted(groups[0].tolist()) == [r for r in range(mesh.world_size) if c[r, 4] == c[groups[0][0], 4]]
     reductions = expert_grad_reductions(plan)
     assert reductions and {(d, op) for c_ in reductions for d, op, _ in c_.steps} == {(Dim.EDP, CollectiveOp.REDUCE_SCATTER)}
@@ -96,7 +114,7 @@ def test_experts_without_sequence_parallelism_keep_tp_out_of_the_expert_group():
     d = scenario("moe-tp2-nosp", model=SMALL_MOE, framework="megatron-deepspeed",
                  parallelism={"tp": 2, "ep": 2, "zero": 1, "sequence_parallel": False})
     sc, prog, plan = plan_of(d)
-    assert np.array_equal(plan.groups[Dim.EDP], prog.mesh.groups("edp-cp"))
+    assert np.array_equal(plan.groups[Dim.EDP], prog.mesh.groups("edp"))
     res = simulate(sc)
     dense, expert = split_params(res.program)
     assert res.memory.per_rank_gib[0]["optimizer_gib"] * GIB == pytest.approx(12 * (dense / 8 + expert / 4), rel=1e-9)
@@ -106,7 +124,7 @@ def test_experts_without_sequence_parallelism_keep_tp_out_of_the_expert_group():
 def test_at_tp_1_the_expert_group_is_dp_over_ep_times_cp_as_before(zero):
     sc, prog, plan = plan_of(scenario("moe-tp1", model=SMALL_MOE, parallelism={"ep": 4, "zero": zero}))
     assert prog.edp_tp == 1
-    assert np.array_equal(plan.groups[Dim.EDP], prog.mesh.groups("edp-cp"))
+    assert np.array_equal(plan.groups[Dim.EDP], prog.mesh.groups("edp"))
     assert plan.groups[Dim.EDP].shape == (4, 4)
 
 
@@ -147,8 +165,8 @@ def test_zero3_gathers_a_moe_units_experts_over_the_expert_group():
 
 def test_hsdp_shard_group_that_splits_an_ep_group_is_refused():
     d = scenario("hsdp-ep", model=SMALL_MOE, gpus=16, parallelism={"ep": 4, "zero": 3, "fsdp_shard_size": 2})
-    with pytest.raises(UserError, match=r"^fsdp_shard_size=2 is not a multiple of ep=4: an expert-parallel group must lie "
-                                        r"inside one HSDP shard group .*use fsdp_shard_size among 4, 8, 16, or an ep that divides 2$"):
+    with pytest.raises(UserError, match=r"^fsdp_shard_size=2 splits ep=4 groups across HSDP replicas: fsdp_shard_size x cp = 2 "
+                                        r"must be a multiple of ep .*use fsdp_shard_size among 4, 8, 16, or an ep that divides 2$"):
         build_scenario(d)
 
 
@@ -184,6 +202,8 @@ def test_hsdp_shards_the_experts_inside_the_shard_group_and_all_reduces_across_r
     scenario("ep2-tp2-moe-zero3", model=SMALL_MOE, parallelism={"tp": 2, "ep": 2, "zero": 3}),
     scenario("hsdp-ep-tp2-moe", model=SMALL_MOE, gpus=32, parallelism={"tp": 2, "ep": 4, "zero": 3, "fsdp_shard_size": 8}),
     scenario("moe-tp2-dp1", model=SMALL_MOE, gpus=2, gbs=4, parallelism={"tp": 2, "zero": 1}),
+    scenario("ep8-over-tp2-dp4", model=SMALL_MOE, gpus=8, parallelism={"tp": 2, "ep": 8, "zero": 1}),
+    scenario("ep8-over-tp2-dp4-zero3", model=SMALL_MOE, gpus=8, parallelism={"tp": 2, "ep": 8, "zero": 3}),
 ], ids=lambda d: d["name"])
 def test_the_estimate_uses_the_same_expert_groups_as_the_simulation(d):
     sc = build_scenario(d)
@@ -257,3 +277,41 @@ def test_megatron_core_moe_under_tp_without_sequence_parallelism_is_refused():
         build_scenario(scenario("moe-tp2-nosp", model=SMALL_MOE, parallelism=par))
     assert build_scenario(scenario("moe-tp2-nosp", model=SMALL_MOE, framework="megatron-deepspeed", parallelism=par)).parallelism.tp == 2
     assert build_scenario(scenario("moe-tp2-sp", model=SMALL_MOE, parallelism={**par, "sequence_parallel": True})).parallelism.tp == 2
+
+
+def test_ep_larger_than_dp_folds_over_the_tp_ranks_as_megatron_core_does():
+    # NeMo 2.5's DeepSeek-V3 recipe runs TP2, PP16, EP64 with expert_tensor_parallel_size 1 on 32 dp
+    # ranks: megatron-core's MoE parallel folding cuts each stage's 64 tp x dp ranks into one EP
+    # group. The small model here: tp 2 with SP on 8 GPUs (dp 4), ep 8 > dp.
+    sc, prog, plan = plan_of(scenario("fold", model=SMALL_MOE, gpus=8, parallelism={"tp": 2, "ep": 8, "zero": 1}))
+    assert (sc.dp, prog.mesh.edp) == (4, 1)
+    assert plan.groups[Dim.EP].tolist() == [list(range(8))]
+    # Every rank holds one expert of its own: no expert gradient to reduce, no expert state sharded.
+    assert not expert_grad_reductions(plan)
+    res = simulate(sc)
+    dense, expert = split_params(res.program)
+    assert res.memory.per_rank_gib[0]["optimizer_gib"] * GIB == pytest.approx(12 * (dense / 4 + expert), rel=1e-9)
+    # Without sequence parallelism the tp ranks route the same tokens and cannot fold in.
+    with pytest.raises(UserError, match=r"^ep=8 does not divide the 4 ranks of a pipeline stage that route tokens to the "
+                                        r"experts \(dp x cp = 4 x 1\): choose ep among 1, 2, 4 \(with sequence_parallel "
+                                        r"the tp ranks join them\)$"):
+        build_scenario(scenario("fold-nosp", model=SMALL_MOE, gpus=8, framework="megatron-deepspeed",
+                                parallelism={"tp": 2, "ep": 8, "zero": 1, "sequence_parallel": False}))
+    with pytest.raises(UserError, match=r"^ep=16 does not divide the 8 ranks .* \(dp x cp x tp = 4 x 1 x 2\): "
+                                        r"choose ep among 1, 2, 4, 8$"):
+        build_scenario(scenario("fold16", model=dict(SMALL_MOE, num_experts=16), gpus=8,
+                                parallelism={"tp": 2, "ep": 16, "zero": 1}))
+
+
+def test_an_ep_group_of_tp_pairs_stays_in_the_node_where_carving_it_out_of_dp_left_it():
+    # tp 2 with SP and ep 8 on 16 GPUs (dp 8): folded, an EP group is 8 consecutive ranks, one
+    # 8-GPU node, and its all-to-all runs on NVLink. Carved out of dp alone (the model before
+    # megatron-core's folding), it took one rank of each TP pair: 16 GPUs, two nodes.
+    sc, prog, plan = plan_of(scenario("fold-node", model=SMALL_MOE, gpus=16, parallelism={"tp": 2, "ep": 8, "zero": 1}))
+    ep = plan.groups[Dim.EP]
+    assert ep.shape == (2, 8) and (ep // 8 == ep[:, :1] // 8).all()
+    # The ranks holding the same experts: one rank in each EP group, one a node.
+    edp = plan.groups[Dim.EDP]
+    assert edp.shape == (8, 2) and (edp[:, 1] - edp[:, 0] == 8).all()
+    a2a = [i for i in plan.ranks[0].collectives() if i.steps[0][0] == Dim.EP]
+    assert a2a, "the MoE layers dispatch and combine over ep"

@@ -53,6 +53,22 @@ def test_tp16_on_two_racks_packs_whole_groups_per_rack():
     assert Placement(Mesh(tp=8, cp=1, ep=1, dp=18, pp=1), domain_gpus=72).is_identity
 
 
+def test_an_nvl72_rack_holds_whole_ep_groups():
+    # ep 8 folded over TP8 groups under sequence parallelism: an EP group is one TP group's 8
+    # ranks, so 9 of them fill the rack. Where tp ranks route the same tokens an EP group takes
+    # one rank of 8 TP groups: 64 ranks a rack, whole groups, 8 GPUs idle.
+    assert Placement(Mesh(tp=8, cp=1, ep=8, dp=18, pp=1, edp_tp=8), domain_gpus=72).ranks_per_domain == 72
+    pl = Placement(Mesh(tp=8, cp=1, ep=8, dp=16, pp=1), domain_gpus=72)
+    assert pl.ranks_per_domain == 64
+    ep = pl.groups("ep")
+    assert (ep // 72 == ep[:, :1] // 72).all()
+    # ep 64 over tp 2: 64 consecutive ranks a group, one a rack.
+    wide = Placement(Mesh(tp=2, cp=1, ep=64, dp=64, pp=1, edp_tp=2), domain_gpus=72)
+    assert wide.ranks_per_domain == 64
+    g = wide.groups("ep")
+    assert (g // 72 == g[:, :1] // 72).all()
+
+
 def test_simulated_tp16_on_nvl72_uses_nvlink_speed():
     sc = build_scenario({
         "model": "llama3-70b", "parallelism": {"tp": 16, "pp": 1, "zero": 1},

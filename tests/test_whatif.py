@@ -272,6 +272,7 @@ MOE_MODEL = {**SMALL_MODEL, "name": "tinymoe", "num_experts": 8, "top_k": 2}
 
 @pytest.mark.parametrize("model,par,gpus,seq,schedule", [
     (MOE_MODEL, {"tp": 2, "pp": 2, "ep": 4, "zero": 1}, 64, 1024, "1f1b"),
+    (MOE_MODEL, {"tp": 2, "pp": 2, "ep": 8, "zero": 1}, 16, 1024, "1f1b"),  # ep folded over tp x dp
     (SMALL_MODEL, {"tp": 2, "pp": 2, "cp": 2, "cp_attention": "ring", "zero": 1}, 64, 2048, "1f1b"),
     (SMALL_MODEL, {"tp": 1, "pp": 1, "zero": 3, "fsdp_shard_size": 8}, 32, 1024, "1f1b"),
     (SMALL_MODEL, {"tp": 4, "pp": 2, "vpp": 2, "zero": 1}, 64, 1024, "interleaved-1f1b"),

@@ -72,11 +72,11 @@ def calibrate_command(
     mesh = None
     if scenario is not None:
         from simulator.scenario import load_scenario
-        from simulator.topology.placement import Mesh
+        from simulator.workload.plan import mesh_of
 
         sc = load_scenario(scenario)
         p = sc.parallelism
-        mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=sc.dp, pp=p.pp, order=p.mesh_order)
+        mesh = mesh_of(sc)
     notes = Notes()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -56,7 +56,7 @@ from simulator.schedules.base import Action
 from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim, Stream
 from simulator.workload.plan import (
     Collective, GradBuckets, Wait, bucketed_stages, grad_reduce_bytes, grad_reduction_steps, communication_groups, edp_tp_of, emit_action, hsdp_expert_shard_of,
-    hsdp_shard_of, linear_replay, ADAM_BYTES_PER_PARAM, adam_bytes_per_param, adam_tensor_count, optimizer_shards,
+    hsdp_shard_of, linear_replay, mesh_of, ADAM_BYTES_PER_PARAM, adam_bytes_per_param, adam_tensor_count, optimizer_shards,
     optimizer_state_bytes, param_buckets, pp_message_bytes, zero12_bucket_bytes,
 )
 from simulator.workload.ops import optimizer_time_s, tied_head_shares_embedding
@@ -388,7 +388,7 @@ class Estimator:
         key = (mesh.tp, mesh.cp, mesh.ep, mesh.dp, mesh.pp, mesh.order, shard, edp_tp)
         g = self._groups.get(key)
         if g is None:
-            g = self._groups[key] = {d: v[:1].copy() for d, v in communication_groups(mesh, shard, edp_tp).items()}
+            g = self._groups[key] = {d: v[:1].copy() for d, v in communication_groups(mesh, shard).items()}
         return g
 
     def _coll_time(self, net: TierNetwork, netkey: tuple, mesh: Mesh, shard: int | None, edp_tp: int, dim: str,
@@ -693,14 +693,14 @@ class Estimator:
             )
         tab = self._table(sc, sched)
         prog = tab.program
-        mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=dp, pp=p.pp, order=p.mesh_order)
+        mesh = mesh_of(sc)
         hsdp = hsdp_shard_of(p.zero, p.fsdp_shard_size, dp, cp=p.cp)
         # The gradient reduction's ranks: dp with the CP ranks (Mesh.groups("dp-cp")); the
         # experts' the ranks holding the same experts, tp ranks included under sequence
         # parallelism (plan.edp_tp_of), as the plan has them.
         dp_cp = dp * p.cp
         edp_tp = edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe)
-        use_edp = mesh.edp * mesh.cp * edp_tp > 1
+        use_edp = mesh.edp > 1
         hsdp_expert = hsdp_expert_shard_of(hsdp, p.ep, edp_tp)
 
         local: dict[tuple, float] = {}

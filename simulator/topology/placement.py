@@ -1,12 +1,23 @@
 """Rank <-> parallel coordinates, from one reshaped array (as picotron does).
 
 The mesh order lists dimensions innermost first. Megatron's default ``tp-cp-ep-dp-pp`` keeps a
-TP group on consecutive GPU ids, i.e. inside one node. Expert parallelism is carved out of the
-data-parallel dimension (dp = ep x edp), as in Megatron: the dense DP group spans ep and edp.
+TP group on consecutive GPU ids, i.e. inside one node. The dense model's ranks are laid out by
+tp, cp, dp and pp alone: ``ep`` in the order places nothing, as megatron-core 0.16.1's decoder rank
+generator is built with ep = 1 (parallel_state.initialize_model_parallel).
+
+Expert parallelism folds over a pipeline stage's ranks as megatron-core's expert rank generator
+does ("MoE parallel folding": RankGenerator(tp=etp, ep, dp=edp, cp=1) on the same ranks): the
+experts are not split by tp (expert tensor parallelism 1), so under sequence parallelism each tp
+rank routes its own tokens and the ranks of a stage, in tp-cp-dp order (tp fastest), are cut into
+EP groups of ep consecutive ranks; the expert-data-parallel group is the ranks at the same place
+in each. An EP group may so span tp, cp and dp ranks (ep divides dp x cp x tp, not dp alone):
+DeepSeek-V3's TP2 EP64 on 32 dp ranks. Without sequence parallelism every tp rank routes the same
+tokens and the folding runs over cp-dp for each tp index (``edp_tp`` = 1).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -23,9 +34,12 @@ class Mesh:
     tp: int
     cp: int
     ep: int
-    dp: int  # the whole data-parallel degree, ep included
+    dp: int  # the whole data-parallel degree
     pp: int
     order: str = DEFAULT_ORDER
+    # Tensor-parallel ranks that route their own tokens through the same experts (plan.edp_tp_of:
+    # tp under sequence parallelism with a MoE model, else 1). They join the expert folding.
+    edp_tp: int = 1
 
     def __post_init__(self) -> None:
         dims = self.order.split("-")
@@ -34,91 +48,109 @@ class Mesh:
                 f"mesh order {self.order!r} must name each of tp, cp, ep, dp, pp once, innermost first "
                 f"(default {DEFAULT_ORDER})"
             )
-        if self.dp % self.ep:
-            raise UserError(f"ep={self.ep} must divide dp={self.dp}: experts are sharded over data-parallel ranks")
+        if self.edp_tp not in (1, self.tp):
+            raise ValueError(f"edp_tp={self.edp_tp} must be 1 or tp={self.tp}")
+        if self.expert_ranks % self.ep:
+            raise UserError(
+                f"ep={self.ep} must divide the {self.expert_ranks} ranks of a pipeline stage that route tokens to "
+                f"experts ({self.expert_ranks_formula}): choose an ep that divides {self.expert_ranks}"
+            )
 
     @property
     def world_size(self) -> int:
         return self.tp * self.cp * self.dp * self.pp
 
     @property
+    def expert_ranks(self) -> int:
+        """Ranks of one pipeline stage (of one tp index without sequence parallelism) that route
+        their own tokens to the experts: the ranks the EP and expert-data-parallel groups fold over."""
+        return self.dp * self.cp * self.edp_tp
+
+    @property
+    def expert_ranks_formula(self) -> str:
+        return f"dp x cp{' x tp' if self.edp_tp > 1 else ''} = {self.dp} x {self.cp}" + (
+            f" x {self.tp}" if self.edp_tp > 1 else "")
+
+    @property
     def edp(self) -> int:
-        return self.dp // self.ep
+        """Expert-data-parallel size: the ranks that hold the same experts (dp x cp x edp_tp / ep;
+        megatron-core: world / (etp x ep x pp))."""
+        return self.expert_ranks // self.ep
+
+    @property
+    def ep_dp_span(self) -> int:
+        """Data-parallel indices one EP group's ranks reach together: an EP group of ep consecutive
+        ranks over cp x edp_tp ranks a dp index ties lcm(ep, cp x edp_tp) / (cp x edp_tp) of them."""
+        inner = self.cp * self.edp_tp
+        return math.lcm(self.ep, inner) // inner
 
     @cached_property
     def _sizes(self) -> dict[str, int]:
-        # "dp" in the order string is the expert-data-parallel part (dp / ep).
-        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.edp, "pp": self.pp}
+        return {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}
 
     @cached_property
     def grid(self) -> np.ndarray:
-        """grid[pp, edp, ep, cp, tp] = global rank."""
-        dims = self.order.split("-")
-        shape = [self._sizes[d] for d in reversed(dims)]  # outermost first
-        arr = np.arange(self.world_size).reshape(shape)
-        axes = [list(reversed(dims)).index(d) for d in ("pp", "dp", "ep", "cp", "tp")]
-        return np.ascontiguousarray(arr.transpose(axes))
+        """grid[pp, dp, cp, tp] = global rank."""
+        dims = list(reversed(self.order.split("-")))  # outermost first
+        arr = np.arange(self.world_size).reshape([self._sizes[d] for d in dims])
+        axes = [dims.index(d) for d in ("pp", "dp", "cp", "tp", "ep")]
+        return np.ascontiguousarray(arr.transpose(axes)[..., 0])
+
+    @cached_property
+    def expert_grid(self) -> np.ndarray:
+        """expert_grid[pp, t, edp, ep] = global rank, t the tp index where tp ranks route the same
+        tokens (edp_tp = 1; size 1 otherwise): a stage's ranks in tp-cp-dp order (tp fastest),
+        cut into EP groups of ep consecutive ranks (megatron-core's expert rank generator with
+        etp = 1 and the default order)."""
+        t = self.tp // self.edp_tp
+        g = self.grid.reshape(self.pp, self.dp, self.cp, t, self.edp_tp).transpose(0, 3, 1, 2, 4)
+        return np.ascontiguousarray(g.reshape(self.pp, t, self.edp, self.ep))
 
     def rank(self, *, pp: int = 0, dp: int = 0, cp: int = 0, tp: int = 0) -> int:
-        """Global rank of the data-parallel index dp (0..dp-1, ep included) and the rest."""
-        ep, edp = dp % self.ep, dp // self.ep
-        return int(self.grid[pp, edp, ep, cp, tp])
+        """Global rank of the data-parallel index dp and the rest."""
+        return int(self.grid[pp, dp, cp, tp])
 
     @cached_property
     def coords(self) -> np.ndarray:
-        """coords[rank] = (pp, dp, cp, tp, ep) with dp the full data-parallel index."""
+        """coords[rank] = (pp, dp, cp, tp, ep) with ep the rank's index in its EP group."""
         out = np.empty((self.world_size, 5), dtype=np.int64)
         g = self.grid
-        idx = np.indices(g.shape).reshape(5, -1).T  # pp, edp, ep, cp, tp
-        ranks = g.reshape(-1)
-        out[ranks, 0] = idx[:, 0]
-        out[ranks, 1] = idx[:, 1] * self.ep + idx[:, 2]
-        out[ranks, 2] = idx[:, 3]
-        out[ranks, 3] = idx[:, 4]
-        out[ranks, 4] = idx[:, 2]
+        idx = np.indices(g.shape).reshape(4, -1).T  # pp, dp, cp, tp
+        out[g.reshape(-1), :4] = idx
+        e = self.expert_grid
+        out[e.reshape(-1), 4] = np.indices(e.shape)[3].reshape(-1)
         return out
 
     def groups(self, dim: str) -> np.ndarray:
         """All groups of a dimension, shape (n_groups, group_size), ranks in group order.
 
-        dim: tp, cp, ep, dp (dense data parallel: ep x edp), edp (expert data parallel), pp;
-        dp-cp and edp-cp: those two with the context-parallel ranks (the gradient reduction's);
-        edp-cp-tp: edp-cp with the tensor-parallel ranks too (experts that tp does not split).
+        dim: tp, cp, dp (dense data parallel), pp; dp-cp: dp with the context-parallel ranks (the
+        dense gradient reduction's); ep and edp: the expert folding's (``expert_grid``).
         """
-        g = self.grid  # pp, edp, ep, cp, tp
+        g = self.grid  # pp, dp, cp, tp
         if dim == "tp":
             return g.reshape(-1, self.tp)
         if dim == "cp":
-            return g.transpose(0, 1, 2, 4, 3).reshape(-1, self.cp)
-        if dim == "ep":
-            return g.transpose(0, 1, 3, 4, 2).reshape(-1, self.ep)
-        if dim == "edp":
-            return g.transpose(0, 2, 3, 4, 1).reshape(-1, self.edp)
+            return g.transpose(0, 1, 3, 2).reshape(-1, self.cp)
         if dim == "dp":
-            # dp index = edp * ep + ep_index: ep varies fastest inside a DP group
-            return g.transpose(0, 3, 4, 1, 2).reshape(-1, self.dp)
+            return g.transpose(0, 2, 3, 1).reshape(-1, self.dp)
         if dim == "pp":
-            return g.transpose(1, 2, 3, 4, 0).reshape(-1, self.pp)
+            return g.transpose(1, 2, 3, 0).reshape(-1, self.pp)
         # The ranks that hold the same parameters and reduce their gradients together: context-
         # parallel ranks see other tokens of the same sequences, so they join the data-parallel
         # reduction (megatron-core's dp_cp_group: get_data_parallel_group(with_context_parallel=
         # True) for DDP and the distributed optimizer; torchtitan 0.3.0 parallel_dims.py: the
-        # "fsdp" mesh is dp_shard x cp, "efsdp" dp_shard x cp x tp / ep). cp varies fastest.
+        # "fsdp" mesh is dp_shard x cp). cp varies fastest.
         if dim == "dp-cp":
-            return g.transpose(0, 4, 1, 2, 3).reshape(-1, self.dp * self.cp)
-        if dim == "edp-cp":
-            return g.transpose(0, 2, 4, 1, 3).reshape(-1, self.edp * self.cp)
-        # Experts with expert tensor parallelism 1 (tp does not split them) under sequence
-        # parallelism: every tp rank holds all the experts of its ep index and routes its own
-        # tokens through them, so the ranks holding the same experts are the dp / ep x cp x tp
-        # ranks of one (pp, ep) index (megatron-core 0.16.1 parallel_state.initialize_model_parallel:
-        # expert_data_parallel_size = world_size // (expert_tensor_parallel_size x
-        # expert_model_parallel_size x pp); torchtitan 0.3.0 parallel_dims.py: efsdp = dp_shard x
-        # cp x tp / ep). tp varies fastest, then cp: a member's neighbours in the group are its
-        # tp peers, on consecutive GPUs of one node under the default order. With tp = 1 this is
-        # the "edp-cp" array.
-        if dim == "edp-cp-tp":
-            return g.transpose(0, 2, 1, 3, 4).reshape(-1, self.edp * self.cp * self.tp)
+            return g.transpose(0, 3, 1, 2).reshape(-1, self.dp * self.cp)
+        if dim == "ep":
+            return self.expert_grid.reshape(-1, self.ep)
+        # The ranks that hold the same experts and reduce their gradients together (megatron-core
+        # 0.16.1: expert_data_parallel_size = world // (etp x ep x pp); torchtitan 0.3.0
+        # parallel_dims.py: efsdp = dp_shard x cp x tp / ep). In tp-cp-dp order: a member's
+        # neighbours in the group are the ranks ep places on.
+        if dim == "edp":
+            return self.expert_grid.transpose(0, 1, 3, 2).reshape(-1, self.edp)
         raise ValueError(f"unknown mesh dimension {dim!r}")
 
 
@@ -143,10 +175,10 @@ class Placement:
         order = self.order or self.mesh.order
         if order == self.mesh.order:
             return np.arange(self.mesh.world_size)
-        other = Mesh(self.mesh.tp, self.mesh.cp, self.mesh.ep, self.mesh.dp, self.mesh.pp, order)
-        c = self.mesh.coords  # pp, dp, cp, tp, ep
-        ep, edp = c[:, 1] % self.mesh.ep, c[:, 1] // self.mesh.ep
-        return other.grid[c[:, 0], edp, ep, c[:, 2], c[:, 3]]
+        m = self.mesh
+        other = Mesh(m.tp, m.cp, m.ep, m.dp, m.pp, order, m.edp_tp)
+        c = m.coords  # pp, dp, cp, tp, ep
+        return other.grid[c[:, 0], c[:, 1], c[:, 2], c[:, 3]]
 
     @cached_property
     def ranks_per_domain(self) -> int:
@@ -155,15 +187,23 @@ class Placement:
         if not D:
             return self.mesh.world_size
         # The block NVLink should hold: the innermost dims of the order up to the outermost
-        # model-parallel one (tp, cp, ep), as far as they fit in the domain.
-        dims = (self.order or self.mesh.order).split("-")
-        last = max(i for i, d in enumerate(dims) if d in ("tp", "cp", "ep"))
+        # model-parallel one (tp, cp), as far as they fit in the domain.
+        m = self.mesh
+        dims = [d for d in (self.order or m.order).split("-") if d != "ep"]
+        last = max(i for i, d in enumerate(dims) if d in ("tp", "cp"))
         block = 1
         for dim in dims[: last + 1]:
-            size = self.mesh._sizes[dim]
+            size = m._sizes[dim]
             if block * size > D:
                 break
             block *= size
+        # And whole EP groups where they lie on consecutive ranks (tp and cp innermost, dp next):
+        # ep consecutive ranks of the tp-cp-dp folding (Mesh.expert_grid), on each tp index's
+        # ranks where tp ranks route the same tokens.
+        if m.ep > 1 and set(dims[:2]) == {"tp", "cp"} and dims[2] == "dp":
+            ep_block = math.lcm(m.tp * m.cp, m.ep * (m.tp // m.edp_tp))
+            if ep_block <= D:
+                block = ep_block
         return D // block * block
 
     @cached_property

@@ -111,11 +111,11 @@ class Stages(NamedTuple):
 def stage_groups(mesh: Any, rep_of: np.ndarray, simulated: Sequence[int]) -> Stages:
     """:class:`Stages` of the ``simulated`` ranks; ``rep_of[rank]``: the simulated rank that stands
     for each rank of the world (what-if split mode: its class's representative). A replica is
-    one data-parallel index of the dense model (dp // ep: EP groups tie the dp ranks of one expert
-    group together every MoE layer)."""
+    one data-parallel index of the dense model, or the ``Mesh.ep_dp_span`` of them an EP group
+    reaches (EP groups tie their ranks together every MoE layer)."""
     c = mesh.coords  # pp, dp, cp, tp, ep
     rep = np.asarray(rep_of, dtype=np.int64)
-    replica = c[:, 1] // mesh.ep
+    replica = c[:, 1] // mesh.ep_dp_span
     stage = c[:, 0] * (int(replica.max()) + 1) + replica
 
     def members(key: np.ndarray) -> dict[int, tuple[int, ...]]:

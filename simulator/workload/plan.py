@@ -244,7 +244,7 @@ def pp_message_bytes(micro_batch_size: int, seq_length: int, cp: int, hidden_siz
 
 
 def edp_tp_of(tp: int, sequence_parallel: bool, moe: bool) -> int:
-    """Tensor-parallel ranks in the expert-data-parallel group (``Mesh.groups("edp-cp-tp")``).
+    """Tensor-parallel ranks in the expert folding (``Mesh.edp_tp``, ``Mesh.groups("edp")``).
 
     The experts are not split by tp (expert tensor parallelism 1: megatron-core
     ``--expert-tensor-parallel-size 1``, torchtitan's ETP 1), so every tp rank holds all the
@@ -257,20 +257,27 @@ def edp_tp_of(tp: int, sequence_parallel: bool, moe: bool) -> int:
     return tp if moe and sequence_parallel and tp > 1 else 1
 
 
+def mesh_of(sc) -> Mesh:
+    """The rank mesh of a scenario, its expert folding included (``edp_tp_of``)."""
+    p = sc.parallelism
+    return Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=sc.dp, pp=p.pp, order=p.mesh_order,
+                edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe))
+
+
 def optimizer_shards(zero: int, dp: int, ep: int, fsdp_shard_size: int | None, *, cp: int,
                      edp_tp: int) -> tuple[int, int]:
     """(ranks the dense optimizer state is sharded over, ranks the expert state is sharded over).
 
     ZeRO >= 1 shards over the data-parallel group with its context-parallel ranks (they hold the
     same parameters: ``Mesh.groups("dp-cp")``), or over the HSDP shard group (its dp ranks times
-    cp); expert parameters over the ranks that hold the same experts: dp / ep x cp x ``edp_tp``
-    (``edp_tp_of``), or under HSDP the shard group's share of them, fsdp_shard_size / ep x cp x
-    edp_tp (torchtitan 0.3.0 fully_shards the experts over efsdp = dp_shard x cp x tp / ep and
-    replicates them over dp_replicate; Scenario.check keeps ep a divisor of fsdp_shard_size)."""
+    cp); expert parameters over the ranks that hold the same experts: dp x cp x ``edp_tp`` / ep
+    (``edp_tp_of``; ``Mesh.edp``), or under HSDP the shard group's share of them, fsdp_shard_size
+    x cp x edp_tp / ep (torchtitan 0.3.0 fully_shards the experts over efsdp = dp_shard x cp x tp
+    / ep and replicates them over dp_replicate; Scenario.check keeps ep a divisor of that)."""
     if zero < 1:
         return 1, 1
     group = fsdp_shard_size or dp
-    return group * cp, max(1, group // ep) * cp * edp_tp
+    return group * cp, max(1, group * cp * edp_tp // ep)
 
 
 def grad_reduction_steps(zero: int, size_bytes: float, expert: bool, hsdp_shard: int | None,
@@ -308,13 +315,13 @@ def hsdp_shard_of(zero: int, fsdp_shard_size: int | None, dp: int, *, cp: int) -
 
 
 def hsdp_expert_shard_of(hsdp_shard: int | None, ep: int, edp_tp: int) -> int | None:
-    """Ranks in one HSDP shard group of the experts: the ``hsdp_shard`` ranks (fsdp_shard_size x
-    cp) that hold the same experts, fsdp_shard_size / ep x cp, with their ``edp_tp`` tp ranks
+    """Ranks in one HSDP shard group of the experts: of the ``hsdp_shard`` ranks (fsdp_shard_size x
+    cp) and their ``edp_tp`` tp ranks, those that hold the same experts, one in ep
     (torchtitan 0.3.0: the experts' FSDP mesh is (dp_replicate, efsdp), efsdp = dp_shard x cp x
     tp / ep). None without HSDP."""
     if hsdp_shard is None:
         return None
-    return hsdp_shard // ep * edp_tp
+    return max(1, hsdp_shard * edp_tp // ep)
 
 
 def _shard_and_replica_groups(groups: np.ndarray, shard: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -327,21 +334,21 @@ def _shard_and_replica_groups(groups: np.ndarray, shard: int | None) -> tuple[np
             groups.reshape(len(groups), -1, shard).transpose(0, 2, 1).reshape(-1, size // shard))
 
 
-def communication_groups(mesh: Mesh, hsdp_shard: int | None, edp_tp: int) -> dict[Dim, np.ndarray]:
+def communication_groups(mesh: Mesh, hsdp_shard: int | None) -> dict[Dim, np.ndarray]:
     """Every group a plan may name. The data-parallel groups (dp, edp) take in the context-
     parallel ranks: every collective on them reduces or gathers parameters and gradients, which
-    CP ranks share (``Mesh.groups("dp-cp")``); the expert one takes in the tp ranks too when
-    ``edp_tp`` > 1 (``edp_tp_of``: ``Mesh.groups("edp-cp-tp")``). HSDP (``hsdp_shard`` ranks,
-    ``hsdp_shard_of``): shard inside consecutive blocks of the DP group, replicate across
-    blocks; the experts alike inside their group (``hsdp_expert_shard_of``): a block of the DP
-    group holds fsdp_shard_size / ep whole edp indices (ep varies fastest in dp), the same edp
-    indices that make a block of the expert group (edp outermost there)."""
+    CP ranks share (``Mesh.groups("dp-cp")``); the expert one is the mesh's expert folding
+    (``Mesh.groups("edp")``: the tp ranks too when ``Mesh.edp_tp`` > 1). HSDP (``hsdp_shard``
+    ranks, ``hsdp_shard_of``): shard inside consecutive blocks of the DP group, replicate across
+    blocks; the experts alike inside their group (``hsdp_expert_shard_of``): the folding runs dp
+    outermost, so a replica's fsdp_shard_size dp indices hold fsdp_shard_size x cp x edp_tp / ep
+    consecutive edp indices (Scenario.check keeps that whole)."""
     groups = {Dim(d): mesh.groups(d) for d in (Dim.TP, Dim.CP, Dim.EP, Dim.PP)}
     groups[Dim.DP] = dp_groups = mesh.groups("dp-cp")
-    groups[Dim.EDP] = edp_groups = mesh.groups("edp-cp-tp" if edp_tp > 1 else "edp-cp")
+    groups[Dim.EDP] = edp_groups = mesh.groups("edp")
     groups[Dim.DP_SHARD], groups[Dim.DP_REP] = _shard_and_replica_groups(dp_groups, hsdp_shard)
     groups[Dim.EDP_SHARD], groups[Dim.EDP_REP] = _shard_and_replica_groups(
-        edp_groups, hsdp_expert_shard_of(hsdp_shard, mesh.ep, edp_tp))
+        edp_groups, hsdp_expert_shard_of(hsdp_shard, mesh.ep, mesh.edp_tp))
     # First and last pipeline stage of each replica: Megatron's tied-embedding gradient all-reduce.
     groups[Dim.EMB] = groups[Dim.PP][:, [0, -1]] if mesh.pp > 1 else groups[Dim.PP]
     return groups
@@ -513,7 +520,7 @@ def _group_size(prog, dim: str) -> int:
     mesh = prog.mesh
     if dim == Dim.EMB:
         return 2 if mesh.pp > 1 else 1
-    return int(communication_groups(mesh, _hsdp_shard(prog), prog.edp_tp)[Dim(dim)].shape[1])
+    return int(communication_groups(mesh, _hsdp_shard(prog))[Dim(dim)].shape[1])
 
 
 def _hsdp_shard(prog) -> int | None:
@@ -526,7 +533,7 @@ def build_plan(prog) -> Plan:
     sched = prog.schedule
     ranks = [_plan_rank(prog, r) for r in range(sched.num_ranks)]
     return Plan(mesh=prog.mesh, schedule=sched, ranks=ranks,
-                groups=communication_groups(prog.mesh, _hsdp_shard(prog), prog.edp_tp))
+                groups=communication_groups(prog.mesh, _hsdp_shard(prog)))
 
 
 
@@ -667,8 +674,8 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
     use_dp = mesh.dp * mesh.cp > 1  # CP ranks reduce their gradients with the dp ones
     zero3 = prog.zero >= 3
     hsdp_shard = _hsdp_shard(prog)
-    # The ranks holding the same experts (edp x cp, x tp under sequence parallelism: edp_tp_of).
-    use_edp = mesh.edp * mesh.cp * prog.edp_tp > 1
+    # The ranks holding the same experts (dp x cp / ep, x tp under sequence parallelism: edp_tp_of).
+    use_edp = mesh.edp > 1
     hsdp_expert_shard = hsdp_expert_shard_of(hsdp_shard, mesh.ep, prog.edp_tp)
     buckets = GradBuckets(out, new_handle, prog.zero, prog.grad_bucket_bytes, use_dp, use_edp, hsdp_shard,
                           bucketed_stages(sched, pp_rank, prog.grad_buckets_first_chunk_only), hsdp_expert_shard,

@@ -25,7 +25,7 @@ from simulator.workload.ops import (Comm, LayerOps, Op, build_layer_ops, embeddi
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
     ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, adam_bytes_per_param, adam_tensor_count, edp_tp_of, grad_reduce_bytes,
-    optimizer_shards, optimizer_state_bytes, pp_message_bytes,
+    mesh_of, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
 )
 
 
@@ -649,7 +649,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
     estimate's per-layer reference Program, one layer a position on a 1F1B pipeline, takes the
     point's layout's."""
     p = sc.parallelism
-    mesh = Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=sc.dp, pp=p.pp, order=p.mesh_order)
+    mesh = mesh_of(sc)
     if tied_head_shared is None:
         tied_head_shared = tied_head_shares_embedding(sc, schedule)
     layer_kinds = build_layer_ops(sc, tied_head_shared)
