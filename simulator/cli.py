@@ -278,7 +278,8 @@ def simulate(
     vpp: Optional[int] = typer.Option(None, "--vpp", "--virtual-pipeline-model-parallel-size", help="Virtual pipeline stages (model chunks) per pipeline rank; > 1 selects interleaved-1f1b unless --schedule is given.", rich_help_panel="Parallelism"),
     layers_per_virtual_stage: Optional[int] = typer.Option(None, "--num-layers-per-virtual-pipeline-stage", help="Megatron's way to give vpp: layers per model chunk; vpp = num_layers / (pp x this).", rich_help_panel="Parallelism"),
     cp: Optional[int] = typer.Option(None, "--cp", "--context-parallel-size", help="Context-parallel size: GPUs that split each sequence (default 1).", rich_help_panel="Parallelism"),
-    ep: Optional[int] = typer.Option(None, "--ep", "--expert-model-parallel-size", help="Expert-parallel size (MoE), folded over dp x cp, and tp under sequence parallelism (default 1).", rich_help_panel="Parallelism"),
+    ep: Optional[int] = typer.Option(None, "--ep", "--expert-model-parallel-size", help="Expert-parallel size (MoE), folded over dp x cp, and tp under sequence parallelism with etp 1 (default 1).", rich_help_panel="Parallelism"),
+    etp: Optional[int] = typer.Option(None, "--etp", "--expert-tensor-parallel-size", help="Expert tensor parallelism (MoE): 1 keeps experts whole, tp splits each over the tp group (default 1; megatron-core's own default is tp).", rich_help_panel="Parallelism"),
     dp: Optional[int] = typer.Option(None, "--dp", "--data-parallel-size", help="Data-parallel size; derived as gpus / (tp x cp x pp) when omitted.", rich_help_panel="Parallelism"),
     zero: Optional[int] = typer.Option(None, "--zero", help=f"ZeRO stage: 0 replicated (DDP), 1 + optimizer sharded, 2 + gradients, 3 + parameters (FSDP); {DEFAULT_ZERO_HELP}.", rich_help_panel="Parallelism"),
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism with tp > 1 (default on).", rich_help_panel="Parallelism"),
@@ -339,7 +340,7 @@ def simulate(
     overrides = {
         "model": model, "cluster.gpu": gpu, "cluster.topology": topology, "cluster.gpus": gpus,
         "parallelism.tp": tp, "parallelism.pp": pp, "parallelism.vpp": vpp, "parallelism.cp": cp,
-        "parallelism.ep": ep, "parallelism.dp": dp, "parallelism.zero": zero,
+        "parallelism.ep": ep, "parallelism.etp": etp, "parallelism.dp": dp, "parallelism.zero": zero,
         "parallelism.sequence_parallel": sequence_parallel, "parallelism.async_tp": async_tp,
         "parallelism.tp_comm_overlap": tp_comm_overlap,
         "batch.micro_batch_size": micro_batch_size,
@@ -546,7 +547,9 @@ def layout_line(sc) -> str:
     """What was simulated, in one line: layout, batch, schedule (a schedule file by its file name)."""
     p = sc.parallelism
     dims = [f"TP{p.tp}", f"PP{p.pp}"] + ([f"VPP{p.vpp}"] if p.vpp > 1 else []) + [f"DP{sc.dp}"]
-    dims += ([f"CP{p.cp}"] if p.cp > 1 else []) + ([f"EP{p.ep}"] if p.ep > 1 else []) + [f"ZeRO-{p.zero}"]
+    dims += ([f"CP{p.cp}"] if p.cp > 1 else []) + ([f"EP{p.ep}"] if p.ep > 1 else [])
+    dims += [f"ETP{p.expert_tp}"] if sc.model.is_moe and p.expert_tp > 1 and p.tp > 1 else []
+    dims += [f"ZeRO-{p.zero}"]
     from simulator.textsafe import plain
 
     # (the model's name and the schedule file's come from the user's files: no control characters)

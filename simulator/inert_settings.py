@@ -102,6 +102,12 @@ def _dense_model(sc: Scenario) -> str | None:
     return None
 
 
+def _experts_whole(sc: Scenario) -> str | None:
+    if not sc.model.is_moe:
+        return f"it splits the experts of a mixture-of-experts model and model {sc.model.name!r} is dense"
+    return None
+
+
 def _uniform_routing(sc: Scenario) -> str | None:
     if sc.moe.routing == "uniform":
         return "moe.routing is uniform; the skew's exponent and seed shape skewed routing only"
@@ -171,6 +177,7 @@ RULES: tuple[InertRule, ...] = (
     InertRule("parallelism.overlap_grad_reduce", _nothing_to_reduce),
     InertRule("parallelism.overlap_param_gather", _first(_zero12, _nothing_to_reduce)),
     InertRule("parallelism.loss_all_reduce_per_microbatch", _nothing_to_reduce),
+    InertRule("parallelism.etp", _experts_whole),
     InertRule("moe.routing", _dense_model),
     InertRule("moe.skew", _first(_dense_model, _uniform_routing)),
     InertRule("moe.seed", _first(_dense_model, _uniform_routing)),

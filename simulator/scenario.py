@@ -131,7 +131,15 @@ class ParallelConfig(BaseModel):
     pp: Whole = Field(1, ge=1, le=MAX_GPUS, description="Pipeline-parallel ranks.")
     vpp: Whole = Field(1, ge=1, le=MAX_LAYERS, description="Model chunks per pipeline rank (interleaved schedules).")
     cp: Whole = Field(1, ge=1, le=MAX_GPUS, description="Context-parallel size: the sequence split across ranks.")
-    ep: Whole = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel size, folded over a stage's dp x cp ranks (x tp under sequence parallelism): megatron-core's MoE parallel folding with expert tensor parallelism 1.")
+    ep: Whole = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel size, folded over a stage's dp x cp ranks (x tp under sequence parallelism with etp 1): megatron-core's MoE parallel folding.")
+    etp: Whole | None = Field(
+        None, ge=1, le=MAX_GPUS,
+        description="Expert tensor parallelism (megatron-core --expert-tensor-parallel-size, torchtitan "
+        "expert_tensor_parallel_degree): 1 or tp. 1 keeps each expert whole on a rank and folds the tp ranks into ep; "
+        "tp splits each expert's ffn over the tp group, which gathers the dispatched tokens and reduce-scatters the "
+        "experts' output (needs sequence_parallel). None: 1, as torchtitan's default and NeMo 2.5's DeepSeek-V3 and "
+        "Qwen3 recipes set it (megatron-core's own default is tp).",
+    )
     dp: Whole | None = Field(None, ge=1, le=MAX_GPUS, description="Data-parallel size; derived as gpus / (tp*cp*pp) when omitted.")
     zero: Whole = Field(1, ge=0, le=3, description="ZeRO stage: 0 DDP, 1 sharded optimizer, 2 + gradients, 3 + parameters (FSDP); sharded over dp x cp, whose ranks hold the same parameters.")
     sequence_parallel: bool = Field(True, description="Megatron sequence parallelism: all-gather / reduce-scatter instead of all-reduce.")
@@ -148,6 +156,11 @@ class ParallelConfig(BaseModel):
         "the backward reduce-scatter with the weight-gradient GEMMs (TE's defaults).",
     )
     mesh_order: str = Field("tp-cp-ep-dp-pp", description="Placement order of the mesh on GPU ids, innermost first.")
+
+    @property
+    def expert_tp(self) -> int:
+        """Ranks one expert's ffn is split over (``etp``; None is 1)."""
+        return self.etp or 1
     pp_layer_split: list[int] | None = Field(
         None, description="Layers per pipeline position (pp*vpp entries); default spreads them, first/last fewer."
     )
@@ -530,16 +543,26 @@ class Scenario(BaseModel):
         # dp x cp, and the tp ranks under sequence parallelism (each routes its T/tp tokens through
         # unsplit experts; megatron-core's MoE parallel folding with expert tensor parallelism 1,
         # torchtitan's ep over dp_shard x cp x tp). topology.placement.Mesh lays the groups out.
-        sp_tp = p.tp if m.is_moe and p.sequence_parallel and p.tp > 1 else 1
+        if p.etp is not None and p.etp not in (1, p.tp):
+            raise UserError(f"etp={p.etp} must be 1 or tp={p.tp}: experts are either whole on a rank or split over "
+                            f"the tp group (megatron-core and torchtitan support these two)")
+        if p.expert_tp > 1 and m.is_moe:
+            if not p.sequence_parallel:
+                raise UserError(f"etp={p.etp} gathers the dispatched tokens over the sequence-parallel tp group: set "
+                                f"parallelism.sequence_parallel true (--sequence-parallel) or etp=1")
+            if m.expert_ffn % p.etp:
+                raise UserError(f"etp={p.etp} does not divide the experts' ffn size {m.expert_ffn}: use etp=1")
+        sp_tp = p.tp if m.is_moe and p.sequence_parallel and p.tp > 1 and p.expert_tp == 1 else 1
         expert_ranks = dp * p.cp * sp_tp
         if expert_ranks % p.ep:
             formula = f"dp x cp{' x tp' if sp_tp > 1 else ''} = {dp} x {p.cp}{f' x {p.tp}' if sp_tp > 1 else ''}"
             fits = [str(e) for e in range(1, min(expert_ranks, m.num_experts) + 1)
                     if expert_ranks % e == 0 and m.num_experts % e == 0]
+            hint = "" if sp_tp > 1 or p.tp == 1 else (
+                " (with etp=1 the tp ranks join them)" if p.sequence_parallel else " (with sequence_parallel the tp ranks join them)")
             raise UserError(
                 f"ep={p.ep} does not divide the {expert_ranks} ranks of a pipeline stage that route tokens to the "
-                f"experts ({formula}): choose ep among {', '.join(fits)}"
-                + ("" if sp_tp > 1 or p.tp == 1 else " (with sequence_parallel the tp ranks join them)"))
+                f"experts ({formula}): choose ep among {', '.join(fits)}{hint}")
         if self.framework == "torchtitan" and p.tp > 1 and not p.sequence_parallel:
             # torchtitan's TP plan shards the norms over the sequence unconditionally, with no
             # option to turn it off (0.1.0 models/llama3/infra/parallelize.py apply_tp:

@@ -204,6 +204,8 @@ def test_hsdp_shards_the_experts_inside_the_shard_group_and_all_reduces_across_r
     scenario("moe-tp2-dp1", model=SMALL_MOE, gpus=2, gbs=4, parallelism={"tp": 2, "zero": 1}),
     scenario("ep8-over-tp2-dp4", model=SMALL_MOE, gpus=8, parallelism={"tp": 2, "ep": 8, "zero": 1}),
     scenario("ep8-over-tp2-dp4-zero3", model=SMALL_MOE, gpus=8, parallelism={"tp": 2, "ep": 8, "zero": 3}),
+    scenario("etp2-ep4", model=SMALL_MOE, parallelism={"tp": 2, "ep": 4, "etp": 2, "zero": 1}),
+    scenario("etp2-ep4-zero3", model=SMALL_MOE, parallelism={"tp": 2, "ep": 4, "etp": 2, "zero": 3}),
 ], ids=lambda d: d["name"])
 def test_the_estimate_uses_the_same_expert_groups_as_the_simulation(d):
     sc = build_scenario(d)
@@ -315,3 +317,56 @@ def test_an_ep_group_of_tp_pairs_stays_in_the_node_where_carving_it_out_of_dp_le
     assert edp.shape == (8, 2) and (edp[:, 1] - edp[:, 0] == 8).all()
     a2a = [i for i in plan.ranks[0].collectives() if i.steps[0][0] == Dim.EP]
     assert a2a, "the MoE layers dispatch and combine over ep"
+
+
+def test_expert_tensor_parallelism_splits_each_expert_over_the_tp_group():
+    # etp = tp (megatron-core's default, --expert-tensor-parallel-size): each tp rank holds 1/tp of
+    # every local expert's ffn; the dispatcher gathers the tp group's dispatched tokens after the
+    # all-to-all and reduce-scatters the experts' output before the combine (0.16.1
+    # MoEAlltoAllTokenDispatcher). The EP groups keep one tp index, and a rank's expert state is
+    # shared with dp x cp / ep ranks, not dp x cp x tp / ep.
+    base = scenario("etp", model=SMALL_MOE, parallelism={"tp": 2, "ep": 4, "zero": 1})
+    whole = {o.name: o for o in build_layer_ops(build_scenario(base))["moe"].forward}
+    split_sc = build_scenario({**base, "parallelism": {**base["parallelism"], "etp": 2}})
+    split = {o.name: o for o in build_layer_ops(split_sc)["moe"].forward}
+    for name in ("experts_fc1", "experts_fc2"):
+        assert split[name].params == pytest.approx(whole[name].params / 2)
+        assert split[name].exec_flops == pytest.approx(whole[name].exec_flops)
+        assert split[name].model_flops == pytest.approx(whole[name].model_flops)
+    assert "experts_etp_gather" not in whole
+    gather, rs = split["experts_etp_gather"].comm, split["experts_etp_reduce_scatter"].comm
+    assert (gather.dim, gather.op, rs.dim, rs.op) == ("tp", "all_gather", "tp", "reduce_scatter")
+    assert gather.size_bytes == rs.size_bytes == pytest.approx(split["moe_dispatch"].comm.size_bytes * 2)
+    # Backward: the conjugates, and no re-gather of the grouped GEMM's input (the dispatcher's
+    # gathered tokens are what the GEMM saved).
+    lo = build_layer_ops(split_sc)["moe"]
+    i_ops, _ = lo.backward()
+    names = [o.name for o in i_ops]
+    assert "experts_etp_gather.bwd" in names and "experts_etp_reduce_scatter.bwd" in names
+    assert not any(n.startswith("experts_fc1") and n.endswith("input_regather") for n in names)
+    sc, prog, plan = plan_of({**base, "parallelism": {**base["parallelism"], "etp": 2}})
+    assert prog.mesh.edp == sc.dp // 4 == 2
+    c = prog.mesh.coords
+    for g in plan.groups[Dim.EP]:
+        assert len(set(c[g, 3].tolist())) == 1, "an EP group keeps one tp index"
+    res = simulate(sc)
+    dense, expert = split_params(res.program)
+    assert res.memory.per_rank_gib[0]["optimizer_gib"] * GIB == pytest.approx(12 * (dense / 8 + expert / 2), rel=1e-9)
+    # Whole experts (etp 1): twice the expert parameters a rank, over dp x tp / ep = 4 ranks.
+    whole_res = simulate(build_scenario(base))
+    dense1, expert1 = split_params(whole_res.program)
+    assert (dense1, expert1) == pytest.approx((dense, 2 * expert))
+    assert whole_res.memory.per_rank_gib[0]["optimizer_gib"] * GIB == pytest.approx(12 * (dense / 8 + expert1 / 4), rel=1e-9)
+
+
+@pytest.mark.parametrize("par, framework, message", [
+    ({"tp": 2, "ep": 2, "etp": 3}, "generic", r"^etp=3 must be 1 or tp=2: experts are either whole on a rank or split"),
+    ({"tp": 2, "ep": 2, "etp": 2, "sequence_parallel": False}, "megatron-deepspeed",
+     r"^etp=2 gathers the dispatched tokens over the sequence-parallel tp group: set parallelism.sequence_parallel true"),
+    ({"tp": 2, "ep": 16, "etp": 2}, "generic",
+     r"^ep=16 does not divide the 8 ranks .* \(dp x cp = 8 x 1\): choose ep among 1, 2, 4, 8 \(with etp=1 the tp ranks join them\)$"),
+])
+def test_bad_expert_tensor_parallelism_is_refused(par, framework, message):
+    with pytest.raises(UserError, match=message):
+        build_scenario(scenario("etp-bad", model=dict(SMALL_MOE, num_experts=16), framework=framework,
+                                parallelism={"zero": 1, **par}))

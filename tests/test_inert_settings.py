@@ -29,6 +29,7 @@ CASES: dict[str, tuple[dict, object]] = {
     "parallelism.overlap_grad_reduce": (scenario("dp1", gpus=8, gbs=4, parallelism={"tp": 8}), False),
     "parallelism.overlap_param_gather": (scenario("z3", parallelism={"zero": 3}), False),
     "parallelism.loss_all_reduce_per_microbatch": (scenario("dp1", gpus=8, gbs=4, parallelism={"tp": 8}), True),
+    "parallelism.etp": (scenario("dense-tp2", parallelism={"tp": 2}), 2),
     "moe.routing": (scenario("dense"), "skewed"),
     "moe.skew": (scenario("moe-uniform", model=SMALL_MOE, parallelism={"ep": 4}), 2.0),
     "moe.seed": (scenario("moe-uniform", model=SMALL_MOE, parallelism={"ep": 4}), 7),
@@ -82,6 +83,7 @@ def test_a_rule_holds_in_the_engine(path):
     ("parallelism.overlap_param_gather", scenario("z1", parallelism={"zero": 1}), False),
     ("parallelism.grad_bucket_params", scenario("z3", parallelism={"zero": 3}), 2_000_000),
     ("moe.skew", scenario("moe-skewed", model=SMALL_MOE, parallelism={"ep": 4}, moe={"routing": "skewed"}), 2.0),
+    ("parallelism.etp", scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 4}), 2),
 ])
 def test_a_field_that_is_read_gets_no_note(path, data, other):
     base = build_scenario(data)

@@ -56,6 +56,7 @@ def sweep_command(
     vpp: Optional[str] = typer.Option(None, "--vpp", help="Model chunks per pipeline rank."),
     cp: Optional[str] = typer.Option(None, "--cp", help="Context-parallel sizes."),
     ep: Optional[str] = typer.Option(None, "--ep", help="Expert-parallel sizes."),
+    etp: Optional[str] = typer.Option(None, "--etp", help="Expert tensor-parallel sizes: 1 (whole experts) and/or the tp (points where it is neither are infeasible)."),
     dp: Optional[str] = typer.Option(None, "--dp", help="Data-parallel sizes (derived from --gpus when omitted)."),
     zero: Optional[str] = typer.Option(None, "--zero", help="ZeRO stages, e.g. 0,1,3 (default 1, as simulate)."),
     micro_batch_size: Optional[str] = typer.Option(None, "--micro-batch-size", help="Micro-batch sizes, sequences per microbatch per data-parallel rank."),
@@ -91,7 +92,7 @@ def sweep_command(
     from simulator.sweep.space import Constraints, apply_fixed, load_space, make_spec
 
     axes = _flag_axes(gpus=gpus, gpu=gpu, topology=topology, network=network, seq_length=seq_length,
-                      global_batch_size=global_batch_size, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, dp=dp, zero=zero,
+                      global_batch_size=global_batch_size, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp, zero=zero,
                       micro_batch_size=micro_batch_size, schedule=schedule, recompute=recompute)
     if space is not None:
         spec = load_space(space)

@@ -122,7 +122,7 @@ def _ops_inputs(sc: Scenario) -> tuple:
     Program built for one of these served the others (ZeRO-3's W segment, without
     main_grad adds, priced a ZeRO-1 point's backward)."""
     p = sc.parallelism
-    edp_tp = edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe)
+    edp_tp = edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe, p.expert_tp)
     shard = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp, edp_tp=edp_tp)[0] if p.zero >= 3 else None
     fsdp2 = sc.framework == "torchtitan" and p.zero >= 3
     nmb = sc.num_microbatches if (sc.dtype == "fp8" or (sc.framework == "megatron-deepspeed" and p.zero == 0)
@@ -646,7 +646,7 @@ class Estimator:
         priced = self._step_terms.get(key)
         if priced is None:
             shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
-                                        edp_tp=edp_tp_of(p.tp, p.sequence_parallel, m.is_moe))
+                                        edp_tp=edp_tp_of(p.tp, p.sequence_parallel, m.is_moe, p.expert_tp))
             # The plan's group sizes (plan._group_size): a one-rank group runs no collective.
             size = {Dim.TP: p.tp, Dim.PP: p.pp, Dim.DP: dp_cp, Dim.EMB: 2 if p.pp > 1 else 1}
             priced = []  # (who waits for whom, kernel + collective seconds, collective seconds, report dim)
@@ -699,7 +699,7 @@ class Estimator:
         # experts' the ranks holding the same experts, tp ranks included under sequence
         # parallelism (plan.edp_tp_of), as the plan has them.
         dp_cp = dp * p.cp
-        edp_tp = edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe)
+        edp_tp = edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe, p.expert_tp)
         use_edp = mesh.edp > 1
         hsdp_expert = hsdp_expert_shard_of(hsdp, p.ep, edp_tp)
 

@@ -40,6 +40,7 @@ AXES: dict[str, str] = {
     "vpp": "parallelism.vpp",
     "cp": "parallelism.cp",
     "ep": "parallelism.ep",
+    "etp": "parallelism.etp",
     "dp": "parallelism.dp",
     "zero": "parallelism.zero",
     "sequence_parallel": "parallelism.sequence_parallel",

@@ -51,7 +51,11 @@ def layer_activation_sbh(sc: Scenario, moe: bool = False) -> tuple[float, float]
     fp8 = sc.dtype == "fp8"
     if moe and m.is_moe:
         f = m.expert_ffn / h
-        copies = m.top_k + (1 if m.num_shared_experts else 0)  # routed copies, and the shared experts' input
+        # Under expert tensor parallelism the grouped GEMMs keep the tp group's pooled tokens as
+        # their input: etp x this rank's routed copies, at 1/etp of the inner width (so the width
+        # terms, tokens x width, do not change).
+        etp = sc.parallelism.expert_tp if sc.parallelism.tp > 1 else 1
+        copies = m.top_k * etp + (1 if m.num_shared_experts else 0)  # routed copies, and the shared experts' input
         width = m.top_k * f + m.num_shared_experts * f  # inner width kept per token, over its experts
         mlp = 1 + 2 * copies + per_f * width + 2 * 4 * m.num_experts / h  # dropout mask; router fp32
         if fp8:
@@ -223,7 +227,7 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     param_bytes, optim_bytes = (4, 8) if sc.framework == "torchtitan" else (2, 12)
     z = p.zero
     shard, expert_shard = optimizer_shards(z, dp, p.ep, p.fsdp_shard_size, cp=p.cp,
-                                           edp_tp=edp_tp_of(t, p.sequence_parallel, m.is_moe))
+                                           edp_tp=edp_tp_of(t, p.sequence_parallel, m.is_moe, p.expert_tp))
     # The factor 2: no source found. Sized by the scenario's bucket where one is given, else by
     # the 40M-parameter bucket it was set with: megatron-core's dp-grown buckets are views of its
     # contiguous gradient buffer (counted under gradients), not allocations of their own.

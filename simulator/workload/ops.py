@@ -188,7 +188,9 @@ class LayerOps:
         j = i - 1
         while j >= 0 and self.forward[j].name == self.forward[i].name + ".fp8_cast":
             j -= 1
-        c = self.forward[j].comm if j >= 0 else None
+        if j < 0 or self.forward[j].name in EXPERT_TP_COMM:
+            return None  # the dispatcher's gathered tokens are the grouped GEMM's saved input
+        c = self.forward[j].comm
         return c if c is not None and c.op == "all_gather" and c.dim == "tp" else None
 
     def grad_accumulate_ops(self, op: Op) -> list[Op]:
@@ -214,6 +216,11 @@ def attention_backward_op(op: Op) -> Op:
 
 # Forward collective -> its backward counterpart (None: no backward communication).
 # "identity_ar" marks a column-parallel input without SP: nothing forward, all-reduce backward.
+# The expert tensor-parallel group's gather of the dispatched tokens and reduce-scatter of the
+# experts' output (megatron-core's MoEAlltoAllTokenDispatcher, etp > 1): plain bf16 collectives of
+# the dispatcher, not a column- or row-parallel linear's sequence-parallel ones.
+EXPERT_TP_COMM = ("experts_etp_gather", "experts_etp_reduce_scatter")
+
 CONJUGATE: dict[str, str | None] = {
     "all_gather": "reduce_scatter",
     "reduce_scatter": "all_gather",
@@ -369,7 +376,7 @@ def fsdp2_grad_bytes_per_param(sc: Scenario) -> float:
     reduce-scatter at the step's end (the plan's gradient reduction there): same bytes, an earlier place."""
     p = sc.parallelism
     shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
-                                edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe))
+                                edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe, p.expert_tp))
     if shard <= 1:
         return 0.0  # torchtitan applies no FSDP to a one-rank data-parallel group (fsdp_enabled)
     nmb = max(1, sc.num_microbatches)
@@ -1059,7 +1066,7 @@ def fsdp2_copy_out_ops(sc: Scenario, lo: LayerOps) -> list[Op]:
     compute stream and is charged per parameter (``fsdp2_grad_bytes_per_param``)."""
     p = sc.parallelism
     shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
-                                edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe))
+                                edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe, p.expert_tp))
     if p.zero < 3 or shard <= 1:
         return []
     # The embedding's tables are the layer's parameters, not an op's (its lookup carries none):
@@ -1100,23 +1107,35 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt, tp_in, tp_o
     # The busiest EP rank sets the pace: it receives `load` times the mean share of tokens.
     a2a_bytes = routed_tokens * h * dt * load
     experts_local = m.num_experts // ep
+    # Expert tensor parallelism (etp = tp): each expert's ffn is split over the tp group, which
+    # pools the tokens its ranks received (megatron-core 0.16.1 MoEAlltoAllTokenDispatcher:
+    # all_to_all over ep, then gather_from_sequence_parallel_region over the expert tp group;
+    # after the experts reduce_scatter_to_sequence_parallel_region, then the combine all_to_all).
+    # The FLOPs a rank runs are the same as with whole experts; the GEMMs are etp x taller and
+    # 1/etp as wide, and the weights 1/etp.
+    etp = p.expert_tp if p.tp > 1 else 1
     # Executed FLOPs follow the busiest rank's load; model FLOPs (MFU) count the nominal k tokens.
-    expert_tokens = routed_tokens * load  # tokens this (busiest) rank's experts process
-    ffn = m.expert_ffn
+    expert_tokens = routed_tokens * load * etp  # tokens this (busiest) rank's experts process
+    model_tokens = routed_tokens * etp
+    ffn = m.expert_ffn // etp  # each rank's share of an expert's inner width
     overlap = sc.moe.overlap_dispatch
     ops = [norm("mlp_norm")]
     ops.append(gemm("router", Tn, h, m.num_experts))
     ops.append(Op("moe_dispatch", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes, overlap=overlap)))
+    if etp > 1:
+        ops.append(Op("experts_etp_gather", "other", "F", comm=Comm("tp", "all_gather", expert_tokens * h * dt)))
     if m.mlp == "swiglu":
-        ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * 2 * ffn, 2.0 * routed_tokens * h * 2 * ffn,
+        ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * 2 * ffn, 2.0 * model_tokens * h * 2 * ffn,
                       (expert_tokens * (h + 2 * ffn) + experts_local * h * 2 * ffn) * dt, params=experts_local * h * 2 * ffn))
         ops.append(Op("experts_swiglu", "elementwise", "F", 3.0 * expert_tokens * ffn, 0.0, 3 * expert_tokens * ffn * dt))
     else:
-        ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * ffn, 2.0 * routed_tokens * h * ffn,
+        ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * ffn, 2.0 * model_tokens * h * ffn,
                       (expert_tokens * (h + ffn) + experts_local * h * ffn) * dt, params=experts_local * h * ffn))
         ops.append(Op("experts_gelu", "elementwise", "F", 8.0 * expert_tokens * ffn, 0.0, 2 * expert_tokens * ffn * dt))
-    ops.append(Op("experts_fc2", "gemm", "F", 2.0 * expert_tokens * ffn * h, 2.0 * routed_tokens * ffn * h,
+    ops.append(Op("experts_fc2", "gemm", "F", 2.0 * expert_tokens * ffn * h, 2.0 * model_tokens * ffn * h,
                   (expert_tokens * (ffn + h) + experts_local * ffn * h) * dt, params=experts_local * ffn * h))
+    if etp > 1:
+        ops.append(Op("experts_etp_reduce_scatter", "other", "F", comm=Comm("tp", "reduce_scatter", expert_tokens * h * dt)))
     ops.append(Op("moe_combine", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes, overlap=overlap)))
     if sc.dtype == "fp8":
         # FP8 grouped expert GEMMs (Transformer Engine's grouped linear; DeepSeek-V3 trains its
@@ -1126,7 +1145,7 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt, tp_in, tp_o
             # The weights are cast on their shard before the all-gather: an expert's shard is the
             # expert group's, not the dense one fp8_cast_bytes_per_elem divided by.
             shard, expert_shard = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
-                                                   edp_tp=edp_tp_of(p.tp, p.sequence_parallel, m.is_moe))
+                                                   edp_tp=edp_tp_of(p.tp, p.sequence_parallel, m.is_moe, p.expert_tp))
             w_f *= shard / expert_shard
         quantized = []
         for op in ops:
@@ -1145,7 +1164,7 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt, tp_in, tp_o
         # dense MLP is (megatron-core 0.16.1 moe/shared_experts.py SharedExpertMLP(MLP) on the tp
         # group: under SP it gathers the layer's input and reduce-scatters its output; run after
         # the routed experts, without --moe-shared-expert-overlap).
-        ops += [*tp_in("shared_in"), *dense_mlp("shared_", m.num_shared_experts * ffn, T), *tp_out("shared_out")]
+        ops += [*tp_in("shared_in"), *dense_mlp("shared_", m.num_shared_experts * m.expert_ffn, T), *tp_out("shared_out")]
     ops.append(residual("mlp_residual"))
     if sc.framework == "torchtitan" and not sc.torch_compile:
         # The attention block came with its eager extras; the MoE block's ffn_norm is nn.RMSNorm and
@@ -1394,7 +1413,9 @@ def te_fp8_sequence_parallel_comm(ops: list[Op], T: int, Tn: int, h: int, recipe
         if i in recast:
             out.append(recast[i])
             continue
-        if c is not None and c.dim == "tp" and c.op == "all_gather" and i + 2 < len(ops) \
+        if op.name in EXPERT_TP_COMM:
+            out.append(op)  # the MoE dispatcher's bf16 tokens, not a TE linear's input
+        elif c is not None and c.dim == "tp" and c.op == "all_gather" and i + 2 < len(ops) \
                 and ops[i + 1].name.endswith(".fp8_cast") and ops[i + 2].kernel is not None:
             cast, k = ops[i + 1], ops[i + 2].kernel.k
             norm_fed = i > 0 and ops[i - 1].op_class == "norm"
@@ -1469,7 +1490,7 @@ def fp8_cast_bytes_per_elem(recipe: str, num_microbatches: int, sc: Scenario) ->
     if sc.fp8.param_all_gather and p.zero >= 3 and recipe == "rowwise":
         # Cast on the shard before the all-gather (torchtitan precompute_float8_dynamic_scale_for_fsdp).
         w_f = w_f / optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
-                                     edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe))[0]
+                                     edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe, p.expert_tp))[0]
     return act, act, w_f, w_b
 
 

@@ -243,7 +243,7 @@ def pp_message_bytes(micro_batch_size: int, seq_length: int, cp: int, hidden_siz
     return nbytes, 0.0
 
 
-def edp_tp_of(tp: int, sequence_parallel: bool, moe: bool) -> int:
+def edp_tp_of(tp: int, sequence_parallel: bool, moe: bool, etp: int = 1) -> int:
     """Tensor-parallel ranks in the expert folding (``Mesh.edp_tp``, ``Mesh.groups("edp")``).
 
     The experts are not split by tp (expert tensor parallelism 1: megatron-core
@@ -253,15 +253,16 @@ def edp_tp_of(tp: int, sequence_parallel: bool, moe: bool) -> int:
     the expert state sharded, over them too: megatron-core 0.16.1 parallel_state's expert data
     parallel size is world / (etp x ep x pp) = dp x cp x tp / ep. Without sequence parallelism
     every tp rank routes the same T tokens, its expert gradients equal its tp peers', and tp
-    stays out (as it does for the norm weights then). 1 for a dense model."""
-    return tp if moe and sequence_parallel and tp > 1 else 1
+    stays out (as it does for the norm weights then). 1 for a dense model, and 1 where tp splits
+    each expert (``etp`` = tp: a tp rank holds its slice of the experts, its tp peers others)."""
+    return tp if moe and sequence_parallel and tp > 1 and etp == 1 else 1
 
 
 def mesh_of(sc) -> Mesh:
     """The rank mesh of a scenario, its expert folding included (``edp_tp_of``)."""
     p = sc.parallelism
     return Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=sc.dp, pp=p.pp, order=p.mesh_order,
-                edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe))
+                edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe, p.expert_tp))
 
 
 def optimizer_shards(zero: int, dp: int, ep: int, fsdp_shard_size: int | None, *, cp: int,

@@ -831,7 +831,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
 
     # The optimizer updates this rank's parameters; ZeRO>=1 shards the update over dp x cp (or
     # the HSDP shard group), expert parameters over the expert-data-parallel group.
-    edp_tp = edp_tp_of(p.tp, p.sequence_parallel, m.is_moe)
+    edp_tp = edp_tp_of(p.tp, p.sequence_parallel, m.is_moe, p.expert_tp)
     opt_bytes = 0.0
     for r in range(schedule.num_ranks):
         positions_r = [schedule.stage_position[st] for st in schedule.stages_of_rank(r)]
