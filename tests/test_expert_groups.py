@@ -370,3 +370,15 @@ def test_bad_expert_tensor_parallelism_is_refused(par, framework, message):
     with pytest.raises(UserError, match=message):
         build_scenario(scenario("etp-bad", model=dict(SMALL_MOE, num_experts=16), framework=framework,
                                 parallelism={"zero": 1, **par}))
+
+
+def test_routed_expert_gemms_are_timed_by_shape_one_problem_per_local_expert():
+    # Kernels by shape cover the grouped GEMM: a (tokens an expert) x n x k problem per local
+    # expert, the same FLOPs as the op, so the kernel model quantizes each expert's tiles.
+    sc = build_scenario(scenario("grouped", model=SMALL_MOE, parallelism={"tp": 2, "ep": 4, "etp": 2, "zero": 1}))
+    m = sc.model
+    ops = {o.name: o for o in build_layer_ops(sc)["moe"].forward}
+    for name, n, k in (("experts_fc1", 2 * m.expert_ffn // 2, m.hidden_size), ("experts_fc2", m.hidden_size, m.expert_ffn // 2)):
+        kern = ops[name].kernel
+        assert (kern.batch, kern.n, kern.k) == (m.num_experts // 4, n, k)
+        assert kern.flops == pytest.approx(ops[name].exec_flops, rel=1e-3)

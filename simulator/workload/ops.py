@@ -1124,16 +1124,24 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt, tp_in, tp_o
     ops.append(Op("moe_dispatch", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes, overlap=overlap)))
     if etp > 1:
         ops.append(Op("experts_etp_gather", "other", "F", comm=Comm("tp", "all_gather", expert_tokens * h * dt)))
+    # The grouped GEMM by shape: one (tokens an expert) x n x k GEMM per local expert, the tokens
+    # spread evenly over the rank's experts (TE GroupedLinear / torch._grouped_mm run a problem
+    # per expert; kernel_model quantizes each one's tiles).
+    per_expert = max(1, round(expert_tokens / experts_local))
+
+    def grouped(n: int, k: int):
+        return gemm_kernel("gemm", experts_local, per_expert, n, k, dt)
+    fc1_n = (2 if m.mlp == "swiglu" else 1) * ffn
+    ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * fc1_n, 2.0 * model_tokens * h * fc1_n,
+                  (expert_tokens * (h + fc1_n) + experts_local * h * fc1_n) * dt, params=experts_local * h * fc1_n,
+                  kernel=grouped(fc1_n, h)))
     if m.mlp == "swiglu":
-        ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * 2 * ffn, 2.0 * model_tokens * h * 2 * ffn,
-                      (expert_tokens * (h + 2 * ffn) + experts_local * h * 2 * ffn) * dt, params=experts_local * h * 2 * ffn))
         ops.append(Op("experts_swiglu", "elementwise", "F", 3.0 * expert_tokens * ffn, 0.0, 3 * expert_tokens * ffn * dt))
     else:
-        ops.append(Op("experts_fc1", "gemm", "F", 2.0 * expert_tokens * h * ffn, 2.0 * model_tokens * h * ffn,
-                      (expert_tokens * (h + ffn) + experts_local * h * ffn) * dt, params=experts_local * h * ffn))
         ops.append(Op("experts_gelu", "elementwise", "F", 8.0 * expert_tokens * ffn, 0.0, 2 * expert_tokens * ffn * dt))
     ops.append(Op("experts_fc2", "gemm", "F", 2.0 * expert_tokens * ffn * h, 2.0 * model_tokens * ffn * h,
-                  (expert_tokens * (ffn + h) + experts_local * ffn * h) * dt, params=experts_local * ffn * h))
+                  (expert_tokens * (ffn + h) + experts_local * ffn * h) * dt, params=experts_local * ffn * h,
+                  kernel=grouped(h, ffn)))
     if etp > 1:
         ops.append(Op("experts_etp_reduce_scatter", "other", "F", comm=Comm("tp", "reduce_scatter", expert_tokens * h * dt)))
     ops.append(Op("moe_combine", "other", "F", comm=Comm("ep", "all_to_all", a2a_bytes, overlap=overlap)))
