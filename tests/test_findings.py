@@ -121,6 +121,38 @@ def test_ep_group_across_nodes_is_checked_against_memory_before_it_is_advised():
     assert by["moe.overlap_dispatch=true"]["overrides"] == {"moe.overlap_dispatch": True}
 
 
+MIXTRAL = dict(BASE, model="mixtral-8x7b", batch={"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 4096})
+
+
+def test_split_experts_whose_ep_group_crosses_nodes_are_offered_the_folding():
+    # etp=2 with ep 8 on TP pairs: an EP group takes one rank of each of 8 pairs, 16 GPUs, two
+    # nodes. Folding the tp ranks in (etp=1) puts it on 8 consecutive GPUs: the finding simulates it.
+    sc = build_scenario(dict(MIXTRAL, parallelism={"tp": 2, "pp": 2, "ep": 8, "etp": 2, "zero": 1}))
+    rep = attach(simulate(sc), budget_s=30).report
+    f = _kinds(rep)["slow-link"]
+    assert "EP group of 8 GPUs spans 2 nodes" in f["message"]
+    assert "mesh_order" not in f["message"], "the mesh order places nothing of ep"
+    (s,) = f["suggestions"]
+    assert s["overrides"] == {"parallelism.etp": 1} and s["simulated"]
+    # Here the folded all-to-all stays in the node but the expert gradients then cross it (the
+    # exposed-dp finding's side): the step is what the simulation says, either way.
+    change = s["predicted_step_s"] / rep.step_time_s - 1
+    assert f"etp=1 (experts whole on each rank" in f["message"]
+    assert f"step {s['predicted_step_s']:.3f} s ({change:+.1%}, simulated)" in f["message"], f["message"]
+
+
+def test_exposed_expert_gradient_reduction_is_offered_the_other_expert_tensor_parallelism():
+    # Folded (etp=1), the ranks holding the same experts are one in each EP group: one a node, so
+    # the expert gradients cross NICs. Splitting the experts over tp (etp=2) halves what each
+    # rank reduces; the exposed-dp finding simulates it.
+    sc = build_scenario(dict(MIXTRAL, parallelism={"tp": 2, "pp": 2, "ep": 8, "zero": 1}))
+    rep = attach(simulate(sc), budget_s=60).report
+    f = _kinds(rep)["exposed-dp"]
+    by = {s["overrides"].get("parallelism.etp"): s for s in f["suggestions"] if "parallelism.etp" in s["overrides"]}
+    assert set(by) == {2} and by[2]["simulated"]
+    assert "etp=2 (each expert split over the tp group" in f["message"]
+
+
 def test_tp_group_across_nodes_names_the_fitting_size_and_its_step():
     rep = attach(simulate(build_scenario(dict(BASE, parallelism={"tp": 16, "pp": 1, "zero": 1}))), budget_s=10).report
     f = _kinds(rep)["slow-link"]

@@ -590,6 +590,22 @@ def _inside_node(result: "SimulationResult", budget: _Budget, dim: str, size: in
     return None, ""
 
 
+def etp_alternative(sc) -> tuple[str, dict[str, Any]] | None:
+    """The other expert tensor parallelism of a MoE layout with tp > 1 under sequence parallelism,
+    as (label, overrides): etp = tp splits each expert over the tp group (an EP group keeps one tp
+    index, the expert gradients reduce over dp x cp / ep ranks); etp = 1 keeps the experts whole
+    and folds the tp ranks into ep (an EP group on consecutive GPUs, the expert gradients over
+    dp x cp x tp / ep ranks). None where there is no choice."""
+    p = sc.parallelism
+    if not sc.model.is_moe or p.tp < 2 or not p.sequence_parallel:
+        return None
+    if p.expert_tp > 1:
+        return ("etp=1 (experts whole on each rank, the tp ranks folded into ep: an EP group on consecutive GPUs)",
+                {"parallelism.etp": 1})
+    return (f"etp={p.tp} (each expert split over the tp group, megatron-core's default: the expert gradients "
+            f"reduce over dp x cp / ep ranks)", {"parallelism.etp": p.tp})
+
+
 def slow_link_findings(result: "SimulationResult", budget: _Budget) -> list[Finding]:
     rep = result.report
     mesh = result.program.mesh
@@ -608,7 +624,20 @@ def slow_link_findings(result: "SimulationResult", budget: _Budget) -> list[Find
                f"NICs at {node.nic_GBps_per_gpu:.0f} GB/s per GPU instead of NVLink at {node.nvlink_GBps:.0f} GB/s; "
                f"exposed {dim} is {exposed:.3f} s ({exposed / rep.step_time_s:.1%} of the step). ")
         sugg: list[Suggestion] = []
-        if size <= node.gpus_per_node:
+        alt = etp_alternative(sc) if dim == "ep" and sc.parallelism.expert_tp > 1 else None
+        if alt is not None and budget.valid(alt[1]):
+            # Split experts keep an EP group on one tp index, ep x tp GPUs apart; folding the tp
+            # ranks in puts it on ep consecutive ones.
+            s = _fill(Suggestion(alt[0], alt[1]), budget.simulate(alt[1]), budget.why_not)
+            sugg.append(s)
+            msg += (f"Experts split over tp (etp={sc.parallelism.expert_tp}) keep an EP group on one tp index, "
+                    f"{sc.parallelism.tp} GPUs apart; {_sim_text(s, rep.step_time_s)}.")
+        elif size <= node.gpus_per_node and dim == "ep":
+            msg += ("An EP group is ep consecutive ranks of the tp-cp-dp order where the tp ranks fold into it "
+                    f"(megatron-core's MoE parallel folding): keep tp, cp and dp innermost in mesh_order (now {mesh.order})"
+                    + (", and run sequence parallelism so the tp ranks fold in" if sc.parallelism.tp > 1
+                       and not sc.parallelism.sequence_parallel else "") + ".")
+        elif size <= node.gpus_per_node:
             msg += f"Keep the {dim} groups inside a node: put {dim} innermost in mesh_order (now {mesh.order})."
         else:
             s, said = _inside_node(result, budget, dim, size)
@@ -701,6 +730,9 @@ def dp_finding(result: "SimulationResult", budget: _Budget) -> Finding | None:
             cands.append(("fsdp_separate_reduce_scatter_group=true (torch's experimental "
                           "FSDPModule.set_separate_reduce_scatter_group(): the reductions on a communicator of their own)",
                           {"parallelism.fsdp_separate_reduce_scatter_group": True}))
+    alt = etp_alternative(sc)
+    if alt is not None:
+        cands.append(alt)
     # (the framework reduces in one piece whatever the bucket; ZeRO-3 reduces a unit at a time)
     if not sc.grad_reduce_in_one_piece and p.zero < 3:
         bucket = sc.grad_bucket_params
