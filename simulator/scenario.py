@@ -155,12 +155,8 @@ class ParallelConfig(BaseModel):
         "all-gathers in tp splits on the copy engines, pipelined reduce-scatters in 4 splits on 16 SMs, bulk overlap of "
         "the backward reduce-scatter with the weight-gradient GEMMs (TE's defaults).",
     )
-    mesh_order: str = Field("tp-cp-ep-dp-pp", description="Placement order of the mesh on GPU ids, innermost first.")
-
-    @property
-    def expert_tp(self) -> int:
-        """Ranks one expert's ffn is split over (``etp``; None is 1)."""
-        return self.etp or 1
+    mesh_order: str = Field("tp-cp-ep-dp-pp", description="Placement order of the mesh on GPU ids, innermost first (Megatron's "
+                            "order string: ep's place in it lays out nothing, as the experts fold over a stage's tp, cp and dp ranks).")
     pp_layer_split: list[int] | None = Field(
         None, description="Layers per pipeline position (pp*vpp entries); default spreads them, first/last fewer."
     )
@@ -194,6 +190,11 @@ class ParallelConfig(BaseModel):
         "context_parallel rotate method), ring otherwise (megatron-core's cp_comm_type None runs TE's p2p). The "
         "frameworks' names are taken too: p2p and alltoall mean ring, all_gather means allgather."
     )
+
+    @property
+    def expert_tp(self) -> int:
+        """Ranks one expert's ffn is split over (``etp``; None is 1)."""
+        return self.etp or 1
 
     @field_validator("cp_attention", mode="before")
     @classmethod
@@ -542,7 +543,8 @@ class Scenario(BaseModel):
         # Expert parallelism folds over the ranks of a pipeline stage that route their own tokens:
         # dp x cp, and the tp ranks under sequence parallelism (each routes its T/tp tokens through
         # unsplit experts; megatron-core's MoE parallel folding with expert tensor parallelism 1,
-        # torchtitan's ep over dp_shard x cp x tp). topology.placement.Mesh lays the groups out.
+        # torchtitan's ep over dp_shard x cp x tp). topology.placement.Mesh lays the groups out;
+        # sp_tp is plan.edp_tp_of, which this layer cannot import.
         if p.etp is not None and p.etp not in (1, p.tp):
             raise UserError(f"etp={p.etp} must be 1 or tp={p.tp}: experts are either whole on a rank or split over "
                             f"the tp group (megatron-core and torchtitan support these two)")

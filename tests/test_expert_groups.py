@@ -382,3 +382,22 @@ def test_routed_expert_gemms_are_timed_by_shape_one_problem_per_local_expert():
         kern = ops[name].kernel
         assert (kern.batch, kern.n, kern.k) == (m.num_experts // 4, n, k)
         assert kern.flops == pytest.approx(ops[name].exec_flops, rel=1e-3)
+
+
+@pytest.mark.parametrize("style", ["torch", "te"])
+def test_tp_comm_overlap_leaves_the_dispatchers_collectives_and_grouped_gemms_alone(style):
+    # Async TP and TE's userbuffers pipeline a linear's sequence-parallel gather into its GEMM;
+    # the MoE dispatcher's gather over the expert tp group and the grouped GEMM after it are
+    # neither (their kernels are timed by shape now, which made them look splittable).
+    from simulator.workload.program import micro_pipeline_tp
+
+    sc = build_scenario(scenario("etp-overlap", model=SMALL_MOE, parallelism={"tp": 2, "ep": 4, "etp": 2, "zero": 1}))
+    lo = build_layer_ops(sc)["moe"]
+    expert_ops = [o for o in lo.forward if o.name.startswith(("experts_", "moe_"))]
+    piped = micro_pipeline_tp(lo.forward, 2, style)
+    assert [o for o in piped if o.name.startswith(("experts_", "moe_"))] == expert_ops
+    i_ops, _ = lo.backward()
+    expert_bwd = [o for o in i_ops if o.name.startswith(("experts_", "moe_"))]
+    assert [o for o in micro_pipeline_tp(i_ops, 2, style) if o.name.startswith(("experts_", "moe_"))] == expert_bwd
+    # The attention block's own gathers are still pipelined.
+    assert any(o.name.endswith(".join") for o in piped)

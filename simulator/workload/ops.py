@@ -214,13 +214,15 @@ def attention_backward_op(op: Op) -> Op:
                    launches=2 * op.launches if k is None or k.kind != "flash" else op.launches, bwd_ops=None)
 
 
-# Forward collective -> its backward counterpart (None: no backward communication).
-# "identity_ar" marks a column-parallel input without SP: nothing forward, all-reduce backward.
 # The expert tensor-parallel group's gather of the dispatched tokens and reduce-scatter of the
 # experts' output (megatron-core's MoEAlltoAllTokenDispatcher, etp > 1): plain bf16 collectives of
-# the dispatcher, not a column- or row-parallel linear's sequence-parallel ones.
+# the dispatcher, not a column- or row-parallel linear's sequence-parallel ones; and the routed
+# experts' grouped GEMMs between them.
 EXPERT_TP_COMM = ("experts_etp_gather", "experts_etp_reduce_scatter")
+ROUTED_EXPERT_GEMMS = ("experts_fc1", "experts_fc2")
 
+# Forward collective -> its backward counterpart (None: no backward communication).
+# "identity_ar" marks a column-parallel input without SP: nothing forward, all-reduce backward.
 CONJUGATE: dict[str, str | None] = {
     "all_gather": "reduce_scatter",
     "reduce_scatter": "all_gather",
@@ -1157,7 +1159,7 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt, tp_in, tp_o
             w_f *= shard / expert_shard
         quantized = []
         for op in ops:
-            if op.name in ("experts_fc1", "experts_fc2"):
+            if op.name in ROUTED_EXPERT_GEMMS:
                 n_out = (2 if m.mlp == "swiglu" else 1) * ffn if op.name == "experts_fc1" else h
                 k_in = h if op.name == "experts_fc1" else ffn
                 weights = experts_local * k_in * n_out
@@ -1246,7 +1248,7 @@ def active_parameters(sc: Scenario) -> float:
     if not m.is_moe:
         return total
     flat = sc.model_copy(update={"parallelism": sc.parallelism.model_copy(update={"tp": 1, "cp": 1, "ep": 1, "pp": 1})})
-    routed = sum(o.params for o in build_layer_ops(flat)["moe"].forward if o.name in ("experts_fc1", "experts_fc2"))
+    routed = sum(o.params for o in build_layer_ops(flat)["moe"].forward if o.name in ROUTED_EXPERT_GEMMS)
     return total - (m.num_layers - m.num_dense_layers) * routed * (1 - m.top_k / m.num_experts)
 
 

@@ -19,7 +19,7 @@ from simulator.errors import UserError
 from simulator.scenario import MEGATRON_GRAD_BUCKET_PARAMS, Scenario
 from simulator.schedules.base import PipelineSchedule
 from simulator.topology.placement import Mesh
-from simulator.workload.ops import (Comm, LayerOps, Op, build_layer_ops, embedding_wgrad_op, fp8_recompute_cast_op,
+from simulator.workload.ops import (ROUTED_EXPERT_GEMMS, Comm, LayerOps, Op, build_layer_ops, embedding_wgrad_op, fp8_recompute_cast_op,
                                    fsdp_gather_bytes, moe_dropped_fraction, moe_load_factor, op_durations_s,
                                    optimizer_time_s, tied_head_shares_embedding)
 
@@ -347,9 +347,12 @@ def _gemm_part(op: Op, frac: float, tag: str) -> Op:
 
 
 def _splittable(op: Op, tp: int) -> bool:
-    """A GEMM timed by shape whose M rows (tokens) split into tp chunks."""
+    """A GEMM timed by shape whose M rows (tokens) split into tp chunks. Not the routed experts'
+    grouped GEMMs: the collectives beside them are the MoE dispatcher's (ops.EXPERT_TP_COMM), which
+    neither TE's userbuffers nor torch's micro-pipelined TP overlap."""
     k = op.kernel
-    return op.comm is None and op.op_class == "gemm" and k is not None and k.kind == "gemm" and k.m >= tp
+    return (op.comm is None and op.op_class == "gemm" and k is not None and k.kind == "gemm" and k.m >= tp
+            and not op.name.startswith(ROUTED_EXPERT_GEMMS))
 
 
 def _gemm_rows(op: Op, rows: int, tag: str) -> Op:
@@ -475,7 +478,7 @@ def is_grouped_expert_gemm(o: Op) -> bool:
     """A MoE layer's routed-expert GEMM: torchtitan runs it as torch._grouped_mm, which neither
     counts as aten.mm nor is in per-op SAC's save list (0.2.0 models/llama4/infra/parallelize.py
     _op_sac_save_list), so it is recomputed and its output not kept."""
-    return o.name in ("experts_fc1", "experts_fc2")
+    return o.name in ROUTED_EXPERT_GEMMS
 
 
 def _sac_mm_parts(sc: Scenario, lo: LayerOps):
