@@ -102,6 +102,14 @@ def _dense_model(sc: Scenario) -> str | None:
     return None
 
 
+def _not_precision_aware(sc: Scenario) -> str | None:
+    if not sc.optimizer.precision_aware:
+        return "it applies to the precision-aware optimizer (optimizer.precision_aware) and this run's is not"
+    if sc.dtype not in ("bf16", "fp8"):
+        return f"the master weights are kept as remainders of bf16 parameters and this run's are {sc.dtype}"
+    return None
+
+
 def _experts_whole(sc: Scenario) -> str | None:
     if not sc.model.is_moe:
         return f"it splits the experts of a mixture-of-experts model and model {sc.model.name!r} is dense"
@@ -178,6 +186,7 @@ RULES: tuple[InertRule, ...] = (
     InertRule("parallelism.overlap_param_gather", _first(_zero12, _nothing_to_reduce)),
     InertRule("parallelism.loss_all_reduce_per_microbatch", _nothing_to_reduce),
     InertRule("parallelism.etp", _experts_whole),
+    InertRule("optimizer.store_param_remainders", _not_precision_aware),
     InertRule("moe.routing", _dense_model),
     InertRule("moe.skew", _first(_dense_model, _uniform_routing)),
     InertRule("moe.seed", _first(_dense_model, _uniform_routing)),

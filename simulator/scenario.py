@@ -227,6 +227,11 @@ class ParallelConfig(BaseModel):
         "(Megatron-LM 2021 and megatron-core without the fusion: main_grad.add_(grad); PyTorch AccumulateGrad).",
     )
     overlap_grad_reduce: bool = Field(True, description="Overlap the DP gradient reduction with backward (DDP/Megatron buckets).")
+    grad_reduce_in_fp32: bool | None = Field(
+        None, description="Reduce (and accumulate) the data-parallel gradients in fp32 (megatron-core "
+        "DistributedDataParallelConfig.grad_reduce_in_fp32, torchtitan mixed_precision_reduce float32); false: in "
+        "the parameter dtype, half the bytes for bf16 (NeMo 2.5's DeepSeek-V3 recipe). None: the framework's own, "
+        "fp32 except fp16 runs without FSDP (Megatron-LM forces fp32 for bf16 only).")
     overlap_param_gather: bool | None = Field(
         None, description="ZeRO-1/2 (distributed optimizer): the updated parameters' all-gather overlaps the next "
         "step's forward, each stage's first forward waiting for its own gather (megatron-core "
@@ -281,6 +286,27 @@ class FP8Config(BaseModel):
     param_all_gather: bool = Field(
         False, description="ZeRO-3/FSDP all-gathers FP8 weights (torchtitan enable_fsdp_float8_all_gather, Megatron --fp8-param-gather)."
     )
+
+
+class OptimizerConfig(BaseModel):
+    """Adam's state precision: megatron-core's precision-aware optimizer (0.16.1
+    optimizer_config.py use_precision_aware_optimizer, with Transformer Engine's FusedAdam), which
+    keeps the moments and the main gradients in bf16 and the fp32 master weights as 16-bit
+    remainders beside the bf16 parameters (distrib_optimizer.py: master_param int16 with
+    store_param_remainders and bf16). NeMo 2.5's DeepSeek-V3 recipe runs it with bf16 moments and
+    bf16 main gradients."""
+
+    model_config = _STRICT
+
+    precision_aware: bool = Field(
+        False, description="megatron-core --use-precision-aware-optimizer (needs the distributed optimizer, zero >= 1): the "
+        "dtypes below may be bf16.")
+    exp_avg_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Adam's first moment (--exp-avg-dtype).")
+    exp_avg_sq_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Adam's second moment (--exp-avg-sq-dtype).")
+    main_grads_dtype: Literal["fp32", "bf16"] = Field("fp32", description="The gradients the optimizer reads (--main-grads-dtype).")
+    store_param_remainders: bool = Field(
+        True, description="With precision_aware and bf16 parameters, keep the fp32 master weights as 16-bit remainders of "
+        "the bf16 ones (megatron-core's default, Transformer Engine >= 2.1).")
 
 
 class BatchConfig(BaseModel):
@@ -373,6 +399,7 @@ class Scenario(BaseModel):
         "bf16", description="Compute precision; fp8 runs the linear layers' GEMMs in FP8 (activations and attention stay bf16)."
     )
     fp8: FP8Config = Field(default_factory=lambda: FP8Config(), description="FP8 training recipe (dtype: fp8 only).")
+    optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(), description="Adam's state precision (megatron-core's precision-aware optimizer).")
     flash_attention: bool = Field(
         True, description="Fused attention that skips masked causal blocks and stores no s x s scores."
     )
@@ -565,6 +592,21 @@ class Scenario(BaseModel):
             raise UserError(
                 f"ep={p.ep} does not divide the {expert_ranks} ranks of a pipeline stage that route tokens to the "
                 f"experts ({formula}): choose ep among {', '.join(fits)}{hint}")
+        o = self.optimizer
+        lowered = [f"{k}={getattr(o, k)}" for k in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype")
+                   if getattr(o, k) != "fp32"]
+        if lowered and not o.precision_aware:
+            # megatron-core 0.16.1 optimizer_config.py: "exp_avg_dtype can only be fp32 when not
+            # using precision-aware optimizer" (and alike for the others).
+            raise UserError(f"optimizer.{lowered[0]} needs the precision-aware optimizer: set optimizer.precision_aware "
+                            f"true (megatron-core --use-precision-aware-optimizer) or the dtype fp32")
+        if o.precision_aware and (p.zero < 1 or self.framework != "generic"):
+            # optimizer_config.py: "--use-precision-aware-optimizer only supported with distributed
+            # optimizer", with Transformer Engine's FusedAdam: a megatron-core feature.
+            raise UserError(
+                "optimizer.precision_aware is megatron-core's distributed optimizer with Transformer Engine's FusedAdam: "
+                + (f"it needs zero >= 1, not zero={p.zero}: set --zero 1" if p.zero < 1 else
+                   f"framework {self.framework} does not run it: set framework generic or precision_aware false"))
         if self.framework == "torchtitan" and p.tp > 1 and not p.sequence_parallel:
             # torchtitan's TP plan shards the norms over the sequence unconditionally, with no
             # option to turn it off (0.1.0 models/llama3/infra/parallelize.py apply_tp:

@@ -30,6 +30,7 @@ CASES: dict[str, tuple[dict, object]] = {
     "parallelism.overlap_param_gather": (scenario("z3", parallelism={"zero": 3}), False),
     "parallelism.loss_all_reduce_per_microbatch": (scenario("dp1", gpus=8, gbs=4, parallelism={"tp": 8}), True),
     "parallelism.etp": (scenario("dense-tp2", parallelism={"tp": 2}), 2),
+    "optimizer.store_param_remainders": (scenario("adam", parallelism={"zero": 1}), False),
     "moe.routing": (scenario("dense"), "skewed"),
     "moe.skew": (scenario("moe-uniform", model=SMALL_MOE, parallelism={"ep": 4}), 2.0),
     "moe.seed": (scenario("moe-uniform", model=SMALL_MOE, parallelism={"ep": 4}), 7),
@@ -84,6 +85,7 @@ def test_a_rule_holds_in_the_engine(path):
     ("parallelism.grad_bucket_params", scenario("z3", parallelism={"zero": 3}), 2_000_000),
     ("moe.skew", scenario("moe-skewed", model=SMALL_MOE, parallelism={"ep": 4}, moe={"routing": "skewed"}), 2.0),
     ("parallelism.etp", scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 4}), 2),
+    ("optimizer.store_param_remainders", scenario("adam-pa", parallelism={"zero": 1}, optimizer={"precision_aware": True}), False),
 ])
 def test_a_field_that_is_read_gets_no_note(path, data, other):
     base = build_scenario(data)

@@ -136,7 +136,8 @@ def test_torchtitan_fused_adamw_moves_28_bytes_a_parameter():
     base = {"model": "llama3-8b", "parallelism": {"dp": 8, "zero": 3},
             "batch": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048},
             "cluster": {"gpus": 8, "gpu": "h100-sxm-80gb", "topology": "dgx-h100-fattree"}}
-    assert adam_bytes_per_param("torchtitan") == 28 and adam_bytes_per_param("generic") == 30
+    assert adam_bytes_per_param(build_scenario({**base, "framework": "torchtitan"})) == 28
+    assert adam_bytes_per_param(build_scenario(base)) == 30
     tt = simulate(build_scenario({**base, "framework": "torchtitan"})).program
     gen = simulate(build_scenario(base)).program
     prof = load_profile("h100-sxm-80gb")

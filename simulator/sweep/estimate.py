@@ -997,7 +997,7 @@ class Estimator:
             start_s += total[0] + total[1]
             start_compute_s += total[1]
         if dp_cp > 1 or use_edp:
-            bucket_bytes = sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero)
+            bucket_bytes = sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)
             # The tail differs by the stages a rank holds: the first and last ranks hold the
             # embedding and the head, every middle rank the same layers (up to uneven splits).
             # FSDP2's rules (the plan's Program.grad_reduce_waits_previous and
@@ -1106,7 +1106,7 @@ class Estimator:
         opt_params = opt_bytes / ADAM_BYTES_PER_PARAM
         # The program's own optimizer model (multi-tensor Adam launches by shape, or the class curve).
         opt_s = optimizer_time_s(prof, opt_params, adam_tensor_count(sc.model.num_layers, p.pp),
-                                 adam_bytes_per_param(sc.framework), sc)
+                                 adam_bytes_per_param(sc), sc)
         tp_dup = max(float(sum(pos_tp_dup[stage_pos[st]] for st in stages)) for stages in rank_stages)
         terms_end = self._step_terms_end(sc, prof, (netkey, p.tp, p.cp, p.ep, dp, p.pp, p.mesh_order, hsdp), opt_params,
                                          dp_cp, ends, tie_ranks, coll, exposed, tp_dup)
@@ -1138,7 +1138,7 @@ class Estimator:
                     # the expert share of this layout's positions (the reference's is per layer): memory_report
                     # shards it over edp, the rest over dp; without it an expert model's optimizer state read as dense
                     stage_expert_params=[float(x) for x in pos_eparams],
-                    grad_bucket_bytes=sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero), param_bytes=param_bytes,
+                    grad_bucket_bytes=sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32), param_bytes=param_bytes,
                 )
             else:
                 view = tab.program

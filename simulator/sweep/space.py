@@ -47,6 +47,7 @@ AXES: dict[str, str] = {
     "async_tp": "parallelism.async_tp",
     "tp_comm_overlap": "parallelism.tp_comm_overlap",
     "overlap_param_gather": "parallelism.overlap_param_gather",
+    "grad_reduce_in_fp32": "parallelism.grad_reduce_in_fp32",
     "mesh_order": "parallelism.mesh_order",
     "micro_batch_size": "batch.micro_batch_size",
     "mbs": "batch.micro_batch_size",

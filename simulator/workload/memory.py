@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from simulator.scenario import MEGATRON_GRAD_BUCKET_PARAMS, Scenario
 from simulator.schedules.analysis import peak_activations
-from simulator.workload.plan import edp_tp_of, grad_reduce_bytes, optimizer_shards
+from simulator.workload.plan import edp_tp_of, grad_reduce_bytes, optimizer_shards, optimizer_state_bytes_per_param
 from simulator.workload.ops import build_layer_ops, sp_regathers_input
 from simulator.workload.program import Program, checkpointed_layers, selective_op_saved_bytes
 
@@ -224,7 +224,7 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     # torchtitan (FSDP2, MixedPrecisionPolicy(param_dtype=bf16)) keeps no bf16 copy: its sharded
     # parameters are the fp32 masters (4) and its AdamW holds m and v (8); the bf16 weights exist
     # only gathered (gathered_parameters_gib, and one unit at a time otherwise).
-    param_bytes, optim_bytes = (4, 8) if sc.framework == "torchtitan" else (2, 12)
+    param_bytes, optim_bytes = (4, 8) if sc.framework == "torchtitan" else (2, optimizer_state_bytes_per_param(sc))
     z = p.zero
     shard, expert_shard = optimizer_shards(z, dp, p.ep, p.fsdp_shard_size, cp=p.cp,
                                            edp_tp=edp_tp_of(t, p.sequence_parallel, m.is_moe, p.expert_tp))
@@ -232,7 +232,8 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     # the 40M-parameter bucket it was set with: megatron-core's dp-grown buckets are views of its
     # contiguous gradient buffer (counted under gradients), not allocations of their own.
     bucket_params = p.grad_bucket_params if p.grad_bucket_params is not None else MEGATRON_GRAD_BUCKET_PARAMS
-    buffers = 2 * bucket_params * grad_reduce_bytes(sc.dtype, p.zero)
+    grad_buffer_bytes = grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)
+    buffers = 2 * bucket_params * grad_buffer_bytes
     # Recomputation re-materialises one layer at a time in backward: beside the checkpoints, the
     # layer being recomputed holds what it would have kept without recomputation (Chen et al.
     # 2016, "Training Deep Nets with Sublinear Memory Cost": memory = checkpoints + one segment).
@@ -255,7 +256,9 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
                 return per_param * (dense + expert)
             return per_param * (dense / shard + expert / expert_shard)
 
-        grads = state_bytes(4, 2)
+        # The gradient buffer holds the reduction's dtype (megatron-core: fp32 with
+        # grad_reduce_in_fp32, else the parameter dtype; FSDP2 accumulates in its reduce dtype).
+        grads = state_bytes(grad_buffer_bytes, 2)
         if z >= 2 and sched.num_microbatches > 1 and not prog.grad_reduce_every_microbatch:
             # The plan reduces gradients at a stage's last microbatch only, at every ZeRO stage
             # (Megatron's full main-grad buffer; torch.distributed.pipelining stage.py and the
@@ -265,14 +268,14 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             # dtype). ZeRO-2/3 shard them only when each microbatch is reduced as it is produced,
             # which a one-microbatch step is, and torchtitan's gradient accumulation without PP
             # (Program.grad_reduce_every_microbatch: sync stays on, the fp32 shards accumulate).
-            grads = 4 * (dense + expert)
+            grads = grad_buffer_bytes * (dense + expert)
         row = {
             "parameters_gib": state_bytes(param_bytes, 3) / GIB,
             "gradients_gib": grads / GIB,
             "optimizer_gib": state_bytes(optim_bytes, 1) / GIB,
             "activations_gib": act_peaks[r] / GIB,
             # A bucket never holds more than the rank's own gradients (fp32, 4 bytes each).
-            "buffers_gib": (min(buffers, 2 * 4 * (dense + expert)) + RUNTIME_RESERVE_BYTES) / GIB,
+            "buffers_gib": (min(buffers, 2 * grad_buffer_bytes * (dense + expert)) + RUNTIME_RESERVE_BYTES) / GIB,
         }
         if recompute_extra:
             layers = [L for q in positions for L in prog.position_layers[q]]

@@ -345,7 +345,7 @@ def grad_accumulate_bytes_per_param(sc: Scenario, gemm_weight: bool = True) -> f
         return fsdp2_grad_bytes_per_param(sc)
     if (p.grad_accumulation_fusion and gemm_weight) or p.zero >= 3:
         return 0.0
-    main = grad_reduce_bytes(sc.dtype, p.zero)
+    main = grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)
     fresh = 4.0 if sc.dtype == "fp32" else 2.0  # fp8 runs keep bf16 parameters and gradients
     return 2.0 * main + fresh
 

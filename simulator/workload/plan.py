@@ -198,13 +198,17 @@ class Plan:
 GRAD_REDUCE_BYTES = 4
 
 
-def grad_reduce_bytes(dtype: str, zero: int) -> int:
-    """Bytes per parameter of the data-parallel gradient reduction. Megatron reduces in the
-    parameter dtype unless asked for fp32 (megatron-core DistributedDataParallelConfig
-    grad_reduce_in_fp32=False: grad_dtype = float if grad_reduce_in_fp32 else param.dtype;
-    Megatron-LM's arguments force fp32 only for bf16): fp16 runs reduce fp16 gradients. FSDP
-    (torchtitan, zero 3) reduces in fp32 (mixed_precision_reduce = float32)."""
-    return 2 if dtype == "fp16" and zero < 3 else GRAD_REDUCE_BYTES
+def grad_reduce_bytes(dtype: str, zero: int, in_fp32: bool | None = None) -> int:
+    """Bytes per parameter of the data-parallel gradient reduction (and of the gradient buffer
+    it reduces). Megatron reduces in the parameter dtype unless asked for fp32 (megatron-core
+    DistributedDataParallelConfig grad_reduce_in_fp32=False: grad_dtype = float if
+    grad_reduce_in_fp32 else param.dtype; Megatron-LM's arguments force fp32 only for bf16): fp16
+    runs reduce fp16 gradients. FSDP (torchtitan, zero 3) reduces in fp32 (mixed_precision_reduce
+    = float32). ``in_fp32`` (parallelism.grad_reduce_in_fp32) overrides: True fp32, False the
+    parameter dtype (bf16 under FP8 training)."""
+    if in_fp32 is None:
+        return 2 if dtype == "fp16" and zero < 3 else GRAD_REDUCE_BYTES
+    return GRAD_REDUCE_BYTES if in_fp32 or dtype == "fp32" else 2
 # Adam step per parameter: read fp32 master, grad, m, v; write master, m, v; write bf16 copy.
 ADAM_BYTES_PER_PARAM = 30
 # torchtitan's AdamW (0.1.0 config_manager.py Optimizer.implementation = "fused": torch's
@@ -213,10 +217,38 @@ ADAM_BYTES_PER_PARAM = 30
 TORCHTITAN_ADAM_BYTES_PER_PARAM = 28
 
 
-def adam_bytes_per_param(framework: str) -> int:
+def adam_bytes_per_param(sc) -> int:
     """HBM bytes per parameter of the optimizer step's kernels (the state's size stays
-    ``optimizer_state_bytes``'s, in ADAM_BYTES_PER_PARAM units)."""
-    return TORCHTITAN_ADAM_BYTES_PER_PARAM if framework == "torchtitan" else ADAM_BYTES_PER_PARAM
+    ``optimizer_state_bytes``'s, in ADAM_BYTES_PER_PARAM units). A precision-aware optimizer
+    (Transformer Engine's FusedAdam) reads the main gradient and the moments in their dtypes and,
+    with parameter remainders, reads and writes the bf16 parameter and its 16-bit remainder for
+    the master weight: 2 x (2 + 2) + grad + 2 x (m + v), 18 bytes all in bf16."""
+    if sc.framework == "torchtitan":
+        return TORCHTITAN_ADAM_BYTES_PER_PARAM
+    o = sc.optimizer
+    if not o.precision_aware:
+        return ADAM_BYTES_PER_PARAM
+    m, v, g = (_OPT_DTYPE_BYTES[d] for d in (o.exp_avg_dtype, o.exp_avg_sq_dtype, o.main_grads_dtype))
+    master = 2 * (2 + 2) if remainders_kept(sc) else 2 * 4 + 2  # read + write (master, bf16 copy written)
+    return master + g + 2 * (m + v)
+
+
+_OPT_DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
+def remainders_kept(sc) -> bool:
+    """The fp32 master weights kept as 16-bit remainders of bf16 parameters (megatron-core 0.16.1
+    distrib_optimizer.py: master_param int16 where store_param_remainders and bf16)."""
+    o = sc.optimizer
+    return o.precision_aware and o.store_param_remainders and sc.dtype in ("bf16", "fp8")
+
+
+def optimizer_state_bytes_per_param(sc) -> int:
+    """Bytes of optimizer state a (sharded) parameter holds: the fp32 master weight (2 as a
+    remainder beside a bf16 parameter), Adam's two moments in their dtypes; 12 by default."""
+    o = sc.optimizer
+    master = 2 if remainders_kept(sc) else 4
+    return master + _OPT_DTYPE_BYTES[o.exp_avg_dtype] + _OPT_DTYPE_BYTES[o.exp_avg_sq_dtype]
 # Parameter tensors the multi-tensor Adam walks (its launches: kernels.adam_kernels), a GPT layer's
 # 12 (QKV, out, fc1, fc2 weights and biases, two LayerNorms' weight and bias) and 4 outside the
 # layers (word and position embeddings, final norm weight and bias). Counted for GPT; a Llama

@@ -718,7 +718,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
     dur = op_durations_s(profile, kernels, sc, fp8_speedup=speedup)
     times = {id(o): float(t) for o, t in zip(kernels, dur)}
     host = {id(o): host_issue_s(profile, o) for o in all_ops}
-    gbytes = grad_reduce_bytes(sc.dtype, p.zero)
+    gbytes = grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)
 
     def kind_of(layer: int) -> str:
         if m.is_moe and layer >= m.num_dense_layers:
@@ -845,7 +845,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
     opt_params_max = opt_bytes / ADAM_BYTES_PER_PARAM
     shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp, edp_tp=edp_tp)
     optimizer_s = optimizer_time_s(profile, opt_params_max, adam_tensor_count(m.num_layers, p.pp),
-                                   adam_bytes_per_param(sc.framework), sc)
+                                   adam_bytes_per_param(sc), sc)
 
     # Under SP: the duplicated weights' gradients of the rank's layers, all-reduced over tp.
     tp_duplicated_max = rank_max(schedule, stage_tp_duplicated)
@@ -919,9 +919,9 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
     if m.tied_embeddings and not tied_head_shared:
         emb_params = m.vocab_size * m.hidden_size / p.tp
         # In the gradient buffer's dtype (Megatron all-reduces the embedding's main_grad).
-        out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * grad_reduce_bytes(sc.dtype, p.zero)))
+        out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)))
     if tp_duplicated_params > 0 and p.tp > 1:
-        grad_b = grad_reduce_bytes(sc.dtype, p.zero)
+        grad_b = grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)
         copy_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]),
                                               np.array([tp_duplicated_params * 4 * grad_b]))[0])
         out.append(StepCollective("sp duplicated weight grads", "tp", "all_reduce", tp_duplicated_params * grad_b, copy_s))
