@@ -121,6 +121,22 @@ def test_ep_group_across_nodes_is_checked_against_memory_before_it_is_advised():
     assert by["moe.overlap_dispatch=true"]["overrides"] == {"moe.overlap_dispatch": True}
 
 
+def test_memory_finding_offers_storing_the_same_state_in_fewer_bytes_and_simulates_it():
+    # 70B TP2 PP4 ZeRO-1 on 64 GPUs: fp32 gradients are the largest part. Reduced and held in
+    # bf16 (megatron-core grad_reduce_in_fp32=False) they fit; that costs no recomputation, so
+    # its step is simulated beside the first fitting change's.
+    sc = build_scenario(dict(OVERFLOW, parallelism={"tp": 2, "pp": 4, "zero": 1}))
+    rep = attach(simulate(sc), budget_s=30).report
+    assert not rep.fits_in_memory
+    f = _kinds(rep)["memory"]
+    by = {s["label"]: s for s in f["suggestions"]}
+    bf16_grads = by["grad_reduce_in_fp32=false"]
+    assert bf16_grads["overrides"] == {"parallelism.grad_reduce_in_fp32": False}
+    assert bf16_grads["fits"] and bf16_grads["predicted_peak_gib"] < rep.peak_memory_gib and bf16_grads["simulated"]
+    assert by["optimizer.precision_aware=true with bf16 moments"]["predicted_peak_gib"] < rep.peak_memory_gib
+    assert re.search(r"grad_reduce_in_fp32=false: step \d\.\d+ s \([+-]\d+\.\d%, simulated\)", f["message"]), f["message"]
+
+
 MIXTRAL = dict(BASE, model="mixtral-8x7b", batch={"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 4096})
 
 

@@ -250,6 +250,16 @@ def memory_finding(result: "SimulationResult", budget: _Budget) -> Finding | Non
         cands.append((f"zero={z}", {"parallelism.zero": z}))
     for mult in (2, 4):
         cands.append((f"pp={p.pp * mult}", {"parallelism.pp": p.pp * mult, "parallelism.pp_layer_split": None}))
+    # What holds the same layout in fewer bytes: experts split over tp (their weights, gradients
+    # and state 1/tp), Adam's moments in bf16 (megatron-core's precision-aware optimizer, as NeMo's
+    # DeepSeek-V3 recipe runs it), gradients reduced and held in bf16.
+    if sc.model.is_moe and p.tp > 1 and p.sequence_parallel and p.expert_tp == 1:
+        cands.append((f"etp={p.tp}", {"parallelism.etp": p.tp}))
+    if p.zero >= 1 and sc.framework == "generic" and not sc.optimizer.precision_aware:
+        cands.append(("optimizer.precision_aware=true with bf16 moments",
+                      {"optimizer.precision_aware": True, "optimizer.exp_avg_dtype": "bf16", "optimizer.exp_avg_sq_dtype": "bf16"}))
+    if p.grad_reduce_in_fp32 is not False and sc.dtype in ("bf16", "fp8"):
+        cands.append(("grad_reduce_in_fp32=false", {"parallelism.grad_reduce_in_fp32": False}))
     sugg = []
     for label, over in cands:
         mem = budget.memory(over)
@@ -259,12 +269,15 @@ def memory_finding(result: "SimulationResult", budget: _Budget) -> Finding | Non
                                note=f"{mem.peak_gib:.1f} GiB predicted by the memory model"))
     # the best fitting suggestion that changes least gets a simulated step time, when cheap
     fitting = [s for s in sugg if s.fits]
-    if fitting:
-        _fill(fitting[0], budget.simulate(fitting[0].overrides), budget.why_not)
+    # and the first fitting one that only stores the same numbers in fewer bytes, which costs
+    # little time where recomputation or a deeper pipeline costs much
+    precision = next((s for s in fitting if all(k.startswith("optimizer.") or k == "parallelism.grad_reduce_in_fp32"
+                                               for k in s.overrides)), None)
+    simulated = fitting[:1] + ([precision] if precision is not None and precision is not fitting[0] else [])
+    for s in simulated:
+        _fill(s, budget.simulate(s.overrides), budget.why_not)
     parts = [f"{s.label} → {s.predicted_peak_gib:.1f} GiB ({'fits' if s.fits else 'still over'})" for s in sugg]
-    step_part = ""
-    if fitting and fitting[0].simulated:
-        step_part = f"; {_sim_text(fitting[0], rep.step_time_s)}"
+    step_part = "".join(f"; {_sim_text(s, rep.step_time_s)}" for s in simulated if s.simulated)
     biggest_name = biggest.removesuffix("_gib").replace("_", " ")
     msg = (f"memory: pp rank {rep.per_pp_rank[worst]['pp_rank']} needs {rep.peak_memory_gib:.1f} GiB of the usable "
            f"{rep.memory_capacity_gib:.1f} GiB ({biggest_name} {row[biggest]:.1f} GiB is the largest part). "
