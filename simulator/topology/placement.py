@@ -6,13 +6,14 @@ tp, cp, dp and pp alone: ``ep`` in the order places nothing, as megatron-core 0.
 generator is built with ep = 1 (parallel_state.initialize_model_parallel).
 
 Expert parallelism folds over a pipeline stage's ranks as megatron-core's expert rank generator
-does ("MoE parallel folding": RankGenerator(tp=etp, ep, dp=edp, cp=1) on the same ranks): the
-experts are not split by tp (expert tensor parallelism 1), so under sequence parallelism each tp
-rank routes its own tokens and the ranks of a stage, in tp-cp-dp order (tp fastest), are cut into
-EP groups of ep consecutive ranks; the expert-data-parallel group is the ranks at the same place
-in each. An EP group may so span tp, cp and dp ranks (ep divides dp x cp x tp, not dp alone):
-DeepSeek-V3's TP2 EP64 on 32 dp ranks. Without sequence parallelism every tp rank routes the same
-tokens and the folding runs over cp-dp for each tp index (``edp_tp`` = 1).
+does ("MoE parallel folding": RankGenerator(tp=etp, ep, dp=edp, cp=1) on the same ranks). With
+experts whole on each rank (expert tensor parallelism 1) under sequence parallelism each tp rank
+routes its own tokens, and the ranks of a stage, in tp-cp-dp order (tp fastest), are cut into EP
+groups of ep consecutive ranks; the expert-data-parallel group is the ranks at the same place in
+each. An EP group may so span tp, cp and dp ranks (ep divides dp x cp x tp, not dp alone):
+DeepSeek-V3's TP2 EP64 on 32 dp ranks. Where tp splits the experts (etp = tp), or without sequence
+parallelism (every tp rank routes the same tokens), the folding runs over cp-dp for each tp index
+(``edp_tp`` = 1).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class Mesh:
     pp: int
     order: str = DEFAULT_ORDER
     # Tensor-parallel ranks that route their own tokens through the same experts (plan.edp_tp_of:
-    # tp under sequence parallelism with a MoE model, else 1). They join the expert folding.
+    # tp for a MoE model under sequence parallelism with etp 1, else 1). They join the expert folding.
     edp_tp: int = 1
 
     def __post_init__(self) -> None:
