@@ -110,6 +110,11 @@ def _not_precision_aware(sc: Scenario) -> str | None:
     return None
 
 
+def _never_read_by_megatron_core(sc: Scenario) -> str | None:
+    return ("megatron-core 0.16.1 reads it only in its config check: the optimizer reads the gradient buffer, whose "
+            "dtype parallelism.grad_reduce_in_fp32 sets")
+
+
 def _experts_whole(sc: Scenario) -> str | None:
     if not sc.model.is_moe:
         return f"it splits the experts of a mixture-of-experts model and model {sc.model.name!r} is dense"
@@ -187,6 +192,7 @@ RULES: tuple[InertRule, ...] = (
     InertRule("parallelism.loss_all_reduce_per_microbatch", _nothing_to_reduce),
     InertRule("parallelism.etp", _experts_whole),
     InertRule("optimizer.store_param_remainders", _not_precision_aware),
+    InertRule("optimizer.main_grads_dtype", _never_read_by_megatron_core),
     InertRule("moe.routing", _dense_model),
     InertRule("moe.skew", _first(_dense_model, _uniform_routing)),
     InertRule("moe.seed", _first(_dense_model, _uniform_routing)),

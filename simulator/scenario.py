@@ -291,10 +291,10 @@ class FP8Config(BaseModel):
 class OptimizerConfig(BaseModel):
     """Adam's state precision: megatron-core's precision-aware optimizer (0.16.1
     optimizer_config.py use_precision_aware_optimizer, with Transformer Engine's FusedAdam), which
-    keeps the moments and the main gradients in bf16 and the fp32 master weights as 16-bit
-    remainders beside the bf16 parameters (distrib_optimizer.py: master_param int16 with
-    store_param_remainders and bf16). NeMo 2.5's DeepSeek-V3 recipe runs it with bf16 moments and
-    bf16 main gradients."""
+    keeps the moments in bf16 and the fp32 master weights as 16-bit remainders beside the bf16
+    parameters (distrib_optimizer.py: master_param int16 with store_param_remainders and bf16),
+    and reads the gradient buffer as it is. NeMo 2.5's DeepSeek-V3 recipe runs it with bf16
+    moments, bf16 main gradients and grad_reduce_in_fp32 false."""
 
     model_config = _STRICT
 
@@ -303,7 +303,9 @@ class OptimizerConfig(BaseModel):
         "dtypes below may be bf16.")
     exp_avg_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Adam's first moment (--exp-avg-dtype).")
     exp_avg_sq_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Adam's second moment (--exp-avg-sq-dtype).")
-    main_grads_dtype: Literal["fp32", "bf16"] = Field("fp32", description="The gradients the optimizer reads (--main-grads-dtype).")
+    main_grads_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="--main-grads-dtype: megatron-core 0.16.1 reads it only in its config check; the optimizer "
+        "reads the gradient buffer, whose dtype parallelism.grad_reduce_in_fp32 sets (NeMo sets both).")
     store_param_remainders: bool = Field(
         True, description="With precision_aware and bf16 parameters, keep the fp32 master weights as 16-bit remainders of "
         "the bf16 ones (megatron-core's default, Transformer Engine >= 2.1).")

@@ -31,6 +31,7 @@ CASES: dict[str, tuple[dict, object]] = {
     "parallelism.loss_all_reduce_per_microbatch": (scenario("dp1", gpus=8, gbs=4, parallelism={"tp": 8}), True),
     "parallelism.etp": (scenario("dense-tp2", parallelism={"tp": 2}), 2),
     "optimizer.store_param_remainders": (scenario("adam", parallelism={"zero": 1}), False),
+    "optimizer.main_grads_dtype": (scenario("adam-pa", parallelism={"zero": 1}, optimizer={"precision_aware": True}), "bf16"),
     "moe.routing": (scenario("dense"), "skewed"),
     "moe.skew": (scenario("moe-uniform", model=SMALL_MOE, parallelism={"ep": 4}), 2.0),
     "moe.seed": (scenario("moe-uniform", model=SMALL_MOE, parallelism={"ep": 4}), 7),

@@ -26,16 +26,23 @@ BF16_STATE = {"precision_aware": True, "exp_avg_dtype": "bf16", "exp_avg_sq_dtyp
 def test_state_and_step_bytes_follow_the_dtypes():
     default = build_scenario(scenario("adam", parallelism={"zero": 1}))
     assert (optimizer_state_bytes_per_param(default), adam_bytes_per_param(default)) == (12, 30)
-    bf16 = build_scenario(scenario("adam-bf16", parallelism={"zero": 1}, optimizer=BF16_STATE))
+    bf16_buffer = {"zero": 1, "grad_reduce_in_fp32": False}
+    bf16 = build_scenario(scenario("adam-bf16", parallelism=bf16_buffer, optimizer=BF16_STATE))
     # master as a 16-bit remainder (2) + m (2) + v (2); the step reads and writes the bf16
-    # parameter and its remainder (8), reads the bf16 gradient (2), reads and writes m and v (8).
+    # parameter and its remainder (8), reads the bf16 gradient buffer (2), reads and writes m and v (8).
     assert (optimizer_state_bytes_per_param(bf16), adam_bytes_per_param(bf16)) == (6, 18)
-    whole = build_scenario(scenario("adam-bf16-fp32-master", parallelism={"zero": 1},
+    # main_grads_dtype is read nowhere in megatron-core: with an fp32 buffer the step reads 4 bytes.
+    fp32_buffer = build_scenario(scenario("adam-bf16-fp32-grads", parallelism={"zero": 1}, optimizer=BF16_STATE))
+    assert adam_bytes_per_param(fp32_buffer) == 20
+    whole = build_scenario(scenario("adam-bf16-fp32-master", parallelism=bf16_buffer,
                                     optimizer={**BF16_STATE, "store_param_remainders": False}))
     assert (optimizer_state_bytes_per_param(whole), adam_bytes_per_param(whole)) == (8, 20)
-    # precision-aware with fp32 everything keeps megatron's 12 bytes, master as remainder: 10.
+    # precision-aware with fp32 moments keeps their 8 bytes beside the 2-byte remainder.
     pa = build_scenario(scenario("adam-pa", parallelism={"zero": 1}, optimizer={"precision_aware": True}))
     assert optimizer_state_bytes_per_param(pa) == 10
+    # Without it a bf16 buffer's shard is copied to an fp32 .grad first (2 read, 4 written).
+    copied = build_scenario(scenario("adam-bf16-buffer", parallelism=bf16_buffer))
+    assert adam_bytes_per_param(copied) == 36
 
 
 def test_bf16_moments_halve_the_optimizer_state_and_shorten_its_step():

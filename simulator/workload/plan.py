@@ -219,18 +219,26 @@ TORCHTITAN_ADAM_BYTES_PER_PARAM = 28
 
 def adam_bytes_per_param(sc) -> int:
     """HBM bytes per parameter of the optimizer step's kernels (the state's size stays
-    ``optimizer_state_bytes``'s, in ADAM_BYTES_PER_PARAM units). A precision-aware optimizer
-    (Transformer Engine's FusedAdam) reads the main gradient and the moments in their dtypes and,
-    with parameter remainders, reads and writes the bf16 parameter and its 16-bit remainder for
-    the master weight: 2 x (2 + 2) + grad + 2 x (m + v), 18 bytes all in bf16."""
+    ``optimizer_state_bytes``'s, in ADAM_BYTES_PER_PARAM units).
+
+    megatron-core 0.16.1 distrib_optimizer.py _copy_model_grads_to_main_grads: a precision-aware
+    optimizer (Transformer Engine's FusedAdam) reads the gradient buffer's shard as it is
+    (``decoupled_grad``, the buffer's dtype: grad_reduce_in_fp32), the moments in their dtypes
+    and, with parameter remainders, reads and writes the bf16 parameter and its 16-bit remainder
+    for the master weight: 2 x (2 + 2) + grad + 2 x (m + v), 18 bytes all in bf16. Otherwise the
+    shard becomes an fp32 ``.grad`` (``shard_model_grad.float()``: a copy, 2 read + 4 written,
+    where the buffer is bf16; none where it is fp32) that Adam reads: 30 bytes, 36 with a bf16
+    buffer asked for (grad_reduce_in_fp32 false; the default fp16 buffers of fp16 runs are left
+    as they were modelled)."""
     if sc.framework == "torchtitan":
         return TORCHTITAN_ADAM_BYTES_PER_PARAM
-    o = sc.optimizer
+    o, p = sc.optimizer, sc.parallelism
+    buffer = grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)
     if not o.precision_aware:
-        return ADAM_BYTES_PER_PARAM
-    m, v, g = (_OPT_DTYPE_BYTES[d] for d in (o.exp_avg_dtype, o.exp_avg_sq_dtype, o.main_grads_dtype))
+        return ADAM_BYTES_PER_PARAM + (2 + 4 if p.grad_reduce_in_fp32 is False and buffer == 2 else 0)
+    m, v = (_OPT_DTYPE_BYTES[d] for d in (o.exp_avg_dtype, o.exp_avg_sq_dtype))
     master = 2 * (2 + 2) if remainders_kept(sc) else 2 * 4 + 2  # read + write (master, bf16 copy written)
-    return master + g + 2 * (m + v)
+    return master + buffer + 2 * (m + v)
 
 
 _OPT_DTYPE_BYTES = {"fp32": 4, "bf16": 2}
