@@ -53,6 +53,10 @@ AGREEMENT_SCENARIOS: list[dict] = [
     scenario("ep4-moe-zero3", model=SMALL_MOE, parallelism={"ep": 4, "zero": 3}),
     scenario("ep4-tp2-moe", model=SMALL_MOE, parallelism={"ep": 4, "tp": 2, "zero": 1}),
     scenario("hsdp-ep-moe", model=SMALL_MOE, gpus=32, parallelism={"ep": 4, "zero": 3, "fsdp_shard_size": 8}),
+    scenario("ep8-folded-over-tp2-moe", model=SMALL_MOE, gpus=8, parallelism={"ep": 8, "tp": 2, "zero": 1}),
+    scenario("ep4-etp2-moe", model=SMALL_MOE, parallelism={"ep": 4, "tp": 2, "etp": 2, "zero": 1}),
+    scenario("bf16-adam-bf16-grads", parallelism={"tp": 2, "zero": 1, "grad_reduce_in_fp32": False},
+             optimizer={"precision_aware": True, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}),
     scenario("recompute-full", parallelism={"tp": 2, "zero": 1}, recompute="full"),
     *[scenario(f"pp4-{s}", gbs=64, parallelism={"pp": 4, "vpp": _pp_vpp(s), "tp": 2, "zero": 1}, schedule=s)
       for s in schedule_names()],
