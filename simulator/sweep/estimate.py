@@ -55,9 +55,10 @@ from simulator.contention import collective_ctas, compute_slowdown, measured_exc
 from simulator.schedules.base import Action
 from simulator.vocabulary import DIM_NAMES, CollectiveOp, Dim, Stream
 from simulator.workload.plan import (
-    Collective, GradBuckets, Wait, bucketed_stages, grad_reduce_bytes, grad_reduction_steps, communication_groups, edp_tp_of, emit_action, hsdp_expert_shard_of,
-    hsdp_shard_of, linear_replay, mesh_of, ADAM_BYTES_PER_PARAM, adam_bytes_per_param, adam_tensor_count, optimizer_shards,
-    optimizer_state_bytes, param_buckets, pp_message_bytes, zero12_bucket_bytes,
+    Collective, GradBuckets, Wait, bucketed_stages, grad_reduction_steps, communication_groups, emit_action, hsdp_expert_shard_of,
+    hsdp_shard_of, linear_replay, mesh_of, ADAM_BYTES_PER_PARAM, adam_bytes_per_param, adam_tensor_count,
+    optimizer_state_bytes, param_buckets, pp_message_bytes, scenario_edp_tp, scenario_grad_bytes, scenario_optimizer_shards,
+    zero12_bucket_bytes,
 )
 from simulator.workload.ops import optimizer_time_s, tied_head_shares_embedding
 from simulator.workload.program import Program, build_program, checkpointed_layers, split_layers, step_terms
@@ -122,8 +123,8 @@ def _ops_inputs(sc: Scenario) -> tuple:
     Program built for one of these served the others (ZeRO-3's W segment, without
     main_grad adds, priced a ZeRO-1 point's backward)."""
     p = sc.parallelism
-    edp_tp = edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe, p.expert_tp)
-    shard = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp, edp_tp=edp_tp)[0] if p.zero >= 3 else None
+    edp_tp = scenario_edp_tp(sc)
+    shard = scenario_optimizer_shards(sc)[0] if p.zero >= 3 else None
     fsdp2 = sc.framework == "torchtitan" and p.zero >= 3
     nmb = sc.num_microbatches if (sc.dtype == "fp8" or (sc.framework == "megatron-deepspeed" and p.zero == 0)
                                   or (fsdp2 and (p.pp > 1 or not p.fsdp_reshard_after_forward))) else None
@@ -645,8 +646,7 @@ class Estimator:
                opt_params, tp_duplicated_params, sc.framework)
         priced = self._step_terms.get(key)
         if priced is None:
-            shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
-                                        edp_tp=edp_tp_of(p.tp, p.sequence_parallel, m.is_moe, p.expert_tp))
+            shard, _ = scenario_optimizer_shards(sc)
             # The plan's group sizes (plan._group_size): a one-rank group runs no collective.
             size = {Dim.TP: p.tp, Dim.PP: p.pp, Dim.DP: dp_cp, Dim.EMB: 2 if p.pp > 1 else 1}
             priced = []  # (who waits for whom, kernel + collective seconds, collective seconds, report dim)
@@ -699,7 +699,7 @@ class Estimator:
         # experts' the ranks holding the same experts, tp ranks included under sequence
         # parallelism (plan.edp_tp_of), as the plan has them.
         dp_cp = dp * p.cp
-        edp_tp = edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe, p.expert_tp)
+        edp_tp = mesh.edp_tp
         use_edp = mesh.edp > 1
         hsdp_expert = hsdp_expert_shard_of(hsdp, p.ep, edp_tp)
 
@@ -997,7 +997,7 @@ class Estimator:
             start_s += total[0] + total[1]
             start_compute_s += total[1]
         if dp_cp > 1 or use_edp:
-            bucket_bytes = sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)
+            bucket_bytes = sc.grad_bucket_params * scenario_grad_bytes(sc)
             # The tail differs by the stages a rank holds: the first and last ranks hold the
             # embedding and the head, every middle rank the same layers (up to uneven splits).
             # FSDP2's rules (the plan's Program.grad_reduce_waits_previous and
@@ -1138,7 +1138,7 @@ class Estimator:
                     # the expert share of this layout's positions (the reference's is per layer): memory_report
                     # shards it over edp, the rest over dp; without it an expert model's optimizer state read as dense
                     stage_expert_params=[float(x) for x in pos_eparams],
-                    grad_bucket_bytes=sc.grad_bucket_params * grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32), param_bytes=param_bytes,
+                    grad_bucket_bytes=sc.grad_bucket_params * scenario_grad_bytes(sc), param_bytes=param_bytes,
                 )
             else:
                 view = tab.program

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from simulator.scenario import MEGATRON_GRAD_BUCKET_PARAMS, Scenario
 from simulator.schedules.analysis import peak_activations
-from simulator.workload.plan import edp_tp_of, grad_reduce_bytes, optimizer_shards, optimizer_state_bytes_per_param
+from simulator.workload.plan import optimizer_state_bytes_per_param, scenario_grad_bytes, scenario_optimizer_shards
 from simulator.workload.ops import build_layer_ops, sp_regathers_input
 from simulator.workload.program import Program, checkpointed_layers, selective_op_saved_bytes
 
@@ -54,7 +54,7 @@ def layer_activation_sbh(sc: Scenario, moe: bool = False) -> tuple[float, float]
         # Under expert tensor parallelism the grouped GEMMs keep the tp group's pooled tokens as
         # their input: etp x this rank's routed copies, at 1/etp of the inner width (so the width
         # terms, tokens x width, do not change).
-        etp = sc.parallelism.expert_tp if sc.parallelism.tp > 1 else 1
+        etp = sc.parallelism.expert_tp  # 1 or tp (Scenario.check)
         copies = m.top_k * etp + (1 if m.num_shared_experts else 0)  # routed copies, and the shared experts' input
         width = m.top_k * f + m.num_shared_experts * f  # inner width kept per token, over its experts
         mlp = 1 + 2 * copies + per_f * width + 2 * 4 * m.num_experts / h  # dropout mask; router fp32
@@ -226,13 +226,12 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     # only gathered (gathered_parameters_gib, and one unit at a time otherwise).
     param_bytes, optim_bytes = (4, 8) if sc.framework == "torchtitan" else (2, optimizer_state_bytes_per_param(sc))
     z = p.zero
-    shard, expert_shard = optimizer_shards(z, dp, p.ep, p.fsdp_shard_size, cp=p.cp,
-                                           edp_tp=edp_tp_of(t, p.sequence_parallel, m.is_moe, p.expert_tp))
+    shard, expert_shard = scenario_optimizer_shards(sc)
     # The factor 2: no source found. Sized by the scenario's bucket where one is given, else by
     # the 40M-parameter bucket it was set with: megatron-core's dp-grown buckets are views of its
     # contiguous gradient buffer (counted under gradients), not allocations of their own.
     bucket_params = p.grad_bucket_params if p.grad_bucket_params is not None else MEGATRON_GRAD_BUCKET_PARAMS
-    grad_buffer_bytes = grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)
+    grad_buffer_bytes = scenario_grad_bytes(sc)
     buffers = 2 * bucket_params * grad_buffer_bytes
     # Recomputation re-materialises one layer at a time in backward: beside the checkpoints, the
     # layer being recomputed holds what it would have kept without recomputation (Chen et al.

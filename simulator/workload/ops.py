@@ -22,7 +22,7 @@ import numpy as np
 
 from simulator.scenario import Scenario
 from simulator.workload.kernels import Kernel, adam_kernel, adam_launches, flash_kernel, gemm_kernel, mem_kernel, op_kernels
-from simulator.workload.plan import JOIN, edp_tp_of, grad_reduce_bytes, optimizer_shards
+from simulator.workload.plan import JOIN, scenario_grad_bytes, scenario_optimizer_shards
 
 Phase = Literal["F", "I", "W"]
 
@@ -345,7 +345,7 @@ def grad_accumulate_bytes_per_param(sc: Scenario, gemm_weight: bool = True) -> f
         return fsdp2_grad_bytes_per_param(sc)
     if (p.grad_accumulation_fusion and gemm_weight) or p.zero >= 3:
         return 0.0
-    main = grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)
+    main = scenario_grad_bytes(sc)
     fresh = 4.0 if sc.dtype == "fp32" else 2.0  # fp8 runs keep bf16 parameters and gradients
     return 2.0 * main + fresh
 
@@ -377,8 +377,7 @@ def fsdp2_grad_bytes_per_param(sc: Scenario) -> float:
     backward). Spreading puts the last copy-in inside the backwards rather than before each
     reduce-scatter at the step's end (the plan's gradient reduction there): same bytes, an earlier place."""
     p = sc.parallelism
-    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
-                                edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe, p.expert_tp))
+    shard, _ = scenario_optimizer_shards(sc)
     if shard <= 1:
         return 0.0  # torchtitan applies no FSDP to a one-rank data-parallel group (fsdp_enabled)
     nmb = max(1, sc.num_microbatches)
@@ -1067,8 +1066,7 @@ def fsdp2_copy_out_ops(sc: Scenario, lo: LayerOps) -> list[Op]:
     copy-in stream and is not charged here; the reduce-scatter's copy-in (chunk_cat) runs on the
     compute stream and is charged per parameter (``fsdp2_grad_bytes_per_param``)."""
     p = sc.parallelism
-    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
-                                edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe, p.expert_tp))
+    shard, _ = scenario_optimizer_shards(sc)
     if p.zero < 3 or shard <= 1:
         return []
     # The embedding's tables are the layer's parameters, not an op's (its lookup carries none):
@@ -1115,7 +1113,7 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt, tp_in, tp_o
     # after the experts reduce_scatter_to_sequence_parallel_region, then the combine all_to_all).
     # The FLOPs a rank runs are the same as with whole experts; the GEMMs are etp x taller and
     # 1/etp as wide, and the weights 1/etp.
-    etp = p.expert_tp if p.tp > 1 else 1
+    etp = p.expert_tp  # 1 or tp (Scenario.check)
     # Executed FLOPs follow the busiest rank's load; model FLOPs (MFU) count the nominal k tokens.
     expert_tokens = routed_tokens * load * etp  # tokens this (busiest) rank's experts process
     model_tokens = routed_tokens * etp
@@ -1154,8 +1152,7 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt, tp_in, tp_o
         if sc.fp8.param_all_gather and p.zero >= 3 and sc.fp8.recipe == "rowwise":
             # The weights are cast on their shard before the all-gather: an expert's shard is the
             # expert group's, not the dense one fp8_cast_bytes_per_elem divided by.
-            shard, expert_shard = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
-                                                   edp_tp=edp_tp_of(p.tp, p.sequence_parallel, m.is_moe, p.expert_tp))
+            shard, expert_shard = scenario_optimizer_shards(sc)
             w_f *= shard / expert_shard
         quantized = []
         for op in ops:
@@ -1499,8 +1496,7 @@ def fp8_cast_bytes_per_elem(recipe: str, num_microbatches: int, sc: Scenario) ->
     p = sc.parallelism
     if sc.fp8.param_all_gather and p.zero >= 3 and recipe == "rowwise":
         # Cast on the shard before the all-gather (torchtitan precompute_float8_dynamic_scale_for_fsdp).
-        w_f = w_f / optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
-                                     edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe, p.expert_tp))[0]
+        w_f = w_f / scenario_optimizer_shards(sc)[0]
     return act, act, w_f, w_b
 
 

@@ -233,7 +233,7 @@ def adam_bytes_per_param(sc) -> int:
     if sc.framework == "torchtitan":
         return TORCHTITAN_ADAM_BYTES_PER_PARAM
     o, p = sc.optimizer, sc.parallelism
-    buffer = grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)
+    buffer = scenario_grad_bytes(sc)
     if not o.precision_aware:
         return ADAM_BYTES_PER_PARAM + (2 + 4 if p.grad_reduce_in_fp32 is False and buffer == 2 else 0)
     m, v = (_OPT_DTYPE_BYTES[d] for d in (o.exp_avg_dtype, o.exp_avg_sq_dtype))
@@ -298,11 +298,28 @@ def edp_tp_of(tp: int, sequence_parallel: bool, moe: bool, etp: int = 1) -> int:
     return tp if moe and sequence_parallel and tp > 1 and etp == 1 else 1
 
 
+def scenario_edp_tp(sc) -> int:
+    """``edp_tp_of`` a scenario's layout."""
+    p = sc.parallelism
+    return edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe, p.expert_tp)
+
+
+def scenario_optimizer_shards(sc) -> tuple[int, int]:
+    """``optimizer_shards`` of a scenario's layout: (dense, expert) ranks its state is sharded over."""
+    p = sc.parallelism
+    return optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp, edp_tp=scenario_edp_tp(sc))
+
+
+def scenario_grad_bytes(sc) -> int:
+    """``grad_reduce_bytes`` of a scenario: its gradient buffer's and reduction's bytes a parameter."""
+    p = sc.parallelism
+    return grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)
+
+
 def mesh_of(sc) -> Mesh:
     """The rank mesh of a scenario, its expert folding included (``edp_tp_of``)."""
     p = sc.parallelism
-    return Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=sc.dp, pp=p.pp, order=p.mesh_order,
-                edp_tp=edp_tp_of(p.tp, p.sequence_parallel, sc.model.is_moe, p.expert_tp))
+    return Mesh(tp=p.tp, cp=p.cp, ep=p.ep, dp=sc.dp, pp=p.pp, order=p.mesh_order, edp_tp=scenario_edp_tp(sc))
 
 
 def optimizer_shards(zero: int, dp: int, ep: int, fsdp_shard_size: int | None, *, cp: int,

@@ -25,7 +25,7 @@ from simulator.workload.ops import (ROUTED_EXPERT_GEMMS, Comm, LayerOps, Op, bui
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
     ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, adam_bytes_per_param, adam_tensor_count, edp_tp_of, grad_reduce_bytes,
-    mesh_of, optimizer_shards, optimizer_state_bytes, pp_message_bytes,
+    mesh_of, optimizer_shards, optimizer_state_bytes, pp_message_bytes, scenario_grad_bytes, scenario_optimizer_shards,
 )
 
 
@@ -718,7 +718,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
     dur = op_durations_s(profile, kernels, sc, fp8_speedup=speedup)
     times = {id(o): float(t) for o, t in zip(kernels, dur)}
     host = {id(o): host_issue_s(profile, o) for o in all_ops}
-    gbytes = grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)
+    gbytes = scenario_grad_bytes(sc)
 
     def kind_of(layer: int) -> str:
         if m.is_moe and layer >= m.num_dense_layers:
@@ -834,7 +834,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
 
     # The optimizer updates this rank's parameters; ZeRO>=1 shards the update over dp x cp (or
     # the HSDP shard group), expert parameters over the expert-data-parallel group.
-    edp_tp = edp_tp_of(p.tp, p.sequence_parallel, m.is_moe, p.expert_tp)
+    edp_tp = mesh.edp_tp
     opt_bytes = 0.0
     for r in range(schedule.num_ranks):
         positions_r = [schedule.stage_position[st] for st in schedule.stages_of_rank(r)]
@@ -843,7 +843,7 @@ def build_program(sc: Scenario, profile: Profile, schedule: PipelineSchedule, ti
         opt_bytes = max(opt_bytes, optimizer_state_bytes(dense, expert, p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp,
                                                          edp_tp=edp_tp))
     opt_params_max = opt_bytes / ADAM_BYTES_PER_PARAM
-    shard, _ = optimizer_shards(p.zero, sc.dp, p.ep, p.fsdp_shard_size, cp=p.cp, edp_tp=edp_tp)
+    shard, _ = scenario_optimizer_shards(sc)
     optimizer_s = optimizer_time_s(profile, opt_params_max, adam_tensor_count(m.num_layers, p.pp),
                                    adam_bytes_per_param(sc), sc)
 
@@ -919,9 +919,9 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
     if m.tied_embeddings and not tied_head_shared:
         emb_params = m.vocab_size * m.hidden_size / p.tp
         # In the gradient buffer's dtype (Megatron all-reduces the embedding's main_grad).
-        out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)))
+        out.append(StepCollective("tied embedding grads", "emb", "all_reduce", emb_params * scenario_grad_bytes(sc)))
     if tp_duplicated_params > 0 and p.tp > 1:
-        grad_b = grad_reduce_bytes(sc.dtype, p.zero, p.grad_reduce_in_fp32)
+        grad_b = scenario_grad_bytes(sc)
         copy_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]),
                                               np.array([tp_duplicated_params * 4 * grad_b]))[0])
         out.append(StepCollective("sp duplicated weight grads", "tp", "all_reduce", tp_duplicated_params * grad_b, copy_s))
