@@ -605,8 +605,23 @@ def calibrate(
         items.append(ProvenanceItem(field=f"compute.overlap_fits.{cls}", value=round(f.slowdown, 4),
                                     source=f"{f.overlapped_kernels} kernels of {f.signatures} signatures timed under NCCL kernels "
                                            f"and alone ({'confident' if f.confident else 'low confidence: reported, not used'})"))
+    # The device's own numbers (SMs, tensor-core dtypes and their peaks) are facts about the chip,
+    # not fits: a calibrated profile keeps them, or FP8 scenarios, wave quantization and the
+    # contention law (all of which need them) would fall back to guesses on a fitted profile.
+    device_facts = {}
+    if base_profile is not None:
+        device_facts = base_profile.compute.model_dump(include={"bf16", "peak_tflops_fp8", "peak_tflops_fp32",
+                                                                "peak_tflops_mxfp8", "fp8_non_tn_gemm"})
+        for k, v in device_facts.items():
+            if v is not None:
+                items.append(ProvenanceItem(field=f"compute.{k}", value=v, source=f"base profile {base_profile.name!r}"))
+    if sms:
+        items.append(ProvenanceItem(field="compute.sm_count", value=sms,
+                                    source="the traces' deviceProperties numSms" if any(
+                                        isinstance(d.get("numSms"), int) for d in src.device_props)
+                                    else f"base profile {base_profile.name!r}"))
     compute = ComputeModel(peak_tflops=peak, hbm_GBps=hbm, classes=classes, overlap_slowdown=overlap, host_cores=cores,
-                           overlap_fits=overlap_fits)
+                           overlap_fits=overlap_fits, sm_count=sms, **device_facts)
 
     # --- communication ---
     comm_samples = pd.concat(src.comm, ignore_index=True) if src.comm else pd.DataFrame(columns=["collective", "group_size", "tier", "size_bytes", "time_us"])

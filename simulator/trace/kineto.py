@@ -182,8 +182,8 @@ _WRITE_ONLY_OPS = frozenset({"fill_", "zero_", "zeros", "zeros_like", "ones", "o
                              "new_zeros", "new_full", "normal_", "uniform_",
                              "bernoulli_", "random_"})
 _READ_ONLY_OPS = frozenset({"sum", "mean", "norm", "linalg_vector_norm", "max", "min", "amax", "amin", "argmax",
-                            "argmin", "prod", "var", "std", "var_mean", "std_mean", "any", "all", "nll_loss",
-                            "nll_loss_forward", "_local_scalar_dense", "item", "equal"})
+                            "argmin", "prod", "var", "std", "var_mean", "std_mean", "any", "all",
+                            "_local_scalar_dense", "item", "equal"})
 # Tensor inputs of common elementwise ops; a further trailing tensor the size of the output is the
 # out= argument of the op's .out overload (Kineto records it as an input): written, not read.
 _UNARY_OPS = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "neg", "sigmoid", "tanh", "relu", "gelu",
@@ -198,8 +198,13 @@ _BINARY_OPS = frozenset({"add", "sub", "mul", "div", "pow", "maximum", "minimum"
                          "remainder", "_softmax_backward_data", "_log_softmax_backward_data", "native_dropout_backward",
                          "rsub", "xlogy"})
 _TERNARY_OPS = frozenset({"where", "lerp", "addcmul", "addcdiv"})
-# Gathers read only the rows their indices pick, which shapes do not tell.
-_GATHER_OPS = frozenset({"index_select", "index", "gather", "take", "embedding", "embedding_backward",
+# Gathers read only the rows their indices pick, which shapes do not tell. nll_loss is one: its
+# forward reads the one logit each target picks and its backward writes only those (the zero fill
+# of the gradient is its own fill_ op); torch's nll_loss_forward_reduce_cuda_kernel_2d on an H200
+# took 24 us over [16384, 128256] fp32 logits, 8.4 GB that counting the whole input would have
+# had it read at 350 TB/s (device check, docs/design-notes.md, Round 28).
+_GATHER_OPS = frozenset({"nll_loss", "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward",
+                         "nll_loss2d_backward", "nll_loss_nd", "index_select", "index", "gather", "take", "embedding", "embedding_backward",
                          "embedding_dense_backward", "_embedding_bag", "_embedding_bag_backward", "embedding_bag",
                          "index_put_", "_index_put_impl_", "index_put", "scatter", "scatter_", "scatter_add",
                          "scatter_add_", "scatter_reduce", "index_add_", "index_copy_", "masked_select",

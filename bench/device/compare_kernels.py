@@ -1,0 +1,82 @@
+"""The kernel model against one GPU's measurements (bench/device/kernels_h200.py's kernels.csv):
+GEMMs by shape in bf16 and FP8, fused attention by shape, and the SM-share contention law.
+
+    python bench/device/compare_kernels.py tests/data/reference/h200/kernels.csv [--profile h200-sxm-141gb]
+
+Prints, per row, measured and modelled time and their error, then the median absolute error per
+group. Measured times are medians of back-to-back calls (operands L2-resident where they fit)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import pandas as pd
+
+from simulator.contention import compute_slowdown
+from simulator.profile import load_profile
+from simulator.workload.kernel_model import flash_attention_time_s, gemm_time_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv")
+    ap.add_argument("--profile", default="h200-sxm-141gb")
+    a = ap.parse_args()
+    prof = load_profile(a.profile)
+    d = pd.read_csv(a.csv)
+    groups: dict[str, list[float]] = {}
+
+    def show(group: str, label: str, meas_us: float, model_us: float) -> None:
+        err = model_us / meas_us - 1
+        groups.setdefault(group, []).append(abs(err))
+        print(f"{group:<22} {label:<34} measured {meas_us:10.1f} us  model {model_us:10.1f} us  {err:+7.1%}")
+
+    g = d[d.section == "gemm"]
+    for _, r in g.iterrows():
+        if r["dtype"] == "fp8" and r.variant != "tensorwise":
+            continue  # one FP8 kernel per shape: TE's per-tensor scaling (fast accumulation off)
+        m, n, k = int(r.m), int(r.n), int(r.k)
+        t = float(gemm_time_s(prof, 1, m, n, k, r["dtype"])) * 1e6
+        big = m * n * k >= 2048**3
+        show(f"gemm {r['dtype']} {'large' if big else 'small'}", f"{r['name']} {m}x{n}x{k}", r.time_us, t)
+    bf = g[g["dtype"] == "bf16"].set_index("name").time_us
+    f8 = g[(g["dtype"] == "fp8") & (g.variant == "tensorwise")].set_index("name").time_us
+    print("\nFP8 speed-up over BF16, measured (model):")
+    for name in bf.index:
+        r = g[(g["name"] == name) & (g["dtype"] == "bf16")].iloc[0]
+        m_bf = float(gemm_time_s(prof, 1, r.m, r.n, r.k, "bf16"))
+        m_f8 = float(gemm_time_s(prof, 1, r.m, r.n, r.k, "fp8"))
+        print(f"  {name:<18} {bf[name] / f8[name]:5.2f}x ({m_bf / m_f8:4.2f}x)")
+    at = d[d.section == "attention"]
+    base = prof.compute.kernels
+    # torch SDPA's flash backend is FlashAttention-2 (the profile's fa2_* figures); cuDNN's is the
+    # Hopper-native kernel the attention_* figures describe
+    fa2 = base.model_copy(update={"attention_efficiency": base.fa2_attention_efficiency or base.attention_efficiency,
+                                  "attention_bwd_efficiency": base.fa2_attention_bwd_efficiency
+                                  or base.attention_bwd_efficiency})
+    for _, r in at.iterrows():
+        bwd = r["name"] == "sdpa_fwd_bwd"
+        km = fa2 if r.variant.startswith("flash") else base
+        shape = (int(r.batch), int(r.heads), int(r.seq), int(r.seq), int(r.head_dim), True)
+        t = flash_attention_time_s(prof, *shape, False, km=km)
+        if bwd:
+            t += flash_attention_time_s(prof, *shape, True, km=km)
+        show(f"attention {r.variant.split('_')[0]} {'fwd+bwd' if bwd else 'fwd'}",
+             f"b{int(r.batch)} s{int(r.seq)} d{int(r.head_dim)}", r.time_us, t * 1e6)
+    c = d[(d.section == "contention") & (d["mode"].isin(["spin", "copy"])) & (d["name"] != "interferer_alone")]
+    sms = prof.compute.sm_count
+    print("\ncontention: slowdown under N resident SMs, measured against the SM-share law sm / (sm - N)")
+    for _, r in c.iterrows():
+        law = compute_slowdown(sms, int(r.sms_taken))
+        err = law / r.slowdown - 1
+        group = f"contention {r['mode']} {'gemm' if 'gemm' in r['name'] else r['name'].split('_')[0]}"
+        groups.setdefault(group, []).append(abs(err))
+        print(f"{group:<22} {r['name'] + ' N=' + str(int(r.sms_taken)):<34} measured x{r.slowdown:.3f}  law x{law:.3f}  {err:+7.1%}")
+    print("\nmedian |error| per group:")
+    for k, v in groups.items():
+        print(f"  {k:<26} {statistics.median(v):6.1%}  (n={len(v)})")
+
+
+if __name__ == "__main__":
+    main()
