@@ -80,10 +80,11 @@ def test_calibrated_profile_reproduces_the_capture(calibrated, tmp_path):
         assert abs(r["op_classes"][cls]["error"]) < 0.05, (cls, r["op_classes"][cls])
 
 
-@pytest.mark.parametrize("bundle, step_error, gemm_error", [(LLAMA8B, -0.064, 0.018), (SMALL, -0.086, 0.120)])
+@pytest.mark.parametrize("bundle, step_error, gemm_error", [(LLAMA8B, -0.049, 0.018), (SMALL, -0.073, 0.120)])
 def test_spec_h200_profile_against_the_real_gpu(bundle, step_error, gemm_error):
-    """The shipped H200 profile (datasheet numbers and H100 efficiencies) against the GPU itself.
-    The figures pinned are what round 28 measured; a model change that moves them should say so."""
+    """The shipped H200 profile (datasheet numbers, H100 efficiencies, and FP8 GEMM and Adam
+    efficiencies measured on an H200) against the GPU itself. The figures pinned are what round 28
+    measured (-6.4% / -8.6% with the H100's optimizer efficiency); a change that moves them should say so."""
     r = validate_bundle(bundle, "h200-sxm-141gb")
     assert r["step_time_error"] == pytest.approx(step_error, abs=0.01)
     assert r["op_classes"]["gemm"]["error"] == pytest.approx(gemm_error, abs=0.01)

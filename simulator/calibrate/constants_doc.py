@@ -31,7 +31,9 @@ profiles in `simulator/data/profiles/` (their `provenance.items`); `tests/test_c
 fails when this file and the profiles disagree, or when a constant has no source. A source starting
 "measured:" is reproduced by `python -m simulator.calibrate.spec_sources` (NeuSight per-op
 latencies and an HTA Kineto trace in `tests/data/reference/`); "as <profile>" derives a number from
-a sourced one of the same chip or family, with the reason. A constant without a provenance item
+a sourced one of the same chip or family, with the reason. A source starting "device check" was measured
+on a GPU lent to a development session: its data is in `tests/data/reference/h200/` and
+`tests/test_h200_capture.py` checks the model against it. A constant without a provenance item
 would be marked {NO_SOURCE}.
 """
 
