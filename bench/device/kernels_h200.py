@@ -21,7 +21,6 @@ for a compute-bound kernel.
 
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 import sys
@@ -31,6 +30,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from rows_csv import write_rows_csv  # beside this script (python3 bench/device/kernels_h200.py)
 
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 OUT.mkdir(parents=True, exist_ok=True)
@@ -317,13 +318,7 @@ def main() -> None:
     for section in (hbm, gemms, fp8_casts, attention, contention):
         section()
     META["seconds"] = round(time.time() - t0, 1)
-    keys: list[str] = []
-    for r in ROWS:
-        keys += [k for k in r if k not in keys]
-    with open(OUT / "kernels.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(ROWS)
+    write_rows_csv(ROWS, OUT / "kernels.csv")
     (OUT / "kernels-meta.json").write_text(json.dumps(META, indent=1))
     print(f"{len(ROWS)} rows, {len(META['errors'])} errors, {META['seconds']} s", flush=True)
 

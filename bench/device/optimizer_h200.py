@@ -5,12 +5,13 @@ ceiling measured alongside. Run by the device check; prints one line per case an
 
 from __future__ import annotations
 
-import csv
 import statistics
 import sys
 from pathlib import Path
 
 import torch
+
+from rows_csv import write_rows_csv  # beside this script (python3 bench/device/optimizer_h200.py)
 
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 NUMEL = 1 << 28  # 268M parameters in 8 tensors: every state tensor far beyond the 60 MB L2
@@ -52,10 +53,4 @@ for dtype in (torch.bfloat16, torch.float32):
         print(rows[-1], flush=True)
         del params, opt
         torch.cuda.empty_cache()
-keys = []
-for r in rows:
-    keys += [k for k in r if k not in keys]
-with open(OUT / "optimizer.csv", "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=keys)
-    w.writeheader()
-    w.writerows(rows)
+write_rows_csv(rows, OUT / "optimizer.csv")

@@ -596,8 +596,9 @@ def calibrate(
         items.append(ProvenanceItem(field="compute.host_cores", value=cores,
                                     source="--host-cores" if host_cores else "cores of this machine, where the bundles were captured (os.cpu_count)"))
     # Per-class slowdown of compute kernels under NCCL kernels, like-for-like signatures only.
-    sms = next((int(d["numSms"]) for d in src.device_props if isinstance(d.get("numSms"), int) and d["numSms"] > 0),
-               base_profile.compute.sm_count if base_profile is not None else None)
+    trace_sms = next((int(d["numSms"]) for d in src.device_props if isinstance(d.get("numSms"), int) and d["numSms"] > 0),
+                     None)
+    sms = trace_sms or (base_profile.compute.sm_count if base_profile is not None else None)
     overlap_fits = measure_overlap(src.traces, sms)
     for line in overlap_lines(overlap_fits):
         notes.add(line)
@@ -616,10 +617,8 @@ def calibrate(
             if v is not None:
                 items.append(ProvenanceItem(field=f"compute.{k}", value=v, source=f"base profile {base_profile.name!r}"))
     if sms:
-        items.append(ProvenanceItem(field="compute.sm_count", value=sms,
-                                    source="the traces' deviceProperties numSms" if any(
-                                        isinstance(d.get("numSms"), int) for d in src.device_props)
-                                    else f"base profile {base_profile.name!r}"))
+        items.append(ProvenanceItem(field="compute.sm_count", value=sms, source="the traces' deviceProperties numSms"
+                                    if trace_sms else f"base profile {base_profile.name!r}"))
     compute = ComputeModel(peak_tflops=peak, hbm_GBps=hbm, classes=classes, overlap_slowdown=overlap, host_cores=cores,
                            overlap_fits=overlap_fits, sm_count=sms, **device_facts)
 
