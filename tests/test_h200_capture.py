@@ -22,7 +22,7 @@ from simulator.calibrate.validate import validate_bundle
 from simulator.contention import compute_slowdown
 from simulator.profile import load_profile
 from simulator.trace.kineto import import_kineto, op_flops_bytes
-from simulator.workload.kernel_model import gemm_time_s
+from simulator.workload.kernel_model import fa2_kernel_model, flash_attention_time_s, gemm_time_s
 
 H200 = Path(__file__).parent / "data" / "reference" / "h200"
 SMALL, LLAMA8B = H200 / "train-1gpu", H200 / "train-8b-layers"
@@ -132,3 +132,47 @@ def test_sm_share_law_against_a_resident_kernel_on_an_h200():
         assert law / r.slowdown - 1 == pytest.approx(0, abs=0.15), (r["name"], r.sms_taken, r.slowdown, law)
     memory_bound = c[c["name"].str.startswith("scale")]
     assert (memory_bound["slowdown"] < 1.01).all(), memory_bound[["sms_taken", "slowdown"]]
+
+
+def _fa2_model_us(prof, r, backward_too: bool) -> float:
+    km = fa2_kernel_model(prof.compute.kernels)
+    shape = (int(r.batch), int(r.heads), int(r.seq), int(r.seq), int(r.head_dim), True)
+    t = flash_attention_time_s(prof, *shape, False, km=km)
+    if backward_too:
+        t += flash_attention_time_s(prof, *shape, True, km=km)
+    return t * 1e6
+
+
+@pytest.mark.parametrize("name", ["sdpa_fwd", "sdpa_fwd_bwd"])
+def test_flashattention2_model_against_h200_kernels_by_shape(name):
+    """torch SDPA's flash backend (FlashAttention-2) on the H200, causal, head dim 64 and 128,
+    sequences 2k-16k: the shipped Hopper constants (matmuls, scores, CTAs) within 5% of every
+    kernel. With the whole tile at one efficiency (Dao 2023's 0.34 for both directions) the
+    backward at 2k tokens and head dim 64 came out 32% fast: the test would fail there."""
+    prof = load_profile("h200-sxm-141gb")
+    a = _kernels()
+    a = a[(a["section"] == "attention") & (a["variant"] == "flash_attention") & (a["name"] == name)]
+    assert len(a) == 8
+    err = np.array([_fa2_model_us(prof, r, name == "sdpa_fwd_bwd") for _, r in a.iterrows()]) / a["time_us"].to_numpy() - 1
+    assert np.abs(err).max() < 0.05, dict(zip(a["seq"].astype(int).astype(str) + "/" + a["head_dim"].astype(int).astype(str), err.round(3)))
+    whole_tile = prof.compute.kernels.model_copy(update={
+        "fa2_attention_efficiency": 0.34, "fa2_attention_bwd_efficiency": 0.34, "fa2_attention_score_Tps": None,
+        "fa2_attention_bwd_score_Tps": None, "fa2_attention_cta_us": 0.0, "fa2_attention_bwd_cta_us": 0.0})
+    old = prof.model_copy(update={"compute": prof.compute.model_copy(update={"kernels": whole_tile})})
+    old_err = np.array([_fa2_model_us(old, r, name == "sdpa_fwd_bwd") for _, r in a.iterrows()]) / a["time_us"].to_numpy() - 1
+    assert np.abs(old_err).max() > 0.1
+
+
+def test_flashattention2_constants_pass_their_physics_checks():
+    """What bench/device/fit_attention.py checks before a profile takes its fit: the tiles'
+    matmuls below the best dense GEMM the same chip ran, the score rate of the order of the
+    SFUs' exp throughput (3.9 T/s, FlashAttention-3 Sec. 3.1), a positive CTA cost; and the
+    backward, five matmuls against two with dQ accumulated across CTAs, slower per FLOP."""
+    g = _kernels()
+    best = g[(g["section"] == "gemm") & (g["dtype"] == "bf16")]["tflops"].max() / 989.4
+    for profile in ("h200-sxm-141gb", "h100-sxm-80gb", "h100-hbm2e-96gb", "h800-sxm-80gb"):
+        k = load_profile(profile).compute.kernels
+        assert 0 < k.fa2_attention_bwd_efficiency < k.fa2_attention_efficiency < best
+        for rate in (k.fa2_attention_score_Tps, k.fa2_attention_bwd_score_Tps):
+            assert 0.5 * 3.9 <= rate <= 2 * 3.9
+        assert 0 < k.fa2_attention_cta_us < k.fa2_attention_bwd_cta_us

@@ -64,6 +64,24 @@ def test_flash_attention_causal_diagonal_tiles(head_dim, backward):
         assert causal / full == pytest.approx((n + 1) / (2 * n), rel=1e-9)
 
 
+def test_flash_attention_score_and_cta_terms():
+    """Where a profile measures them, a fused-attention tile adds its scores' softmax work
+    (bm x bn scores at the score rate) to its matmuls, and each CTA its fixed cost, both spread
+    over the SMs: the kernel grows by exactly that over the matmul-only time."""
+    p = load_profile("h100-sxm-80gb")  # 132 SMs
+    base = kernel_model_of(p)
+    km = base.model_copy(update={"attention_score_Tps": 4.0, "attention_bwd_score_Tps": 2.0,
+                                 "attention_cta_us": 2.0, "attention_bwd_cta_us": 20.0})
+    b, h, s, d = 2, 32, 8192, 128
+    for backward, (bm, bn), rate, cta_us in ((False, (128, 64), 4.0, 2.0), (True, (64, 128), 2.0, 20.0)):
+        plain = flash_attention_time_s(p, b, h, s, s, d, causal=False, backward=backward, km=base)
+        full = flash_attention_time_s(p, b, h, s, s, d, causal=False, backward=backward, km=km)
+        tiles = b * h * (s // bm) * (s // bn)
+        ctas = b * h * (s // (bn if backward else bm))
+        extra = tiles * bm * bn / (rate * 1e12) + ctas * cta_us * 1e-6 / 132
+        assert full - plain == pytest.approx(extra, rel=1e-9)
+
+
 def test_flash_attention_full_tiles_at_profile_efficiency():
     """A long unmasked kernel over many CTAs runs at the profile's attention efficiency (the
     published figure is read as full-tile throughput); a kernel of fewer CTAs than SMs takes its

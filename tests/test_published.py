@@ -173,8 +173,10 @@ def test_torchtitan_stated_rows_error_as_measured():
     assert [r.note.startswith("H100 96GB HBM2e") for r in v.rows].count(True) == 4  # Table 2's rows
     # 0.258 until round 28 measured FP8 GEMMs on an H200 at 0.931 of BF16's fraction of peak (Hopper
     # gemm_efficiency.fp8 0.67): every stated row is Float8; the H200 rows -15.0 / -16.3% -> -12.2 / -13.5%.
-    assert v.mape == pytest.approx(0.245, abs=0.015)
-    assert v.mean_signed_error == pytest.approx(-0.245, abs=0.015)
+    # 0.245 until round 29 fitted FlashAttention-2's kernels on the same H200 (matmuls, softmax
+    # scores and a per-CTA cost; the backward was 13% fast at 8k tokens, head dim 128).
+    assert v.mape == pytest.approx(0.218, abs=0.015)
+    assert v.mean_signed_error == pytest.approx(-0.218, abs=0.015)
     groups = v.feature_groups()
     assert groups["cp"]["stated_rows"] == 3 and groups["h200"]["stated_rows"] == 2
     # Peak memory: every stated row publishes it; compared with the memory model's peak, pinned so

@@ -15,7 +15,7 @@ import pandas as pd
 
 from simulator.contention import compute_slowdown
 from simulator.profile import load_profile
-from simulator.workload.kernel_model import flash_attention_time_s, gemm_time_s
+from simulator.workload.kernel_model import fa2_kernel_model, flash_attention_time_s, gemm_time_s
 
 
 def main() -> None:
@@ -52,9 +52,7 @@ def main() -> None:
     base = prof.compute.kernels
     # torch SDPA's flash backend is FlashAttention-2 (the profile's fa2_* figures); cuDNN's is the
     # Hopper-native kernel the attention_* figures describe
-    fa2 = base.model_copy(update={"attention_efficiency": base.fa2_attention_efficiency or base.attention_efficiency,
-                                  "attention_bwd_efficiency": base.fa2_attention_bwd_efficiency
-                                  or base.attention_bwd_efficiency})
+    fa2 = fa2_kernel_model(base)
     for _, r in at.iterrows():
         bwd = r["name"] == "sdpa_fwd_bwd"
         km = fa2 if r.variant.startswith("flash") else base

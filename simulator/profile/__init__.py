@@ -84,6 +84,25 @@ class KernelModel(BaseModel):
         None, gt=0, le=1, description="FlashAttention-2 (PyTorch SDPA flash backend) forward on this device: fraction of peak FLOP/s (None: attention_efficiency).")
     fa2_attention_bwd_efficiency: float | None = Field(
         None, gt=0, le=1, description="FlashAttention-2 backward on this device: fraction of peak FLOP/s (None: attention_bwd_efficiency).")
+    # A fused-attention tile does more than its matmuls: the softmax's exp, scaling and masking
+    # run on every score (the SFUs' exp alone: 3.9 T/s on H100 SXM5 against 989 TFLOP/s of
+    # matmul, Shah et al. 2024, FlashAttention-3, arXiv 2407.08608 Sec. 3.1), and each CTA pays a
+    # prologue and epilogue (the backward's K/V load, dK/dV write-back and its dot(dO, O) and dQ
+    # conversion passes). None / 0: not modelled; the efficiency then covers the whole tile.
+    attention_score_Tps: float | None = Field(
+        None, gt=0, description="Fused attention forward: scores a second (T/s, whole GPU) of the non-matmul tile work, added to the matmul time (None: in the efficiency).")
+    attention_bwd_score_Tps: float | None = Field(
+        None, gt=0, description="Fused attention backward: scores a second (T/s, whole GPU) of the non-matmul tile work (None: in the efficiency).")
+    attention_cta_us: float = Field(0.0, ge=0, description="Fused attention forward: fixed cost of each CTA (a query block of one head), µs on its SM.")
+    attention_bwd_cta_us: float = Field(0.0, ge=0, description="Fused attention backward: fixed cost of each CTA (a key block of one head), µs on its SM.")
+    fa2_attention_score_Tps: float | None = Field(
+        None, gt=0, description="FlashAttention-2 forward on this device: as attention_score_Tps (None: attention_score_Tps).")
+    fa2_attention_bwd_score_Tps: float | None = Field(
+        None, gt=0, description="FlashAttention-2 backward on this device: as attention_bwd_score_Tps (None: attention_bwd_score_Tps).")
+    fa2_attention_cta_us: float | None = Field(
+        None, ge=0, description="FlashAttention-2 forward on this device: as attention_cta_us (None: attention_cta_us).")
+    fa2_attention_bwd_cta_us: float | None = Field(
+        None, ge=0, description="FlashAttention-2 backward on this device: as attention_bwd_cta_us (None: attention_bwd_cta_us).")
     launch_floor_us: float = Field(3.0, ge=0, description="Time of an empty kernel: launch, ramp and tail, µs.")
     fit_error: dict[str, float] | None = Field(None, description="Median |relative error| per op class on the fitted ops.")
     fit_source: str | None = Field(None, description="What the constants were fitted on.")

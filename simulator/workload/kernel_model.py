@@ -19,7 +19,9 @@ Memory-bound kernels: bytes / (HBM x mem_efficiency[op class]).
 FlashAttention-2/3 (fused): by FlashAttention-2's tiles (forward a CTA per 128 query rows,
 backward a CTA per 128 keys), 4 bm bn d FLOPs a tile forward, 2.5x that backward (five matmuls
 against two, Dao 2023 Sec. 4.1); causal masks skip the tiles above the diagonal and compute the
-diagonal ones whole; the efficiency is the published throughput at the benchmark's shape.
+diagonal ones whole; the tile's matmuls run at the attention efficiency, its scores' softmax at a
+score rate and each CTA pays a fixed cost where the profile measures them (else the efficiency,
+the published throughput at the benchmark's shape, covers the whole tile).
 Every kernel pays ``launch_floor_us``.
 
 The free constants (GEMM efficiency per dtype, k_overhead, memory efficiency per class, launch
@@ -90,6 +92,20 @@ def kernel_model_of(profile: Profile) -> KernelModel:
                        # ratio nor the 1 µs least floor has a measured source.
                        attention_bwd_efficiency=0.8 * cls.get("attention", g).peak_efficiency,
                        launch_floor_us=max(g.overhead_us, 1.0))
+
+
+def fa2_kernel_model(km: KernelModel) -> KernelModel:
+    """The kernel model with FlashAttention-2's attention figures (PyTorch SDPA's flash backend)
+    in place of the device's native fused attention, each where the profile gives one."""
+    def pick(fa2, native):
+        return native if fa2 is None else fa2
+    return km.model_copy(update={
+        "attention_efficiency": pick(km.fa2_attention_efficiency, km.attention_efficiency),
+        "attention_bwd_efficiency": pick(km.fa2_attention_bwd_efficiency, km.attention_bwd_efficiency),
+        "attention_score_Tps": pick(km.fa2_attention_score_Tps, km.attention_score_Tps),
+        "attention_bwd_score_Tps": pick(km.fa2_attention_bwd_score_Tps, km.attention_bwd_score_Tps),
+        "attention_cta_us": pick(km.fa2_attention_cta_us, km.attention_cta_us),
+        "attention_bwd_cta_us": pick(km.fa2_attention_bwd_cta_us, km.attention_bwd_cta_us)})
 
 
 def _sm_count(profile: Profile) -> int:
@@ -176,37 +192,38 @@ def _flash_cta_tiles(s_q: int, s_k: int, head_dim: int, causal: bool, backward: 
     return np.concatenate([own, np.full(round(extra / bn), nq / 2)])
 
 
-def _flash_time_at_unit_eff(profile: Profile, batch_heads: int, s_q: int, s_k: int, head_dim: int, causal: bool,
-                            backward: bool, dtype: str) -> float:
-    """Seconds of one fused-attention kernel with every tile at the full per-SM peak."""
-    bm, bn = _fa2_tiles(head_dim, backward)
-    sms = _sm_count(profile)
-    # A tile: QK^T and PV forward (4 bm bn d FLOPs); backward five matmuls, 2.5x (Dao 2023 Sec. 4.1).
-    t_tile = 4.0 * bm * bn * head_dim * (2.5 if backward else 1.0) / (peak_flops(profile, dtype) / sms)
-    tiles = _flash_cta_tiles(s_q, s_k, head_dim, causal, backward)
-    # CTAs per SM depend on register allocation, which the source does not fix, so no wave
-    # quantization: the block scheduler backfills an SM as a CTA ends (causal CTAs differ in
-    # length), and the kernel takes its tiles spread over the SMs, or its longest CTA where there
-    # are too few to share out.
-    return max(batch_heads * float(tiles.sum()) / sms, float(tiles.max())) * t_tile
-
-
 def flash_attention_time_s(profile: Profile, batch: int, heads: int, s_q: int, s_k: int, head_dim: int, causal: bool,
                            backward: bool, dtype: str = "bf16", km: KernelModel | None = None) -> float:
     """One fused attention kernel by shape (FlashAttention-2's tiling; FA3/cuDNN kernels tile
     alike at this granularity): its tiles, the diagonal tiles of a causal mask computed whole.
 
-    The profile's attention efficiency is the throughput on full tiles. FlashAttention-2's
-    published H100 figure ("up to 335 TFLOPs/s" forward + backward, Dao 2023, arXiv 2307.08691,
-    Sec. 4.1, Fig. 7; batch x sequence = 16k tokens, head dim 64 or 128, sequence 512..16k) is
-    read at its longest sequence without a causal mask, where this model has no tile loss: the
-    figure is the full-tile throughput. Causal kernels lose the masked halves of their diagonal
-    tiles (causal throughput below non-causal, the more so the shorter the sequence); per-CTA
-    prologue/epilogue costs are not modelled (no sourced figure)."""
+    A tile costs its matmuls at the profile's attention efficiency, plus, where the profile
+    measures them, the non-matmul work on its scores (softmax) at ``attention_score_Tps``; each
+    CTA adds ``attention_cta_us`` (prologue and epilogue). Without the score and CTA terms the
+    efficiency is the whole tile's: FlashAttention-2's published H100 figure ("up to 335
+    TFLOPs/s" forward + backward, Dao 2023, arXiv 2307.08691, Sec. 4.1, Fig. 7; batch x sequence
+    = 16k tokens, head dim 64 or 128, sequence 512..16k) read at its longest sequence without a
+    causal mask, where this model has no tile loss. Causal kernels lose the masked halves of their
+    diagonal tiles (causal throughput below non-causal, the more so the shorter the sequence)."""
     km = km or kernel_model_of(profile)
     eff = km.attention_bwd_efficiency if backward else km.attention_efficiency
-    t = _flash_time_at_unit_eff(profile, batch * heads, s_q, s_k, head_dim, causal, backward, dtype)
-    return t / eff + km.launch_floor_us * 1e-6
+    score_Tps = km.attention_bwd_score_Tps if backward else km.attention_score_Tps
+    cta_us = km.attention_bwd_cta_us if backward else km.attention_cta_us
+    bm, bn = _fa2_tiles(head_dim, backward)
+    sms = _sm_count(profile)
+    # A tile: QK^T and PV forward (4 bm bn d FLOPs); backward five matmuls, 2.5x (Dao 2023 Sec. 4.1).
+    t_tile = 4.0 * bm * bn * head_dim * (2.5 if backward else 1.0) / (peak_flops(profile, dtype) / sms) / eff
+    if score_Tps:
+        t_tile += bm * bn / (score_Tps * 1e12 / sms)
+    tiles = _flash_cta_tiles(s_q, s_k, head_dim, causal, backward)
+    batch_heads = batch * heads
+    # CTAs per SM depend on register allocation, which the source does not fix, so no wave
+    # quantization: the block scheduler backfills an SM as a CTA ends (causal CTAs differ in
+    # length), and the kernel takes its tiles spread over the SMs, or its longest CTA where there
+    # are too few to share out.
+    t = max(batch_heads * float(tiles.sum()) / sms, float(tiles.max())) * t_tile
+    t += batch_heads * len(tiles) * cta_us * 1e-6 / sms
+    return t + km.launch_floor_us * 1e-6
 
 
 def kernels_time_s(profile: Profile, kernels: list[Kernel], dtype: str, km: KernelModel | None = None) -> np.ndarray:

@@ -1697,15 +1697,13 @@ def op_durations_s(profile, ops: list[Op], sc: Scenario, fp8_speedup: float = 1.
     everything else keeps bf16. By shape, an FP8 GEMM is timed at the FP8 (or MXFP8) peak; by
     class curve, its FLOPs are divided by ``fp8_speedup`` so the curve's fixed per-kernel cost stays.
     """
-    from simulator.workload.kernel_model import kernels_time_s
+    from simulator.workload.kernel_model import fa2_kernel_model, kernels_time_s
 
     shape_aware = sc.implementation == "hf-eager" or profile.compute.kernels is not None
     km = None
     if sc.attention_kernel == "fa2" and profile.compute.kernels is not None:
         base = profile.compute.kernels
-        km = base.model_copy(update={
-            "attention_efficiency": base.fa2_attention_efficiency or base.attention_efficiency,
-            "attention_bwd_efficiency": base.fa2_attention_bwd_efficiency or base.attention_bwd_efficiency})
+        km = fa2_kernel_model(base)
     kern: list[Kernel | None] = []
     for o in ops:
         k = o.kernel if shape_aware else None
