@@ -176,3 +176,30 @@ def test_flashattention2_constants_pass_their_physics_checks():
         for rate in (k.fa2_attention_score_Tps, k.fa2_attention_bwd_score_Tps):
             assert 0.5 * 3.9 <= rate <= 2 * 3.9
         assert 0 < k.fa2_attention_cta_us < k.fa2_attention_bwd_cta_us
+
+
+def test_eager_cross_entropy_bytes_are_the_kernels_torch_ran():
+    """torchtitan's eager loss (F.cross_entropy over .float() logits) is priced at the bytes the
+    kernels torch ran for it on the H200 move: the fp32 cast, log-softmax forward and backward,
+    the gradient's zero fill and the cast back, over the [16384, 128256] logits of the 8B capture.
+    Kineto's shapes give each kernel's tensors once (36 B a logit); the softmax kernels also
+    re-read their rows (513 KB each, too long to stay on chip): forward for the max, the sum and
+    the output, backward for the gradient's sum and the output. Those passes are what their
+    times say: 3 reads + 1 write forward run at 0.89 of HBM, one read would be 0.44."""
+    from simulator.workload.ops import TORCH_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT, TORCH_CROSS_ENTROPY_BYTES_PER_LOGIT
+
+    logits = 16384 * 128256
+    trace = import_kineto(LLAMA8B / "rank0.trace.json.gz")
+    k = trace.ops[(trace.ops["category"] == "kernel") & (trace.ops["step"] == trace.ops["step"].max())]
+    k = k[k["op_sig"].astype(str).str.startswith(tuple(f"aten::{op}|[[16384, 128256]" for op in
+                                                      ("copy_", "_log_softmax", "fill_", "_log_softmax_backward_data")))]
+    by_op = k.groupby("cpu_op").agg(bytes=("bytes", "sum"), us=("dur_us", "sum"))
+    logical = (by_op["bytes"] / logits).round(1).to_dict()
+    assert logical == {"aten::copy_": 12.0, "aten::_log_softmax": 8.0, "aten::fill_": 4.0,
+                       "aten::_log_softmax_backward_data": 12.0}, logical
+    hbm = load_profile("h200-sxm-141gb").compute.hbm_GBps * 1e9
+    fwd_rate = 16 * logits / (by_op.loc["aten::_log_softmax", "us"] * 1e-6) / hbm
+    assert 0.8 < fwd_rate < 0.92, fwd_rate
+    rereads = 2 * 4 + 1 * 4  # forward: the max and sum passes; backward: the gradient's sum pass
+    model = TORCH_CROSS_ENTROPY_BYTES_PER_LOGIT + TORCH_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT
+    assert model == sum(logical.values()) + rereads == 48

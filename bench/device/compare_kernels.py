@@ -14,17 +14,21 @@ import statistics
 import pandas as pd
 
 from simulator.contention import compute_slowdown
-from simulator.profile import load_profile
+from simulator.profile import Profile, load_profile
 from simulator.workload.kernel_model import fa2_kernel_model, flash_attention_time_s, gemm_time_s
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("csv")
-    ap.add_argument("--profile", default="h200-sxm-141gb")
+def read_measured(description: str) -> tuple[Profile, pd.DataFrame]:
+    """The command line of the device-table scripts: the kernels CSV and the profile to hold it against."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("csv", help="kernels.csv written by bench/device/kernels_h200.py")
+    ap.add_argument("--profile", default="h200-sxm-141gb", help="shipped profile name or path")
     a = ap.parse_args()
-    prof = load_profile(a.profile)
-    d = pd.read_csv(a.csv)
+    return load_profile(a.profile), pd.read_csv(a.csv)
+
+
+def main() -> None:
+    prof, d = read_measured(__doc__.splitlines()[0])
     groups: dict[str, list[float]] = {}
 
     def show(group: str, label: str, meas_us: float, model_us: float) -> None:

@@ -23,12 +23,10 @@ depend on which it is."""
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pandas as pd
+from compare_kernels import read_measured
 
-from simulator.profile import load_profile
 from simulator.workload.kernel_model import _fa2_tiles, _flash_cta_tiles, _sm_count, peak_flops
 
 SFU_EXP_TPS_H100 = 3.9  # FlashAttention-3 (Shah et al. 2024), Sec. 3.1: H100 SXM5 special functions
@@ -55,13 +53,8 @@ def design(prof, rows: pd.DataFrame, backward: bool) -> tuple[np.ndarray, np.nda
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("csv")
-    ap.add_argument("--profile", default="h200-sxm-141gb")
-    a = ap.parse_args()
-    prof = load_profile(a.profile)
+    prof, d = read_measured(__doc__.splitlines()[0])
     sms = _sm_count(prof)
-    d = pd.read_csv(a.csv)
     best_gemm = float(d[(d.section == "gemm") & (d["dtype"] == "bf16")].tflops.max()) * 1e12 / peak_flops(prof, "bf16")
     att = d[d.section == "attention"]
     for variant, rows in att.groupby("variant"):

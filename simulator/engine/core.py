@@ -546,20 +546,22 @@ class Engine:
             elif not ev.triggered:
                 ev.succeed()
 
-    def _slowdown(self, rank: int) -> float:
-        """Factor on compute time at the SMs ``rank``'s communication kernels hold now."""
-        return scaled_slowdown(compute_slowdown(self.sm_count, self.sms_taken[rank]), self.contention_scale)
+    def _slowdown(self, rank: int, sm_share: float = 1.0) -> float:
+        """Factor on compute time at the SMs ``rank``'s communication kernels hold now, for
+        compute whose ``sm_share`` of time is in SM-bound kernels (the rest keeps its speed)."""
+        return scaled_slowdown(compute_slowdown(self.sm_count, self.sms_taken[rank]), self.contention_scale * sm_share)
 
-    def _contended_compute(self, rank: int, work_s: float):
+    def _contended_compute(self, rank: int, work_s: float, sm_share: float = 1.0):
         """Run ``work_s`` seconds of (uncontended) compute while NCCL kernels hold SMs: at
-        1/compute_slowdown of full speed while they do, at full speed once they are done. Returns
-        the wall time it took; the difference is counted as contention."""
+        1/slowdown of full speed while they do, at full speed once they are done; the SM-share
+        law slows the segment's SM-bound share (GEMMs, attention), not its memory-bound kernels.
+        Returns the wall time it took; the difference is counted as contention."""
         env = self.env
         t_start = env.now
         left = work_s
         outstanding = self.outstanding[rank]
         while left > 0.0:
-            f = self._slowdown(rank)
+            f = self._slowdown(rank, sm_share)
             if f == 1.0 and not any(outstanding.values()):
                 # Nothing of this rank's can take SMs before it issues more work.
                 yield self._delay(left)
@@ -578,7 +580,11 @@ class Engine:
             self.n_events += 1
             # The segment ends when its work is done (a change at that very instant included);
             # deciding by the timeout, not by elapsed time, survives clocks too coarse to advance.
-            left = 0.0 if finished else max(0.0, left - (env.now - t0) / f)
+            left = 0.0 if finished else left - (env.now - t0) / f
+            if left <= 1e-12 * work_s:
+                # An SM change at the very instant the work ends leaves a rounding sliver
+                # (left x f / f): the work is done, not re-timed for a sliver.
+                left = 0.0
         self._sm_change[rank] = None
         wall = env.now - t_start
         self.contention[rank] += wall - work_s
@@ -972,12 +978,12 @@ class Engine:
                     row_code(code); row_rank(rank); row_t0(t0); row_t1(lt)
                     continue
                 t0 = env.now
-                if sm_count and (sms_taken[rank] or any(outstanding.values())):
+                if sm_count and ins.sm_share > 0.0 and (sms_taken[rank] or any(outstanding.values())):
                     # Overlapped with communication kernels: fewer SMs while they hold theirs,
                     # and only then (_contended_compute). Work on another stream that holds no
                     # SMs yet (queued behind a collective, or a send waiting for its receiver)
                     # may take them while this segment runs: it is re-timed then.
-                    seconds = yield from self._contended_compute(rank, seconds)
+                    seconds = yield from self._contended_compute(rank, seconds, ins.sm_share)
                 else:
                     yield timeout(seconds)
                 if ins.counted:
@@ -1068,7 +1074,11 @@ class Engine:
                 if ins.local:
                     waited(t0, "bubble", src=rank)
                     continue
-                self.n_events += 1
+                if env.now > t0:
+                    # A wake that waited: one met at the very instant of its arrival is no event
+                    # (whether it found the receipt already in depends only on the order of
+                    # same-instant events, which a rank running ahead in closed form changes).
+                    self.n_events += 1
                 transfer_waited(t0, self.transfer_start.get((rank, key), env.now), self._peer(rank, ins.src_pp), ins)
             elif t is Complete:
                 key = (ins.stage, ins.kind, ins.microbatch)
@@ -1088,7 +1098,8 @@ class Engine:
                 t0 = env.now
                 self.waiting_on[rank] = ins
                 yield ev
-                self.n_events += 1
+                if env.now > t0:  # as a receipt's
+                    self.n_events += 1
                 # As a receipt: waiting for the peer to post its receive is pipeline bubble.
                 dst = self._peer(rank, ins.dst_pp)
                 transfer_waited(t0, self.transfer_start.get((dst, key), env.now), dst, ins)

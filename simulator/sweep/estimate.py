@@ -68,6 +68,17 @@ KINDS = ("F", "B", "I", "W")
 RATIO_STEP = 0.1
 
 
+def _sm_bound_share(prog) -> float:
+    """Of the program's forward and backward compute time, the fraction in SM-bound kernels
+    (Segments.sm_share), weighted by time."""
+    total = bound = 0.0
+    for seg in prog.segments.values():
+        t = float(seg.compute_s.sum())
+        total += t
+        bound += t if seg.sm_share is None else float((seg.compute_s * seg.sm_share).sum())
+    return bound / total if total > 0 else 1.0
+
+
 def _contention_scale(prof) -> float:
     """The engine's contention scale (simulator.contention.measured_excess_scale), so the
     estimate and the engine slow overlapped compute alike."""
@@ -606,14 +617,16 @@ class Estimator:
                 np.array([q for pt in pats for q in pt[4]], dtype=np.int64))
         pk, ag_rows, ppk, behind_rows, has_prev, idx, cnt, ok, den, own_rows, w_pat, w_q = preds
         ag = firsts[0, pk, ag_rows]
+        f_b = np.full(len(pk), f_c)
         if prefetch > 0:
             behind = firsts[3, ppk, behind_rows]
+            f_b = np.where(firsts[4, ppk, behind_rows] > 0, firsts[4, ppk, behind_rows], f_c)
             if len(w_q):
                 behind = behind + np.bincount(w_pat, weights=pos_cost["W"][w_q], minlength=len(pk))
         else:
             behind = np.zeros(len(pk))
-        extra = has_prev * np.maximum(np.where(behind * f_c >= ag, ag * (1 - 1 / f_c), ag - behind), 0.0)
-        wait = has_prev * np.maximum(0.0, ag - behind * f_c)
+        extra = has_prev * np.maximum(np.where(behind * f_b >= ag, ag * (1 - 1 / f_b), ag - behind), 0.0)
+        wait = has_prev * np.maximum(0.0, ag - behind * f_b)
         mean_extra = np.bincount(idx, weights=extra * cnt, minlength=2 * P).reshape(2, P)[[0, 1, 1]] / den
         kidx = np.array([[0], [1], [2]])  # KINDS' F, B, I
         d_extra = np.where(ok, mean_extra - firsts[1, kidx, own_rows], 0.0)
@@ -732,7 +745,8 @@ class Estimator:
                             continue
                         seg = prog.segments[(pos, k)]
                         # Layers of one kind have identical segments: replay each shape once.
-                        rkey = (k, blocking, seg.compute_s.tobytes(), tuple(seg.comm))
+                        rkey = (k, blocking, seg.compute_s.tobytes(), tuple(seg.comm),
+                                None if seg.sm_share is None else seg.sm_share.tobytes())
                         lc = replayed.get(rkey)
                         if lc is None:
                             lc = replayed[rkey] = linear_replay(self._action_instrs(prog, pos, k, blocking=blocking), coll,
@@ -782,33 +796,42 @@ class Estimator:
                 # While the gather runs, the compute behind it runs slowed by the SMs the
                 # gather's kernel holds (simulator.contention): in time ag it does ag / f of
                 # work; the unit then waits for whatever of the gather is left.
-                f_c = scaled_slowdown(compute_slowdown(prof.compute.sm_count, collective_ctas(CollectiveOp.ALL_GATHER)),
-                                      _contention_scale(prof))
+                # Only the compute's SM-bound share (GEMMs, attention) slows (Segments.sm_share):
+                # each unit's behind a gather at its own share, as the engine times each segment.
+                excess = scaled_slowdown(compute_slowdown(prof.compute.sm_count, collective_ctas(CollectiveOp.ALL_GATHER)),
+                                         _contention_scale(prof)) - 1.0
+                f_c = 1.0 + excess * _sm_bound_share(prog)
                 kinds = ("F", "B", "I") if p.fsdp_reshard_after_forward else ("F",)
                 if p.fsdp_reshard_after_forward:
-                    firsts = np.zeros((4, len(KINDS), n))
+                    firsts = np.zeros((5, len(KINDS), n))
                 for k in kinds:
                     # The units of every row in execution order (rows backwards for B and I),
                     # each with its share of its row's cost (by compute) and its gather.
-                    row_of, unit_s, ag_l, first_u, last_u = [], [], [], [], []
+                    row_of, unit_s, ag_l, first_u, last_u, f_l = [], [], [], [], [], []
                     for pos in (range(n) if k == "F" else range(n - 1, -1, -1)):
                         seg = prog.segments[(pos, k)]
                         ids = list(dict.fromkeys(int(x) for x in seg.layer))
                         tot = float(seg.compute_s.sum())
                         first_u.append(len(row_of))
                         for u in ids:
-                            share = float(seg.compute_s[seg.layer == u].sum()) / tot if tot > 0 else 1.0 / len(ids)
+                            in_u = seg.layer == u
+                            t_u = float(seg.compute_s[in_u].sum())
+                            share = t_u / tot if tot > 0 else 1.0 / len(ids)
                             row_of.append(pos)
                             unit_s.append(layer_cost[k][pos] * share)
                             ag_l.append(unit_ag(u))
+                            sm_u = (float((seg.compute_s[in_u] * seg.sm_share[in_u]).sum()) / t_u
+                                    if seg.sm_share is not None and t_u > 0 else 1.0)
+                            f_l.append(1.0 + excess * sm_u)
                         last_u.append(len(row_of) - 1)
                     ag = np.array(ag_l)
                     if k == "F":
                         # Nothing runs behind the step's first gather (the stage's first unit).
                         start_gather = float(ag[0])
                     behind = np.roll(np.array(unit_s), 1) if p.fsdp_prefetch > 0 else np.zeros(len(ag))
-                    extra_u = np.maximum(np.where(behind >= ag / f_c, ag * (1 - 1 / f_c), ag - behind), 0.0)
-                    wait_u = np.maximum(0.0, ag - behind * f_c)
+                    f_u = np.roll(np.array(f_l), 1)  # the slowdown of the unit a gather runs behind
+                    extra_u = np.maximum(np.where(behind >= ag / f_u, ag * (1 - 1 / f_u), ag - behind), 0.0)
+                    wait_u = np.maximum(0.0, ag - behind * f_u)
                     extra, wait = np.zeros(n), np.zeros(n)
                     np.add.at(extra, row_of, extra_u)
                     np.add.at(wait, row_of, wait_u)
@@ -819,6 +842,7 @@ class Estimator:
                         firsts[1, ki, rows] = extra_u[first_u]
                         firsts[2, ki, rows] = wait_u[first_u]
                         firsts[3, ki, rows] = np.array(unit_s)[last_u]
+                        firsts[4, ki, rows] = np.array(f_l)[last_u]
                     if not p.fsdp_reshard_after_forward:
                         # Kept gathered: a unit is gathered before its stage's first forward only,
                         # once a step (the plan's rule), not before every microbatch's; spread over

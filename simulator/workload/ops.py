@@ -245,6 +245,10 @@ MEGATRON_CROSS_ENTROPY_LAUNCHES = {"launches": 18, "bwd_launches": 8}
 # Its bytes a logit (the [tokens, vocab/tp] passes; the per-token ones are negligible), from the same code.
 MEGATRON_CROSS_ENTROPY_BYTES_PER_LOGIT = 38
 MEGATRON_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT = 14
+# torch's eager F.cross_entropy over fp32-cast logits, bytes a logit forward and backward as
+# measured kernel by kernel on an H200 (the op's comment in build_layer_ops).
+TORCH_CROSS_ENTROPY_BYTES_PER_LOGIT = 22
+TORCH_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT = 26
 # pretrain_gpt.py loss_func: loss_mask * losses, two sums, div; average_losses_across_data_parallel
 # _group: clone, cat, div (its all-reduce is loss_dp_allreduce); fp16 loss scaling: mul = 8.
 # Backward: the div's, the mul's, and the scaling's = 4 (the sums' backward is an expand).
@@ -720,9 +724,22 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
                            MEGATRON_CROSS_ENTROPY_BYTES_PER_LOGIT * T * (V / t),
                            bwd_bytes=MEGATRON_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT * T * (V / t),
                            **MEGATRON_CROSS_ENTROPY_LAUNCHES))
+    elif sc.framework == "torchtitan" and not (sc.torch_compile if sc.compile_loss is None else sc.compile_loss):
+        # torchtitan's eager loss: torch F.cross_entropy over .float() logits (its
+        # cross_entropy_loss), kernel by kernel as torch 2.11 ran it on an H200 (round 28,
+        # tests/data/reference/h200/train-8b-layers, [16384, 128256] logits): forward the fp32
+        # cast 2+4, cunn_SoftMaxForward 16 (three reads of each row: max, sum, output; one
+        # write; its 7.9 ms are 0.89 of HBM at that count), nll_loss a gather; backward the
+        # gradient's zero fill 4, nll_loss_backward a scatter, cunn_SoftMaxBackward 16 (the
+        # gradient read for its sum, then with the output; one write), the cast back 4+2.
+        # 22 + 26 B a logit, 3 + 4 kernels (the old estimate, 12 + 24, had no source).
+        head_ops.append(Op("cross_entropy", "elementwise", "F", 6.0 * T * V / t, 0.0,
+                           TORCH_CROSS_ENTROPY_BYTES_PER_LOGIT * T * (V / t),
+                           bwd_bytes=TORCH_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT * T * (V / t), launches=3, bwd_launches=4))
     else:
-        # Other frameworks (torch F.cross_entropy over .float() logits): 3 fp32 passes forward,
-        # 2x backward, an estimate with no source.
+        # torchtitan's compiled loss (Inductor fuses the cast into the softmax's passes) and
+        # megatron-core's (framework generic; its vocab-parallel cross-entropy or a fused one):
+        # 3 fp32 passes forward, 2x backward, an estimate with no source (neither measured).
         head_ops.append(Op("cross_entropy", "elementwise", "F", 6.0 * T * V / t, 0.0, 3 * T * (V / t) * 4))
     if megatron_path:
         head_ops.append(Op("loss_func", "elementwise", "F", 0.0, 0.0, 3 * T * 4, **MEGATRON_LOSS_FUNC_LAUNCHES))

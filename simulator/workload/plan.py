@@ -70,6 +70,9 @@ class Compute:
     stage: int = -1
     layer: int = -1
     counted: bool = True  # counts as a simulation event (segments do; the optimizer step never did)
+    # Fraction of ``seconds`` in SM-bound kernels (Segments.sm_share): the part the SM-share
+    # contention law slows while NCCL kernels hold SMs.
+    sm_share: float = 1.0
 
 
 @dataclass(slots=True)
@@ -538,7 +541,7 @@ def linear_replay(instrs, coll_time, sm_count: int | None = None, contention_sca
                 while left > 0.0:
                     running = [r for r in running if r[1] > t]
                     taken = sum(c for st, _, c in running if st <= t)
-                    f = scaled_slowdown(compute_slowdown(sm_count, taken), contention_scale)
+                    f = scaled_slowdown(compute_slowdown(sm_count, taken), contention_scale * ins.sm_share)
                     nxt = min([en for st, en, _ in running if st <= t] + [st for st, _, _ in running if st > t],
                               default=float("inf"))
                     if t + left * f <= nxt:
@@ -603,9 +606,10 @@ def _template(seg) -> list[tuple]:
         # A one-layer position's copy of another layer's segments (program.build_program): its
         # instructions but for the layer id, every segment of which is this layer.
         L = int(seg.layer[0]) if len(seg.layer) else 0
-        tpl = seg._plan_template = [(c, label, L, info) for c, label, _, info in _template(seg._template_of)]
+        tpl = seg._plan_template = [(c, label, L, info, share) for c, label, _, info, share in _template(seg._template_of)]
     if tpl is None:
         tpl = []
+        shares = getattr(seg, "sm_share", None)
         for j in range(len(seg.compute_s)):
             comm = seg.comm[j]
             c_info = None
@@ -616,7 +620,7 @@ def _template(seg) -> list[tuple]:
                 c_info = (dim.value, Stream(dim), ((dim, CollectiveOp(comm.op), comm.size_bytes),), f"{comm.op} {seg.label[j]}",
                           comm.overlap, comm.size_bytes, Wait(-1, dim.base, f"overlapped {dim} communication"),
                           -1 if comm.ctas is None else comm.ctas)
-            tpl.append((float(seg.compute_s[j]), seg.label[j], int(seg.layer[j]), c_info))
+            tpl.append((float(seg.compute_s[j]), seg.label[j], int(seg.layer[j]), c_info, 1.0 if shares is None else float(shares[j])))
         seg._plan_template = tpl
     return tpl
 
@@ -637,12 +641,12 @@ def emit_action(out: list, seg, a: Action, blocking: bool, new_handle, idx: int 
     tpl = _template(seg)
     n = len(tpl)
     for j in range(n):
-        c, label, lj, c_info = tpl[j]
+        c, label, lj, c_info, share = tpl[j]
         if on_layer is not None and lj != layer:
             layer = lj
             on_layer(idx, layer)
         if c > 0:
-            append(Compute(c, kind, label, mb, stage, lj))
+            append(Compute(c, kind, label, mb, stage, lj, True, share))
         if on_grads is not None:
             on_grads(a, j, seg, j + 1 == n)
         if c_info is None:
@@ -1010,12 +1014,12 @@ def _plan_rank(prog, pp_rank: int) -> RankPlan:
         if term.dim == Dim.EMB and (pp_rank not in tie_ranks or sched.chain_ends_share_rank):
             continue
         if term.compute_s > 0:
-            out.append(Compute(term.compute_s, "opt", term.label, counted=False))
+            out.append(Compute(term.compute_s, "opt", term.label, counted=False, sm_share=0.0))
         if term.size_bytes > 0 and _group_size(prog, term.dim) > 1:
             dim = Dim(term.dim)
             out.append(Collective(Stream.DP, ((dim, CollectiveOp(term.op), term.size_bytes),), -1, dim.base.value,
                                   f"{term.op} {term.label}", row_bytes=term.size_bytes))
     # Optimizer step on this rank's (ZeRO-sharded) parameters.
     if prog.optimizer_s > 0:
-        out.append(Compute(prog.optimizer_s, "opt", "optimizer step", counted=False))
+        out.append(Compute(prog.optimizer_s, "opt", "optimizer step", counted=False, sm_share=0.0))
     return RankPlan(pp_rank, out, n_handles[0])

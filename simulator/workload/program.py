@@ -43,6 +43,11 @@ class Segments:
     # Of compute_s, the time the device waits for the host to issue the segment's kernels: a
     # segment lasts max(kernel time, host issue time) (_segments); this is the excess, or None.
     host_wait_s: np.ndarray | None = None
+    # Of compute_s, the fraction in kernels that fill the SMs (GEMMs, fused attention): what the
+    # SM-share contention law slows while NCCL kernels hold SMs. Memory-bound kernels lose nothing
+    # to SMs taken alone (measured on an H200: 0.997-0.999 with 8-64 of 132 SMs held, round 28,
+    # tests/data/reference/h200/kernels.csv), nor does the host wait. None: all of it.
+    sm_share: np.ndarray | None = None
 
     @property
     def total_compute_s(self) -> float:
@@ -236,9 +241,9 @@ def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int
     its kernels and the collective that closes it: when kernels are shorter than their launch
     cost the device waits on the host (small layers, high TP). Taken per segment, the bound
     ignores the host running ahead across a collective (an upper bound of the pipelined issue)."""
-    compute, comms, layers, labels, grads, flops, egrads, waits = [], [], [], [], [], [], [], []
+    compute, comms, layers, labels, grads, flops, egrads, waits, shares = [], [], [], [], [], [], [], [], []
     host = host or {}
-    acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
+    acc_t = acc_g = acc_f = acc_e = acc_h = acc_s = 0.0
     first = last = None
 
     def named(fallback: str) -> str:
@@ -254,9 +259,9 @@ def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int
             # A layer boundary closes a segment: FSDP units, gradient buckets and the timeline
             # all work per layer.
             compute.append(max(acc_t, acc_h)); waits.append(max(0.0, acc_h - acc_t)); comms.append(None)
-            layers.append(last_layer)
+            layers.append(last_layer); shares.append(_sm_share(acc_s, acc_t, acc_h))
             labels.append(named(first)); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
-            acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
+            acc_t = acc_g = acc_f = acc_e = acc_h = acc_s = 0.0
             first = last = None
         last_layer = layer
         if op.comm is not None:
@@ -264,12 +269,14 @@ def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int
                 continue
             acc_h += host.get(id(op), 0.0)
             compute.append(max(acc_t, acc_h)); waits.append(max(0.0, acc_h - acc_t)); comms.append(op.comm)
-            layers.append(layer)
+            layers.append(layer); shares.append(_sm_share(acc_s, acc_t, acc_h))
             labels.append(named(op.name)); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
-            acc_t = acc_g = acc_f = acc_e = acc_h = 0.0
+            acc_t = acc_g = acc_f = acc_e = acc_h = acc_s = 0.0
             first = last = None
             continue
         acc_t += times[id(op)]
+        if op.op_class in SM_BOUND_CLASSES:
+            acc_s += times[id(op)]
         acc_h += host.get(id(op), 0.0)
         acc_f += op.exec_flops
         if op.phase == "W":
@@ -281,10 +288,22 @@ def _segments(ops: list[tuple[Op, int]], times: dict[int, float], host: dict[int
         last = op.name
     if acc_t > 0 or not compute:
         compute.append(max(acc_t, acc_h)); waits.append(max(0.0, acc_h - acc_t)); comms.append(None)
-        layers.append(last_layer)
+        layers.append(last_layer); shares.append(_sm_share(acc_s, acc_t, acc_h))
         labels.append(named("compute")); grads.append(acc_g); flops.append(acc_f); egrads.append(acc_e)
     return Segments(np.array(compute), comms, np.array(layers), labels, np.array(grads), np.array(flops), np.array(egrads),
-                    np.array(waits) if any(w > 0 for w in waits) else None)
+                    np.array(waits) if any(w > 0 for w in waits) else None, np.array(shares))
+
+
+# Op classes whose kernels fill the SMs and so slow down when NCCL kernels hold some (the
+# SM-share law, simulator.contention); the rest (elementwise, norm, optimizer, embedding) are
+# memory-bound, and keep their speed while HBM has bandwidth to spare.
+SM_BOUND_CLASSES = frozenset({"gemm", "attention"})
+
+
+def _sm_share(sm_bound_s: float, kernels_s: float, host_s: float) -> float:
+    """Fraction of a segment's time (max of kernels and host issue) in SM-bound kernels."""
+    total = max(kernels_s, host_s)
+    return sm_bound_s / total if total > 0 else 1.0
 
 
 def host_launch_wait_s(prog: "Program") -> list[float]:
