@@ -111,13 +111,30 @@ def test_gemm_model_against_h200_gemms_by_shape():
 def test_fp8_doubles_gemm_throughput_only_where_the_gemm_is_compute_bound():
     g = _kernels()
     g = g[g["section"] == "gemm"].set_index(["name", "variant"])["time_us"]
-    speedup = {n: g[(n, "matmul")] / g[(n, "tensorwise")] for n in ("square8192", "l8b_up_gate", "skinny_m16")}
+    speedup = {n: g[(n, "matmul")] / g[(n, "tensorwise")] for n in ("square8192", "l8b_up_gate", "skinny_m256")}
     assert speedup["square8192"] > 1.8 and speedup["l8b_up_gate"] > 1.8, speedup
-    assert speedup["skinny_m16"] < 1.4, speedup  # 16 rows: the weights' bytes bind, not the tensor cores
+    # 256 rows: the weights' bytes weigh as much as the tensor cores, so FP8 gains less
+    assert speedup["skinny_m256"] < 1.7, speedup
     prof = load_profile("h200-sxm-141gb")
-    model_skinny = float(gemm_time_s(prof, 1, 16, 8192, 8192, "bf16") / gemm_time_s(prof, 1, 16, 8192, 8192, "fp8"))
+    model_skinny = float(gemm_time_s(prof, 1, 256, 8192, 8192, "bf16") / gemm_time_s(prof, 1, 256, 8192, 8192, "fp8"))
     model_big = float(gemm_time_s(prof, 1, 8192, 8192, 8192, "bf16") / gemm_time_s(prof, 1, 8192, 8192, 8192, "fp8"))
     assert model_big > 1.8 and model_skinny < model_big
+    assert model_skinny == pytest.approx(speedup["skinny_m256"], rel=0.1)
+
+
+def test_the_fp8_gemms_at_the_host_floor_are_not_kernel_times():
+    """Round 28 read FP8's small gain on 16- and 64-row GEMMs (1.22x, 1.35x) as physics; those
+    rows were timed back to back without a sleep ahead of them, so a call the host issues slower
+    than its kernel runs measured the host: four FP8 GEMMs from 2 to 17 GFLOP and 6 to 67 MB all
+    took 26-29 us, where the largest needs 9 us at the FP8 peak. compare_kernels.py leaves such
+    rows out; kernels_h200.py now queues every group behind a sleep."""
+    g = _kernels()
+    fp8 = g[(g["section"] == "gemm") & (g["variant"] == "tensorwise")].set_index("name")["time_us"]
+    floor = fp8[["square1024", "square2048", "skinny_m16", "skinny_m64"]]
+    assert floor.max() / floor.min() < 1.15, floor
+    peak = load_profile("h200-sxm-141gb").compute.peak_tflops_fp8 * 1e12
+    assert 2 * 2048**3 / peak * 1e6 < floor.min() / 3  # square2048 could run 3x faster at peak
+
 
 
 def test_sm_share_law_against_a_resident_kernel_on_an_h200():

@@ -7,8 +7,8 @@ Run on the device machine by bench/device/capture_h200.sh; writes ``kernels.csv`
 the rest still run. The comparison with the simulator's kernel model runs afterwards, on any
 machine, with bench/device/compare_kernels.py.
 
-Timing: CUDA events around ``reps`` back-to-back calls (sized to ~20 ms), median of 3 such groups,
-after 3 warm-up calls. Operands stay in L2 between calls when they fit (60 MB on an H200), as the
+Timing: CUDA events around ``reps`` back-to-back calls (sized to ~20 ms) queued behind a sleep
+kernel so that the events hold device time only, median of 3 such groups, after 3 warm-up calls. Operands stay in L2 between calls when they fit (60 MB on an H200), as the
 capture workloads' timings do.
 
 The contention interferer (CUDA C compiled by CuPy's NVRTC) launches N blocks of 512 threads
@@ -33,6 +33,8 @@ import torch.nn.functional as F
 
 from rows_csv import write_rows_csv  # beside this script (python3 bench/device/kernels_h200.py)
 
+from simulator.capture.compute import device_time_us  # the repository root is on PYTHONPATH (capture_h200.sh)
+
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 OUT.mkdir(parents=True, exist_ok=True)
 DEV = torch.device("cuda")
@@ -42,26 +44,20 @@ TARGET_GROUP_S = 0.020
 
 
 def bench_s(fn, target_s: float = TARGET_GROUP_S) -> float:
-    """Seconds per call: median of 3 groups of back-to-back calls timed with CUDA events."""
+    """Device seconds per call: median of 3 groups of back-to-back calls timed with CUDA events,
+    each group queued behind a sleep kernel (capture compute's device_time_us). Round 28 timed the
+    groups without it: a call whose kernel is shorter than its host issue (torch._scaled_mm's
+    ~27 us on the H200) then measured the host, e.g. every FP8 GEMM of 27 us or less."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
+    t0 = time.perf_counter()
     fn()
-    e1.record()
-    e1.synchronize()
-    one_s = max(e0.elapsed_time(e1) * 1e-3, 1e-6)
+    host_call_s = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    one_s = max(device_time_us(fn, 1, host_call_s) * 1e-6, 1e-6)
     reps = int(min(1000, max(3, target_s / one_s)))
-    groups = []
-    for _ in range(3):
-        e0.record()
-        for _ in range(reps):
-            fn()
-        e1.record()
-        e1.synchronize()
-        groups.append(e0.elapsed_time(e1) * 1e-3 / reps)
-    return statistics.median(groups)
+    return statistics.median(device_time_us(fn, reps, host_call_s) * 1e-6 for _ in range(3))
 
 
 def row(section: str, name: str, time_s: float, **kw) -> None:
