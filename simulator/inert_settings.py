@@ -193,6 +193,7 @@ RULES: tuple[InertRule, ...] = (
     InertRule("parallelism.etp", _experts_whole),
     InertRule("optimizer.store_param_remainders", _not_precision_aware),
     InertRule("optimizer.main_grads_dtype", _never_read_by_megatron_core),
+    InertRule("optimizer.implementation", _torchtitan("optimizer.implementation (torch's fused or foreach AdamW)")),
     InertRule("moe.routing", _dense_model),
     InertRule("moe.skew", _first(_dense_model, _uniform_routing)),
     InertRule("moe.seed", _first(_dense_model, _uniform_routing)),

@@ -309,6 +309,11 @@ class OptimizerConfig(BaseModel):
     store_param_remainders: bool = Field(
         True, description="With precision_aware and bf16 parameters, keep the fp32 master weights as 16-bit remainders of "
         "the bf16 ones (megatron-core's default, Transformer Engine >= 2.1).")
+    implementation: Literal["fused", "foreach"] = Field(
+        "fused", description="framework torchtitan only: its optimizer.implementation. fused (its default): torch's "
+        "_fused_adamw_, one pass reading parameter, gradient and moments and writing them back, 28 B a parameter; "
+        "foreach: torch's multi-tensor AdamW, eight passes over 20 tensors, 80 B (measured on an H200: 2.3 ms against "
+        "6.0 ms for 2^28 fp32 parameters). megatron-core's and DeepSpeed's Adam are fused.")
 
 
 class BatchConfig(BaseModel):

@@ -32,6 +32,7 @@ CASES: dict[str, tuple[dict, object]] = {
     "parallelism.etp": (scenario("dense-tp2", parallelism={"tp": 2}), 2),
     "optimizer.store_param_remainders": (scenario("adam", parallelism={"zero": 1}), False),
     "optimizer.main_grads_dtype": (scenario("adam-pa", parallelism={"zero": 1}, optimizer={"precision_aware": True}), "bf16"),
+    "optimizer.implementation": (scenario("adam", parallelism={"zero": 1}), "foreach"),
     "moe.routing": (scenario("dense"), "skewed"),
     "moe.skew": (scenario("moe-uniform", model=SMALL_MOE, parallelism={"ep": 4}), 2.0),
     "moe.seed": (scenario("moe-uniform", model=SMALL_MOE, parallelism={"ep": 4}), 7),

@@ -22,7 +22,7 @@ import numpy as np
 
 from simulator.scenario import Scenario
 from simulator.workload.kernels import Kernel, adam_kernel, adam_launches, flash_kernel, gemm_kernel, mem_kernel, op_kernels
-from simulator.workload.plan import JOIN, scenario_grad_bytes, scenario_optimizer_shards
+from simulator.workload.plan import JOIN, TORCHTITAN_FOREACH_ADAM_PASSES, scenario_grad_bytes, scenario_optimizer_shards
 
 Phase = Literal["F", "I", "W"]
 
@@ -1754,8 +1754,11 @@ def optimizer_time_s(profile, params: float, tensors: int, bytes_per_param: floa
     if profile.compute.kernels is None and sc.implementation != "hf-eager":
         return float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]), np.array([params * bytes_per_param]))[0])
     # The launches are equal (adam_kernel): one timed, times their count (a 405B rank's step has
-    # hundreds; the sweep estimate prices one per point).
+    # hundreds; the sweep estimate prices one per point). torch's foreach AdamW runs each of its
+    # passes as its own launches, each moving its share of the bytes.
     n = adam_launches(params, tensors)
     if n == 0:
         return 0.0
-    return n * float(kernels_time_s(profile, [adam_kernel(params, tensors, bytes_per_param)], sc.dtype)[0])
+    passes = TORCHTITAN_FOREACH_ADAM_PASSES if sc.framework == "torchtitan" and sc.optimizer.implementation == "foreach" else 1
+    one = adam_kernel(params, tensors, bytes_per_param / passes)
+    return n * passes * float(kernels_time_s(profile, [one], sc.dtype)[0])
