@@ -69,7 +69,7 @@ if [ "$NGPU" -ge 2 ]; then
 fi
 # 4. What the capture workloads do not take: FP8 against BF16 GEMMs, attention backends, the HBM
 #    ceiling, and GEMM slowdown while a resident kernel holds N SMs (kernels_h200.py).
-[ -z "${DRY:-}" ] && step kernels 120 python3 bench/device/kernels_h200.py "$OUT"
+[ -z "${DRY:-}" ] && step kernels 180 python3 bench/device/kernels_h200.py "$OUT"
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv >> "$OUT/gpu.csv" 2>/dev/null || true
 # 5. Calibration and validation need no GPU: they run afterwards from the bundles, anywhere:
 #    clustersim calibrate <bundles> --out profile.json; clustersim validate <bundle> --profile ...

@@ -79,12 +79,13 @@ def main() -> None:
     for _, r in at.iterrows():
         bwd = r["name"] == "sdpa_fwd_bwd"
         km = fa2 if r.variant.startswith("flash") else base
-        shape = (int(r.batch), int(r.heads), int(r.seq), int(r.seq), int(r.head_dim), True)
+        causal = str(r.causal) == "True"
+        shape = (int(r.batch), int(r.heads), int(r.seq), int(r.seq), int(r.head_dim), causal)
         t = flash_attention_time_s(prof, *shape, False, km=km)
         if bwd:
             t += flash_attention_time_s(prof, *shape, True, km=km)
         show(f"attention {r.variant.split('_')[0]} {'fwd+bwd' if bwd else 'fwd'}",
-             f"b{int(r.batch)} s{int(r.seq)} d{int(r.head_dim)}", r.time_us, t * 1e6)
+             f"b{int(r.batch)} s{int(r.seq)} d{int(r.head_dim)}" + ("" if causal else " unmasked"), r.time_us, t * 1e6)
     c = d[(d.section == "contention") & (d["mode"].isin(["spin", "copy"])) & (d["name"] != "interferer_alone")]
     sms = prof.compute.sm_count
     print("\ncontention: slowdown under N resident SMs, measured against the model: the SM-share law sm / (sm - N)\n"

@@ -16,10 +16,10 @@ the best dense GEMM this chip reached (the "gemm" rows of the same file), the sc
 order of the SFUs' exp throughput (3.9 T/s on H100 SXM5, FlashAttention-3, arXiv 2407.08608
 Sec. 3.1: above it only where part of the softmax overlaps the matmuls), the CTA cost positive.
 
-Every measured shape has batch x sequence = 16,384 tokens and 32 heads, so the number of CTAs is
-the same in all of them: a per-CTA cost cannot be told from a per-token one here. For fixed tiles
+Round 28's shapes all have batch x sequence = 16,384 tokens and 32 heads, so the number of CTAs is
+the same in all of them: a per-CTA cost cannot be told from a per-token one there. For fixed tiles
 they are the same thing (CTAs = batch x heads x sequence / tile rows), so predictions do not
-depend on which it is."""
+depend on which it is; kernels_h200.py now adds 2,048 and 4,096 tokens and an unmasked kernel."""
 
 from __future__ import annotations
 
@@ -36,19 +36,19 @@ def design(prof, rows: pd.DataFrame, backward: bool) -> tuple[np.ndarray, np.nda
     sms = _sm_count(prof)
     per_sm = peak_flops(prof, "bf16") / sms
     x, y, labels = [], [], []
-    for (b, h, s, d), g in rows.groupby(["batch", "heads", "seq", "head_dim"]):
-        b, h, s, d = int(b), int(h), int(s), int(d)
+    for (b, h, s, d, causal), g in rows.groupby(["batch", "heads", "seq", "head_dim", "causal"]):
+        b, h, s, d, causal = int(b), int(h), int(s), int(d), str(causal) == "True"
         t_fwd = float(g[g["name"] == "sdpa_fwd"].time_us.iloc[0])
         t = float(g[g["name"] == "sdpa_fwd_bwd"].time_us.iloc[0]) - t_fwd if backward else t_fwd
         bm, bn = _fa2_tiles(int(d), backward)
-        tiles = _flash_cta_tiles(int(s), int(s), int(d), True, backward)
+        tiles = _flash_cta_tiles(int(s), int(s), int(d), causal, backward)
         tiles_per_sm = int(b) * int(h) * float(tiles.sum()) / sms
         matmul_s = tiles_per_sm * 4.0 * bm * bn * int(d) * (2.5 if backward else 1.0) / per_sm
         scores = tiles_per_sm * bm * bn
         ctas = int(b) * int(h) * len(tiles) / sms
         x.append([matmul_s, scores, ctas])
         y.append(t * 1e-6)
-        labels.append(f"b{b} s{s} d{d}")
+        labels.append(f"b{b} s{s} d{d}" + ("" if causal else " unmasked"))
     return np.array(x), np.array(y), labels
 
 

@@ -146,36 +146,43 @@ def fp8_casts() -> None:
         del x
 
 
+# (batch, sequence, causal): 16,384 tokens at four lengths (round 28's shapes), plus 2,048 and
+# 4,096 tokens at one sequence each and one unmasked kernel. With the token count fixed the CTA
+# count was too (fit_attention.py could not tell a per-CTA cost from a per-token one); the
+# unmasked kernel has no diagonal tiles.
+ATTENTION_SHAPES = [(16384 // s, s, True) for s in (2048, 4096, 8192, 16384)] + [(1, 2048, True), (1, 4096, True),
+                                                                                   (2, 8192, False)]
+
+
 @guarded
 def attention() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    tokens, heads = 16384, 32
+    heads = 32
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
         for head_dim in (64, 128):
-            for seq in (2048, 4096, 8192, 16384):
-                batch = tokens // seq
+            for batch, seq, causal in ATTENTION_SHAPES:
                 shape = (batch, heads, seq, head_dim)
                 q, k, v = (torch.randn(shape, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
                 g = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
                 try:
                     with sdpa_kernel(backend):
-                        fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                        fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                         t_f = bench_s(fwd)
 
                         def fwd_bwd():  # autograd.grad: no .grad accumulation kernels between calls
-                            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                             torch.autograd.grad(out, (q, k, v), g)
 
                         t_fb = bench_s(fwd_bwd)
-                    causal_flops = 4.0 * batch * heads * seq * seq * head_dim / 2
-                    common = dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim, causal=True,
+                    flops = 4.0 * batch * heads * seq * seq * head_dim / (2 if causal else 1)
+                    common = dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim, causal=causal,
                                   variant=backend.name.lower())
-                    row("attention", "sdpa_fwd", t_f, tflops=round(causal_flops / t_f / 1e12, 1), **common)
-                    row("attention", "sdpa_fwd_bwd", t_fb, tflops=round(3.5 * causal_flops / t_fb / 1e12, 1),
-                        **common)
+                    row("attention", "sdpa_fwd", t_f, tflops=round(flops / t_f / 1e12, 1), **common)
+                    row("attention", "sdpa_fwd_bwd", t_fb, tflops=round(3.5 * flops / t_fb / 1e12, 1), **common)
                 except Exception as exc:
-                    META["errors"].append(f"attention {backend.name} d{head_dim} s{seq}: {type(exc).__name__}: {exc}")
+                    META["errors"].append(f"attention {backend.name} d{head_dim} b{batch} s{seq} causal {causal}: "
+                                          f"{type(exc).__name__}: {exc}")
                 del q, k, v, g
 
 
@@ -305,13 +312,74 @@ def contention() -> None:
                     interferer_gbps=round(statistics.median(rates) / 1e9, 1), interferer_timed_out=timed_out)
 
 
+def _smi_sample() -> tuple[float, float] | None:
+    """(SM clock MHz, board power W) now, read with nvidia-smi (reading changes no setting)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                              f"--id={torch.cuda.current_device()}"], capture_output=True, text=True, timeout=5).stdout
+        mhz, watts = (float(x) for x in out.strip().split(","))
+        return mhz, watts
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+@guarded
+def clocks() -> None:
+    """The SM clock and board power the GPU settles at under sustained work (~3 s each): what a
+    power limit would have to take the clock down from (the torchtitan H100 rows ran at 500 W;
+    nothing here changes the limit). Idle first, then a BF16 and an FP8 GEMM loop and FlashAttention."""
+    import threading
+
+    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    fp8 = torch.float8_e4m3fn
+    a8, b8 = a.to(fp8), b.t().contiguous().to(fp8).t()
+    one = torch.ones((), device=DEV)
+    q = torch.randn(2, 32, 8192, 128, device=DEV, dtype=torch.bfloat16)
+    loads = {"idle": None, "gemm_bf16_8192cube": lambda: a @ b,
+             "gemm_fp8_8192cube": lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+             "flash_fwd_s8192_d128": lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True)}
+    for name, fn in loads.items():
+        samples: list[tuple[float, float]] = []
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                got = _smi_sample()
+                if got:
+                    samples.append(got)
+                time.sleep(0.2)
+
+        t_end = time.time() + 3.0
+        if fn is not None:
+            for _ in range(20):
+                fn()  # ramp before sampling
+        th = threading.Thread(target=sample)
+        th.start()
+        while time.time() < t_end:
+            if fn is None:
+                time.sleep(0.05)
+                continue
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+        stop.set()
+        th.join()
+        if samples:
+            tail = samples[len(samples) // 3:]  # after the clock has settled
+            row("clocks", name, 0.0, sm_mhz=statistics.median(s[0] for s in tail),
+                power_w=statistics.median(s[1] for s in tail), samples=len(tail))
+
+
 def main() -> None:
     props = torch.cuda.get_device_properties(DEV)
     META.update(name=props.name, sm_count=props.multi_processor_count, total_memory=props.total_memory,
                 l2_bytes=getattr(props, "L2_cache_size", None))
     print(META, flush=True)
     t0 = time.time()
-    for section in (hbm, gemms, fp8_casts, attention, contention):
+    for section in (hbm, gemms, fp8_casts, attention, contention, clocks):
         section()
     META["seconds"] = round(time.time() - t0, 1)
     write_rows_csv(ROWS, OUT / "kernels.csv")
