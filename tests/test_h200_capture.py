@@ -90,6 +90,9 @@ def test_spec_h200_profile_against_the_real_gpu(bundle, step_error, gemm_error):
     assert r["op_classes"]["gemm"]["error"] == pytest.approx(gemm_error, abs=0.01)
     # The GEMMs and attention (cuDNN's, which torch 2.11 picks on an H200) are within 15%.
     assert abs(r["op_classes"]["attention"]["error"]) < 0.15
+    # The optimizer and elementwise rows compare the harness's torch AdamW and loss with what its
+    # generic scenario prices: validate says so.
+    assert len(r["notes"]) == 1 and "torch.optim.AdamW" in r["notes"][0] and "bf16 parameters" in r["notes"][0]
 
 
 def _kernels() -> pd.DataFrame:

@@ -245,6 +245,7 @@ def validate_bundle(bundle: str | Path, profile: str | Path, topology: str | Non
         "collectives": block(meas_coll, pred_coll, coll_keys),
         "warnings": extrapolated,
     }
+    out["notes"] = harness_notes(manifest, sc)
     out["warnings"] = out["warnings"] + step_hides_parts(out, ("op_classes", "collectives"))
     # A profile fitted from this very bundle (its provenance records the manifest's sha256): the
     # comparison checks the fit, it does not predict anything the profile has not seen.
@@ -253,6 +254,17 @@ def validate_bundle(bundle: str | Path, profile: str | Path, topology: str | Non
         out["warnings"].insert(0, f"profile {prof.name!r} was fitted from this bundle: a self-consistency check, not a "
                                   "prediction; validate on a bundle the profile has not seen")
     return out
+
+
+def harness_notes(manifest, sc) -> list[str]:
+    """What the capture's own train workload runs that its scenario does not price alike (so a
+    reader of the optimizer and elementwise rows knows they compare different kernels)."""
+    if manifest.workload != "train" or sc.framework != "generic":
+        return []
+    return [f"the train workload steps torch.optim.AdamW (foreach: 8 passes over 20 tensors a parameter) over its "
+            f"{sc.dtype} parameters and runs torch's F.cross_entropy over fp32 logits; its scenario (framework generic) "
+            f"prices megatron-core's fused Adam over fp32 master weights and megatron-core's loss, so the optimizer and "
+            f"elementwise rows compare different kernels (docs/design-notes.md, Round 28)"]
 
 
 def _fitted_from(prof: Profile, bundle: Path) -> bool:
@@ -328,6 +340,8 @@ def print_validation(res: dict[str, Any]) -> None:
     if res.get("predicted_host_overhead_s"):
         con.print(f"predicted host overhead between kernels: {_fmt_s(res['predicted_host_overhead_s'])} per step and rank")
     con.print("per op class and collective: time per step on one rank, mean over ranks")
+    for n in res.get("notes", []):
+        con.print(f"note: {for_rich(n)}")
     for w in res.get("warnings", []):
         con.print(f"warning: {for_rich(w)}")
 
