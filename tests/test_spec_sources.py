@@ -39,8 +39,15 @@ def test_profiles_carry_the_measured_values(measured, prof):
     km = load_profile(prof).compute.kernels
     for cls in ("elementwise", "attention", "norm", "embedding"):
         assert km.mem_efficiency[cls] == pytest.approx(mem[cls].value, abs=0.005), cls
-    # Capped at the kernel model's streaming bound (BabelStream), which H100's measured 0.93 tops.
-    assert km.mem_efficiency["optimizer"] == pytest.approx(min(acc.value, MAX_MEM_EFFICIENCY), abs=0.005)
+    if prof == "a100-pcie-80gb":
+        # Capped at the kernel model's streaming bound (BabelStream).
+        assert km.mem_efficiency["optimizer"] == pytest.approx(min(acc.value, MAX_MEM_EFFICIENCY), abs=0.005)
+    else:
+        # Hopper takes a real Adam step measured on an H200 (fused AdamW, 0.69 of HBM), where the
+        # AccumulateGrad stand-in measured 0.93 (capped at 0.92): a stream of three tensors is not
+        # an Adam step of seven.
+        assert acc.value > 0.9
+        assert km.mem_efficiency["optimizer"] == load_profile("h200-sxm-141gb").compute.kernels.mem_efficiency["optimizer"] == 0.69
     p = load_profile(prof)
     assert p.compute.classes["optimizer"].bandwidth_efficiency == km.mem_efficiency["optimizer"]
     assert p.compute.classes["gemm"].overhead_us == km.launch_floor_us

@@ -12,7 +12,9 @@ data the project ships, so every such number can be reproduced.
   Net time = measured less the per-op timer's own floor (MeasuredOpTable.net_times_us).
 - Optimizer-like streaming (``mem_efficiency.optimizer``): the same tables' gradient
   accumulation (AccumulateGrad, ``grad += new`` in fp32: 12 bytes a parameter), a pure
-  read-modify-write stream as multi-tensor Adam is.
+  read-modify-write stream as multi-tensor Adam is. The A100 profiles keep it; the Hopper ones
+  (and Blackwell's, assumed as H100) take a real Adam step measured on an H200 instead (fused
+  AdamW, 0.69: tests/data/reference/h200/optimizer.csv), which this stand-in put at 0.92.
 - Launch floor (``compute.kernels.launch_floor_us``): the HTA Kineto trace of an A100-SXM4-80GB
   training step: device time of single-block kernels (the least work a kernel can do) plus the
   device-side gap before the next kernel on the same stream when that kernel was already queued
