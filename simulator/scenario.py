@@ -289,7 +289,8 @@ class FP8Config(BaseModel):
 
 
 class OptimizerConfig(BaseModel):
-    """Adam's state precision: megatron-core's precision-aware optimizer (0.16.1
+    """The optimizer: torchtitan's AdamW implementation, and Adam's state precision under
+    megatron-core's precision-aware optimizer (0.16.1
     optimizer_config.py use_precision_aware_optimizer, with Transformer Engine's FusedAdam), which
     keeps the moments in bf16 and the fp32 master weights as 16-bit remainders beside the bf16
     parameters (distrib_optimizer.py: master_param int16 with store_param_remainders and bf16),
@@ -406,7 +407,7 @@ class Scenario(BaseModel):
         "bf16", description="Compute precision; fp8 runs the linear layers' GEMMs in FP8 (activations and attention stay bf16)."
     )
     fp8: FP8Config = Field(default_factory=lambda: FP8Config(), description="FP8 training recipe (dtype: fp8 only).")
-    optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(), description="Adam's state precision (megatron-core's precision-aware optimizer).")
+    optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(), description="The optimizer: Adam's state precision (megatron-core's precision-aware optimizer) and torchtitan's AdamW implementation.")
     flash_attention: bool = Field(
         True, description="Fused attention that skips masked causal blocks and stores no s x s scores."
     )
@@ -492,6 +493,12 @@ class Scenario(BaseModel):
         (megatron/model/distributed.py allreduce_gradients). FSDP (ZeRO 3) reduces per unit."""
         p = self.parallelism
         return not p.overlap_grad_reduce and p.zero < 3 and self.framework in ("generic", "megatron-2021")
+
+    @property
+    def loss_compiled(self) -> bool:
+        """torchtitan's cross-entropy under torch.compile (compile_loss, else torch_compile); false
+        for every other framework, whose loss the model prices as its own."""
+        return self.framework == "torchtitan" and (self.torch_compile if self.compile_loss is None else self.compile_loss)
 
     @property
     def num_microbatches(self) -> int:

@@ -68,17 +68,6 @@ KINDS = ("F", "B", "I", "W")
 RATIO_STEP = 0.1
 
 
-def _sm_bound_share(prog) -> float:
-    """Of the program's forward and backward compute time, the fraction in SM-bound kernels
-    (Segments.sm_share), weighted by time."""
-    total = bound = 0.0
-    for seg in prog.segments.values():
-        t = float(seg.compute_s.sum())
-        total += t
-        bound += t if seg.sm_share is None else float((seg.compute_s * seg.sm_share).sum())
-    return bound / total if total > 0 else 1.0
-
-
 def _contention_scale(prof) -> float:
     """The engine's contention scale (simulator.contention.measured_excess_scale), so the
     estimate and the engine slow overlapped compute alike."""
@@ -798,9 +787,9 @@ class Estimator:
                 # work; the unit then waits for whatever of the gather is left.
                 # Only the compute's SM-bound share (GEMMs, attention) slows (Segments.sm_share):
                 # each unit's behind a gather at its own share, as the engine times each segment.
-                excess = scaled_slowdown(compute_slowdown(prof.compute.sm_count, collective_ctas(CollectiveOp.ALL_GATHER)),
-                                         _contention_scale(prof)) - 1.0
-                f_c = 1.0 + excess * _sm_bound_share(prog)
+                f_c = scaled_slowdown(compute_slowdown(prof.compute.sm_count, collective_ctas(CollectiveOp.ALL_GATHER)),
+                                      _contention_scale(prof))  # all SM-bound; each unit below at its share
+                excess = f_c - 1.0
                 kinds = ("F", "B", "I") if p.fsdp_reshard_after_forward else ("F",)
                 if p.fsdp_reshard_after_forward:
                     firsts = np.zeros((5, len(KINDS), n))

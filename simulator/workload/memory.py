@@ -134,7 +134,7 @@ def loss_bytes_per_logit(sc: Scenario) -> tuple[float, float]:
                    the logits (2): (4, 6)"""
     if sc.framework != "torchtitan":
         return 4.0, 0.0
-    compiled = sc.torch_compile if sc.compile_loss is None else sc.compile_loss
+    compiled = sc.loss_compiled
     if sc.parallelism.tp > 1:
         return (4.0, 6.0) if compiled else (4.0, 12.0)
     return (2.0, 2.0) if compiled else (4.0, 8.0)
@@ -273,7 +273,7 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             "gradients_gib": grads / GIB,
             "optimizer_gib": state_bytes(optim_bytes, 1) / GIB,
             "activations_gib": act_peaks[r] / GIB,
-            # A bucket never holds more than the rank's own gradients (fp32, 4 bytes each).
+            # A bucket never holds more than the rank's own gradients (at the buffer's bytes each).
             "buffers_gib": (min(buffers, 2 * grad_buffer_bytes * (dense + expert)) + RUNTIME_RESERVE_BYTES) / GIB,
         }
         if recompute_extra:

@@ -22,7 +22,7 @@ import numpy as np
 
 from simulator.scenario import Scenario
 from simulator.workload.kernels import Kernel, adam_kernel, adam_launches, flash_kernel, gemm_kernel, mem_kernel, op_kernels
-from simulator.workload.plan import JOIN, TORCHTITAN_FOREACH_ADAM_PASSES, scenario_grad_bytes, scenario_optimizer_shards
+from simulator.workload.plan import JOIN, adam_passes, scenario_grad_bytes, scenario_optimizer_shards
 
 Phase = Literal["F", "I", "W"]
 
@@ -724,7 +724,7 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
                            MEGATRON_CROSS_ENTROPY_BYTES_PER_LOGIT * T * (V / t),
                            bwd_bytes=MEGATRON_CROSS_ENTROPY_BWD_BYTES_PER_LOGIT * T * (V / t),
                            **MEGATRON_CROSS_ENTROPY_LAUNCHES))
-    elif sc.framework == "torchtitan" and not (sc.torch_compile if sc.compile_loss is None else sc.compile_loss):
+    elif sc.framework == "torchtitan" and not sc.loss_compiled:
         # torchtitan's eager loss: torch F.cross_entropy over .float() logits (its
         # cross_entropy_loss), kernel by kernel as torch 2.11 ran it on an H200 (round 28,
         # tests/data/reference/h200/train-8b-layers, [16384, 128256] logits): forward the fp32
@@ -1759,6 +1759,6 @@ def optimizer_time_s(profile, params: float, tensors: int, bytes_per_param: floa
     n = adam_launches(params, tensors)
     if n == 0:
         return 0.0
-    passes = TORCHTITAN_FOREACH_ADAM_PASSES if sc.framework == "torchtitan" and sc.optimizer.implementation == "foreach" else 1
+    passes = adam_passes(sc)
     one = adam_kernel(params, tensors, bytes_per_param / passes)
     return n * passes * float(kernels_time_s(profile, [one], sc.dtype)[0])

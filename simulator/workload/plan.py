@@ -227,6 +227,13 @@ TORCHTITAN_FOREACH_ADAM_BYTES_PER_PARAM = 80
 TORCHTITAN_FOREACH_ADAM_PASSES = 8
 
 
+def adam_passes(sc) -> int:
+    """Passes over the parameters the optimizer step makes, each its own launches: torch's foreach
+    AdamW's eight under torchtitan's optimizer.implementation foreach; one fused kernel otherwise."""
+    foreach = sc.framework == "torchtitan" and sc.optimizer.implementation == "foreach"
+    return TORCHTITAN_FOREACH_ADAM_PASSES if foreach else 1
+
+
 def adam_bytes_per_param(sc) -> int:
     """HBM bytes per parameter of the optimizer step's kernels (the state's size stays
     ``optimizer_state_bytes``'s, in ADAM_BYTES_PER_PARAM units).
@@ -241,9 +248,7 @@ def adam_bytes_per_param(sc) -> int:
     buffer asked for (grad_reduce_in_fp32 false; the default fp16 buffers of fp16 runs are left
     as they were modelled)."""
     if sc.framework == "torchtitan":
-        if sc.optimizer.implementation == "foreach":
-            return TORCHTITAN_FOREACH_ADAM_BYTES_PER_PARAM
-        return TORCHTITAN_ADAM_BYTES_PER_PARAM
+        return TORCHTITAN_FOREACH_ADAM_BYTES_PER_PARAM if adam_passes(sc) > 1 else TORCHTITAN_ADAM_BYTES_PER_PARAM
     o, p = sc.optimizer, sc.parallelism
     buffer = scenario_grad_bytes(sc)
     if not o.precision_aware:
@@ -618,7 +623,7 @@ def _template(seg) -> list[tuple]:
         tpl = seg._plan_template = [(c, label, L, info, share) for c, label, _, info, share in _template(seg._template_of)]
     if tpl is None:
         tpl = []
-        shares = getattr(seg, "sm_share", None)
+        shares = seg.sm_share
         for j in range(len(seg.compute_s)):
             comm = seg.comm[j]
             c_info = None
