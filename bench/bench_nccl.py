@@ -85,7 +85,7 @@ def main() -> None:
             miss = ", ".join(f"{_size(s)}:{e:+.0%}" for s, e in r["misses"]) or "none"
             print(f"{r['log']:48} {r['ranks']:5d} {_pct(r0['worst_ge_64KiB']):>10} {_pct(r0['worst_lt_64KiB']):>7} | "
                   f"{_pct(r['worst_ge_64KiB']):>9} {_pct(r['worst_lt_64KiB']):>7} {_mark(r)}  {miss}")
-        consts = ", ".join(f"{k} {v:.3g}" for k, v in cal.model_dump(exclude={"system", "fit_error"}).items() if v is not None)
+        consts = ", ".join(f"{k} {v:.3g}" for k, v in cal.model_dump(exclude={"system", "fit_error", "product_only"}).items() if v is not None)
         print(f"  {topo} fitted constants: {consts}  (fit {fit_s:.1f} s, loaded machine)")
         for name, words, ok in physics_checks(system, cal, hbm, [(l.n_ranks, l.n_nodes) for l in logs]):
             print(f"    physics {'ok ' if ok else 'BAD'} {name}: {words}")

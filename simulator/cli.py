@@ -156,6 +156,10 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr)
 
 
+# --set keys whose value is text however it reads as YAML.
+_TEXT_KEYS = frozenset({"torch_version"})
+
+
 def _parse_set(values: list[str]) -> dict:
     """--set section.key=value, value parsed as YAML (numbers, booleans, lists)."""
     import yaml
@@ -167,6 +171,9 @@ def _parse_set(values: list[str]) -> dict:
         key, raw = item.split("=", 1)
         if not key.strip() or any(not part for part in key.strip().split(".")):
             raise UserError(f"--set {item!r} names no field: write e.g. --set parallelism.zero=3")
+        if key.strip() in _TEXT_KEYS:
+            out[key.strip()] = raw.strip()  # 2.10 is a release, not the number 2.1
+            continue
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError:

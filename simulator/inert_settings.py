@@ -165,6 +165,12 @@ def _sequence_parallel_sends_shards(sc: Scenario) -> str | None:
     return None
 
 
+def _compiled(sc: Scenario) -> str | None:
+    if sc.torch_compile:
+        return "it decides which eager kernels torch fuses and this run is compiled (torch_compile), which fuses them"
+    return None
+
+
 def _torchtitan_flash_cp(sc: Scenario) -> str | None:
     if not sc.flash_attention:
         return "it balances torch's context-parallel SDPA, which runs with flash_attention only"
@@ -204,6 +210,8 @@ RULES: tuple[InertRule, ...] = (
     InertRule("fp8.param_all_gather", _first(_not_fp8, _fp8_gather_needs_zero3)),
     InertRule("torch_compile", _torchtitan("torch_compile")),
     InertRule("compile_loss", _torchtitan("compile_loss")),
+    InertRule("training_dtype", _torchtitan("training_dtype (torchtitan's training.dtype)")),
+    InertRule("torch_version", _first(_torchtitan("torch_version"), _compiled)),
     InertRule("attention_kernel", _no_flash),
     InertRule("model.hf_model_type", _not_hf_eager),
     InertRule("model.attention_dropout", _not_hf_eager),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -35,6 +36,11 @@ MAX_LAYER_MICROBATCHES_PER_RANK = 10_000_000
 
 _STRICT = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
+
+# The first torch release whose nn.RMSNorm has a fused CUDA kernel (aten::_fused_rms_norm and
+# _fused_rms_norm_backward: ATen/ops/_fused_rms_norm_cuda_dispatch.h ships from the 2.9.0 wheel;
+# 2.8.0 has only the MPS one). An H200 capture under torch 2.11 runs it (tests/data/reference/h200).
+TORCH_FUSED_RMS_NORM = (2, 9)
 
 class ModelConfig(BaseModel):
     """A decoder-only transformer, dense or mixture-of-experts."""
@@ -430,6 +436,20 @@ class Scenario(BaseModel):
         "backward holds 8 more; compiled it keeps the bf16 logits and its backward writes their bf16 gradient "
         "(docs/design-notes.md, Memory). Ignored by other frameworks."
     )
+    training_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="framework torchtitan only: its training.dtype (torchtitan 0.3.0 config/configs.py). "
+        "float32 (default): fp32 parameters, gradients and AdamW moments, bf16 compute through FSDP2's mixed "
+        "precision; bfloat16: full bf16 training, parameters, gradients and moments in bf16 with no fp32 copy "
+        "(8 bytes a parameter of state instead of 16; FSDP2 still reduce-scatters in fp32, mixed_precision_reduce). "
+        "Ignored by other frameworks."
+    )
+    torch_version: str | None = Field(
+        None, description="framework torchtitan only: the torch release the run uses ('2.6', "
+        "'2.11.0+cu130'), for what eager mode fuses without torch.compile: from 2.9 nn.RMSNorm runs torch's fused "
+        "kernel on CUDA, one forward and one backward (aten::_fused_rms_norm; the 2.9.0 wheel is the first with its "
+        "CUDA dispatch), before it six and twelve composite ones (RMSNORM_EAGER_EXTRA). None (default): a current "
+        "release (2.9 or later). Ignored under torch_compile, which fuses the norm either way."
+    )
     attention_kernel: Literal["default", "fa2"] = Field(
         "default", description="Fused attention kernel (flash_attention only): default = the profile's attention figures; "
         "fa2 = FlashAttention-2, what PyTorch SDPA's flash backend runs (torchtitan), at the profile's fa2_* figures."
@@ -441,12 +461,29 @@ class Scenario(BaseModel):
         None, description="What-if: slow GPUs, degraded links, failed nodes, jitter (simulator.whatif)."
     )
 
+    @field_validator("torch_version")
+    @classmethod
+    def _torch_release(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"\d+\.\d+", v):
+            raise ValueError(f"{v!r} is not a torch release: write it as torch.__version__ prints it, e.g. 2.6 or "
+                             "2.11.0+cu130")
+        return v
+
     @field_validator("model", mode="before")
     @classmethod
     def _resolve_model(cls, v: Any) -> Any:
         if isinstance(v, str):
             return resolve_model(v)
         return v
+
+    @property
+    def torch_fuses_rms_norm(self) -> bool:
+        """Whether eager nn.RMSNorm is one fused kernel each way (torch >= 2.9 on CUDA, the
+        torch_version field; a current release where it is unset)."""
+        if self.torch_version is None:
+            return True
+        major, minor = (int(x) for x in self.torch_version.split(".")[:2])
+        return (major, minor) >= TORCH_FUSED_RMS_NORM
 
     @property
     def dp(self) -> int:
@@ -567,6 +604,9 @@ class Scenario(BaseModel):
                 f"key/value heads; choose tp among {_divisors(m.kv_heads, 64)} (megatron-core, framework generic, "
                 "allows more)"
             )
+        if self.framework == "torchtitan" and self.training_dtype == "bfloat16" and self.dtype == "fp32":
+            raise UserError("training_dtype bfloat16 keeps the parameters in bf16, so the layers cannot compute in fp32: "
+                            "set dtype bf16 (or fp8), or training_dtype float32")
         model_ranks = p.tp * p.cp * p.pp
         if c.gpus % model_ranks:
             raise UserError(

@@ -194,6 +194,42 @@ def test_train_moe_ep2_fsdp(tmp_path: Path) -> None:
         assert c["c10d::alltoall_base_"] == 2 * 2 * 2 * 5
         # FSDP2: parameters all-gathered, gradients reduce-scattered over the dp pair
         assert c["c10d::_allgather_base_"] > 0 and c["c10d::_reduce_scatter_base_"] > 0
+        # torchtitan's default optimizer.implementation: torch's fused AdamW, once a parameter group a step
+        assert c["aten::_fused_adamw_"] > 0 and c["aten::_foreach_addcdiv_"] == 0
+    assert m.scenario["framework"] == "torchtitan" and m.scenario["optimizer"] == {"implementation": "fused"}
+
+
+def test_train_llama_runs_and_declares_torchtitans_recipe(tmp_path: Path) -> None:
+    """A SwiGLU capture is torchtitan's Llama 3 on torchtitan's stack, and its scenario says so:
+    RoPE through complex pairs (view_as_complex), grouped-query K/V repeated out (expand), full bf16
+    training (bf16 parameters, no fp32 copy) with FSDP2 reducing gradients in fp32, and the AdamW
+    implementation asked for; the scenario it records builds as a torchtitan run."""
+    from simulator.scenario import build_scenario
+
+    out = tmp_path / "llama"
+    capture("train", "--out", str(out), "--nproc", "2", "--zero", "3", "--mlp", "swiglu", "--dtype", "bf16",
+            "--optimizer", "foreach", "--num-kv-heads", "2", "--steps", "1", "--warmup-steps", "0", "--num-layers", "2",
+            "--hidden-size", "32", "--seq-length", "16", "--vocab-size", "64")
+    check_bundle(out, 2, "train")
+    m = load_manifest(out)
+    sc = m.scenario
+    assert (sc["framework"], sc["training_dtype"], sc["torch_compile"], sc["recompute"]) == \
+        ("torchtitan", "bfloat16", False, "none")
+    assert sc["optimizer"] == {"implementation": "foreach"} and sc["attention_kernel"] == "default"  # no GPU kernel on CPU
+    assert sc["torch_version"] == m.torch_version  # what its eager kernels fuse
+    built = build_scenario(sc | {"cluster": {"gpus": 2}})  # validate adds the cluster the bundle ran on
+    assert built.framework == "torchtitan" and built.model.kv_heads == 2
+    for rank in range(2):
+        evs = events(out, rank)
+        c = names(evs)
+        # q and k, 2 layers, 2 microbatches, forward and backward (view_as_real's gradient)
+        assert c["aten::view_as_complex"] == 2 * 2 * 2 * 2
+        assert c["aten::expand"] >= 2 * 2 * 2  # k and v, two layers
+        assert c["aten::_foreach_addcdiv_"] > 0 and c["aten::_fused_adamw_"] == 0
+        rs = [e for e in evs if e.get("name") == "c10d::_reduce_scatter_base_"]
+        assert rs and all(e["args"]["Input type"][0] == "float" for e in rs)  # fp32 reduction of bf16 gradients
+        mm = [e for e in evs if e.get("name") == "aten::mm"]
+        assert mm and all(e["args"]["Input type"][0] == "c10::BFloat16" for e in mm)
 
 
 def test_bad_requests_fail_before_spawning(tmp_path: Path) -> None:
@@ -206,6 +242,8 @@ def test_bad_requests_fail_before_spawning(tmp_path: Path) -> None:
         (["train", "--out", str(tmp_path / "a"), "--nproc", "4", "--tp", "2", "--ep", "2", "--num-experts", "4"], "--tp 2"),
         (["train", "--out", str(tmp_path / "a"), "--nproc", "2", "--pp", "2", "--schedule", "dualpipe"], "dualpipe"),
         (["train", "--out", str(tmp_path / "a"), "--nproc", "2", "--pp", "2", "--num-layers", "3"], "--num-layers 3"),
+        (["train", "--out", str(tmp_path / "a"), "--nproc", "2", "--tp", "2", "--mlp", "swiglu"], "--sequence-parallel"),
+        (["train", "--out", str(tmp_path / "a"), "--nproc", "1", "--optimizer", "adam8bit"], "--optimizer 'adam8bit'"),
         (["collectives", "--out", str(tmp_path / "a"), "--nproc", "1"], "at least 2 ranks"),
         (["bogus", "--out", str(tmp_path / "a")], "bogus"),
     ]

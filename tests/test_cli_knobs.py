@@ -530,3 +530,12 @@ def test_steady_fast_path_flag_gives_the_plain_step():
     res = CliRunner().invoke(app, ["simulate", *args, "--steady-fast-path", "--no-dashboard"])
     assert res.exit_code == 0, res.output
     assert "steady period replayed" in " ".join(res.output.split())
+
+
+def test_set_torch_version_keeps_the_release_as_written(monkeypatch):
+    # YAML would read 2.10 as the number 2.1: a torch release is text, so 2.10 stays 2.10 (fused RMSNorm).
+    sc = scenario_of([*SMALL, "--set", "framework=torchtitan", "--set", "torch_compile=false", "--set",
+                      "torch_version=2.10"], monkeypatch)
+    assert sc.torch_version == "2.10" and sc.torch_fuses_rms_norm
+    sc = scenario_of([*SMALL, "--set", "framework=torchtitan", "--set", "torch_version=2.8.0a0+5228986c39"], monkeypatch)
+    assert sc.torch_version == "2.8.0a0+5228986c39" and not sc.torch_fuses_rms_norm

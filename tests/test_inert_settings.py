@@ -43,6 +43,8 @@ CASES: dict[str, tuple[dict, object]] = {
     "fp8.param_all_gather": (scenario("fp8-z1", dtype="fp8", parallelism={"zero": 1}), True),
     "torch_compile": (scenario("generic"), False),
     "compile_loss": (scenario("generic"), True),
+    "training_dtype": (scenario("generic"), "bfloat16"),
+    "torch_version": (scenario("tt-compiled", framework="torchtitan", parallelism={"zero": 3}), "2.6"),
     "attention_kernel": (scenario("no-flash", flash_attention=False), "fa2"),
     "model.hf_model_type": (scenario("megatron-impl"), "opt"),
     "model.attention_dropout": (scenario("megatron-impl"), 0.0),
@@ -88,6 +90,8 @@ def test_a_rule_holds_in_the_engine(path):
     ("moe.skew", scenario("moe-skewed", model=SMALL_MOE, parallelism={"ep": 4}, moe={"routing": "skewed"}), 2.0),
     ("parallelism.etp", scenario("moe-tp2", model=SMALL_MOE, parallelism={"tp": 2, "ep": 4}), 2),
     ("optimizer.store_param_remainders", scenario("adam-pa", parallelism={"zero": 1}, optimizer={"precision_aware": True}), False),
+    ("training_dtype", scenario("tt-z3", framework="torchtitan", parallelism={"zero": 3}), "bfloat16"),
+    ("torch_version", scenario("tt-eager", framework="torchtitan", torch_compile=False, parallelism={"zero": 3}), "2.6"),
 ])
 def test_a_field_that_is_read_gets_no_note(path, data, other):
     base = build_scenario(data)

@@ -42,8 +42,9 @@ def test_rope_and_repeat_kv_bytes():
 
 
 def test_eager_adds_norm_and_swiglu_passes():
+    # torch before 2.9: nn.RMSNorm composite on CUDA (the Dec 2024 rows' torch).
     compiled = _fwd_bytes(_sc(framework="torchtitan"))
-    eager_ops = build_layer_ops(_sc(framework="torchtitan", torch_compile=False))["dense"]
+    eager_ops = build_layer_ops(_sc(framework="torchtitan", torch_compile=False, torch_version="2.6"))["dense"]
     rope_extra = SEQ * 40 * 128 * (TORCHTITAN_ROPE_EAGER_BYTES_PER_ELEM - TORCHTITAN_ROPE_COMPILED_BYTES_PER_ELEM)
     norm_extra = 2 * RMSNORM_EAGER_EXTRA["fwd_passes"] * SEQ * 4096 * 2  # two RMSNorms a layer
     swiglu_extra = SWIGLU_EAGER_EXTRA["fwd_passes"] * SEQ * 14336 * 2
@@ -56,13 +57,27 @@ def test_eager_adds_norm_and_swiglu_passes():
     assert sum(o.params for o in w_ops) == pytest.approx(eager_ops.params)
 
 
+def test_torch_from_2_9_runs_eager_rmsnorm_fused():
+    """From torch 2.9 (the first wheel with aten::_fused_rms_norm's CUDA dispatch) eager RMSNorm is
+    the fused norm op alone: RoPE and SwiGLU keep their eager passes. Unset, torch_version is a
+    current release."""
+    old = {o.name for o in build_layer_ops(_sc(framework="torchtitan", torch_compile=False, torch_version="2.8.0a0"))["dense"].forward}
+    for version in (None, "2.9", "2.11.0+cu130"):
+        new = build_layer_ops(_sc(framework="torchtitan", torch_compile=False, torch_version=version))["dense"]
+        names = {o.name for o in new.forward}
+        assert old - names == {"attn_norm.eager", "mlp_norm.eager"}, version
+        assert {"swiglu.eager", "rope"} <= names
+    assert _sc(framework="torchtitan", torch_version="2.10").torch_fuses_rms_norm
+    assert not _sc(framework="torchtitan", torch_version="2.8").torch_fuses_rms_norm
+
+
 
 def test_eager_moe_block_pays_the_norm_and_swiglu_passes_too():
     # Only the attention block of a MoE layer used to get the eager passes: its ffn_norm is
     # nn.RMSNorm and its experts' SwiGLU runs unfused as the dense one does.
     moe = {"model": "mixtral-8x7b", "parallelism": {"dp": 8, "ep": 8, "zero": 3}, "framework": "torchtitan"}
     compiled = {o.name: o for o in build_layer_ops(_sc(**moe))["moe"].forward}
-    eager = {o.name: o for o in build_layer_ops(_sc(**moe, torch_compile=False))["moe"].forward}
+    eager = {o.name: o for o in build_layer_ops(_sc(**moe, torch_compile=False, torch_version="2.6"))["moe"].forward}
     assert set(eager) - set(compiled) == {"attn_norm.eager", "mlp_norm.eager", "experts_swiglu.eager"}
     assert eager["mlp_norm.eager"].bytes == pytest.approx(RMSNORM_EAGER_EXTRA["fwd_passes"] * SEQ * 4096 * 2)
     routed = SEQ * 2  # top-2, uniform routing: the busiest rank sees the mean load
@@ -97,7 +112,7 @@ def test_the_embedding_copies_out_its_tables_and_a_tied_head_keeps_its_transform
     # added to its forward: both backward ops were missing.
     tied = {"name": "tied", "num_layers": 2, "hidden_size": 2048, "ffn_hidden_size": 8192, "num_attention_heads": 16,
             "vocab_size": 128256, "mlp": "swiglu", "tied_embeddings": True}
-    head = build_layer_ops(_sc(framework="torchtitan", model=tied, torch_compile=False))["head"]
+    head = build_layer_ops(_sc(framework="torchtitan", model=tied, torch_compile=False, torch_version="2.6"))["head"]
     i_ops, w_ops = head.backward()
     bwd = {o.name: o.bytes for o in i_ops}
     assert bwd["final_norm.eager.bwd"] == pytest.approx(RMSNORM_EAGER_EXTRA["bwd_passes"] * SEQ * 2048 * 2)

@@ -200,8 +200,9 @@ def _summary(prof, out: Path) -> None:
               f"overlap_slowdown {prof.compute.overlap_slowdown:.3f}{unread}")
     if prof.comm.nccl is not None:
         n = prof.comm.nccl
-        con.print(f"NCCL model ({for_rich(n.system)}): " + ", ".join(f"{k} {v:.3g}" for k, v in n.model_dump(exclude={"system", "fit_error"}).items() if v is not None)
-                  + "; worst error per log: " + ", ".join(f"{k} {v:.1%}" for k, v in n.fit_error.items()))
+        con.print(f"NCCL model ({for_rich(n.system)}): " + ", ".join(f"{k} {v:.3g}" for k, v in n.model_dump(exclude={"system", "fit_error", "product_only"}).items() if v is not None)
+                  + "; worst error per log: " + ", ".join(f"{k} {v:.1%}" for k, v in n.fit_error.items())
+                  + "".join(f"; fixed only as a product: {a} x {b} = {getattr(n, a) * getattr(n, b):.3g}" for a, b in n.product_only))
     con.print(f"wrote {for_rich(out)}")
 
 

@@ -157,6 +157,45 @@ def ring_simple_floor(system: NcclSystem, shapes: list[tuple[int, int]]) -> floa
     return floor
 
 
+# A constant the logs measure moves the fit's cost by more than this when scaled by
+# PRODUCT_STEP; a pair whose product-preserving move stays within PRODUCT_FLAT of the cost is fixed
+# only as a product.
+PRODUCT_STEP = 0.1
+PRODUCT_FLAT = 1e-3
+PRODUCT_SEEN = 1e-2
+
+
+def product_only_pairs(resid, x, names: list[str], lo: list[float], hi: list[float]) -> list[tuple[str, str]]:
+    """Pairs of fitted constants the logs fix only as a product: scaling one up by PRODUCT_STEP and
+    the other down by as much leaves the cost (sum of squared residuals) within PRODUCT_FLAT of
+    itself, while scaling either alone moves it by more than PRODUCT_SEEN. The p5 log's large
+    messages cross its nodes on LL128, so it measures inter_bw_scale x ll128_bw_scale and the fit
+    lands anywhere along that product (which point follows the host's floating-point rounding)."""
+    x = np.asarray(x, float)
+    base = float(np.sum(resid(x) ** 2))
+
+    def cost(scale: dict[int, float]) -> float | None:
+        y = x.copy()
+        for i, f in scale.items():
+            y[i] *= f
+            if not lo[i] <= y[i] <= hi[i]:
+                return None
+        return float(np.sum(resid(y) ** 2))
+
+    def moves(scale_sets) -> list[float]:
+        return [abs(c - base) for c in (cost(sc) for sc in scale_sets) if c is not None]
+
+    up, down = 1 + PRODUCT_STEP, 1 / (1 + PRODUCT_STEP)
+    seen = [i for i in range(len(x)) if x[i] > 0 and any(m > PRODUCT_SEEN * base for m in moves([{i: up}, {i: down}]))]
+    pairs = []
+    for k, i in enumerate(seen):
+        for j in seen[k + 1:]:
+            flat = moves([{i: up, j: down}, {i: down, j: up}])
+            if flat and min(flat) <= PRODUCT_FLAT * base:
+                pairs.append((names[i], names[j]))
+    return pairs
+
+
 def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None = None,
                system_name: str = "", note=None, n_random_starts: int = 4) -> NcclCalibration:
     """The system's constants from all its logs (see the module docstring)."""
@@ -299,6 +338,12 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
         if r.cost < best.cost:
             best = r
     tn = tuning(best.x)
+    products = product_only_pairs(resid, best.x, names, lo, hi)
+    if products:
+        line = f"NCCL fit for {system_name or 'this system'}: " + "; ".join(
+            f"these logs fix {a} x {b} = {getattr(tn, a) * getattr(tn, b):.3g}, not each (the split between them is "
+            f"the fit's)" for a, b in products)
+        note(line) if note is not None else __import__("warnings").warn(line, stacklevel=2)
     tol = [1e-6 * max(1.0, abs(b)) for b in hi]
     at_lo = [n for n, v, a, t in zip(names, best.x, lo, tol) if v - a <= t]
     at_hi = [n for n, v, b, t in zip(names, best.x, hi, tol) if b - v <= t]
@@ -326,7 +371,7 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
                            net_step_us=tn.net_step_us, inter_simple_latency_scale=tn.inter_simple_latency_scale,
                            runtime_chunking=tn.runtime_chunking,
                            channel_us_max_channels=fitted_max_channels(model, logs),
-                           system=system_name, fit_error=worst)
+                           system=system_name, fit_error=worst, product_only=[list(p) for p in products])
 
 
 def fitted_max_channels(model: "NcclModel", logs: list[NcclLog]) -> int:
@@ -448,7 +493,11 @@ def calibrate_nccl(paths: list[Path], topology, device: str, hbm_GBps: float | N
     names = ", ".join(l.name for l in logs)
     src = f"fitted by simulator.calibrate.nccl_fit on {names} through topology {topology.name!r} (NCCL 2.28 tuner model)"
     items = [ProvenanceItem(field=f"comm.nccl.{k}", value=float(v), source=src)
-             for k, v in cal.model_dump(exclude={"system", "fit_error"}).items() if v is not None]
+             for k, v in cal.model_dump(exclude={"system", "fit_error", "product_only"}).items() if v is not None]
     worst = "; ".join(f"{k}: {v:.1%}" for k, v in cal.fit_error.items())
     items.append(ProvenanceItem(field="comm.nccl.fit_error", value=worst, source="worst |relative time error| per log"))
+    if cal.product_only:
+        items.append(ProvenanceItem(field="comm.nccl.product_only", value="; ".join(" x ".join(p) for p in cal.product_only),
+                                    source="pairs these logs fix only as a product (nccl_fit.product_only_pairs): the "
+                                           "split between the two is the fit's"))
     return cal, items

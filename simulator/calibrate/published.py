@@ -365,6 +365,10 @@ def torchtitan_scenario(row: dict[str, str]) -> tuple[dict, list[str], list[str]
         # causes CUDA errors, turning off for now"); torchtitan 0.1.0 (2025) compiles it with the
         # model (components/loss.py build_cross_entropy_loss), as the 2025 rows ran.
         "compile_loss": compile_cell == "yes" and "2025" in row["source_file"],
+        # The torch each source ran, for what eager mode fuses (RMSNorm from 2.9): Aug 2024's
+        # docs/performance.md a 2.5 nightly, Dec 2024's benchmark torch 1963fc8 (a 2.6 nightly),
+        # the June 2025 files 2.8 (the Trainy rows name 2.8.0a0+5228986c39).
+        "torch_version": "2.8" if "2025" in row["source_file"] else "2.6" if "202412" in row["source_file"] else "2.5",
         "cluster": {"gpus": gpus, "gpu": gpu, "topology": topo},
     }
     if fp8_cfg:

@@ -261,10 +261,14 @@ def harness_notes(manifest, sc) -> list[str]:
     reader of the optimizer and elementwise rows knows they compare different kernels)."""
     if manifest.workload != "train" or sc.framework != "generic":
         return []
-    return [f"the train workload steps torch.optim.AdamW (foreach: 8 passes over 20 tensors a parameter) over its "
+    # Captures before the optimizer argument ran torch's default AdamW, the multi-tensor one on a GPU.
+    implementation = (getattr(manifest, "workload_args", None) or {}).get("optimizer", "foreach")
+    how = "foreach: 8 passes over 20 tensors a parameter" if implementation == "foreach" else "fused: one pass"
+    return [f"the train workload steps torch.optim.AdamW ({how}) over its "
             f"{sc.dtype} parameters and runs torch's F.cross_entropy over fp32 logits; its scenario (framework generic) "
             f"prices megatron-core's fused Adam over fp32 master weights and megatron-core's loss, so the optimizer and "
-            f"elementwise rows compare different kernels (docs/design-notes.md, Round 28)"]
+            f"elementwise rows compare different kernels (docs/design-notes.md, Round 28; SwiGLU captures made since "
+            f"round 30 run and declare torchtitan's recipe instead)"]
 
 
 def _fitted_from(prof: Profile, bundle: Path) -> bool:

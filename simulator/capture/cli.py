@@ -107,6 +107,7 @@ def capture_command(
     top_k: Annotated[int, typer.Option(help="train: experts per token.")] = 2,
     mlp: Annotated[str, typer.Option(help="train: gelu (LayerNorm) or swiglu (RMSNorm).")] = "gelu",
     sequence_parallel: Annotated[bool, typer.Option(help="train: Megatron sequence parallelism with tp > 1.")] = False,
+    optimizer: Annotated[str, typer.Option(help="train: torch AdamW implementation, fused (torchtitan's default) or foreach.")] = "fused",
 ) -> None:
     """Capture a real torch run (gloo on CPU, NCCL on GPUs) into a trace bundle."""
     if workload not in WORKLOADS:
@@ -184,7 +185,7 @@ def capture_command(
                 "seq_length": seq_length, "num_layers": num_layers, "hidden_size": hidden_size,
                 "num_heads": num_heads, "num_kv_heads": num_kv_heads, "ffn_hidden_size": ffn_hidden_size,
                 "vocab_size": vocab_size, "num_experts": num_experts, "top_k": top_k, "mlp": mlp,
-                "sequence_parallel": sequence_parallel, "dtype": _SHORT[dt],
+                "sequence_parallel": sequence_parallel, "dtype": _SHORT[dt], "optimizer": optimizer,
             },
             world,
         )

@@ -23,6 +23,8 @@ SCHEDULES: dict[str, tuple[str, str]] = {
 }
 
 BACKENDS = ("gloo", "nccl")
+# torch.optim.AdamW's implementations, as torchtitan's optimizer.implementation names them.
+OPTIMIZERS = ("fused", "foreach")
 WORKLOADS = ("collectives", "compute", "train")
 
 
@@ -56,6 +58,9 @@ def validate_train(a: dict[str, Any], world_size: int) -> dict[str, Any]:
         _fail(f"--mlp {a['mlp']!r} must be gelu or swiglu")
     if a["dtype"] not in ("fp32", "bf16"):
         _fail(f"--dtype {a['dtype']!r} must be fp32 or bf16")
+    a["optimizer"] = a.get("optimizer") or "fused"
+    if a["optimizer"] not in OPTIMIZERS:
+        _fail(f"--optimizer {a['optimizer']!r} must be one of {', '.join(OPTIMIZERS)} (torch's AdamW implementations)")
 
     h, nh = a["hidden_size"], a["num_heads"]
     a["num_kv_heads"] = a.get("num_kv_heads") or nh
@@ -69,6 +74,9 @@ def validate_train(a: dict[str, Any], world_size: int) -> dict[str, Any]:
                      ("vocab_size", a["vocab_size"])):
         if val % tp:
             _fail(f"--{key.replace('_', '-')} {val} is not a multiple of --tp {tp}: tensor parallelism splits it evenly")
+    if a["mlp"] == "swiglu" and tp > 1 and not a["sequence_parallel"]:
+        _fail(f"--mlp swiglu with --tp {tp} runs torchtitan's Llama, whose tensor parallelism always shards the sequence "
+              "(SequenceParallel norms): add --sequence-parallel, or use --mlp gelu")
     if a["sequence_parallel"] and tp > 1 and a["seq_length"] % tp:
         _fail(f"--seq-length {a['seq_length']} is not a multiple of --tp {tp}, which sequence parallelism needs")
 
@@ -122,8 +130,25 @@ def validate_train(a: dict[str, Any], world_size: int) -> dict[str, Any]:
 
 
 def scenario_of(a: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's scenario: the train arguments in the shape the Scenario loader reads."""
-    return {
+    """The manifest's scenario: the train arguments in the shape the Scenario loader reads.
+
+    A SwiGLU model runs torchtitan's Llama 3 on torchtitan's stack (FSDP2 with fp32 gradient
+    reduction, DTensor TP with loss parallelism, torch.distributed.pipelining, RoPE and repeat_kv,
+    torch's AdamW), eager, with no activation checkpointing and the parameters in the run's
+    dtype: framework torchtitan, torch_compile false, training_dtype bfloat16 for bf16 runs. A
+    GELU model is GPT-style (no position encoding) and stays framework generic, which prices
+    megatron-core's fused kernels and Adam over fp32 masters; its comparisons carry that gap."""
+    llama = a["mlp"] == "swiglu"
+    framework: dict[str, Any] = {
+        "framework": "torchtitan", "torch_compile": False, "recompute": "none",
+        "training_dtype": "bfloat16" if a["dtype"] == "bf16" else "float32",
+        "optimizer": {"implementation": a.get("optimizer", "fused")},
+    } if llama else {}
+    if llama and a.get("torch_version"):
+        framework["torch_version"] = a["torch_version"]  # what its eager kernels fuse (RMSNorm from 2.9)
+    if a.get("attention_kernel"):
+        framework["attention_kernel"] = a["attention_kernel"]
+    return framework | {
         "model": {
             "num_layers": a["num_layers"],
             "hidden_size": a["hidden_size"],

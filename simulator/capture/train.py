@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -54,22 +55,63 @@ def _norm(kind: str, h: int) -> nn.Module:
     return nn.RMSNorm(h) if kind == "swiglu" else nn.LayerNorm(h)
 
 
+# Llama 3's RoPE base (Meta's params.json rope_theta; torchtitan's llama3 configs).
+LLAMA3_ROPE_THETA = 500000.0
+
+
+def rope_freqs_cis(head_dim: int, seq_length: int, theta: float = LLAMA3_ROPE_THETA) -> torch.Tensor:
+    """torchtitan's precompute_freqs_cis (Llama 3, no frequency scaling): [seq, head_dim / 2] complex64."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(seq_length, dtype=torch.float32), freqs)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchtitan's apply_rotary_emb (models/llama3/model.py): q and k to fp32 complex pairs, times
+    the rotations, back to their dtype; [batch, seq, heads, head_dim] in and out."""
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    f = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])
+    return torch.view_as_real(xq_ * f).flatten(3).type_as(xq), torch.view_as_real(xk_ * f).flatten(3).type_as(xk)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """torchtitan's repeat_kv: each key/value head copied out to its n_rep query heads."""
+    bs, slen, n_kv, head_dim = x.shape
+    if n_rep == 1:
+        return x
+    return x[:, :, :, None, :].expand(bs, slen, n_kv, n_rep, head_dim).reshape(bs, slen, n_kv * n_rep, head_dim)
+
+
 class Attention(nn.Module):
-    def __init__(self, h: int, n_heads: int, n_kv: int):
+    """``llama``: torchtitan's Llama 3 attention (RoPE on q and k, repeat_kv, then SDPA), which a
+    scenario of framework torchtitan prices op by op; otherwise GPT-style attention with no
+    position encoding and SDPA's own grouped-query path."""
+
+    def __init__(self, h: int, n_heads: int, n_kv: int, llama: bool = False):
         super().__init__()
         self.head_dim = h // n_heads
+        self.llama = llama
         self.wq = nn.Linear(h, n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(h, n_kv * self.head_dim, bias=False)
         self.wv = nn.Linear(h, n_kv * self.head_dim, bias=False)
         self.wo = nn.Linear(n_heads * self.head_dim, h, bias=False)
+        self.freqs_cis: torch.Tensor | None = None  # set by GPT.init_rope, after any dtype cast
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t = x.shape[0], x.shape[1]
         # -1: the heads on this TP rank (the projections' outputs are local shards)
-        q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        q = self.wq(x).view(b, t, -1, self.head_dim)
+        k = self.wk(x).view(b, t, -1, self.head_dim)
+        v = self.wv(x).view(b, t, -1, self.head_dim)
+        if self.llama:
+            q, k = apply_rotary_emb(q, k, self.freqs_cis[:t])
+            n_rep = q.shape[2] // k.shape[2]
+            k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        else:
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
         return self.wo(o.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -146,7 +188,7 @@ class Block(nn.Module):
         super().__init__()
         h = a["hidden_size"]
         self.attention_norm = _norm(a["mlp"], h)
-        self.attention = Attention(h, a["num_heads"], a["num_kv_heads"])
+        self.attention = Attention(h, a["num_heads"], a["num_kv_heads"], llama=a["mlp"] == "swiglu")
         self.ffn_norm = _norm(a["mlp"], h)
         if a["num_experts"] > 1:
             self.feed_forward: nn.Module = MoE(h, a["ffn_hidden_size"], a["mlp"], a["num_experts"], a["top_k"],
@@ -169,6 +211,13 @@ class GPT(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(a, ep_group) for i in range(a["num_layers"])})
         self.norm: nn.Module | None = _norm(a["mlp"], h)
         self.output: nn.Module | None = nn.Linear(h, v, bias=False)
+
+    def init_rope(self, seq_length: int, device: torch.device) -> None:
+        """Give each Llama attention its RoPE rotations (complex64): after the model's dtype cast,
+        which would drop their imaginary part."""
+        for layer in self.layers.values():
+            if layer.attention.llama:
+                layer.attention.freqs_cis = rope_freqs_cis(layer.attention.head_dim, seq_length).to(device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
@@ -222,7 +271,9 @@ def _apply_tp(model: GPT, tp_mesh: Any, sp: bool) -> None:
     if model.norm is not None and sp:
         top["norm"] = SequenceParallel()
     if model.output is not None:
-        top["output"] = ColwiseParallel(input_layouts=act, output_layouts=Replicate(), use_local_output=True)
+        # Loss parallelism, as torchtitan (and Megatron's vocab-parallel cross-entropy): the logits
+        # stay sharded over the vocabulary and the loss runs under loss_parallel().
+        top["output"] = ColwiseParallel(input_layouts=act, output_layouts=Shard(-1), use_local_output=False)
     if top:
         parallelize_module(model, tp_mesh, top)
     for block in model.layers.values():
@@ -249,20 +300,23 @@ def _apply_tp(model: GPT, tp_mesh: Any, sp: bool) -> None:
 
 
 def _apply_dp(model: GPT, a: dict[str, Any], dp_mesh: Any, edp_mesh: Any) -> None:
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    # torchtitan's policy (mixed_precision_reduce float32): gradients reduced in fp32 whatever the
+    # parameters' dtype, and cast back to it in the shard.
+    mp = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32, cast_forward_inputs=False)
     if a["zero"] == 0:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
         def wrap(m: Any, mesh: Any, ignored: set | None = None) -> None:
             # replicate takes one module: a list of experts is replicated expert by expert
             for mod in m if isinstance(m, list) else [m]:
-                replicate(mod, mesh=mesh, ignored_params=ignored)
+                replicate(mod, mesh=mesh, mp_policy=mp, ignored_params=ignored)
     else:
         reshard = a["zero"] == 3
 
         def wrap(m: Any, mesh: Any, ignored: set | None = None) -> None:
-            fully_shard(m, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored)
+            fully_shard(m, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, ignored_params=ignored)
 
     expert_params: set = set()
     for block in model.layers.values():
@@ -279,8 +333,27 @@ def _apply_dp(model: GPT, a: dict[str, Any], dp_mesh: Any, edp_mesh: Any) -> Non
     wrap(model, dp_mesh, expert_params or None)
 
 
+def _sdpa_kernel(a: dict[str, Any], device: torch.device, dtype: torch.dtype) -> str:
+    """The scenario's attention_kernel for what torch's SDPA picks at this run's shapes on a GPU
+    (torch._fused_sdp_choice, the dispatcher's own choice): fa2 for its flash backend
+    (FlashAttention-2), default otherwise (cuDNN or memory-efficient attention, the profile's
+    attention figures). A CPU run keeps default: no GPU kernel to name."""
+    if device.type != "cuda":
+        return "default"
+    from torch.nn.attention import SDPBackend
+
+    heads = a["num_heads"] // a["tp"]
+    q = torch.empty(a["micro_batch_size"], heads, a["seq_length"], a["hidden_size"] // a["num_heads"],
+                    device=device, dtype=dtype)
+    llama = a["mlp"] == "swiglu"
+    kv = q if llama else q[:, : a["num_kv_heads"] // a["tp"]]
+    choice = torch._fused_sdp_choice(q, kv, kv, is_causal=True, enable_gqa=not llama and kv.shape[1] != heads)
+    return "fa2" if choice == SDPBackend.FLASH_ATTENTION.value else "default"
+
+
 def run(ctx: RankContext) -> WorkloadResult:
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import loss_parallel
 
     a = dict(ctx.cfg.args)
     tp, pp, cp, ep, dp = a["tp"], a["pp"], a["cp"], a["ep"], a["dp"]
@@ -313,12 +386,22 @@ def run(ctx: RankContext) -> WorkloadResult:
     del full
     for part in parts:
         part.to(ctx.device)
+        part.init_rope(a["seq_length"], ctx.device)
         if tp > 1:
             _apply_tp(part, tp_mesh, bool(a["sequence_parallel"]))
         if dp > 1:
             _apply_dp(part, a, dp_mesh, edp_mesh if ep > 1 else None)
+    from torch.distributed.tensor import DTensor
+
     params = [p for part in parts for p in part.parameters()]
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    # torchtitan's optimizer.implementation: fused (its default, torch's _fused_adamw_) or foreach.
+    # A multi-tensor kernel takes DTensors or plain tensors, not both (TP without sequence
+    # parallelism leaves the norms plain): one parameter group of each.
+    groups = [{"params": g} for g in ([p for p in params if isinstance(p, DTensor)],
+                                      [p for p in params if not isinstance(p, DTensor)]) if g]
+    opt = torch.optim.AdamW(groups, lr=1e-4, **{a["optimizer"]: True})
+    a["attention_kernel"] = _sdpa_kernel(a, ctx.device, dtype)
+    a["torch_version"] = torch.__version__
 
     n_mb, mbs, seq = a["num_microbatches"], a["micro_batch_size"], a["seq_length"]
     local_batch = n_mb * mbs
@@ -348,7 +431,7 @@ def run(ctx: RankContext) -> WorkloadResult:
     def train_step(step: int) -> None:
         x, y = batch(step)
         opt.zero_grad(set_to_none=True)
-        with torch.profiler.record_function(f"train_step#{step}"):
+        with torch.profiler.record_function(f"train_step#{step}"), (loss_parallel() if tp > 1 else nullcontext()):
             if schedule is not None:
                 kwargs: dict[str, Any] = {}
                 mb_losses: list[torch.Tensor] = []

@@ -239,6 +239,9 @@ class NcclCalibration(BaseModel):
     net_step_us: float = Field(0.0, ge=0, description="Cost per network (proxy) step a channel runs beyond its first loop, µs (NCCL's calcCollChunking step count, NCCL-MODEL.md §4.4); NCCL's tuner has none.")
     system: str = Field("", description="The system (topology) the constants were fitted on.")
     fit_error: dict[str, float] = Field(default_factory=dict, description="Worst |relative time error| per fitted log.")
+    product_only: list[list[str]] = Field(
+        default_factory=list, description="Pairs of constants the fitted logs fix only as a product: the split between "
+        "the two is the fit's, not the logs' (simulator.calibrate.nccl_fit.product_only_pairs).")
 
 
 class CollectiveFit(BaseModel):

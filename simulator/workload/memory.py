@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from simulator.scenario import MEGATRON_GRAD_BUCKET_PARAMS, Scenario
 from simulator.schedules.analysis import peak_activations
-from simulator.workload.plan import optimizer_state_bytes_per_param, scenario_grad_bytes, scenario_optimizer_shards
+from simulator.workload.plan import (optimizer_state_bytes_per_param, scenario_grad_bytes, scenario_optimizer_shards,
+                                    torchtitan_state_bytes)
 from simulator.workload.ops import build_layer_ops, sp_regathers_input
 from simulator.workload.program import Program, checkpointed_layers, selective_op_saved_bytes
 
@@ -224,7 +225,11 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
     # torchtitan (FSDP2, MixedPrecisionPolicy(param_dtype=bf16)) keeps no bf16 copy: its sharded
     # parameters are the fp32 masters (4) and its AdamW holds m and v (8); the bf16 weights exist
     # only gathered (gathered_parameters_gib, and one unit at a time otherwise).
-    param_bytes, optim_bytes = (4, 8) if sc.framework == "torchtitan" else (2, optimizer_state_bytes_per_param(sc))
+    # With training_dtype bfloat16 all three are bf16 (plan.torchtitan_state_bytes).
+    if sc.framework == "torchtitan":
+        param_bytes, held_grad_bytes, optim_bytes = torchtitan_state_bytes(sc)
+    else:
+        param_bytes, held_grad_bytes, optim_bytes = 2, scenario_grad_bytes(sc), optimizer_state_bytes_per_param(sc)
     z = p.zero
     shard, expert_shard = scenario_optimizer_shards(sc)
     # The factor 2: no source found. Sized by the scenario's bucket where one is given, else by
@@ -257,7 +262,7 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
 
         # The gradient buffer holds the reduction's dtype (megatron-core: fp32 with
         # grad_reduce_in_fp32, else the parameter dtype; FSDP2 accumulates in its reduce dtype).
-        grads = state_bytes(grad_buffer_bytes, 2)
+        grads = state_bytes(held_grad_bytes, 2)
         if z >= 2 and sched.num_microbatches > 1 and not prog.grad_reduce_every_microbatch:
             # The plan reduces gradients at a stage's last microbatch only, at every ZeRO stage
             # (Megatron's full main-grad buffer; torch.distributed.pipelining stage.py and the

@@ -670,8 +670,8 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
            residual("mlp_residual")]
 
     if sc.framework == "torchtitan" and not sc.torch_compile:
-        attn = torchtitan_eager_extras(attn, Tn, h, dt)
-        mlp = torchtitan_eager_extras(mlp, Tn, h, dt)
+        attn = torchtitan_eager_extras(attn, Tn, h, dt, sc.torch_fuses_rms_norm)
+        mlp = torchtitan_eager_extras(mlp, Tn, h, dt, sc.torch_fuses_rms_norm)
     if sp and fp8 and recipe == "tensorwise" and sc.framework == "torchtitan":
         act_f = fp8_cast_bytes_per_elem(recipe, nmb, sc)[0]
         attn, mlp = float8_tensorwise_tp(attn, T, Tn, h, act_f), float8_tensorwise_tp(mlp, T, Tn, h, act_f)
@@ -771,7 +771,7 @@ def build_layer_ops(sc: Scenario, tied_head_shared: bool | None = None) -> dict[
         head.forward = [replace(o, params=0.0) if o is lm_head else o for o in head.forward]
         head.params = norm_params
     if sc.framework == "torchtitan" and not sc.torch_compile:
-        head.forward = torchtitan_eager_extras(head.forward, Tn, h, dt)
+        head.forward = torchtitan_eager_extras(head.forward, Tn, h, dt, sc.torch_fuses_rms_norm)
     layers["head"] = head
     if sc.framework == "torchtitan":
         for lk in layers.values():
@@ -827,7 +827,8 @@ def torchtitan_rope_repeat_kv_ops(tokens: int, heads: int, kv_heads: int, head_d
     return ops
 
 
-# Eager nn.RMSNorm (torch 2.5/2.6 at::rms_norm, composite): pow(x, 2) (read + write), mean over
+# Eager nn.RMSNorm before torch 2.9 (2.5/2.6 at::rms_norm, composite; from 2.9 one fused kernel each
+# way on CUDA, Scenario.torch_fuses_rms_norm): pow(x, 2) (read + write), mean over
 # the last dim (read), add_(eps) and rsqrt (on the [T, 1] statistics), x.mul(rsqrt) (read +
 # write), .mul(weight) (read + write) = 7 passes over the [T, h] activation in 6 kernels, where
 # the fused norm op moves 2 passes in 1. Backward, from the autograd formulas of those ops
@@ -843,13 +844,17 @@ RMSNORM_EAGER_EXTRA = {"fwd_passes": 7 - 2, "bwd_passes": 23 - 4, "launches": 6 
 SWIGLU_EAGER_EXTRA = {"fwd_passes": 5 - 3, "bwd_passes": 9 - 6, "launches": 1, "bwd_launches": 1}
 
 
-def torchtitan_eager_extras(ops: list[Op], tokens: int, h: int, dt: int) -> list[Op]:
+def torchtitan_eager_extras(ops: list[Op], tokens: int, h: int, dt: int, fused_rms_norm: bool) -> list[Op]:
     """Without torch.compile: after each RMSNorm and SwiGLU op, the HBM passes and kernels eager
-    PyTorch adds over the fused op (the fused op stays, with its parameters)."""
+    PyTorch adds over the fused op (the fused op stays, with its parameters). ``fused_rms_norm``
+    (torch >= 2.9, Scenario.torch_fuses_rms_norm): eager RMSNorm is torch's fused kernel, the
+    norm op as it stands."""
     out: list[Op] = []
     for op in ops:
         out.append(op)
         if op.op_class == "norm":
+            if fused_rms_norm:
+                continue
             e, elem = RMSNORM_EAGER_EXTRA, float(tokens) * h
         elif op.name.endswith("swiglu"):
             e, elem = SWIGLU_EAGER_EXTRA, op.bytes / (3 * dt)  # the fused op moves 3 passes
@@ -1194,7 +1199,7 @@ def _moe_layer(sc, attn, norm, residual, dense_mlp, gemm, Tn, h, dt, tp_in, tp_o
         # The attention block came with its eager extras; the MoE block's ffn_norm is nn.RMSNorm and
         # its experts run F.silu(x @ w1) * (x @ w3) eagerly too (torchtitan 0.1.0
         # experiments/llama4/model/model.py TransformerBlock, moe.py GroupedExperts).
-        ops = torchtitan_eager_extras(ops, Tn, h, dt)
+        ops = torchtitan_eager_extras(ops, Tn, h, dt, sc.torch_fuses_rms_norm)
     sp = p.sequence_parallel and p.tp > 1
     if sp and m.num_shared_experts and sc.dtype == "fp8" and sc.fp8.recipe in TE_FP8_RECIPES:
         # The shared experts' TE linears gather FP8 as the dense MLP's do.

@@ -225,6 +225,22 @@ TORCHTITAN_ADAM_BYTES_PER_PARAM = 28
 # tests/data/reference/h200/optimizer.csv: 6,025 us for 2^28 parameters, 0.74 of HBM at 80 B).
 TORCHTITAN_FOREACH_ADAM_BYTES_PER_PARAM = 80
 TORCHTITAN_FOREACH_ADAM_PASSES = 8
+# torchtitan with training.dtype bfloat16 (full bf16 training, 0.3.0 config/configs.py: parameters,
+# gradients and AdamW's moments in bf16, no fp32 copy): the same tensors in 2 bytes each. fused:
+# read param, grad, m, v, write param, m, v = 14; foreach: the 20 tensor passes above = 40
+# (tests/data/reference/h200/optimizer.csv, 2^28 bf16 parameters on an H200: fused 1,452 us,
+# multi-tensor 3,640 us, 0.54 and 0.61 of HBM at these counts).
+TORCHTITAN_BF16_ADAM_BYTES_PER_PARAM = 14
+TORCHTITAN_BF16_FOREACH_ADAM_BYTES_PER_PARAM = 40
+
+
+def torchtitan_state_bytes(sc) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer state) bytes a sharded parameter holds under framework
+    torchtitan: FSDP2's sharded parameters are the training dtype's (fp32 masters under mixed
+    precision, MixedPrecisionPolicy(param_dtype=bf16) casting them at each all-gather; bf16 with
+    training_dtype bfloat16), their gradients are cast back to that dtype after the fp32
+    reduce-scatter, and AdamW's m and v are created like the parameter (torch.optim zeros_like)."""
+    return (2, 2, 4) if sc.training_dtype == "bfloat16" else (4, 4, 8)
 
 
 def adam_passes(sc) -> int:
@@ -248,6 +264,8 @@ def adam_bytes_per_param(sc) -> int:
     buffer asked for (grad_reduce_in_fp32 false; the default fp16 buffers of fp16 runs are left
     as they were modelled)."""
     if sc.framework == "torchtitan":
+        if sc.training_dtype == "bfloat16":
+            return TORCHTITAN_BF16_FOREACH_ADAM_BYTES_PER_PARAM if adam_passes(sc) > 1 else TORCHTITAN_BF16_ADAM_BYTES_PER_PARAM
         return TORCHTITAN_FOREACH_ADAM_BYTES_PER_PARAM if adam_passes(sc) > 1 else TORCHTITAN_ADAM_BYTES_PER_PARAM
     o, p = sc.optimizer, sc.parallelism
     buffer = scenario_grad_bytes(sc)

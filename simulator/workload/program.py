@@ -25,6 +25,7 @@ from simulator.workload.ops import (ROUTED_EXPERT_GEMMS, Comm, LayerOps, Op, bui
 
 from simulator.workload.plan import (  # noqa: F401  (re-exported: one home for the shared formulas)
     ADAM_BYTES_PER_PARAM, GRAD_REDUCE_BYTES, JOIN, adam_bytes_per_param, adam_tensor_count, edp_tp_of, grad_reduce_bytes,
+    torchtitan_state_bytes,
     mesh_of, optimizer_shards, optimizer_state_bytes, pp_message_bytes, scenario_grad_bytes, scenario_optimizer_shards,
 )
 
@@ -955,8 +956,10 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
         for d in mp[1:]:
             out.append(StepCollective("fp16 unscale + inf check", d, "all_reduce", 4.0))
     if p.grad_clip:
+        # torchtitan's gradients are its sharded parameters' dtype (bf16 with training_dtype bfloat16).
+        clip_grad_bytes = torchtitan_state_bytes(sc)[1] if sc.framework == "torchtitan" else GRAD_REDUCE_BYTES
         norm_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]),
-                                              np.array([opt_params_max * GRAD_REDUCE_BYTES]))[0])
+                                              np.array([opt_params_max * clip_grad_bytes]))[0])
         # One fp32 squared norm per rank; the all-reduces are latency only.
         dims = [d for d, n in (("tp", p.tp), ("pp", p.pp)) if n > 1]
         if p.zero >= 1 and shard > 1:
@@ -969,9 +972,9 @@ def step_terms(sc: Scenario, profile: Profile, stage_params: list[float], opt_pa
             # torch.nn.utils.clip_grads_with_norm_, which multiplies every gradient by the clamped
             # coefficient whether or not it clips (torch 2.13 clip_grad.py _clip_grads_with_norm_:
             # _foreach_mul_, "avoids a `if clip_coef < 1:` conditional"): reads and writes the
-            # rank's fp32 gradient shard. (Megatron scales only when the coefficient is below 1.)
+            # rank's gradient shard. (Megatron scales only when the coefficient is below 1.)
             clip_s = float(profile.compute_time_s(np.array(["optimizer"]), np.array([0.0]),
-                                                  np.array([opt_params_max * 2 * GRAD_REDUCE_BYTES]))[0])
+                                                  np.array([opt_params_max * 2 * clip_grad_bytes]))[0])
             out.append(StepCollective("grad clip", "tp", "all_reduce", 0.0, clip_s))
     return out
 
