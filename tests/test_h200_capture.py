@@ -256,7 +256,7 @@ def test_torchtitan_bf16_training_adamw_against_the_h200():
     """training_dtype bfloat16 (torchtitan's full bf16 training): AdamW over bf16 parameters,
     gradients and moments, 14 B a parameter fused and 40 B foreach, against the H200's bf16 rows
     of the same table. The profile prices every Adam at the fused fp32 kernel's 0.69 of HBM; the
-    bf16 kernels ran at 0.54 (fused) and 0.61 (foreach), so fused comes out fast by about a fifth
+    bf16 kernels ran at 0.54 (fused) and 0.61 (foreach), so fused comes out fast by about a sixth
     and foreach, with its launch floors, within a tenth. Both stay below the fp32 steps as measured."""
     from simulator.scenario import build_scenario
     from simulator.workload.ops import optimizer_time_s

@@ -163,16 +163,30 @@ def ring_simple_floor(system: NcclSystem, shapes: list[tuple[int, int]]) -> floa
 PRODUCT_STEP = 0.1
 PRODUCT_FLAT = 1e-3
 PRODUCT_SEEN = 1e-2
+# Scaled Jacobian columns this close (relative) make a pair a candidate for the cost test.
+PRODUCT_CANDIDATE = 0.2
 
 
-def product_only_pairs(resid, x, names: list[str], lo: list[float], hi: list[float]) -> list[tuple[str, str]]:
+def product_only_pairs(resid, x, names: list[str], lo: list[float], hi: list[float],
+                       jac: np.ndarray | None = None) -> list[tuple[str, str]]:
     """Pairs of fitted constants the logs fix only as a product: scaling one up by PRODUCT_STEP and
     the other down by as much leaves the cost (sum of squared residuals) within PRODUCT_FLAT of
     itself, while scaling either alone moves it by more than PRODUCT_SEEN. The p5 log's large
     messages cross its nodes on LL128, so it measures inter_bw_scale x ll128_bw_scale and the fit
-    lands anywhere along that product (which point follows the host's floating-point rounding)."""
+    lands anywhere along that product (which point follows the host's floating-point rounding).
+
+    ``jac`` (the fit's Jacobian at x) picks the candidates first: a product-preserving move
+    changes the residuals by about step x (column i x x_i - column j x x_j), so only pairs whose
+    scaled columns nearly coincide are tried on the cost itself (a fit of six logs has ~130 pairs)."""
     x = np.asarray(x, float)
     base = float(np.sum(resid(x) ** 2))
+    candidates = None
+    if jac is not None:
+        cols = np.asarray(jac, float) * x
+        norm = np.linalg.norm(cols, axis=0)
+        candidates = {(i, j) for i in range(len(x)) for j in range(i + 1, len(x))
+                      if norm[i] > 0 and norm[j] > 0
+                      and np.linalg.norm(cols[:, i] - cols[:, j]) <= PRODUCT_CANDIDATE * max(norm[i], norm[j])}
 
     def cost(scale: dict[int, float]) -> float | None:
         y = x.copy()
@@ -186,10 +200,13 @@ def product_only_pairs(resid, x, names: list[str], lo: list[float], hi: list[flo
         return [abs(c - base) for c in (cost(sc) for sc in scale_sets) if c is not None]
 
     up, down = 1 + PRODUCT_STEP, 1 / (1 + PRODUCT_STEP)
-    seen = [i for i in range(len(x)) if x[i] > 0 and any(m > PRODUCT_SEEN * base for m in moves([{i: up}, {i: down}]))]
+    involved = range(len(x)) if candidates is None else sorted({i for pair in candidates for i in pair})
+    seen = [i for i in involved if x[i] > 0 and any(m > PRODUCT_SEEN * base for m in moves([{i: up}, {i: down}]))]
     pairs = []
     for k, i in enumerate(seen):
         for j in seen[k + 1:]:
+            if candidates is not None and (i, j) not in candidates:
+                continue
             flat = moves([{i: up, j: down}, {i: down, j: up}])
             if flat and min(flat) <= PRODUCT_FLAT * base:
                 pairs.append((names[i], names[j]))
@@ -338,7 +355,7 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
         if r.cost < best.cost:
             best = r
     tn = tuning(best.x)
-    products = product_only_pairs(resid, best.x, names, lo, hi)
+    products = product_only_pairs(resid, best.x, names, lo, hi, jac=best.jac)
     if products:
         line = f"NCCL fit for {system_name or 'this system'}: " + "; ".join(
             f"these logs fix {a} x {b} = {getattr(tn, a) * getattr(tn, b):.3g}, not each (the split between them is "

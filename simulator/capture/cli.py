@@ -105,8 +105,8 @@ def capture_command(
     vocab_size: Annotated[int, typer.Option(help="train: vocabulary.")] = 512,
     num_experts: Annotated[int, typer.Option(help="train: experts per MoE layer (0 or 1: dense).")] = 0,
     top_k: Annotated[int, typer.Option(help="train: experts per token.")] = 2,
-    mlp: Annotated[str, typer.Option(help="train: gelu (LayerNorm) or swiglu (RMSNorm).")] = "gelu",
-    sequence_parallel: Annotated[bool, typer.Option(help="train: Megatron sequence parallelism with tp > 1.")] = False,
+    mlp: Annotated[str, typer.Option(help="train: gelu (GPT-style, LayerNorm; framework generic) or swiglu (torchtitan's Llama 3: RMSNorm, RoPE, repeat_kv; framework torchtitan).")] = "gelu",
+    sequence_parallel: Annotated[bool, typer.Option(help="train: sequence parallelism with tp > 1 (always on in torchtitan: needed with --mlp swiglu).")] = False,
     optimizer: Annotated[str, typer.Option(help="train: torch AdamW implementation, fused (torchtitan's default) or foreach.")] = "fused",
 ) -> None:
     """Capture a real torch run (gloo on CPU, NCCL on GPUs) into a trace bundle."""

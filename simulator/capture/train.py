@@ -1,14 +1,22 @@
-"""The `train` workload: a small GPT-style decoder trained with torch's own parallel stack.
+"""The `train` workload: a small decoder trained with torch's own parallel stack, torchtitan's.
+
+- model: ``--mlp swiglu`` is torchtitan's Llama 3 (RMSNorm, RoPE through complex pairs, repeat_kv
+  before SDPA, SwiGLU), so its bundle declares framework torchtitan (spec.scenario_of); ``--mlp
+  gelu`` is GPT-style (LayerNorm, GELU, no position encoding) and declares framework generic.
+  Parameters are in the run's dtype with no fp32 copy (torchtitan's training.dtype); AdamW is
+  torch's fused or foreach implementation (``--optimizer``, torchtitan's optimizer.implementation).
 
 - mesh: ``init_device_mesh`` over (pp, edp, ep, cp, tp), outermost first, which is exactly
   simulator.topology.placement.Mesh's default ``tp-cp-ep-dp-pp`` layout (checked at start-up);
   dense data parallelism is the flattened (edp, ep) sub-mesh.
 - tp: DTensor ``parallelize_module``: ColwiseParallel for wq/wk/wv and the MLP up (and gate)
   projections, RowwiseParallel for wo and the MLP down projection, a vocab-parallel embedding
-  and a column-parallel LM head; with sequence parallelism, SequenceParallel norms and
-  PrepareModuleInput all-gathers in front of attention and MLP.
+  and a column-parallel LM head whose logits stay vocabulary-sharded for loss_parallel(); with
+  sequence parallelism, SequenceParallel norms and PrepareModuleInput all-gathers in front of
+  attention and MLP.
 - pp: ``torch.distributed.pipelining.PipelineStage`` and torch's schedule classes.
-- dp: FSDP2 ``fully_shard`` per block and per model chunk. zero 3 -> reshard_after_forward=True;
+- dp: FSDP2 ``fully_shard`` per block and per model chunk, reducing gradients in fp32
+  (torchtitan's mixed_precision_reduce). zero 3 -> reshard_after_forward=True;
   zero 2 and zero 1 -> reshard_after_forward=False (FSDP2 always reduce-scatters gradients and
   shards optimizer state, so both run as ZeRO-2); zero 0 -> FSDP2's ``replicate`` (DDP:
   all-reduced gradients). Gradients are synchronised on the last microbatch only.

@@ -261,7 +261,9 @@ def memory_report(sc: Scenario, prog: Program, hbm_gib: float, usable_fraction: 
             return per_param * (dense / shard + expert / expert_shard)
 
         # The gradient buffer holds the reduction's dtype (megatron-core: fp32 with
-        # grad_reduce_in_fp32, else the parameter dtype; FSDP2 accumulates in its reduce dtype).
+        # grad_reduce_in_fp32, else the parameter dtype); torchtitan's sharded .grad is its
+        # parameter's dtype (FSDP2 casts the reduced shard back; its unsharded fp32 accumulation
+        # across a pipeline's microbatches is the case below).
         grads = state_bytes(held_grad_bytes, 2)
         if z >= 2 and sched.num_microbatches > 1 and not prog.grad_reduce_every_microbatch:
             # The plan reduces gradients at a stage's last microbatch only, at every ZeRO stage
