@@ -156,8 +156,13 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr)
 
 
-# --set keys whose value is text however it reads as YAML.
-_TEXT_KEYS = frozenset({"torch_version"})
+def _text_field(key: str) -> bool:
+    """A scenario field only text fills (name, schedule, torch_version): its --set value stays as
+    written, where YAML would read 2.10 as the number 2.1 or 2024 as an int."""
+    from simulator.scenario import Scenario
+
+    field = Scenario.model_fields.get(key)
+    return field is not None and field.annotation in (str, str | None)
 
 
 def _parse_set(values: list[str]) -> dict:
@@ -171,8 +176,8 @@ def _parse_set(values: list[str]) -> dict:
         key, raw = item.split("=", 1)
         if not key.strip() or any(not part for part in key.strip().split(".")):
             raise UserError(f"--set {item!r} names no field: write e.g. --set parallelism.zero=3")
-        if key.strip() in _TEXT_KEYS:
-            out[key.strip()] = raw.strip()  # 2.10 is a release, not the number 2.1
+        if _text_field(key.strip()):
+            out[key.strip()] = raw.strip()
             continue
         try:
             value = yaml.safe_load(raw)

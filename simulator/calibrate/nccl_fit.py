@@ -168,7 +168,7 @@ PRODUCT_CANDIDATE = 0.2
 
 
 def product_only_pairs(resid, x, names: list[str], lo: list[float], hi: list[float],
-                       jac: np.ndarray | None = None) -> list[tuple[str, str]]:
+                       jac: np.ndarray) -> list[tuple[str, str]]:
     """Pairs of fitted constants the logs fix only as a product: scaling one up by PRODUCT_STEP and
     the other down by as much leaves the cost (sum of squared residuals) within PRODUCT_FLAT of
     itself, while scaling either alone moves it by more than PRODUCT_SEEN. The p5 log's large
@@ -180,13 +180,11 @@ def product_only_pairs(resid, x, names: list[str], lo: list[float], hi: list[flo
     scaled columns nearly coincide are tried on the cost itself (a fit of six logs has ~130 pairs)."""
     x = np.asarray(x, float)
     base = float(np.sum(resid(x) ** 2))
-    candidates = None
-    if jac is not None:
-        cols = np.asarray(jac, float) * x
-        norm = np.linalg.norm(cols, axis=0)
-        candidates = {(i, j) for i in range(len(x)) for j in range(i + 1, len(x))
-                      if norm[i] > 0 and norm[j] > 0
-                      and np.linalg.norm(cols[:, i] - cols[:, j]) <= PRODUCT_CANDIDATE * max(norm[i], norm[j])}
+    cols = np.asarray(jac, float) * x
+    norm = np.linalg.norm(cols, axis=0)
+    candidates = {(i, j) for i in range(len(x)) for j in range(i + 1, len(x))
+                  if norm[i] > 0 and norm[j] > 0
+                  and np.linalg.norm(cols[:, i] - cols[:, j]) <= PRODUCT_CANDIDATE * max(norm[i], norm[j])}
 
     def cost(scale: dict[int, float]) -> float | None:
         y = x.copy()
@@ -200,13 +198,11 @@ def product_only_pairs(resid, x, names: list[str], lo: list[float], hi: list[flo
         return [abs(c - base) for c in (cost(sc) for sc in scale_sets) if c is not None]
 
     up, down = 1 + PRODUCT_STEP, 1 / (1 + PRODUCT_STEP)
-    involved = range(len(x)) if candidates is None else sorted({i for pair in candidates for i in pair})
-    seen = [i for i in involved if x[i] > 0 and any(m > PRODUCT_SEEN * base for m in moves([{i: up}, {i: down}]))]
+    involved = sorted({i for pair in candidates for i in pair})
+    seen = {i for i in involved if x[i] > 0 and any(m > PRODUCT_SEEN * base for m in moves([{i: up}, {i: down}]))}
     pairs = []
-    for k, i in enumerate(seen):
-        for j in seen[k + 1:]:
-            if candidates is not None and (i, j) not in candidates:
-                continue
+    for i, j in sorted(candidates):
+        if i in seen and j in seen:
             flat = moves([{i: up, j: down}, {i: down, j: up}])
             if flat and min(flat) <= PRODUCT_FLAT * base:
                 pairs.append((names[i], names[j]))
@@ -360,13 +356,11 @@ def fit_system(system: NcclSystem, logs: list[NcclLog], hbm_GBps: float | None =
         line = f"NCCL fit for {system_name or 'this system'}: " + "; ".join(
             f"these logs fix {a} x {b} = {getattr(tn, a) * getattr(tn, b):.3g}, not each (the split between them is "
             f"the fit's)" for a, b in products)
-        note(line) if note is not None else __import__("warnings").warn(line, stacklevel=2)
+        note(line) if note is not None else warnings.warn(line, stacklevel=2)
     tol = [1e-6 * max(1.0, abs(b)) for b in hi]
     at_lo = [n for n, v, a, t in zip(names, best.x, lo, tol) if v - a <= t]
     at_hi = [n for n, v, b, t in zip(names, best.x, hi, tol) if b - v <= t]
     if at_lo or at_hi:
-        import warnings
-
         # At the lower bound: NCCL's own value for the latency scales (the logs would take less,
         # physics does not allow it), not measured by these logs for the bandwidth factors (LL128
         # at 5 % of NCCL's: the runs effectively never used it); at the upper: held at its
