@@ -176,9 +176,6 @@ def _parse_set(values: list[str]) -> dict:
         key, raw = item.split("=", 1)
         if not key.strip() or any(not part for part in key.strip().split(".")):
             raise UserError(f"--set {item!r} names no field: write e.g. --set parallelism.zero=3")
-        if _text_field(key.strip()):
-            out[key.strip()] = raw.strip()
-            continue
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError:
@@ -186,6 +183,9 @@ def _parse_set(values: list[str]) -> dict:
         if value is None:
             # Dropping it silently would simulate something the user did not ask for.
             raise UserError(f"--set {item!r} gives no value: write --set {key.strip()}=VALUE")
+        if _text_field(key.strip()) and not isinstance(value, str):
+            out[key.strip()] = raw.strip()  # 2.10 as written, not the number YAML reads
+            continue
         if isinstance(value, str) and re.fullmatch(r"[+-]?\d+(\.\d*)?[eE][+-]?\d+", value.strip()):
             # YAML 1.1 reads 1e8 as a string; a user means the number (a whole one stays an int).
             number = float(value)
