@@ -52,7 +52,25 @@ def _fold_long_option_names() -> None:
         setattr(rich_utils, attr, Folding())
 
 
-_fold_long_option_names()
+def _fold_when_help_is_drawn() -> None:
+    # typer imports its rich help renderer (rich_utils: markdown, pygments; ~0.15 s) only to draw
+    # help or an error; folding at import made every run pay for it. Fold just before help is drawn.
+    import typer.core
+
+    for cls in (typer.core.TyperCommand, typer.core.TyperGroup):
+        if getattr(cls.format_help, "_folds", False):
+            continue
+        draw = cls.format_help
+
+        def format_help(self, ctx, formatter, _draw=draw):
+            _fold_long_option_names()
+            return _draw(self, ctx, formatter)
+
+        format_help._folds = True
+        cls.format_help = format_help
+
+
+_fold_when_help_is_drawn()
 
 app = typer.Typer(
     name="clustersim",

@@ -171,6 +171,25 @@ def test_help_version_and_no_arguments_keep_their_exit_status(tmp_path):
     assert_one_line_error(missing, r"^error: 'nope\.json' does not exist")
 
 
+def test_a_simulate_run_loads_neither_scipy_nor_the_help_renderer(tmp_path):
+    """Start-up is paid by every command. scipy.sparse (~0.3 s to import, with the numpy.f2py its
+    array-API shim loads) serves only the flow model, typer's rich help renderer (~0.15 s) only
+    help and errors: a reduced run on the alpha-beta network loads neither (the test above checks
+    that help still folds long names)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="160")
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "simulator.cli", "simulate", "tiny.yaml", "--no-dashboard",
+                        "--report", "r.json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
+    assert {"simulator.simulate", "simulator.network.fabric", "pandas"} <= loaded  # (what was imported is listed)
+    assert not {"scipy.sparse", "typer.rich_utils", "torch"} & loaded
+
+
 def test_validate_op_table_leaves_out_dimensions_with_no_time(tmp_path):
     # A one-GPU table printed six rows of "0.00 ms | 0.00 ms | -" (tp, cp, ep, pp, dp, bubble).
     n = DATA / "reference" / "neusight" / "NVIDIA_H100_80GB_HBM3"

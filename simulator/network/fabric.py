@@ -46,11 +46,15 @@ import time
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import scipy.sparse as sp
 import simpy
+
+# scipy.sparse is imported where a matrix is built, not at the top: it takes ~0.3 s (with the
+# numpy.f2py its array-API shim loads), and only the flow model needs it.
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 from simulator.errors import UserError
 from simulator.network.base import COLLECTIVE_OPS, CollectiveRequest
@@ -148,6 +152,8 @@ def _link_load(inc: sp.csc_matrix, coef: np.ndarray) -> tuple[np.ndarray, np.nda
     """(links, bytes per byte of size on each) that flows with these coefs put on the fabric:
     the nonzeros of ``inc @ coef`` without an array as long as the fabric (16,384 GPUs: 66K
     links, for every plan of every group in full mode)."""
+    import scipy.sparse as sp  # (see the note at the imports)
+
     inc = inc if sp.isspmatrix_csc(inc) else sp.csc_matrix(inc)
     if 4 * inc.nnz > inc.shape[0]:
         # a phase over much of the fabric (reduced mode's all-replica requests): the mat-vec is cheaper
@@ -196,6 +202,8 @@ NCCL_FORCEABLE = ("ring", "tree")
 def _incidence(flow: np.ndarray, link: np.ndarray, n_flows: int, n_links: int) -> sp.csc_matrix:
     """links x flows, 1 where the flow crosses the link (``Routes.incidence``, built straight
     into CSC: plans are built per group in full mode, tens of thousands at 16,384 GPUs)."""
+    import scipy.sparse as sp  # (see the note at the imports)
+
     flow = np.asarray(flow, dtype=np.int64)
     link = np.asarray(link, dtype=np.int64)
     order = np.lexsort((link, flow))
@@ -215,6 +223,8 @@ def _isolated_unshared(inc: sp.csc_matrix, coef: np.ndarray, alive: np.ndarray,
     """A phase alone whose live flows share no link (rings, p2p, most tree edges): max-min
     gives each flow the smallest capacity on its path, for good, so its finish time is its
     bytes over that. None where flows share a link (the caller fills progressively)."""
+    import scipy.sparse as sp  # (see the note at the imports)
+
     inc = inc if sp.isspmatrix_csc(inc) else sp.csc_matrix(inc)
     ptr = inc.indptr
     per_col = np.diff(ptr)
@@ -1123,6 +1133,8 @@ class FlowNetwork:
             self._gen += 1
             return
         if self._dirty:
+            import scipy.sparse as sp  # (see the note at the imports)
+
             A = sp.hstack([b.inc for b in self._batches], format="csc")
             self._A = A.tocsr()
             self._AT = A.T.tocsr()

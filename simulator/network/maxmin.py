@@ -8,8 +8,14 @@ of thousands of flows solve in milliseconds.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import scipy.sparse as sp
+
+# scipy.sparse is imported where a matrix is built, not at the top: it takes ~0.3 s (with the
+# numpy.f2py its array-API shim loads), and only the flow model needs it.
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 _REL_TOL = 1e-9
 # Vectorised rounds before switching to the heap: collective traffic needs a handful.
@@ -24,6 +30,8 @@ def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray, active: np.ndarra
     least one link of positive capacity. transposed: ``incidence.T`` as CSR, if the caller
     keeps one (it is reused across re-solves).
     """
+    import scipy.sparse as sp  # (see the note at the imports)
+
     n_links, n_flows = incidence.shape
     rate = np.zeros(n_flows)
     act = np.ones(n_flows, dtype=bool) if active is None else np.asarray(active, dtype=bool).copy()

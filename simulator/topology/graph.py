@@ -25,9 +25,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
+
+# scipy.sparse is imported where a matrix is built, not at the top: it takes ~0.3 s (with the
+# numpy.f2py its array-API shim loads), and only the flow model needs it.
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 from simulator.errors import UserError
 from simulator.topology.spec import (
@@ -56,6 +61,8 @@ class Routes:
 
     def incidence(self, n_links: int) -> sp.csc_matrix:
         """links x flows, 1 where the flow crosses the link."""
+        import scipy.sparse as sp  # (see the note at the imports)
+
         data = np.ones(self.flow.size, dtype=np.float64)
         m = sp.csc_matrix((data, (self.link, self.flow)), shape=(n_links, self.n_flows))
         m.sum_duplicates()
