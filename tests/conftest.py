@@ -218,10 +218,13 @@ def pytest_configure(config) -> None:
     compileall.compile_dir(REPO / "simulator", quiet=2, workers=1)
 
 
-def _files_with_browser_tests(root: Path) -> set[str]:
-    return {f"tests/{p.name}" for p in sorted((root / "tests").glob("test_*.py")) if "mark.browser" in p.read_text()}
+def _files_with_browser_tests(rootpath: Path) -> set[str]:
+    """The test files (as in node ids, relative to pytest's rootdir) that mark a test ``browser``."""
+    return {p.relative_to(rootpath).as_posix() for p in sorted((REPO / "tests").glob("test_*.py"))
+            if "mark.browser" in p.read_text()}
 
 
+@pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook: with -p no:xdist it is not called)
 def pytest_xdist_make_scheduler(config, log):
     """The files with Chromium tests go to one worker as one unit. The browser lock above runs those
     tests one at a time, so with the files on both workers one worker sat waiting on the other's
@@ -231,7 +234,7 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    together = _files_with_browser_tests(REPO)
+    together = _files_with_browser_tests(Path(config.rootpath))
 
     class BrowserFilesTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
