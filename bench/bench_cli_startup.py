@@ -26,17 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 
-TINY = """\
-name: tiny
-model: {name: tiny, num_layers: 4, hidden_size: 512, ffn_hidden_size: 1376, num_attention_heads: 8, vocab_size: 32000}
-parallelism: {tp: 2, pp: 2, zero: 1, sequence_parallel: true}
-batch: {micro_batch_size: 1, global_batch_size: 8, seq_length: 512}
-schedule: 1f1b
-network: alpha-beta
-cluster: {gpus: 8, gpu: h100-sxm-80gb, topology: dgx-h100-fattree}
-"""
+sys.path.insert(0, str(REPO / "tests"))
+from cli_helpers import TINY_SCENARIO  # noqa: E402  (the CLI tests' tiny scenario: 8 GPUs, alpha-beta network)
 
 COMMANDS = {
     "--version": ["--version"],
@@ -72,7 +67,7 @@ def main() -> None:
     print(head + (f" {'base wall':>10} {'base CPU':>9}" if a.baseline else ""))
     with tempfile.TemporaryDirectory(prefix="clustersim-startup-") as tmp:
         folder = Path(tmp)
-        (folder / "tiny.yaml").write_text(TINY)
+        (folder / "tiny.yaml").write_text(yaml.safe_dump(TINY_SCENARIO))
         for name, args in COMMANDS.items():
             runs: dict[Path, list[tuple[float, float]]] = {r: [] for r in repos}
             for _ in range(a.repeat):

@@ -24,10 +24,12 @@ TINY_SCENARIO = {
 }
 
 
-def clustersim(args: list, cwd: Path) -> subprocess.CompletedProcess:
-    """`clustersim ARGS` from ``cwd`` (this checkout's code): its exit status, stdout and stderr."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="160")
-    return subprocess.run([sys.executable, "-m", "simulator.cli", *map(str, args)], cwd=cwd, env=env,
+def clustersim(args: list, cwd: Path, *, columns: int = 160, python_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`clustersim ARGS` from ``cwd`` (this checkout's code): its exit status, stdout and stderr.
+    ``columns``: the terminal width help is drawn at; ``python_flags``: the interpreter's own
+    (``-X importtime`` lists what a run imports, on stderr)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS=str(columns))
+    return subprocess.run([sys.executable, *python_flags, "-m", "simulator.cli", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -152,15 +152,7 @@ def test_usage_errors_are_one_line(tmp_path, args, pattern):
 def test_help_version_and_no_arguments_keep_their_exit_status(tmp_path):
     assert clustersim(["simulate", "--help"], tmp_path).returncode == 0
     # at 80 columns the long Megatron names wrap instead of being cut (--tp,--tensor-model…)
-    import os
-    import subprocess
-    import sys
-
-    from cli_helpers import REPO
-
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="80")
-    page = subprocess.run([sys.executable, "-m", "simulator.cli", "simulate", "--help"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120).stdout
+    page = clustersim(["simulate", "--help"], tmp_path, columns=80).stdout
     assert "…" not in page and "--tensor-model-paral" in page and "--num-layers-per-vir" in page
     v = clustersim(["--version"], tmp_path)
     assert v.returncode == 0 and v.stdout.startswith("clustersim ")
@@ -176,14 +168,8 @@ def test_a_simulate_run_loads_neither_scipy_nor_the_help_renderer(tmp_path):
     array-API shim loads) serves only the flow model, typer's rich help renderer (~0.15 s) only
     help and errors: a reduced run on the alpha-beta network loads neither (the test above checks
     that help still folds long names)."""
-    import os
-    import subprocess
-    import sys
-
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="160")
-    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "simulator.cli", "simulate", "tiny.yaml", "--no-dashboard",
-                        "--report", "r.json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    p = clustersim(["simulate", "tiny.yaml", "--no-dashboard", "--report", "r.json"], tmp_path, python_flags=("-X", "importtime"))
     assert p.returncode == 0, p.stderr[-2000:]
     loaded = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
     assert {"simulator.simulate", "simulator.network.fabric", "pandas"} <= loaded  # (what was imported is listed)
